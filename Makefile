@@ -1,0 +1,100 @@
+# Build for the whole project. CPU pieces: g++ (C++20, OpenMP, OpenBLAS), MPI through mpicxx when it exists
+# (USE_MPI=0 builds a single-process trainer without it). CUDA pieces: nvcc for sm_80 and sm_90, which
+# compile and link on machines without a GPU.
+#
+#   make                 CPU trainer, tools, tests
+#   make train_gpt       CUDA trainer
+#   make test            build everything and run every test (the command CI runs)
+#   make bench           CPU benchmarks (ms/step, tok/s)
+#   make gpu-check       GPU tests and benchmarks (skips without a GPU)
+
+USE_MPI ?= $(if $(shell command -v mpicxx 2>/dev/null),1,0)
+CXX_PLAIN ?= g++
+ifeq ($(USE_MPI),1)
+  CXX := mpicxx
+  MPI_FLAGS := -DLLMC_USE_MPI
+else
+  CXX := $(CXX_PLAIN)
+  MPI_FLAGS :=
+endif
+OPT ?= -O3 -march=native
+CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP
+LDLIBS := -lopenblas -licuuc -fopenmp -lm
+
+NVCC ?= /usr/local/cuda/bin/nvcc
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS := -std=c++20 -O3 --use_fast_math $(CUDA_ARCH) -I. -Xcompiler -fopenmp $(MPI_FLAGS)
+NVCC_LDLIBS := -lcublasLt -lcublas -lnccl -lgomp
+ifeq ($(USE_MPI),1)
+  NVCCFLAGS += $(shell mpicxx --showme:compile)
+  NVCC_LDLIBS += $(shell mpicxx --showme:link)
+endif
+
+BUILD := build
+LIB_SRCS := $(wildcard llmc/*.cpp demo/*.cpp)
+LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+LIB := $(BUILD)/libllmc.a
+
+TEST_SRCS := $(wildcard test/test_*.cpp)
+TEST_BINS := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
+TOOL_SRCS := $(wildcard data/*.cpp dev/tools/*.cpp)
+TOOL_BINS := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
+BENCH_SRCS := $(wildcard dev/bench/*.cpp)
+BENCH_BINS := $(BENCH_SRCS:dev/bench/%.cpp=$(BUILD)/bench/%)
+CUDA_TEST_SRCS := $(wildcard dev/cuda/*.cu test/gpu_*.cu)
+CUDA_BINS := $(foreach s,$(CUDA_TEST_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
+
+.PHONY: all test bench gpu-check clean cuda
+all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS)
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+train_gpt_cpu: $(BUILD)/train_gpt_cpu.o $(LIB)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/test/%: $(BUILD)/test/%.o $(LIB)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/dev/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+define tool_rule
+$(BUILD)/$(basename $(notdir $(1))): $(BUILD)/$(basename $(1)).o $(LIB)
+	$$(CXX) $$^ -o $$@ $$(LDLIBS)
+endef
+$(foreach s,$(TOOL_SRCS),$(eval $(call tool_rule,$(s))))
+
+# ---- CUDA ----
+CUDA_HEADERS := $(wildcard llmc/*.cuh demo/*.cuh llmc/*.h demo/*.h)
+train_gpt: train_gpt.cu $(CUDA_HEADERS) $(LIB)
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
+
+define cuda_rule
+$(BUILD)/cuda/$(basename $(notdir $(1))): $(1) $(CUDA_HEADERS) $(LIB)
+	@mkdir -p $(BUILD)/cuda
+	$$(NVCC) $$(NVCCFLAGS) $$< $(LIB) -o $$@ $$(NVCC_LDLIBS) -licuuc -lopenblas
+endef
+$(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
+
+cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS)
+
+test: all
+	test/run_tests.sh
+
+bench: $(BENCH_BINS) train_gpt_cpu
+	dev/bench/run_cpu_bench.sh
+
+gpu-check: cuda
+	dev/cuda/gpu_check.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt_cpu train_gpt
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,23 @@
+// Errors a user can act on. Every bad input (file, flag, config key, rank mismatch) throws llmc::Error with a
+// one-line message naming the culprit; each program's main() catches it, prints "error: <message>" and exits
+// non-zero (aborting the other ranks under MPI). Throwing instead of exit() keeps RAII cleanup (temporary
+// checkpoint files are removed) and lets tests assert on the message.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace llmc {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
+
+}  // namespace llmc
+
+// The message expression is only evaluated when the check fails, so it may build strings freely.
+#define LLMC_CHECK(cond, message)                 \
+    do {                                          \
+        if (!(cond)) ::llmc::fail(message);       \
+    } while (0)

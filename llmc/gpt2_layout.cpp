@@ -1,0 +1,81 @@
+// Builds the flat-buffer layout declared in gpt2_layout.h. The kind order and shapes follow llm.c's
+// checkpoint format exactly, so a buffer laid out here can be written after the 256-int header as is.
+#include "llmc/gpt2_layout.h"
+
+#include "llmc/error.h"
+
+namespace llmc {
+
+std::string ModelConfig::describe() const {
+    return "L=" + std::to_string(num_layers) + " H=" + std::to_string(num_heads) + " C=" +
+           std::to_string(channels) + " T=" + std::to_string(max_seq_len) + " V=" + std::to_string(vocab_size) +
+           " Vp=" + std::to_string(padded_vocab_size);
+}
+
+void validate_model_config(const ModelConfig& c, const std::string& what) {
+    LLMC_CHECK(c.num_layers > 0 && c.num_heads > 0 && c.channels > 0 && c.max_seq_len > 0 && c.vocab_size > 0,
+               what + ": model sizes must be positive (" + c.describe() + ")");
+    LLMC_CHECK(c.channels % c.num_heads == 0,
+               what + ": channels " + std::to_string(c.channels) + " not divisible by num_heads " +
+                   std::to_string(c.num_heads));
+    LLMC_CHECK(c.padded_vocab_size >= c.vocab_size,
+               what + ": padded_vocab_size " + std::to_string(c.padded_vocab_size) + " < vocab_size " +
+                   std::to_string(c.vocab_size));
+}
+
+ParamLayout ParamLayout::gpt2(const ModelConfig& c) {
+    validate_model_config(c, "model config");
+    const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
+    // Per-kind shape of ONE layer (or of the single tensor for wte, wpe, lnf).
+    struct KindInfo { const char* name; bool per_layer; std::vector<size_t> shape; };
+    const KindInfo kinds[kNumParamKinds] = {
+        {"wte.weight", false, {Vp, C}},
+        {"wpe.weight", false, {T, C}},
+        {"ln_1.weight", true, {C}},
+        {"ln_1.bias", true, {C}},
+        {"attn.c_attn.weight", true, {3 * C, C}},
+        {"attn.c_attn.bias", true, {3 * C}},
+        {"attn.c_proj.weight", true, {C, C}},
+        {"attn.c_proj.bias", true, {C}},
+        {"ln_2.weight", true, {C}},
+        {"ln_2.bias", true, {C}},
+        {"mlp.c_fc.weight", true, {4 * C, C}},
+        {"mlp.c_fc.bias", true, {4 * C}},
+        {"mlp.c_proj.weight", true, {C, 4 * C}},
+        {"mlp.c_proj.bias", true, {C}},
+        {"ln_f.weight", false, {C}},
+        {"ln_f.bias", false, {C}},
+    };
+    ParamLayout layout;
+    layout.config = c;
+    size_t offset = 0;
+    for (int k = 0; k < kNumParamKinds; k++) {
+        const KindInfo& info = kinds[k];
+        size_t numel = 1;
+        for (size_t d : info.shape) numel *= d;
+        layout.kind_offset[k] = offset;
+        const size_t copies = info.per_layer ? L : 1;
+        for (size_t l = 0; l < copies; l++) {
+            ParamTensor t;
+            t.name = info.per_layer ? "h." + std::to_string(l) + "." + info.name : std::string(info.name);
+            t.kind = static_cast<ParamKind>(k);
+            t.layer = info.per_layer ? static_cast<int>(l) : -1;
+            t.offset = offset;
+            t.numel = numel;
+            t.shape = info.shape;
+            layout.tensors.push_back(std::move(t));
+            offset += numel;
+        }
+        layout.kind_numel[k] = offset - layout.kind_offset[k];
+    }
+    layout.num_params = offset;
+    return layout;
+}
+
+const ParamTensor& ParamLayout::find(const std::string& name) const {
+    for (const ParamTensor& t : tensors)
+        if (t.name == name) return t;
+    fail("unknown parameter name '" + name + "'");
+}
+
+}  // namespace llmc

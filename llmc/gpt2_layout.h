@@ -1,0 +1,56 @@
+// GPT-2 model shape and the layout of its parameters in one flat fp32 buffer, in llm.c's order (all layers of
+// one kind contiguous: wte wpe ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb fcprojw fcprojb lnfw
+// lnfb). Optimizers see the buffer as a list of named per-layer tensors (nanoGPT names and PyTorch shapes,
+// e.g. "h.3.attn.c_attn.weight" [3C, C]), so parameter groups are chosen by name and shape, never by index.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace llmc {
+
+struct ModelConfig {
+    int max_seq_len = 1024;
+    int vocab_size = 50257;
+    int padded_vocab_size = 50304;
+    int num_layers = 12;
+    int num_heads = 12;
+    int channels = 768;
+
+    bool operator==(const ModelConfig&) const = default;
+    std::string describe() const;  // "L=12 H=12 C=768 T=1024 V=50257 Vp=50304"
+};
+
+enum class ParamKind : int {
+    wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb,
+};
+inline constexpr int kNumParamKinds = 16;
+
+// One logical tensor of one layer: a view [offset, offset + numel) of the flat buffer.
+struct ParamTensor {
+    std::string name;            // nanoGPT-style, e.g. "wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias"
+    ParamKind kind;
+    int layer;                   // -1 for wte, wpe, lnf
+    size_t offset;
+    size_t numel;
+    std::vector<size_t> shape;   // {rows, cols} for matrices (PyTorch Linear: {out, in}), {n} for vectors
+    bool is_matrix() const { return shape.size() == 2; }
+};
+
+struct ParamLayout {
+    ModelConfig config;
+    size_t num_params = 0;
+    std::array<size_t, kNumParamKinds> kind_offset{};  // where each kind's block starts in the flat buffer
+    std::array<size_t, kNumParamKinds> kind_numel{};   // all layers of the kind together
+    std::vector<ParamTensor> tensors;                  // per-layer views, in buffer order
+
+    static ParamLayout gpt2(const ModelConfig& config);
+    const ParamTensor& find(const std::string& name) const;  // throws llmc::Error for an unknown name
+};
+
+// Throws llmc::Error naming `what` when the shape is unusable (C not divisible by heads, sizes <= 0,
+// padded vocab smaller than vocab...).
+void validate_model_config(const ModelConfig& config, const std::string& what);
+
+}  // namespace llmc

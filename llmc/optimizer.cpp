@@ -1,0 +1,34 @@
+// Shared optimizer helpers (see optimizer.h).
+#include "llmc/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+namespace llmc {
+
+double clip_grad_norm(std::span<float> g, float max_norm) {
+    // Fixed-size blocks summed in order: the result does not depend on the number of OpenMP threads.
+    constexpr size_t kBlock = 1 << 16;
+    const size_t nblocks = (g.size() + kBlock - 1) / kBlock;
+    std::vector<double> partial(nblocks, 0.0);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblocks; b++) {
+        const size_t end = std::min(g.size(), (b + 1) * kBlock);
+        double s = 0.0;
+        for (size_t i = b * kBlock; i < end; i++) s += static_cast<double>(g[i]) * g[i];
+        partial[b] = s;
+    }
+    double sum = 0.0;
+    for (double p : partial) sum += p;
+    const double norm = std::sqrt(sum);
+    // Same rule as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+    const double coef = max_norm / (norm + 1e-6);
+    if (max_norm > 0.0f && coef < 1.0) {
+        const float scale = static_cast<float>(coef);
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < g.size(); i++) g[i] *= scale;
+    }
+    return norm;
+}
+
+}  // namespace llmc

@@ -1,0 +1,85 @@
+// The optimizer interface. An optimizer owns data parallelism (see ../shared architecture notes): it gets
+// this rank's local gradient and talks to the other ranks only through a Transport. AdamW-DDP averages
+// gradients and then clips and updates; DeMo clips the local gradient, compresses its own momentum and
+// exchanges that. Both see parameters as the named tensors of a ParamLayout, and choose weight-decay groups
+// by shape/name (2-D weights by default), never by index.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "llmc/fileio.h"
+#include "llmc/gpt2_layout.h"
+#include "llmc/transport.h"
+
+namespace llmc {
+
+enum class DecayGroups { matrices, all };  // "2d" (default): weight decay on 2-D weights only; "all": everything
+
+enum class DemoMomentum { lr_scaled, ema };          // delta = decay*delta + lr*g  |  decay*delta + (1-decay)*g
+enum class DemoValueEncoding { fp32, bf16, sign };   // values on the wire: exact, bf16, 1 bit (sign only)
+enum class DemoIndexEncoding { smallest, packed12 }; // chunk-local indices: u8/u16/u32 by chunk size | 12-bit
+
+struct AdamWConfig {
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+};
+
+struct DemoConfig {
+    float decay = 0.999f;
+    int topk = 32;
+    int chunk = 64;
+    DemoMomentum momentum = DemoMomentum::lr_scaled;
+    float feedback_alpha = 1.0f;  // delta -= alpha * decode(transmitted)
+    DemoValueEncoding values = DemoValueEncoding::fp32;
+    DemoIndexEncoding indices = DemoIndexEncoding::smallest;
+};
+
+struct OptimizerConfig {
+    float weight_decay = 0.0f;
+    DecayGroups decay_groups = DecayGroups::matrices;
+    float grad_clip = 1.0f;  // max global L2 norm; <= 0 disables clipping
+    AdamWConfig adamw;
+    DemoConfig demo;
+};
+
+// Wall time of the parts of one step, for the metrics and the benchmark breakdown.
+struct StepTimings {
+    double clip = 0.0;       // norm + scaling (and, for AdamW, nothing else)
+    double transform = 0.0;  // DeMo: momentum update + DCT encode + error feedback
+    double topk = 0.0;       // DeMo: per-chunk selection + packing
+    double exchange = 0.0;   // time inside transport collectives
+    double apply = 0.0;      // AdamW update, or DeMo scatter-mean + decode + sign + update
+};
+
+struct StepResult {
+    double grad_norm = 0.0;  // L2 norm before clipping: of the averaged gradient (AdamW), of the local one (DeMo)
+    StepTimings seconds;
+};
+
+class Optimizer {
+public:
+    virtual ~Optimizer() = default;
+    virtual std::string_view name() const = 0;
+    // params/grads are flat buffers laid out as in the ParamLayout given at construction. grads may be
+    // modified (averaged, clipped). `lr` is this step's scheduled learning rate.
+    virtual StepResult step(std::span<float> params, std::span<float> grads, float lr) = 0;
+    // Everything needed to continue bit-identically (moments, step count, DeMo momentum...).
+    virtual void save_state(ByteWriter& out) const = 0;
+    // Throws llmc::Error naming in.source() if the blob does not belong to this optimizer and shape.
+    virtual void load_state(ByteReader& in) = 0;
+};
+
+// True when weight decay applies to this tensor under `groups`.
+inline bool decays(const ParamTensor& t, DecayGroups groups) {
+    return groups == DecayGroups::all || t.is_matrix();
+}
+
+// L2 norm of g, accumulated in double in a fixed order (deterministic for any thread count), and the
+// scale applied to g so its norm is at most max_norm (max_norm <= 0: no clipping). Returns the norm before.
+double clip_grad_norm(std::span<float> g, float max_norm);
+
+}  // namespace llmc

@@ -1,0 +1,77 @@
+// The communication interface between optimizers (which own data parallelism) and the network. AdamW-DDP
+// needs an average all-reduce of gradients; DeMo needs an all-gather of variable-size byte buckets; the
+// trainer needs scalar reductions, broadcast and a barrier. Backends: LocalTransport (one rank, no MPI),
+// MpiTransport (transport_mpi.cpp), and the NCCL backend of the CUDA trainer.
+//
+// Byte counters model what a rank puts on / takes off the wire under ring algorithms, so they are comparable
+// across backends: all-reduce of n bytes sends and receives 2 (W-1)/W n; all-gather of per-rank sizes s_j
+// receives sum_{j != r} s_j and sends sum_{j != r+1} s_j (a ring forwards every block but its successor's).
+// `payload_bytes` is this rank's own contribution (its gradient buffer or its bucket), the quantity the
+// DeMo paper counts. Scalar reductions, broadcasts and barriers are not counted (bookkeeping, not training
+// traffic). `seconds` is wall time spent inside counted collectives (communication wait, for the metrics).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace llmc {
+
+struct CommCounters {
+    uint64_t bytes_sent = 0;
+    uint64_t bytes_recv = 0;
+    uint64_t payload_bytes = 0;
+    double seconds = 0.0;
+    uint64_t collectives = 0;
+};
+
+class Transport {
+public:
+    virtual ~Transport() = default;
+    virtual std::string_view name() const = 0;
+    virtual int rank() const = 0;
+    virtual int world_size() const = 0;
+
+    // data <- mean over ranks of data (counted).
+    virtual void allreduce_mean(std::span<float> data) = 0;
+    // Every rank contributes `mine` (any size, may differ per rank). On return `all` holds the ranks' buffers
+    // concatenated in rank order and offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
+    virtual void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
+                                 std::vector<size_t>& offsets) = 0;
+    // values <- elementwise sum / max over ranks (uncounted; losses, norms, consistency checks).
+    virtual void allreduce_sum(std::span<double> values) = 0;
+    virtual void allreduce_max(std::span<double> values) = 0;
+    virtual void broadcast(std::span<std::byte> data, int root) = 0;
+    virtual void barrier() = 0;
+    // Ends every rank of the job (after an error on one rank, so the others do not hang in a collective).
+    [[noreturn]] virtual void abort(int exit_code) = 0;
+
+    const CommCounters& counters() const { return counters_; }
+    void reset_counters() { counters_ = CommCounters{}; }
+
+protected:
+    CommCounters counters_;
+};
+
+// World of one: collectives are identities, nothing is counted as sent.
+class LocalTransport final : public Transport {
+public:
+    std::string_view name() const override { return "local"; }
+    int rank() const override { return 0; }
+    int world_size() const override { return 1; }
+    void allreduce_mean(std::span<float> data) override { counters_.payload_bytes += data.size_bytes(); }
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
+                         std::vector<size_t>& offsets) override {
+        counters_.payload_bytes += mine.size();
+        all.assign(mine.begin(), mine.end());
+        offsets = {0, mine.size()};
+    }
+    void allreduce_sum(std::span<double>) override {}
+    void allreduce_max(std::span<double>) override {}
+    void broadcast(std::span<std::byte>, int) override {}
+    void barrier() override {}
+    [[noreturn]] void abort(int exit_code) override;
+};
+
+}  // namespace llmc

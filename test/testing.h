@@ -1,0 +1,97 @@
+// A minimal test harness: EXPECT-style checks that record failures and keep going, so one run reports every
+// broken assertion, and a main() that exits 0 (pass), 1 (fail) or 77 (skipped) for test/run_tests.sh.
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace testing {
+
+struct Registry {
+    std::vector<std::pair<std::string, std::function<void()>>> tests;
+    int failures = 0;
+    static Registry& get() {
+        static Registry r;
+        return r;
+    }
+};
+
+struct Register {
+    Register(const char* name, std::function<void()> fn) { Registry::get().tests.emplace_back(name, std::move(fn)); }
+};
+
+inline void report_failure(const char* file, int line, const std::string& what) {
+    std::fprintf(stderr, "  FAILED %s:%d: %s\n", file, line, what.c_str());
+    Registry::get().failures++;
+}
+
+// Exit code 77 tells the runner the test cannot run here (no GPU, no root...).
+[[noreturn]] inline void skip(const std::string& why) {
+    std::printf("SKIP: %s\n", why.c_str());
+    std::exit(77);
+}
+
+inline int run_all() {
+    for (auto& [name, fn] : Registry::get().tests) {
+        const int before = Registry::get().failures;
+        std::printf("[ RUN  ] %s\n", name.c_str());
+        std::fflush(stdout);
+        try {
+            fn();
+        } catch (const std::exception& e) {
+            report_failure(name.c_str(), 0, std::string("unexpected exception: ") + e.what());
+        }
+        std::printf("[ %s ] %s\n", Registry::get().failures == before ? " OK " : "FAIL", name.c_str());
+    }
+    return Registry::get().failures == 0 ? 0 : 1;
+}
+
+}  // namespace testing
+
+#define TEST(name)                                                   \
+    static void test_##name();                                       \
+    static testing::Register register_##name(#name, test_##name);    \
+    static void test_##name()
+
+#define EXPECT(cond)                                                                  \
+    do {                                                                              \
+        if (!(cond)) testing::report_failure(__FILE__, __LINE__, "EXPECT(" #cond ")"); \
+    } while (0)
+
+#define EXPECT_EQ(a, b)                                                                                     \
+    do {                                                                                                    \
+        const auto& va_ = (a);                                                                              \
+        const auto& vb_ = (b);                                                                              \
+        if (!(va_ == vb_))                                                                                  \
+            testing::report_failure(__FILE__, __LINE__, "EXPECT_EQ(" #a ", " #b ")");                       \
+    } while (0)
+
+#define EXPECT_NEAR(a, b, tol)                                                                                \
+    do {                                                                                                      \
+        const double va_ = (a), vb_ = (b);                                                                    \
+        if (!(std::fabs(va_ - vb_) <= (tol)))                                                                 \
+            testing::report_failure(__FILE__, __LINE__,                                                       \
+                                    "EXPECT_NEAR(" #a ", " #b "): " + std::to_string(va_) + " vs " +          \
+                                        std::to_string(vb_) + " tol " + std::to_string(tol));                 \
+    } while (0)
+
+// Asserts that `stmt` throws llmc::Error whose message contains `needle`.
+#define EXPECT_ERROR(stmt, needle)                                                                         \
+    do {                                                                                                   \
+        bool threw_ = false;                                                                               \
+        try {                                                                                              \
+            stmt;                                                                                          \
+        } catch (const llmc::Error& e_) {                                                                  \
+            threw_ = true;                                                                                 \
+            if (std::string(e_.what()).find(needle) == std::string::npos)                                  \
+                testing::report_failure(__FILE__, __LINE__,                                                \
+                                        std::string("error message '") + e_.what() + "' lacks '" + (needle) + "'"); \
+        }                                                                                                  \
+        if (!threw_) testing::report_failure(__FILE__, __LINE__, "expected llmc::Error from " #stmt);       \
+    } while (0)
+
+#define TEST_MAIN() \
+    int main() { return testing::run_all(); }
