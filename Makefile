@@ -12,13 +12,14 @@ USE_MPI ?= $(if $(shell command -v mpicxx 2>/dev/null),1,0)
 CXX_PLAIN ?= g++
 ifeq ($(USE_MPI),1)
   CXX := mpicxx
-  MPI_FLAGS := -DLLMC_USE_MPI
+  MPI_FLAGS := -DLLMC_USE_MPI -DOMPI_SKIP_MPICXX
 else
   CXX := $(CXX_PLAIN)
   MPI_FLAGS :=
 endif
 OPT ?= -O3 -march=native
-CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP
+GIT_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP -DLLMC_GIT_VERSION=\"$(GIT_VERSION)\"
 LDLIBS := -lopenblas -licuuc -fopenmp -lm
 
 NVCC ?= /usr/local/cuda/bin/nvcc

@@ -1,0 +1,85 @@
+// AdamW-DDP on the CPU (see adamw.h). The update follows torch.optim.AdamW's arithmetic order so the
+// PyTorch comparison stays within float rounding.
+#include "llmc/adamw.h"
+
+#include <chrono>
+#include <cmath>
+
+namespace llmc {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+AdamW::AdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport)
+    : config_(config), layout_(layout), transport_(transport), m_(layout.num_params, 0.0f),
+      v_(layout.num_params, 0.0f) {
+    const AdamWConfig& a = config.adamw;
+    LLMC_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "--beta1 must be in [0, 1), got " + std::to_string(a.beta1));
+    LLMC_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "--beta2 must be in [0, 1), got " + std::to_string(a.beta2));
+    LLMC_CHECK(a.eps > 0.0f, "--eps must be > 0, got " + std::to_string(a.eps));
+    LLMC_CHECK(config.weight_decay >= 0.0f, "--weight_decay must be >= 0, got " + std::to_string(config.weight_decay));
+    for (const ParamTensor& t : layout.tensors) decay_mask_.push_back(decays(t, config.decay_groups) ? 1 : 0);
+}
+
+StepResult AdamW::step(std::span<float> params, std::span<float> grads, float lr) {
+    LLMC_CHECK(params.size() == layout_.num_params && grads.size() == layout_.num_params,
+               "adamw: parameter buffer size does not match the model layout");
+    StepResult result;
+    auto start = std::chrono::steady_clock::now();
+    transport_.allreduce_mean(grads);
+    result.seconds.exchange = seconds_since(start);
+
+    start = std::chrono::steady_clock::now();
+    result.grad_norm = clip_grad_norm(grads, config_.grad_clip);
+    result.seconds.clip = seconds_since(start);
+
+    start = std::chrono::steady_clock::now();
+    t_++;
+    const AdamWConfig& a = config_.adamw;
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(t_));
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(t_));
+    const float step_size = static_cast<float>(lr / bias_correction1);
+    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+    for (size_t ti = 0; ti < layout_.tensors.size(); ti++) {
+        const ParamTensor& t = layout_.tensors[ti];
+        const float decay_factor = decay_mask_[ti] ? 1.0f - lr * config_.weight_decay : 1.0f;
+        float* p = params.data() + t.offset;
+        const float* g = grads.data() + t.offset;
+        float* m = m_.data() + t.offset;
+        float* v = v_.data() + t.offset;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < t.numel; i++) {
+            p[i] *= decay_factor;
+            m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * g[i];
+            v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * g[i] * g[i];
+            const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + a.eps;
+            p[i] -= step_size * (m[i] / denom);
+        }
+    }
+    result.seconds.apply = seconds_since(start);
+    return result;
+}
+
+void AdamW::save_state(ByteWriter& out) const {
+    out.put_string("adamw");
+    out.put<uint64_t>(layout_.num_params);
+    out.put<int64_t>(t_);
+    out.put_array(std::span<const float>(m_));
+    out.put_array(std::span<const float>(v_));
+}
+
+void AdamW::load_state(ByteReader& in) {
+    const std::string name = in.get_string("optimizer name");
+    LLMC_CHECK(name == "adamw", in.source() + ": optimizer state is for '" + name + "', not 'adamw' (use the same --optimizer as the checkpointed run)");
+    const uint64_t n = in.get<uint64_t>("parameter count");
+    LLMC_CHECK(n == layout_.num_params, in.source() + ": optimizer state has " + std::to_string(n) +
+                                            " parameters, model has " + std::to_string(layout_.num_params));
+    t_ = in.get<int64_t>("step count");
+    in.get_array(std::span<float>(m_), "adamw first moment");
+    in.get_array(std::span<float>(v_), "adamw second moment");
+}
+
+}  // namespace llmc

@@ -1,0 +1,29 @@
+// AdamW with data parallelism in the DDP style: average the ranks' gradients (one all-reduce through the
+// Transport), clip the global norm of the averaged gradient, then the decoupled-weight-decay Adam update
+// (torch.optim.AdamW semantics). Weight decay applies per parameter group chosen by shape (2-D weights by
+// default, or everything), so every rank holds identical parameters and moments.
+#pragma once
+#include <vector>
+
+#include "llmc/optimizer.h"
+
+namespace llmc {
+
+class AdamW final : public Optimizer {
+public:
+    AdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport);
+    std::string_view name() const override { return "adamw"; }
+    StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
+    void save_state(ByteWriter& out) const override;
+    void load_state(ByteReader& in) override;
+
+private:
+    OptimizerConfig config_;
+    const ParamLayout& layout_;
+    Transport& transport_;
+    std::vector<float> m_, v_;          // first and second moments, flat like the parameters
+    std::vector<uint8_t> decay_mask_;   // per tensor: 1 if weight decay applies
+    int64_t t_ = 0;                     // completed steps (for bias correction)
+};
+
+}  // namespace llmc

@@ -1,0 +1,354 @@
+// The config schema table and everything derived from it (see config.h).
+#include "llmc/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <variant>
+
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+
+namespace llmc {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using Field = std::variant<int TrainConfig::*, int64_t TrainConfig::*, float TrainConfig::*, bool TrainConfig::*,
+                           std::string TrainConfig::*, int ModelConfig::*>;
+
+struct Option {
+    const char* key;
+    Field field;
+    const char* help;
+    std::vector<std::string> choices = {};  // for string keys with a fixed set of values
+};
+
+const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
+    static const std::vector<std::pair<const char*, std::vector<Option>>> groups = {
+        {"model",
+         {
+             {"num_layers", &ModelConfig::num_layers, "transformer blocks"},
+             {"num_heads", &ModelConfig::num_heads, "attention heads (must divide channels)"},
+             {"channels", &ModelConfig::channels, "model width C"},
+             {"max_seq_len", &ModelConfig::max_seq_len, "positions in wpe (checkpoint shape)"},
+             {"vocab_size", &ModelConfig::vocab_size, "tokens (GPT-2: 50257)"},
+             {"padded_vocab_size", &ModelConfig::padded_vocab_size, "wte rows, padded for speed (50304)"},
+         }},
+        {"data",
+         {
+             {"train_data", &TrainConfig::train_data, "glob of llm.c train shards"},
+             {"val_data", &TrainConfig::val_data, "glob of llm.c val shards ('' disables validation)"},
+             {"tokenizer", &TrainConfig::tokenizer, "llm.c tokenizer decode file, for samples"},
+             {"shuffle", &TrainConfig::shuffle, "seeded shuffle of shard and batch order each epoch"},
+         }},
+        {"batch",
+         {
+             {"batch_size", &TrainConfig::batch_size, "micro-batch sequences per rank (B)"},
+             {"seq_len", &TrainConfig::seq_len, "tokens per sequence (T <= max_seq_len)"},
+             {"total_batch_size", &TrainConfig::total_batch_size,
+              "tokens per optimizer step over all ranks; a multiple of B*T*ranks (0 = B*T*ranks)"},
+         }},
+        {"schedule",
+         {
+             {"steps", &TrainConfig::steps, "optimizer steps"},
+             {"lr", &TrainConfig::lr, "peak learning rate"},
+             {"warmup_steps", &TrainConfig::warmup_steps, "linear warmup steps"},
+             {"warmup_start_frac", &TrainConfig::warmup_start_frac, "warmup starts at this fraction of lr"},
+             {"final_lr_frac", &TrainConfig::final_lr_frac, "cosine decay ends at this fraction of lr"},
+         }},
+        {"optimizer",
+         {
+             {"optimizer", &TrainConfig::optimizer, "adamw (AdamW-DDP) or demo (DeMo)", {"adamw", "demo"}},
+             {"weight_decay", &TrainConfig::weight_decay, "decoupled weight decay"},
+             {"decay_groups", &TrainConfig::decay_groups,
+              "which tensors decay: 2d (matrices only) or all (the DeMo reference)", {"2d", "all"}},
+             {"grad_clip", &TrainConfig::grad_clip, "max gradient L2 norm (<= 0 disables)"},
+             {"beta1", &TrainConfig::beta1, "AdamW beta1"},
+             {"beta2", &TrainConfig::beta2, "AdamW beta2"},
+             {"eps", &TrainConfig::eps, "AdamW epsilon"},
+             {"demo_decay", &TrainConfig::demo_decay, "DeMo momentum decay"},
+             {"demo_topk", &TrainConfig::demo_topk, "DeMo coefficients sent per chunk"},
+             {"demo_chunk", &TrainConfig::demo_chunk, "DeMo chunk length per dimension"},
+             {"demo_momentum", &TrainConfig::demo_momentum,
+              "DeMo momentum: lr (decay*m + lr*g, reference) or ema (decay*m + (1-decay)*g)", {"lr", "ema"}},
+             {"demo_alpha", &TrainConfig::demo_alpha, "DeMo error-feedback strength in (0, 1]"},
+             {"demo_values", &TrainConfig::demo_values, "DeMo values on the wire: fp32, bf16 or sign (1 bit)",
+              {"fp32", "bf16", "sign"}},
+             {"demo_indices", &TrainConfig::demo_indices,
+              "DeMo indices on the wire: auto (smallest integer) or packed12", {"auto", "packed12"}},
+         }},
+        {"output",
+         {
+             {"val_every", &TrainConfig::val_every, "validation loss every N steps (0 = only at the end)"},
+             {"val_batches", &TrainConfig::val_batches, "validation batches per rank"},
+             {"sample_every", &TrainConfig::sample_every, "print a text sample every N steps (0 = never)"},
+             {"sample_tokens", &TrainConfig::sample_tokens, "tokens per sample"},
+             {"out_dir", &TrainConfig::out_dir, "metrics.jsonl, config.json and checkpoints go here"},
+             {"checkpoint_every", &TrainConfig::checkpoint_every, "checkpoint every N steps (0 = only at the end)"},
+             {"keep_checkpoints", &TrainConfig::keep_checkpoints, "complete checkpoints kept (0 = all)"},
+             {"resume", &TrainConfig::resume, "'auto' (latest checkpoint in out_dir) or a checkpoint directory"},
+             {"reset_momentum", &TrainConfig::reset_momentum,
+              "on resume with another world size, start optimizer state afresh"},
+             {"init_from", &TrainConfig::init_from, "llm.c model file to start from (instead of random init)"},
+             {"seed", &TrainConfig::seed, "seed for init, shuffling and sampling"},
+             {"threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"},
+             {"log_every", &TrainConfig::log_every, "progress line every N steps"},
+             {"dry_run", &TrainConfig::dry_run, "print resolved config and traffic report, then exit"},
+         }},
+    };
+    return groups;
+}
+
+const Option* find_option(const std::string& key) {
+    for (const auto& [group, options] : schema())
+        for (const Option& o : options)
+            if (key == o.key) return &o;
+    return nullptr;
+}
+
+// Suggests the closest key (edit distance <= 3) for a misspelled one.
+std::string did_you_mean(const std::string& key) {
+    std::string best;
+    size_t best_dist = 4;
+    for (const std::string& candidate : config_keys()) {
+        std::vector<size_t> row(candidate.size() + 1);
+        for (size_t j = 0; j <= candidate.size(); j++) row[j] = j;
+        for (size_t i = 1; i <= key.size(); i++) {
+            size_t prev = row[0];
+            row[0] = i;
+            for (size_t j = 1; j <= candidate.size(); j++) {
+                const size_t cur = row[j];
+                row[j] = std::min({row[j] + 1, row[j - 1] + 1, prev + (key[i - 1] != candidate[j - 1])});
+                prev = cur;
+            }
+        }
+        if (row.back() < best_dist) best_dist = row.back(), best = candidate;
+    }
+    return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+void check_choice(const Option& o, const std::string& value, const std::string& where) {
+    if (o.choices.empty()) return;
+    for (const std::string& c : o.choices)
+        if (value == c) return;
+    std::string list;
+    for (const std::string& c : o.choices) list += (list.empty() ? "" : ", ") + c;
+    fail(where + ": '" + value + "' is not one of: " + list);
+}
+
+// Sets an option from command-line text. `where` names the flag for error messages.
+void set_from_text(TrainConfig& cfg, const Option& o, const std::string& text, const std::string& where) {
+    auto parse_int = [&](long long lo, long long hi) {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        LLMC_CHECK(!text.empty() && *end == '\0' && errno == 0, where + ": expected an integer, got '" + text + "'");
+        LLMC_CHECK(v >= lo && v <= hi, where + ": " + text + " is out of range");
+        return v;
+    };
+    std::visit(
+        [&](auto member) {
+            using M = decltype(member);
+            if constexpr (std::is_same_v<M, int TrainConfig::*>) {
+                cfg.*member = static_cast<int>(parse_int(INT32_MIN, INT32_MAX));
+            } else if constexpr (std::is_same_v<M, int ModelConfig::*>) {
+                cfg.model.*member = static_cast<int>(parse_int(INT32_MIN, INT32_MAX));
+            } else if constexpr (std::is_same_v<M, int64_t TrainConfig::*>) {
+                cfg.*member = parse_int(INT64_MIN, INT64_MAX);
+            } else if constexpr (std::is_same_v<M, float TrainConfig::*>) {
+                char* end = nullptr;
+                const double v = std::strtod(text.c_str(), &end);
+                LLMC_CHECK(!text.empty() && *end == '\0' && std::isfinite(v),
+                           where + ": expected a number, got '" + text + "'");
+                cfg.*member = static_cast<float>(v);
+            } else if constexpr (std::is_same_v<M, bool TrainConfig::*>) {
+                if (text == "true" || text == "1") cfg.*member = true;
+                else if (text == "false" || text == "0") cfg.*member = false;
+                else fail(where + ": expected true or false, got '" + text + "'");
+            } else {
+                check_choice(o, text, where);
+                cfg.*member = text;
+            }
+        },
+        o.field);
+}
+
+void set_from_json(TrainConfig& cfg, const Option& o, const json& value, const std::string& where) {
+    std::visit(
+        [&](auto member) {
+            using M = decltype(member);
+            if constexpr (std::is_same_v<M, int TrainConfig::*> || std::is_same_v<M, int ModelConfig::*> ||
+                          std::is_same_v<M, int64_t TrainConfig::*>) {
+                LLMC_CHECK(value.is_number_integer(), where + ": expected an integer, got " + value.dump());
+                const int64_t v = value.get<int64_t>();
+                if constexpr (std::is_same_v<M, int64_t TrainConfig::*>) {
+                    cfg.*member = v;
+                } else {
+                    LLMC_CHECK(v >= INT32_MIN && v <= INT32_MAX, where + ": " + value.dump() + " is out of range");
+                    if constexpr (std::is_same_v<M, int ModelConfig::*>) cfg.model.*member = static_cast<int>(v);
+                    else cfg.*member = static_cast<int>(v);
+                }
+            } else if constexpr (std::is_same_v<M, float TrainConfig::*>) {
+                LLMC_CHECK(value.is_number(), where + ": expected a number, got " + value.dump());
+                cfg.*member = value.get<float>();
+            } else if constexpr (std::is_same_v<M, bool TrainConfig::*>) {
+                LLMC_CHECK(value.is_boolean(), where + ": expected true or false, got " + value.dump());
+                cfg.*member = value.get<bool>();
+            } else {
+                LLMC_CHECK(value.is_string(), where + ": expected a string, got " + value.dump());
+                check_choice(o, value.get<std::string>(), where);
+                cfg.*member = value.get<std::string>();
+            }
+        },
+        o.field);
+}
+
+json value_to_json(const TrainConfig& cfg, const Option& o) {
+    return std::visit(
+        [&](auto member) -> json {
+            using M = decltype(member);
+            if constexpr (std::is_same_v<M, int ModelConfig::*>) return cfg.model.*member;
+            else return cfg.*member;
+        },
+        o.field);
+}
+
+bool is_bool_option(const Option& o) { return std::holds_alternative<bool TrainConfig::*>(o.field); }
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+    std::vector<std::string> keys;
+    for (const auto& [group, options] : schema())
+        for (const Option& o : options) keys.emplace_back(o.key);
+    return keys;
+}
+
+void load_config_file(const std::string& path, TrainConfig& cfg) {
+    const std::vector<std::byte> bytes = read_whole_file(path);
+    json doc;
+    try {
+        doc = json::parse(reinterpret_cast<const char*>(bytes.data()),
+                          reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+    } catch (const json::parse_error& e) {
+        fail(path + ": malformed JSON (" + std::string(e.what()) + ")");
+    }
+    LLMC_CHECK(doc.is_object(), path + ": expected a JSON object of config keys");
+    for (const auto& [key, value] : doc.items()) {
+        if (key.starts_with("_")) continue;  // "_comment" and the like
+        const Option* o = find_option(key);
+        LLMC_CHECK(o != nullptr, path + ": unknown config key '" + key + "'" + did_you_mean(key));
+        set_from_json(cfg, *o, value, path + ": key '" + key + "'");
+    }
+}
+
+bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, const std::string& program) {
+    for (int i = 0; i < argc; i++) {
+        std::string arg = argv[i];
+        LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,
+                   "unexpected argument '" + arg + "': flags look like --key value (see --help)");
+        std::string key = arg.substr(2), value;
+        bool has_value = false;
+        if (const size_t eq = key.find('='); eq != std::string::npos) {
+            value = key.substr(eq + 1);
+            key = key.substr(0, eq);
+            has_value = true;
+        }
+        for (char& c : key)
+            if (c == '-') c = '_';  // --total-batch-size == --total_batch_size
+        if (key == "help" || key == "h") {
+            std::printf("%s", help_text(program).c_str());
+            return false;
+        }
+        const std::string flag = "--" + key;
+        const Option* o = key == "config" ? nullptr : find_option(key);
+        LLMC_CHECK(key == "config" || o != nullptr, flag + ": unknown flag" + did_you_mean(key) + " (see --help)");
+        if (!has_value) {
+            const bool next_is_value = i + 1 < argc && !std::string(argv[i + 1]).starts_with("--");
+            if (o && is_bool_option(*o) && !next_is_value) {
+                value = "true";
+            } else {
+                LLMC_CHECK(i + 1 < argc, flag + ": missing value");
+                value = argv[++i];
+            }
+        }
+        if (key == "config") load_config_file(value, cfg);
+        else set_from_text(cfg, *o, value, flag);
+    }
+    validate_config(cfg);
+    return true;
+}
+
+void validate_config(const TrainConfig& c) {
+    validate_model_config(c.model, "model config");
+    auto positive = [](long long v, const char* flag) {
+        LLMC_CHECK(v > 0, std::string("--") + flag + " must be > 0, got " + std::to_string(v));
+    };
+    positive(c.batch_size, "batch_size");
+    positive(c.seq_len, "seq_len");
+    positive(c.steps, "steps");
+    LLMC_CHECK(c.seq_len <= c.model.max_seq_len, "--seq_len " + std::to_string(c.seq_len) +
+                                                     " exceeds max_seq_len " + std::to_string(c.model.max_seq_len));
+    LLMC_CHECK(c.total_batch_size >= 0, "--total_batch_size must be >= 0");
+    LLMC_CHECK(c.lr > 0.0f, "--lr must be > 0");
+    LLMC_CHECK(c.warmup_steps >= 0, "--warmup_steps must be >= 0");
+    LLMC_CHECK(c.final_lr_frac >= 0.0f && c.final_lr_frac <= 1.0f, "--final_lr_frac must be in [0, 1]");
+    LLMC_CHECK(c.warmup_start_frac >= 0.0f && c.warmup_start_frac <= 1.0f, "--warmup_start_frac must be in [0, 1]");
+    LLMC_CHECK(c.val_every >= 0 && c.val_batches >= 0 && c.sample_every >= 0 && c.sample_tokens >= 0 &&
+                   c.checkpoint_every >= 0 && c.keep_checkpoints >= 0 && c.threads >= 0,
+               "--val_every, --val_batches, --sample_every, --sample_tokens, --checkpoint_every, "
+               "--keep_checkpoints and --threads must be >= 0");
+    positive(c.log_every, "log_every");
+    LLMC_CHECK(!c.out_dir.empty(), "--out_dir must not be empty");
+}
+
+OptimizerConfig TrainConfig::optimizer_config() const {
+    OptimizerConfig o;
+    o.weight_decay = weight_decay;
+    o.decay_groups = decay_groups == "all" ? DecayGroups::all : DecayGroups::matrices;
+    o.grad_clip = grad_clip;
+    o.adamw = {beta1, beta2, eps};
+    o.demo.decay = demo_decay;
+    o.demo.topk = demo_topk;
+    o.demo.chunk = demo_chunk;
+    o.demo.momentum = demo_momentum == "ema" ? DemoMomentum::ema : DemoMomentum::lr_scaled;
+    o.demo.feedback_alpha = demo_alpha;
+    o.demo.values = demo_values == "bf16"   ? DemoValueEncoding::bf16
+                    : demo_values == "sign" ? DemoValueEncoding::sign
+                                            : DemoValueEncoding::fp32;
+    o.demo.indices = demo_indices == "packed12" ? DemoIndexEncoding::packed12 : DemoIndexEncoding::smallest;
+    return o;
+}
+
+std::string config_to_json(const TrainConfig& cfg, int indent) {
+    json doc = json::object();
+    for (const auto& [group, options] : schema())
+        for (const Option& o : options) doc[o.key] = value_to_json(cfg, o);
+    return doc.dump(indent);
+}
+
+std::string help_text(const std::string& program) {
+    const TrainConfig defaults;
+    std::ostringstream out;
+    out << "usage: " << program << " [--config FILE.json]... [--key value | --key=value]...\n\n"
+        << "Every key below may appear in a JSON config file (a flat object) or as a flag; later sources\n"
+        << "override earlier ones. Booleans accept a bare --key for true. Dashes and underscores are equal.\n\n"
+        << "  --config FILE.json         load keys from a JSON file (repeatable)\n"
+        << "  --help                     print this help and exit\n";
+    for (const auto& [group, options] : schema()) {
+        out << "\n" << group << ":\n";
+        for (const Option& o : options) {
+            std::string left = std::string("  --") + o.key;
+            left.resize(std::max<size_t>(left.size() + 1, 29), ' ');
+            out << left << o.help << " [default: " << value_to_json(defaults, o).dump() << "]\n";
+        }
+    }
+    return out.str();
+}
+
+}  // namespace llmc

@@ -1,0 +1,80 @@
+// The one run-configuration schema shared by both trainers and the tools: every key has a type, a default
+// and a help line in a single table (config.cpp), from which JSON config files are read, command-line flags
+// are parsed, `--help` is printed and the resolved config is written next to the metrics. So the help
+// always matches the parser, and any config key can be overridden from the command line.
+//
+// Sources apply in order: defaults, then each `--config FILE.json` (flat JSON object of schema keys; may be
+// repeated, e.g. a model shape file then a run file), then the remaining flags in command-line order.
+// Flags take `--key value` or `--key=value`; booleans also accept a bare `--key` (true). Unknown keys,
+// malformed values and out-of-range choices throw llmc::Error naming the flag or file and key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llmc/gpt2_layout.h"
+#include "llmc/optimizer.h"
+
+namespace llmc {
+
+struct TrainConfig {
+    ModelConfig model;
+    // data
+    std::string train_data = "data/default/default_train_*.bin";
+    std::string val_data = "data/default/default_val_*.bin";
+    std::string tokenizer = "data/default/tokenizer.bin";
+    bool shuffle = true;
+    // batch
+    int batch_size = 4;             // micro-batch sequences per rank
+    int seq_len = 64;               // tokens per sequence (<= max_seq_len)
+    int64_t total_batch_size = 0;   // tokens per optimizer step over all ranks; 0 = batch_size*seq_len*world
+    // schedule
+    int steps = 100;
+    float lr = 6e-4f;
+    int warmup_steps = 10;
+    float warmup_start_frac = 0.0f;  // warmup rises linearly from warmup_start_frac * lr
+    float final_lr_frac = 0.1f;      // cosine decays to final_lr_frac * lr at the last step
+    // optimizer
+    std::string optimizer = "adamw";     // adamw | demo
+    float weight_decay = 0.1f;
+    std::string decay_groups = "2d";     // 2d | all
+    float grad_clip = 1.0f;
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    float demo_decay = 0.999f;
+    int demo_topk = 32;
+    int demo_chunk = 64;
+    std::string demo_momentum = "lr";    // lr | ema
+    float demo_alpha = 1.0f;
+    std::string demo_values = "fp32";    // fp32 | bf16 | sign
+    std::string demo_indices = "auto";   // auto | packed12
+    // evaluation and output
+    int val_every = 25;
+    int val_batches = 8;
+    int sample_every = 0;
+    int sample_tokens = 48;
+    std::string out_dir = "out";
+    int checkpoint_every = 0;
+    int keep_checkpoints = 2;
+    std::string resume;                  // "", "auto" (latest in out_dir) or a checkpoint directory
+    bool reset_momentum = false;         // allow resuming with another world size by resetting optimizer state
+    std::string init_from;               // llm.c model file to start from instead of random init
+    int64_t seed = 1337;
+    int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host
+    int log_every = 1;
+    bool dry_run = false;                // print the resolved config and traffic report, then exit
+
+    OptimizerConfig optimizer_config() const;
+};
+
+// Parses argv (without argv[0]). Returns false when --help was given (help already printed to stdout).
+// `program` names the binary in the usage text.
+bool parse_command_line(int argc, const char* const* argv, TrainConfig& config, const std::string& program);
+void load_config_file(const std::string& path, TrainConfig& config);
+// Checks cross-key constraints that do not depend on the world size (seq_len <= max_seq_len, choices...).
+void validate_config(const TrainConfig& config);
+std::string config_to_json(const TrainConfig& config, int indent = 2);
+std::string help_text(const std::string& program);
+// The schema's key names (tests check that help and parser cover the same set).
+std::vector<std::string> config_keys();
+
+}  // namespace llmc

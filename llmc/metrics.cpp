@@ -1,0 +1,114 @@
+// JSONL metrics log and progress-line formatting (see metrics.h).
+#include "llmc/metrics.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+
+namespace llmc {
+
+using json = nlohmann::ordered_json;
+
+MetricsLog::MetricsLog(const std::string& out_dir, int resume_step) : path_(out_dir + "/metrics.jsonl") {
+    if (resume_step >= 0 && file_exists(path_)) {
+        // Keep only lines of steps up to the resumed one (and non-step lines before them).
+        std::vector<std::string> kept;
+        {
+            File in(path_, "rb");
+            std::string text(in.size(), '\0');
+            in.read_exact(text.data(), text.size(), "metrics");
+            std::istringstream lines(text);
+            for (std::string line; std::getline(lines, line);) {
+                if (line.empty()) continue;
+                json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+                if (j.is_discarded()) break;  // a torn last line from a crash
+                if (j.contains("step") && j["step"].is_number() && j["step"].get<long long>() > resume_step) break;
+                kept.push_back(line);
+            }
+        }
+        std::string joined;
+        for (const std::string& l : kept) joined += l + "\n";
+        write_file_atomic(path_, std::as_bytes(std::span(joined.data(), joined.size())));
+    } else if (resume_step < 0 && file_exists(path_)) {
+        std::remove(path_.c_str());  // a fresh run starts a fresh log
+    }
+    f_ = std::fopen(path_.c_str(), "ab");
+    LLMC_CHECK(f_ != nullptr, path_ + ": cannot open for appending");
+}
+
+MetricsLog::~MetricsLog() {
+    if (f_) std::fclose(f_);
+}
+
+void MetricsLog::write_line(const std::string& line) {
+    LLMC_CHECK(std::fputs((line + "\n").c_str(), f_) >= 0 && std::fflush(f_) == 0, path_ + ": write failed");
+}
+
+void MetricsLog::log_step(const StepMetrics& m) {
+    json j;
+    j["type"] = "train";
+    j["step"] = m.step;
+    j["loss"] = m.loss;
+    j["lr"] = m.lr;
+    j["grad_norm"] = m.grad_norm;
+    j["tokens"] = m.tokens;
+    j["step_ms"] = m.step_seconds * 1e3;
+    j["compute_ms"] = m.compute_seconds * 1e3;
+    j["comm_ms"] = m.comm_seconds * 1e3;
+    j["tok_per_s"] = m.tokens_per_second;
+    j["bytes_sent"] = m.comm.bytes_sent;
+    j["bytes_recv"] = m.comm.bytes_recv;
+    j["payload_bytes"] = m.comm.payload_bytes;
+    j["cum_bytes_sent"] = m.cumulative_bytes_sent;
+    j["opt_ms"] = {{"clip", m.optimizer.clip * 1e3},
+                   {"transform", m.optimizer.transform * 1e3},
+                   {"topk", m.optimizer.topk * 1e3},
+                   {"exchange", m.optimizer.exchange * 1e3},
+                   {"apply", m.optimizer.apply * 1e3}};
+    write_line(j.dump());
+}
+
+void MetricsLog::log_val(int step, double val_loss, long long tokens) {
+    write_line(json{{"type", "val"}, {"step", step}, {"val_loss", val_loss}, {"tokens", tokens}}.dump());
+}
+
+void MetricsLog::log_sample(int step, const std::string& text) {
+    write_line(json{{"type", "sample"}, {"step", step}, {"text", text}}.dump(-1, ' ', false,
+                                                                           json::error_handler_t::replace));
+}
+
+void MetricsLog::log_event(const std::string& json_object) { write_line(json_object); }
+
+std::string format_duration(double s) {
+    char buf[32];
+    const long long t = static_cast<long long>(s + 0.5);
+    if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, t % 3600 / 60);
+    else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+    else std::snprintf(buf, sizeof buf, "%llds", t);
+    return buf;
+}
+
+std::string format_bytes(double b) {
+    char buf[32];
+    if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+    else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB", b / 1e6);
+    else if (b >= 1e3) std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
+    else std::snprintf(buf, sizeof buf, "%.0f B", b);
+    return buf;
+}
+
+std::string format_progress(const StepMetrics& m) {
+    const int width = static_cast<int>(std::to_string(m.total_steps).size());
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | sent %s | ETA %s", width,
+                  m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second,
+                  format_bytes(static_cast<double>(m.comm.bytes_sent)).c_str(),
+                  format_duration(m.eta_seconds).c_str());
+    return buf;
+}
+
+}  // namespace llmc

@@ -1,0 +1,54 @@
+// Per-step metrics: one JSON object per line in <out_dir>/metrics.jsonl (train steps, validation, samples)
+// and the human progress line. Only rank 0 writes; the file is flushed every line so a crashed run keeps
+// everything up to its last step. On resume the file is truncated back to the resumed step, so the log
+// never holds two different histories.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "llmc/optimizer.h"
+#include "llmc/transport.h"
+
+namespace llmc {
+
+struct StepMetrics {
+    int step = 0;            // 1-based number of completed optimizer steps
+    int total_steps = 0;
+    double loss = 0.0;       // mean over ranks and micro-steps
+    double lr = 0.0;
+    double grad_norm = 0.0;
+    double step_seconds = 0.0;     // wall time of the whole step
+    double compute_seconds = 0.0;  // forward + backward (+ local optimizer math)
+    double comm_seconds = 0.0;     // waiting inside collectives
+    double tokens_per_second = 0.0;
+    long long tokens = 0;          // cumulative tokens over all ranks
+    CommCounters comm;             // this step's counters (this rank)
+    long long cumulative_bytes_sent = 0;
+    StepTimings optimizer;
+    double eta_seconds = 0.0;
+};
+
+class MetricsLog {
+public:
+    // Opens <out_dir>/metrics.jsonl for appending; when resume_step >= 0, first drops lines with step > it.
+    MetricsLog(const std::string& out_dir, int resume_step);
+    ~MetricsLog();
+    MetricsLog(const MetricsLog&) = delete;
+    MetricsLog& operator=(const MetricsLog&) = delete;
+
+    void log_step(const StepMetrics& m);
+    void log_val(int step, double val_loss, long long tokens);
+    void log_sample(int step, const std::string& text);
+    void log_event(const std::string& json_object);  // a complete JSON object line
+
+private:
+    void write_line(const std::string& line);
+    std::string path_;
+    FILE* f_ = nullptr;
+};
+
+std::string format_progress(const StepMetrics& m);
+std::string format_duration(double seconds);  // "1h02m", "3m05s", "42s"
+std::string format_bytes(double bytes);       // "12.3 MB"
+
+}  // namespace llmc
