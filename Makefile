@@ -86,7 +86,9 @@ $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS)
 
-test: all
+JOBS ?= $(shell nproc)
+test:
+	$(MAKE) -j$(JOBS) all
 	test/run_tests.sh
 
 bench: $(BENCH_BINS) train_gpt_cpu

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -185,7 +186,11 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     if (cfg.dry_run) {
         if (main_rank) {
             std::printf("%s\n", config_to_json(cfg).c_str());
-            demo::print_traffic_report(demo::tensor_shapes(layout), world, std::cout);
+            demo::TrafficOptions traffic;
+            traffic.world_size = world;
+            traffic.chunk = cfg.demo_chunk;
+            demo::print_traffic_report(std::cout, "traffic per rank per step, " + cfg.model.describe(),
+                                       demo::gpt2_shapes(cfg.model), traffic);
         }
         return 0;
     }

@@ -29,7 +29,8 @@ StepResult AdamW::step(std::span<float> params, std::span<float> grads, float lr
                "adamw: parameter buffer size does not match the model layout");
     StepResult result;
     auto start = std::chrono::steady_clock::now();
-    transport_.allreduce_mean(grads);
+    if (config_.adamw.grad_wire == GradWire::bf16) transport_.allreduce_mean_bf16(grads);
+    else transport_.allreduce_mean(grads);
     result.seconds.exchange = seconds_since(start);
 
     start = std::chrono::steady_clock::now();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -71,6 +72,7 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"beta1", &TrainConfig::beta1, "AdamW beta1"},
              {"beta2", &TrainConfig::beta2, "AdamW beta2"},
              {"eps", &TrainConfig::eps, "AdamW epsilon"},
+             {"grad_wire", &TrainConfig::grad_wire, "AdamW-DDP gradients on the wire: fp32 or bf16", {"fp32", "bf16"}},
              {"demo_decay", &TrainConfig::demo_decay, "DeMo momentum decay"},
              {"demo_topk", &TrainConfig::demo_topk, "DeMo coefficients sent per chunk"},
              {"demo_chunk", &TrainConfig::demo_chunk, "DeMo chunk length per dimension"},
@@ -212,8 +214,16 @@ json value_to_json(const TrainConfig& cfg, const Option& o) {
     return std::visit(
         [&](auto member) -> json {
             using M = decltype(member);
-            if constexpr (std::is_same_v<M, int ModelConfig::*>) return cfg.model.*member;
-            else return cfg.*member;
+            if constexpr (std::is_same_v<M, int ModelConfig::*>) {
+                return cfg.model.*member;
+            } else if constexpr (std::is_same_v<M, float TrainConfig::*>) {
+                // The shortest decimal that reads back as this float, so 6e-4 prints as 0.0006.
+                char buf[32];
+                const auto end = std::to_chars(buf, buf + sizeof buf, cfg.*member).ptr;
+                return std::strtod(std::string(buf, end).c_str(), nullptr);
+            } else {
+                return cfg.*member;
+            }
         },
         o.field);
 }
@@ -312,7 +322,7 @@ OptimizerConfig TrainConfig::optimizer_config() const {
     o.weight_decay = weight_decay;
     o.decay_groups = decay_groups == "all" ? DecayGroups::all : DecayGroups::matrices;
     o.grad_clip = grad_clip;
-    o.adamw = {beta1, beta2, eps};
+    o.adamw = {beta1, beta2, eps, grad_wire == "bf16" ? GradWire::bf16 : GradWire::fp32};
     o.demo.decay = demo_decay;
     o.demo.topk = demo_topk;
     o.demo.chunk = demo_chunk;

@@ -40,6 +40,7 @@ struct TrainConfig {
     std::string decay_groups = "2d";     // 2d | all
     float grad_clip = 1.0f;
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    std::string grad_wire = "fp32";      // fp32 | bf16 (AdamW-DDP all-reduce precision)
     float demo_decay = 0.999f;
     int demo_topk = 32;
     int demo_chunk = 64;

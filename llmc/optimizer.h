@@ -22,10 +22,13 @@ enum class DemoMomentum { lr_scaled, ema };          // delta = decay*delta + lr
 enum class DemoValueEncoding { fp32, bf16, sign };   // values on the wire: exact, bf16, 1 bit (sign only)
 enum class DemoIndexEncoding { smallest, packed12 }; // chunk-local indices: u8/u16/u32 by chunk size | 12-bit
 
+enum class GradWire { fp32, bf16 };  // AdamW-DDP: precision of gradients in the all-reduce
+
 struct AdamWConfig {
     float beta1 = 0.9f;
     float beta2 = 0.95f;
     float eps = 1e-8f;
+    GradWire grad_wire = GradWire::fp32;
 };
 
 struct DemoConfig {

@@ -35,6 +35,10 @@ public:
 
     // data <- mean over ranks of data (counted).
     virtual void allreduce_mean(std::span<float> data) = 0;
+    // The same with bf16 on the wire (half the bytes): each rank's values are rounded to bf16 and partial
+    // sums are rounded to bf16 at every reduction hop, as a bf16 all-reduce does. Backends that cannot do it
+    // keep this default, which refuses with a message naming --grad_wire.
+    virtual void allreduce_mean_bf16(std::span<float> data);
     // Every rank contributes `mine` (any size, may differ per rank). On return `all` holds the ranks' buffers
     // concatenated in rank order and offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
     virtual void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
@@ -61,6 +65,7 @@ public:
     int rank() const override { return 0; }
     int world_size() const override { return 1; }
     void allreduce_mean(std::span<float> data) override { counters_.payload_bytes += data.size_bytes(); }
+    void allreduce_mean_bf16(std::span<float> data) override { counters_.payload_bytes += data.size_bytes() / 2; }
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                          std::vector<size_t>& offsets) override {
         counters_.payload_bytes += mine.size();

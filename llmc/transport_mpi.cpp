@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "llmc/bf16.h"
 #include "llmc/error.h"
 
 #ifdef LLMC_USE_MPI
@@ -14,6 +15,13 @@
 namespace llmc {
 
 namespace {
+
+// MPI reduction operator for bf16 values carried as 16-bit integers: add in fp32, round back to bf16.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; i++) b[i] = bf16_bits(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
 
 class Timer {
 public:
@@ -41,6 +49,7 @@ public:
         MPI_Comm_size(MPI_COMM_WORLD, &world_);
     }
     ~MpiTransport() override {
+        if (bf16_sum_op_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op_);
         if (owns_mpi_) MPI_Finalize();
     }
     std::string_view name() const override { return "mpi"; }
@@ -60,6 +69,25 @@ public:
         const float inv = 1.0f / static_cast<float>(world_);
         for (float& x : data) x *= inv;
         const uint64_t wire = 2 * static_cast<uint64_t>(world_ - 1) * data.size_bytes() / world_;
+        counters_.bytes_sent += wire;
+        counters_.bytes_recv += wire;
+    }
+
+    void allreduce_mean_bf16(std::span<float> data) override {
+        counters_.payload_bytes += data.size_bytes() / 2;
+        if (world_ == 1) return;
+        Timer t(counters_);
+        if (bf16_sum_op_ == MPI_OP_NULL) MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_);
+        wire_.resize(data.size());
+        for (size_t i = 0; i < data.size(); i++) wire_[i] = bf16_bits(data[i]);
+        constexpr size_t kSlice = size_t{1} << 30;
+        for (size_t off = 0; off < data.size(); off += kSlice) {
+            const int n = static_cast<int>(std::min(kSlice, data.size() - off));
+            MPI_Allreduce(MPI_IN_PLACE, wire_.data() + off, n, MPI_UINT16_T, bf16_sum_op_, MPI_COMM_WORLD);
+        }
+        const float inv = 1.0f / static_cast<float>(world_);
+        for (size_t i = 0; i < data.size(); i++) data[i] = bf16_to_float(wire_[i]) * inv;
+        const uint64_t wire = 2 * static_cast<uint64_t>(world_ - 1) * (data.size_bytes() / 2) / world_;
         counters_.bytes_sent += wire;
         counters_.bytes_recv += wire;
     }
@@ -105,6 +133,8 @@ public:
 private:
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
+    MPI_Op bf16_sum_op_ = MPI_OP_NULL;
+    std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
 };
 
 }  // namespace

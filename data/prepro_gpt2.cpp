@@ -1,0 +1,308 @@
+// prepro_gpt2: turns a corpus of text documents (one file each) into llm.c token shards with the GPT-2 BPE, plus
+// the tokenizer decode file the trainer uses to print samples. EOT (50256) goes before every document; shard 0 is
+// the validation split, the rest are training shards. Documents are encoded in parallel, but their tokens are
+// written strictly in command-line order, so the output is identical for any --threads.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llmc/bpe.h"
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+#include "llmc/token_shard.h"
+#include "llmc/tokenizer.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: prepro_gpt2 --encoder encoder.json --vocab vocab.bpe --out-dir DIR --name NAME [options] FILE...
+
+Tokenizes each FILE as one document with the GPT-2 BPE (EOT 50256 before each document) and writes
+  DIR/NAME_val_000000.bin       validation split (shard 0)
+  DIR/NAME_train_000001.bin ... training shards of --shard-tokens tokens (the last one may be shorter)
+  DIR/tokenizer.bin             llm.c tokenizer decode file
+Invalid UTF-8 in a document is replaced by U+FFFD (maximal-subpart rule, as any standard decoder does).
+
+options:
+  --shard-tokens N   tokens per training shard (default 100000000)
+  --val-tokens N     validation split = exactly the first N tokens of the token stream (it may end mid-document).
+                     Default: the first whole documents that together hold at least 1/20 of the input bytes
+                     (at least one document, and at least one document is left for training).
+  --threads N        encoding threads (default: number of CPUs)
+  --file-list PATH   also read document paths from PATH, one per line (for corpora too big for a command line)
+  --help             print this help
+)";
+
+struct Options {
+    std::string encoder_json, vocab_bpe, out_dir, name;
+    size_t shard_tokens = 100'000'000;
+    long long val_tokens = -1;  // -1: whole-document default split
+    int threads = 0;
+    std::vector<std::string> files;
+};
+
+long long parse_count(const std::string& flag, const std::string& text, long long min, long long max) {
+    size_t used = 0;
+    long long value = 0;
+    try {
+        value = std::stoll(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    LLMC_CHECK(used == text.size() && !text.empty() && value >= min && value <= max,
+               flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
+                   text + "'");
+    return value;
+}
+
+void read_file_list(const std::string& path, std::vector<std::string>& files) {
+    const std::vector<std::byte> raw = llmc::read_whole_file(path);
+    std::string line;
+    for (const std::byte b : raw) {
+        const char c = static_cast<char>(b);
+        if (c != '\n') {
+            line += c;
+            continue;
+        }
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (!line.empty()) files.push_back(line);
+        line.clear();
+    }
+    if (!line.empty()) files.push_back(line);
+}
+
+Options parse_args(int argc, char** argv) {
+    Options options;
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        if (arg == "--help" || arg == "-h") {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        }
+        if (!arg.starts_with("--")) {
+            options.files.push_back(arg);
+            continue;
+        }
+        LLMC_CHECK(i + 1 < argc, arg + ": missing value (see --help)");
+        const std::string value = argv[++i];
+        if (arg == "--encoder") options.encoder_json = value;
+        else if (arg == "--vocab") options.vocab_bpe = value;
+        else if (arg == "--out-dir") options.out_dir = value;
+        else if (arg == "--name") options.name = value;
+        else if (arg == "--shard-tokens") options.shard_tokens = parse_count(arg, value, 1, INT32_MAX);
+        else if (arg == "--val-tokens") options.val_tokens = parse_count(arg, value, 1, INT32_MAX);
+        else if (arg == "--threads") options.threads = static_cast<int>(parse_count(arg, value, 1, 1024));
+        else if (arg == "--file-list") read_file_list(value, options.files);
+        else llmc::fail("unknown flag " + arg + " (see --help)");
+    }
+    LLMC_CHECK(!options.encoder_json.empty(), "--encoder is required (see --help)");
+    LLMC_CHECK(!options.vocab_bpe.empty(), "--vocab is required (see --help)");
+    LLMC_CHECK(!options.out_dir.empty(), "--out-dir is required (see --help)");
+    LLMC_CHECK(!options.name.empty() && options.name.find('/') == std::string::npos,
+               "--name is required and must not contain '/' (see --help)");
+    LLMC_CHECK(!options.files.empty(), "no input documents given (see --help)");
+    if (options.threads == 0) options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return options;
+}
+
+std::string shard_path(const Options& options, bool val, size_t index) {
+    char number[16];
+    std::snprintf(number, sizeof number, "%06zu", index);
+    return options.out_dir + "/" + options.name + (val ? "_val_" : "_train_") + number + ".bin";
+}
+
+// Receives documents' tokens in order and cuts them into the validation shard and training shards.
+class ShardSink {
+public:
+    ShardSink(const Options& options, size_t val_documents) : options_(options), val_documents_(val_documents) {}
+
+    void add_document(size_t document_index, std::vector<uint16_t>& tokens) {
+        size_t taken = 0;
+        if (!val_written_) {
+            if (options_.val_tokens < 0) {
+                taken = tokens.size();
+            } else {
+                taken = std::min(tokens.size(), static_cast<size_t>(options_.val_tokens) - val_.size());
+            }
+            val_.insert(val_.end(), tokens.begin(), tokens.begin() + static_cast<long>(taken));
+            const bool val_full = options_.val_tokens < 0 ? document_index + 1 == val_documents_
+                                                          : val_.size() == static_cast<size_t>(options_.val_tokens);
+            if (val_full) write_val();
+        }
+        train_.insert(train_.end(), tokens.begin() + static_cast<long>(taken), tokens.end());
+        size_t start = 0;
+        while (train_.size() - start >= options_.shard_tokens) {
+            write_train(std::span<const uint16_t>(train_).subspan(start, options_.shard_tokens));
+            start += options_.shard_tokens;
+        }
+        train_.erase(train_.begin(), train_.begin() + static_cast<long>(start));
+    }
+
+    void finish(size_t total_tokens) {
+        LLMC_CHECK(val_written_, "the corpus has only " + std::to_string(total_tokens) +
+                                     " tokens, not enough for --val-tokens " + std::to_string(options_.val_tokens));
+        if (!train_.empty()) write_train(train_);
+        LLMC_CHECK(train_tokens_ > 0, "no tokens left for training after the validation split (" +
+                                          std::to_string(val_tokens_) + " tokens); lower --val-tokens");
+        remove_stale_shards();
+    }
+
+    size_t val_tokens() const { return val_tokens_; }
+    size_t train_tokens() const { return train_tokens_; }
+    size_t train_shards() const { return train_shards_; }
+
+private:
+    void write_val() {
+        const std::string path = shard_path(options_, true, 0);
+        llmc::write_shard(path, val_);
+        std::printf("wrote %s (%zu tokens)\n", path.c_str(), val_.size());
+        val_tokens_ = val_.size();
+        val_written_ = true;
+        std::vector<uint16_t>().swap(val_);
+    }
+    void write_train(std::span<const uint16_t> tokens) {
+        const std::string path = shard_path(options_, false, ++train_shards_);
+        llmc::write_shard(path, tokens);
+        std::printf("wrote %s (%zu tokens)\n", path.c_str(), tokens.size());
+        std::fflush(stdout);
+        train_tokens_ += tokens.size();
+    }
+    // A rerun that yields fewer shards must not leave older ones behind for the data loader's glob to find.
+    void remove_stale_shards() {
+        const std::string train_prefix = options_.name + "_train_";
+        for (const auto& entry : std::filesystem::directory_iterator(options_.out_dir)) {
+            const std::string file = entry.path().filename().string();
+            if (!file.starts_with(train_prefix) || !file.ends_with(".bin")) continue;
+            const std::string number = file.substr(train_prefix.size(), file.size() - train_prefix.size() - 4);
+            if (number.size() != 6 || number.find_first_not_of("0123456789") != std::string::npos) continue;
+            if (std::stoul(number) > train_shards_) {
+                std::filesystem::remove(entry.path());
+                std::printf("removed stale %s\n", entry.path().c_str());
+            }
+        }
+    }
+
+    const Options& options_;
+    const size_t val_documents_;
+    std::vector<uint16_t> val_, train_;
+    bool val_written_ = false;
+    size_t val_tokens_ = 0, train_tokens_ = 0, train_shards_ = 0;
+};
+
+size_t regular_file_size(const std::string& path) {
+    struct stat st;
+    LLMC_CHECK(stat(path.c_str(), &st) == 0, path + ": cannot open (" + std::strerror(errno) + ")");
+    LLMC_CHECK(S_ISREG(st.st_mode), path + ": not a regular file");
+    return static_cast<size_t>(st.st_size);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run(const Options& options) {
+    const auto start = std::chrono::steady_clock::now();
+    const size_t n_docs = options.files.size();
+    std::vector<size_t> sizes(n_docs);
+    size_t total_bytes = 0;
+    for (size_t i = 0; i < n_docs; i++) total_bytes += sizes[i] = regular_file_size(options.files[i]);
+
+    size_t val_documents = 0;
+    if (options.val_tokens < 0) {
+        LLMC_CHECK(n_docs >= 2, "the default validation split needs at least 2 documents (one for each split); "
+                                "pass --val-tokens N to split a single document");
+        size_t covered = 0;
+        while (val_documents < n_docs - 1 && (val_documents == 0 || covered * 20 < total_bytes))
+            covered += sizes[val_documents++];
+    }
+
+    llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(options.encoder_json, options.vocab_bpe);
+    LLMC_CHECK(bpe.vocab_size() <= 65536, options.encoder_json + ": " + std::to_string(bpe.vocab_size()) +
+                                              " tokens do not fit the shards' uint16 ids");
+    const double load_seconds = seconds_since(start);
+    const auto encode_start = std::chrono::steady_clock::now();
+    llmc::make_dirs(options.out_dir);
+    llmc::write_tokenizer_file(options.out_dir + "/tokenizer.bin", bpe.all_token_bytes(), bpe.eot_token());
+
+    const size_t n_threads = std::min(static_cast<size_t>(options.threads), n_docs);
+    std::vector<llmc::Gpt2Bpe> encoders(n_threads, bpe);  // copies share the vocabulary, each has its own cache
+    ShardSink sink(options, val_documents);
+    const auto eot = static_cast<uint16_t>(bpe.eot_token());
+    // Batches bound the memory held by encoded-but-unwritten documents on large corpora.
+    constexpr size_t kBatchBytes = 64u << 20;
+    size_t total_tokens = 0;
+    for (size_t batch_begin = 0; batch_begin < n_docs;) {
+        size_t batch_end = batch_begin, batch_bytes = 0;
+        while (batch_end < n_docs && (batch_end == batch_begin || batch_bytes + sizes[batch_end] <= kBatchBytes))
+            batch_bytes += sizes[batch_end++];
+        std::vector<std::vector<uint16_t>> encoded(batch_end - batch_begin);
+        std::atomic<size_t> next_doc{batch_begin};
+        std::exception_ptr first_error;
+        std::mutex error_mutex;
+        auto worker = [&](llmc::Gpt2Bpe& encoder) {
+            std::vector<int> ids;
+            try {
+                for (size_t doc = next_doc++; doc < batch_end; doc = next_doc++) {
+                    const std::vector<std::byte> raw = llmc::read_whole_file(options.files[doc]);
+                    ids.clear();
+                    encoder.encode(std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), ids);
+                    std::vector<uint16_t>& out = encoded[doc - batch_begin];
+                    out.reserve(ids.size() + 1);
+                    out.push_back(eot);
+                    for (const int id : ids) out.push_back(static_cast<uint16_t>(id));
+                }
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(error_mutex);
+                if (!first_error) first_error = std::current_exception();
+                next_doc = batch_end;  // stop the other workers early
+            }
+        };
+        std::vector<std::thread> threads;
+        for (size_t t = 1; t < n_threads; t++) threads.emplace_back(worker, std::ref(encoders[t]));
+        worker(encoders[0]);
+        for (auto& thread : threads) thread.join();
+        if (first_error) std::rethrow_exception(first_error);
+        for (size_t doc = batch_begin; doc < batch_end; doc++) {
+            std::vector<uint16_t>& tokens = encoded[doc - batch_begin];
+            total_tokens += tokens.size();
+            sink.add_document(doc, tokens);
+            std::vector<uint16_t>().swap(tokens);
+        }
+        batch_begin = batch_end;
+    }
+    sink.finish(total_tokens);
+    const double encode_seconds = seconds_since(encode_start);
+    const double megabytes = static_cast<double>(total_bytes) / 1e6;
+    std::printf("wrote %s/tokenizer.bin (%d tokens)\n", options.out_dir.c_str(), bpe.vocab_size());
+    std::printf("prepro_gpt2: %zu documents, %.2f MB -> %zu tokens (val %zu, train %zu in %zu %s); "
+                "%.3f s with %zu threads: %.1f MB/s, %.2f M tokens/s (+ %.3f s loading the vocabulary)\n",
+                n_docs, megabytes, total_tokens, sink.val_tokens(), sink.train_tokens(), sink.train_shards(),
+                sink.train_shards() == 1 ? "shard" : "shards",
+                encode_seconds, n_threads, megabytes / encode_seconds,
+                static_cast<double>(total_tokens) / 1e6 / encode_seconds, load_seconds);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(parse_args(argc, argv));
+    } catch (const llmc::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+    }
+    return 1;
+}

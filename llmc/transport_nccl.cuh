@@ -1,0 +1,270 @@
+// NcclTransport: the Transport (transport.h) of the CUDA trainer, whose training collectives move device
+// buffers with NCCL on a dedicated communication stream.
+//  - World setup: the process-level transport (make_world_transport: MPI under mpirun when built with
+//    LLMC_USE_MPI, else a world of one) gives rank and world size and broadcasts the ncclUniqueId from rank 0;
+//    each rank then joins the NCCL communicator. A world of one never touches NCCL.
+//  - allreduce_mean: ncclAllReduce(ncclAvg) in place on a device float buffer (a host buffer is staged).
+//  - allgather_bytes: size exchange (ncclAllGather of one uint64 per rank), then one grouped ncclBroadcast per
+//    rank with its exact size, straight into the concatenated layout (no padding to the largest bucket).
+//    The interface returns a host vector; allgather_device() is the same collective leaving the result on the
+//    device (what a CUDA DeMo wants). `mine` may be host or device memory.
+//  - allreduce_sum / allreduce_max (host doubles), host broadcast, barrier, abort: delegated to the process
+//    transport (MPI), where scalars belong; a device buffer passed to broadcast() goes through ncclBroadcast.
+//  - Counters follow transport.h's ring model (the same numbers MpiTransport reports for the same sizes);
+//    `seconds` is host wall time from the start of a counted collective until its result is complete.
+// The compute stream is made to wait for nothing: callers hand in buffers whose producers are complete (the
+// collective first waits on an event recorded on the compute stream, then blocks the host until done).
+#pragma once
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/transport.h"
+
+namespace llmc {
+
+[[noreturn]] inline void nccl_fail(ncclResult_t r, const char* call, const char* file, int line) {
+    std::string advice;
+    switch (r) {
+        case ncclSystemError:
+        case ncclRemoteError:
+            advice = "a network/peer failure: check that every rank is alive and NCCL_SOCKET_IFNAME / NCCL_IB_* fit this cluster (NCCL_DEBUG=INFO)";
+            break;
+        case ncclInvalidUsage:
+        case ncclInvalidArgument:
+            advice = "ranks disagree on a collective's size or order; rerun with NCCL_DEBUG=WARN";
+            break;
+        default:
+            advice = "rerun with NCCL_DEBUG=INFO for details";
+    }
+    fail(std::string("NCCL error '") + ncclGetErrorString(r) + "' at " + file + ":" + std::to_string(line) + " in " +
+         call + ": " + advice);
+}
+
+}  // namespace llmc
+
+#define NCCL_CHECK(call)                                                                     \
+    do {                                                                                     \
+        const ncclResult_t llmc_nccl_ = (call);                                              \
+        if (llmc_nccl_ != ncclSuccess) ::llmc::nccl_fail(llmc_nccl_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+namespace llmc {
+
+inline bool is_device_pointer(const void* p) {
+    if (p == nullptr) return false;
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+// The GPU this process should use: the node-local rank (from the launcher's environment) modulo the number of
+// visible devices; `fallback_rank` when no launcher variable is set.
+inline int local_device_index(int fallback_rank) {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    int local = fallback_rank;
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+        if (const char* v = std::getenv(var)) {
+            local = std::atoi(v);
+            break;
+        }
+    }
+    return count > 0 ? local % count : 0;
+}
+
+class NcclTransport final : public Transport {
+public:
+    // `world`: the process transport (rank, size, id broadcast, scalars). `compute_stream`: where the buffers
+    // handed to collectives are produced. The current CUDA device must already be set. A world of one skips
+    // NCCL unless `nccl_for_one_rank` (the checker uses it to exercise the NCCL calls on a single GPU).
+    NcclTransport(Transport& world, cudaStream_t compute_stream, bool nccl_for_one_rank = false)
+        : world_(world), compute_(compute_stream) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+        if (world_.world_size() > 1 || nccl_for_one_rank) {
+            ncclUniqueId id;
+            std::memset(&id, 0, sizeof(id));
+            if (world_.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+            world_.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&id), sizeof(id)), 0);
+            NCCL_CHECK(ncclCommInitRank(&comm_, world_.world_size(), id, world_.rank()));
+        }
+    }
+    ~NcclTransport() override {
+        if (comm_) (void)ncclCommDestroy(comm_);
+        if (ready_) (void)cudaEventDestroy(ready_);
+        if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
+    }
+    NcclTransport(const NcclTransport&) = delete;
+    NcclTransport& operator=(const NcclTransport&) = delete;
+
+    std::string_view name() const override { return "nccl"; }
+    int rank() const override { return world_.rank(); }
+    int world_size() const override { return world_.world_size(); }
+    cudaStream_t comm_stream() const { return comm_stream_; }
+    bool uses_nccl() const { return comm_ != nullptr; }
+
+    void allreduce_mean(std::span<float> data) override {
+        counters_.payload_bytes += data.size_bytes();
+        const int W = world_size();
+        if (comm_ == nullptr || data.empty()) return;
+        Timed timed(counters_);
+        wait_for_compute();
+        float* buf = data.data();
+        const bool on_device = is_device_pointer(buf);
+        if (!on_device) {
+            stage_.reserve_bytes(data.size_bytes());
+            CUDA_CHECK(cudaMemcpyAsync(stage_.ptr, buf, data.size_bytes(), cudaMemcpyHostToDevice, comm_stream_));
+            buf = reinterpret_cast<float*>(stage_.ptr);
+        }
+        NCCL_CHECK(ncclAllReduce(buf, buf, data.size(), ncclFloat, ncclAvg, comm_, comm_stream_));
+        if (!on_device)
+            CUDA_CHECK(cudaMemcpyAsync(data.data(), buf, data.size_bytes(), cudaMemcpyDeviceToHost, comm_stream_));
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+        const uint64_t wire = 2 * static_cast<uint64_t>(W - 1) * data.size_bytes() / W;
+        counters_.bytes_sent += wire;
+        counters_.bytes_recv += wire;
+    }
+
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
+                         std::vector<size_t>& offsets) override {
+        Timed timed(counters_);
+        gather_.reserve_bytes(1);  // make sure a device target exists even for empty gathers
+        const size_t total = gather_sizes(mine.size(), offsets);
+        gather_.reserve_bytes(total);
+        gather_into_device(mine, gather_.ptr, offsets);
+        all.resize(total);
+        if (total) CUDA_CHECK(cudaMemcpyAsync(all.data(), gather_.ptr, total, cudaMemcpyDeviceToHost, comm_stream_));
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+    }
+
+    // Like allgather_bytes, with the concatenation left on the device: `out` must hold `capacity` bytes (the
+    // required size is offsets.back(); throws if it does not fit). `mine` may be host or device memory.
+    void allgather_device(std::span<const std::byte> mine, std::byte* out, size_t capacity, std::vector<size_t>& offsets) {
+        Timed timed(counters_);
+        const size_t total = gather_sizes(mine.size(), offsets);
+        LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
+                                          " bytes, the output holds " + std::to_string(capacity));
+        gather_into_device(mine, out, offsets);
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+    }
+
+    void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
+    void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
+
+    void broadcast(std::span<std::byte> data, int root) override {
+        if (data.empty()) return;
+        if (comm_ == nullptr || !is_device_pointer(data.data())) {
+            world_.broadcast(data, root);
+            return;
+        }
+        wait_for_compute();
+        NCCL_CHECK(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_, comm_stream_));
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+    }
+
+    void barrier() override { world_.barrier(); }
+
+    [[noreturn]] void abort(int exit_code) override {
+        if (comm_) (void)ncclCommAbort(comm_);
+        comm_ = nullptr;
+        world_.abort(exit_code);
+        std::_Exit(exit_code);  // not reached: Transport::abort does not return
+    }
+
+private:
+    // Grow-only device staging buffer.
+    struct Scratch {
+        std::byte* ptr = nullptr;
+        size_t bytes = 0;
+        ~Scratch() {
+            if (ptr) (void)cudaFree(ptr);
+        }
+        void reserve_bytes(size_t n) {
+            if (n <= bytes) return;
+            if (ptr) CUDA_CHECK(cudaFree(ptr));
+            ptr = nullptr;
+            bytes = 0;
+            CUDA_CHECK(cudaMalloc(&ptr, n));
+            bytes = n;
+        }
+    };
+    struct Timed {
+        CommCounters& c;
+        std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+        explicit Timed(CommCounters& counters) : c(counters) {}
+        ~Timed() {
+            c.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            c.collectives++;
+        }
+    };
+
+    void wait_for_compute() {
+        CUDA_CHECK(cudaEventRecord(ready_, compute_));
+        CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+    }
+
+    // Exchanges the bucket sizes; fills offsets (world + 1 entries) and returns the total. Counts the payload.
+    size_t gather_sizes(size_t my_size, std::vector<size_t>& offsets) {
+        const int W = world_size(), r = rank();
+        counters_.payload_bytes += my_size;
+        std::vector<uint64_t> sizes(W, 0);
+        sizes[r] = my_size;
+        if (comm_) {
+            sizes_.reserve_bytes(W * sizeof(uint64_t));
+            uint64_t* dev = reinterpret_cast<uint64_t*>(sizes_.ptr);
+            const uint64_t mine64 = my_size;
+            CUDA_CHECK(cudaMemcpyAsync(dev + r, &mine64, sizeof(uint64_t), cudaMemcpyHostToDevice, comm_stream_));
+            NCCL_CHECK(ncclAllGather(dev + r, dev, 1, ncclUint64, comm_, comm_stream_));
+            CUDA_CHECK(cudaMemcpyAsync(sizes.data(), dev, W * sizeof(uint64_t), cudaMemcpyDeviceToHost, comm_stream_));
+            CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+        }
+        offsets.assign(W + 1, 0);
+        for (int i = 0; i < W; i++) offsets[i + 1] = offsets[i] + sizes[i];
+        return offsets[W];
+    }
+
+    // Every rank's bucket into out[offsets[r], offsets[r+1]) (enqueued on the comm stream; caller syncs).
+    void gather_into_device(std::span<const std::byte> mine, std::byte* out, const std::vector<size_t>& offsets) {
+        const int W = world_size(), r = rank();
+        wait_for_compute();
+        std::byte* my_slot = out + offsets[r];
+        if (!mine.empty()) {
+            const cudaMemcpyKind kind = is_device_pointer(mine.data()) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+            CUDA_CHECK(cudaMemcpyAsync(my_slot, mine.data(), mine.size(), kind, comm_stream_));
+        }
+        if (comm_) {
+            NCCL_CHECK(ncclGroupStart());
+            for (int root = 0; root < W; root++) {
+                const size_t n = offsets[root + 1] - offsets[root];
+                if (n == 0) continue;
+                std::byte* slot = out + offsets[root];
+                NCCL_CHECK(ncclBroadcast(slot, slot, n, ncclUint8, root, comm_, comm_stream_));
+            }
+            NCCL_CHECK(ncclGroupEnd());
+        }
+        const uint64_t total = offsets[W];
+        const uint64_t own = offsets[r + 1] - offsets[r];
+        const int next = (r + 1) % W;
+        counters_.bytes_recv += total - own;
+        counters_.bytes_sent += W > 1 ? total - (offsets[next + 1] - offsets[next]) : 0;
+    }
+
+    Transport& world_;
+    cudaStream_t compute_;
+    cudaStream_t comm_stream_ = nullptr;
+    cudaEvent_t ready_ = nullptr;
+    ncclComm_t comm_ = nullptr;
+    Scratch stage_, gather_, sizes_;
+};
+
+}  // namespace llmc

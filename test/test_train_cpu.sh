@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# End-to-end trainer checks on the default corpus (see test/train_cpu_checks.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data/prepare_default.sh >/dev/null
+exec /usr/bin/python3 test/train_cpu_checks.py
