@@ -225,7 +225,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
             // Optimizer state is per rank and cannot be re-dealt; keep weights, step and tokens seen, and
             // continue the data stream from the same number of consumed window groups.
             const TrainingState old = read_training_state(state_path(resume->dir, 0));
-            check_resume_compatible(state_path(resume->dir, 0), old.config_json, config_json);
+            check_resume_compatible(state_path(resume->dir, 0), old.config_json, config_json, {"total_batch_size"});
             state.step = old.step;
             state.tokens = old.tokens;
             const uint64_t groups_done = static_cast<uint64_t>(old.tokens) / tokens_per_micro;

@@ -118,7 +118,8 @@ void prune_checkpoints(const std::string& out_dir, int keep) {
     }
 }
 
-void check_resume_compatible(const std::string& path, const std::string& saved_json, const std::string& current_json) {
+void check_resume_compatible(const std::string& path, const std::string& saved_json, const std::string& current_json,
+                             const std::vector<std::string>& may_differ) {
     const json saved = json::parse(saved_json, nullptr, false);
     const json current = json::parse(current_json, nullptr, false);
     LLMC_CHECK(saved.is_object(), path + ": checkpointed config is malformed");
@@ -127,7 +128,7 @@ void check_resume_compatible(const std::string& path, const std::string& saved_j
         "batch_size", "seq_len",   "total_batch_size", "optimizer",   "seed",       "shuffle",
         "train_data", "demo_chunk", "demo_topk",       "demo_values", "demo_indices"};
     for (const char* key : kFixed) {
-        if (!saved.contains(key)) continue;
+        if (!saved.contains(key) || std::find(may_differ.begin(), may_differ.end(), key) != may_differ.end()) continue;
         LLMC_CHECK(saved[key] == current[key], path + ": --" + key + " is " + current[key].dump() + " here but " +
                                                   saved[key].dump() + " in the checkpoint (resume with the same value)");
     }

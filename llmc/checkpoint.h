@@ -51,7 +51,9 @@ void prune_checkpoints(const std::string& out_dir, int keep);
 // Compares the keys of the checkpointed config that must not change across a resume (model shape, batch
 // geometry, optimizer, seed, data). Throws naming the first differing key, e.g.
 // "<path>: --batch_size is 8 here but 4 in the checkpoint".
+// `may_differ` lists keys exempted (a resume with another world size changes the resolved total_batch_size).
 void check_resume_compatible(const std::string& path, const std::string& saved_config_json,
-                             const std::string& current_config_json);
+                             const std::string& current_config_json,
+                             const std::vector<std::string>& may_differ = {});
 
 }  // namespace llmc

@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# The one launch driver for the DeMo-paper experiments and their variants. It resolves the paper's schedule
+# and batch, the MPI launch (hostfile, ranks per node) and the run folder from defaults < environment
+# variables < options, prints the resolved mpirun command, appends it to <out_dir>/launch.txt and runs it.
+# scripts/paper/*.sh call it with their model shape, optimizer and top-k; `--help` lists every setting.
+set -euo pipefail
+
+readonly PROG=run_experiment
+readonly PAPER_BATCH_SEQS=2048      # global batch: 2048 sequences of 2048 tokens = 4,194,304 tokens per step
+readonly PAPER_SEQ_LEN=2048
+readonly PAPER_MICRO_BATCH=8
+readonly PAPER_TOKENS=100000000000  # 100B tokens -> 23,842 steps at 4,194,304 tokens per step
+readonly PAPER_RANKS=64             # 8 nodes x 8 GPUs
+
+die() {
+  echo "$PROG: error: $*" >&2
+  exit 2
+}
+
+usage() {
+  cat <<'EOF'
+usage: scripts/run_experiment.sh [options] [--dry-run] [-- trainer flags...]
+       scripts/paper/<experiment>.sh [options] [--dry-run] [-- trainer flags...]
+
+Launches one training run with mpirun, with the DeMo paper's schedule and batch unless told otherwise.
+Every setting is an environment variable; the option of the same name (lower case, '-' for '_') overrides
+it, e.g. NP=4 or --np 4. Relative paths are relative to the repository root (the driver runs from there).
+
+launch:
+  NP                 ranks in all [NP, else the hostfile's total slots, else 64]
+  HOSTFILE           Open MPI hostfile ('host slots=N' lines) [none: ranks start on this machine]
+  RANKS_PER_NODE     ranks per node, passed as --map-by ppr:N:node [the hostfile's first slots= value]
+  MPIRUN             launcher [mpirun]; 'none' runs the trainer directly (NP must be 1)
+  MPIRUN_ARGS        extra launcher words, split on spaces, e.g. "-x NCCL_DEBUG=INFO"
+  TRAINER            trainer binary [./train_gpt]; ./train_gpt_cpu takes the same flags
+  DATA_DIR           folder of token shards *_train_*.bin and *_val_*.bin [data/default]
+  RUNS_DIR           parent of run folders [runs]
+  RUN_NAME           (--name) run folder name: out_dir = RUNS_DIR/RUN_NAME [set by the paper script]
+  RESUME             'auto' continues from the newest checkpoint in out_dir, if any; 'none' starts over;
+                     anything else is a checkpoint directory [auto]
+  DRY_RUN            1 (or --dry-run): print the resolved command and exit without running
+
+model and optimizer:
+  MODEL_CONFIG       (--model) JSON config giving the model shape [configs/paper_300m_shape.json]
+  OPTIMIZER          adamw (AdamW-DDP, betas 0.9/0.95) or demo (decay 0.999, chunk 64) [required]
+  TOPK               DeMo coefficients sent per 64x64 chunk [32]
+  LR                 peak learning rate [4e-4]
+  WEIGHT_DECAY       decoupled weight decay [demo: 0, adamw: 0.1]
+
+batch and schedule (paper: 2048 x 2048 tokens per step, micro-batch 8, 100B tokens):
+  BATCH              global batch in sequences per optimizer step [2048]
+  MICRO_BATCH        sequences per rank per forward/backward (batch_size) [8]
+  SEQ_LEN            tokens per sequence [2048, or the model config's max_seq_len if smaller]
+  TOTAL_BATCH        tokens per optimizer step; replaces BATCH x SEQ_LEN (0 = MICRO_BATCH x SEQ_LEN x NP)
+  TOKENS             training tokens, giving the default STEPS [100000000000]
+  STEPS              optimizer steps [ceil(TOKENS / tokens per step) = 23842 for the paper]
+  WARMUP             warmup steps, rising from 0.1 x LR; cosine decay to 0.1 x LR follows [250]
+  VAL_EVERY          validation every N steps [STEPS / 100, at least 1]
+  VAL_BATCHES        validation micro-batches per rank [8]
+  CHECKPOINT_EVERY   checkpoint every N steps (one is always written at the end) [1000]
+
+Flags after '--' go to the trainer last, so they override anything above (./train_gpt_cpu --help lists them).
+The trainer writes config.json and metrics.jsonl into out_dir; this driver adds launch.txt (every launch
+command, appended) and train.log (the console output).
+
+examples:
+  HOSTFILE=scripts/paper/hostfile.example scripts/paper/300m_demo_k8.sh --dry-run
+  NP=4 TRAINER=./train_gpt_cpu MODEL_CONFIG=configs/tiny.json STEPS=20 BATCH=32 MICRO_BATCH=8 \
+      RUNS_DIR=runs/tiny scripts/paper/300m_demo_k8.sh -- --val_every 5
+EOF
+}
+
+# ---- settings: defaults < environment < options --------------------------------------------------------
+readonly SETTINGS=(NP HOSTFILE RANKS_PER_NODE MPIRUN MPIRUN_ARGS TRAINER DATA_DIR RUNS_DIR RUN_NAME RESUME
+                   DRY_RUN MODEL_CONFIG OPTIMIZER TOPK LR WEIGHT_DECAY BATCH MICRO_BATCH SEQ_LEN TOTAL_BATCH
+                   TOKENS STEPS WARMUP VAL_EVERY VAL_BATCHES CHECKPOINT_EVERY)
+# Settings whose default is derived from others (NP, SEQ_LEN, STEPS...) stay unset until resolved below.
+: "${MPIRUN:=mpirun}" "${TRAINER:=./train_gpt}" "${DATA_DIR:=data/default}" "${RUNS_DIR:=runs}"
+: "${RESUME:=auto}" "${DRY_RUN:=0}" "${MODEL_CONFIG:=configs/paper_300m_shape.json}" "${TOPK:=32}"
+: "${LR:=4e-4}" "${BATCH:=$PAPER_BATCH_SEQS}" "${MICRO_BATCH:=$PAPER_MICRO_BATCH}" "${TOKENS:=$PAPER_TOKENS}"
+: "${WARMUP:=250}" "${VAL_BATCHES:=8}" "${CHECKPOINT_EVERY:=1000}"
+
+# Options: --np 4, --np=4, --name/--model as short forms of --run-name/--model-config.
+extra_args=()
+while (($# > 0)); do
+  arg=$1
+  shift
+  case $arg in
+    --) extra_args=("$@"); break ;;
+    -h | --help) usage; exit 0 ;;
+    --dry-run) DRY_RUN=1; continue ;;
+    --*=*) key=${arg%%=*} value=${arg#*=} has_value=1 ;;
+    --?*) key=$arg value= has_value=0 ;;
+    *) die "unexpected argument '$arg' (options look like --np 4; trainer flags go after --)" ;;
+  esac
+  case $key in
+    --name) var=RUN_NAME ;;
+    --model) var=MODEL_CONFIG ;;
+    *)
+      var=${key#--}
+      var=${var//-/_}
+      var=${var^^}
+      [[ " ${SETTINGS[*]} " == *" $var "* && $var != DRY_RUN ]] || die "unknown option '$key' (see --help)"
+      ;;
+  esac
+  if ((!has_value)); then
+    (($# > 0)) || die "$key needs a value"
+    value=$1
+    shift
+  fi
+  declare "$var=$value"
+done
+
+# ---- validation ------------------------------------------------------------------------------------------
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+is_count() { [[ $1 =~ ^0*[1-9][0-9]{0,14}$ ]]; }  # 1 and up (15 digits keep every product in 64 bits)
+is_count_or_zero() { [[ $1 =~ ^[0-9]{1,15}$ ]]; }
+is_number() { [[ $1 =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }
+need() {  # need <check> <NAME> <what>: checks the setting NAME's value (and writes whole numbers as decimal)
+  local check=$1 name=$2 what=$3
+  "$check" "${!name}" || die "$name must be $what, got '${!name}'"
+  [[ $check == is_number ]] || declare -g "$name=$((10#${!name}))"
+}
+
+[[ -n ${OPTIMIZER:-} ]] || die "OPTIMIZER is not set (use --optimizer adamw or --optimizer demo)"
+[[ $OPTIMIZER == adamw || $OPTIMIZER == demo ]] || die "OPTIMIZER must be adamw or demo, got '$OPTIMIZER'"
+[[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
+[[ -v NP ]] && need is_count NP "a whole number >= 1"
+[[ -v RANKS_PER_NODE ]] && need is_count RANKS_PER_NODE "a whole number >= 1"
+need is_count TOPK "a whole number >= 1"
+need is_count BATCH "a whole number of sequences >= 1"
+need is_count MICRO_BATCH "a whole number of sequences >= 1"
+[[ -v SEQ_LEN ]] && need is_count SEQ_LEN "a whole number of tokens >= 1"
+[[ -v TOTAL_BATCH ]] && need is_count_or_zero TOTAL_BATCH "a whole number of tokens (0 = one micro-batch per rank)"
+need is_count TOKENS "a whole number of tokens >= 1"
+[[ -v STEPS ]] && need is_count STEPS "a whole number >= 1"
+need is_count_or_zero WARMUP "a whole number >= 0"
+[[ -v VAL_EVERY ]] && need is_count_or_zero VAL_EVERY "a whole number >= 0"
+need is_count_or_zero VAL_BATCHES "a whole number >= 0"
+need is_count_or_zero CHECKPOINT_EVERY "a whole number >= 0"
+need is_number LR "a positive number"
+[[ -v WEIGHT_DECAY ]] && need is_number WEIGHT_DECAY "a number >= 0"
+[[ -f $MODEL_CONFIG ]] || die "MODEL_CONFIG '$MODEL_CONFIG' is not a file (paths are relative to $(pwd))"
+[[ -n $RUNS_DIR ]] || die "RUNS_DIR must not be empty"
+
+# Hostfile: one host per line, 'name slots=N' (a line without slots= counts 1, as Open MPI does).
+hosts=0 hostfile_slots=0 first_host_slots=
+if [[ -n ${HOSTFILE:-} ]]; then
+  [[ -f $HOSTFILE ]] || die "HOSTFILE '$HOSTFILE' does not exist"
+  while read -r line || [[ -n $line ]]; do  # (the last line may lack its newline)
+    line=${line%%#*}
+    [[ $line =~ [^[:space:]] ]] || continue
+    slots=1
+    [[ $line =~ (^|[[:space:]])slots=([0-9]+) ]] && slots=$((10#${BASH_REMATCH[2]}))
+    hosts=$((hosts + 1)) hostfile_slots=$((hostfile_slots + slots))
+    [[ -n $first_host_slots ]] || first_host_slots=$slots
+  done <"$HOSTFILE"
+  ((hosts > 0)) || die "HOSTFILE '$HOSTFILE' lists no hosts"
+fi
+np_given=0
+[[ -v NP ]] && np_given=1
+if [[ ! -v NP ]]; then
+  if ((hosts > 0)); then NP=$hostfile_slots; else NP=$PAPER_RANKS; fi
+fi
+if [[ ! -v RANKS_PER_NODE && -n $first_host_slots ]]; then RANKS_PER_NODE=$first_host_slots; fi
+if ((hosts > 0)) && [[ -v RANKS_PER_NODE ]] && ((NP > hosts * RANKS_PER_NODE)); then
+  die "NP=$NP ranks do not fit $hosts host(s) x RANKS_PER_NODE=$RANKS_PER_NODE"
+fi
+if [[ $MPIRUN == none ]] && ((NP != 1)); then die "MPIRUN=none runs a single process, but NP=$NP"; fi
+
+# Sequence length: the paper's 2048 unless the model's positions are fewer (a scaled-down shape).
+model_max_seq_len=$(sed -n 's/.*"max_seq_len"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$MODEL_CONFIG" | head -n 1)
+: "${model_max_seq_len:=1024}"  # the trainer's default when the file does not set it
+if [[ ! -v SEQ_LEN ]]; then
+  SEQ_LEN=$PAPER_SEQ_LEN
+  if ((model_max_seq_len < SEQ_LEN)); then
+    SEQ_LEN=$model_max_seq_len
+    echo "$PROG: note: SEQ_LEN=$SEQ_LEN, the max_seq_len of $MODEL_CONFIG" >&2
+  fi
+fi
+
+# Trainer flags after '--' that change the batch geometry make the driver's batch arithmetic moot.
+batch_from_trainer_args=0
+for arg in ${extra_args[@]+"${extra_args[@]}"}; do
+  key=${arg%%=*}
+  key=${key//-/_}
+  case $key in __batch_size | __seq_len | __total_batch_size) batch_from_trainer_args=1 ;; esac
+done
+
+# Batch geometry: tokens per step = MICRO_BATCH x SEQ_LEN x NP x accumulation steps.
+tokens_per_micro=$((MICRO_BATCH * SEQ_LEN * NP))
+if [[ -v TOTAL_BATCH ]]; then
+  total_batch=$TOTAL_BATCH
+  ((total_batch > 0)) || total_batch=$tokens_per_micro
+  batch_source="TOTAL_BATCH=$TOTAL_BATCH tokens"
+else
+  total_batch=$((BATCH * SEQ_LEN))
+  batch_source="BATCH=$BATCH sequences x $SEQ_LEN tokens"
+  if ((!batch_from_trainer_args && BATCH % (MICRO_BATCH * NP) != 0)); then
+    die "BATCH=$BATCH sequences is not a multiple of MICRO_BATCH x NP = $MICRO_BATCH x $NP (set BATCH, MICRO_BATCH or NP)"
+  fi
+fi
+if ((!batch_from_trainer_args && total_batch % tokens_per_micro != 0)); then
+  die "$batch_source is not a multiple of MICRO_BATCH x SEQ_LEN x NP = $tokens_per_micro tokens"
+fi
+accumulation=$((total_batch / tokens_per_micro))
+[[ -v STEPS ]] || STEPS=$(((TOKENS + total_batch - 1) / total_batch))
+if [[ ! -v VAL_EVERY ]]; then
+  VAL_EVERY=$((STEPS / 100))
+  ((VAL_EVERY >= 1)) || VAL_EVERY=1
+fi
+if [[ ! -v WEIGHT_DECAY ]]; then
+  if [[ $OPTIMIZER == demo ]]; then WEIGHT_DECAY=0; else WEIGHT_DECAY=0.1; fi
+fi
+if [[ ! -v RUN_NAME ]]; then
+  if [[ $OPTIMIZER == demo ]]; then RUN_NAME=demo_k$TOPK; else RUN_NAME=adamw; fi
+fi
+[[ -n $RUN_NAME && $RUN_NAME != */* ]] || die "RUN_NAME must be a plain folder name, got '$RUN_NAME'"
+out_dir=${RUNS_DIR%/}/$RUN_NAME
+
+# ---- the command -----------------------------------------------------------------------------------------
+launcher=()
+if [[ $MPIRUN != none ]]; then
+  launcher=("$MPIRUN" -np "$NP")
+  [[ -n ${HOSTFILE:-} ]] && launcher+=(--hostfile "$HOSTFILE")
+  [[ -v RANKS_PER_NODE ]] && launcher+=(--map-by "ppr:$RANKS_PER_NODE:node")
+  # More ranks than cores on this machine (a scaled-down run): let Open MPI start them anyway.
+  # (Only for an NP given explicitly: the default 64 with no hostfile is a launch inside a cluster allocation.)
+  if [[ $np_given == 1 && -z ${HOSTFILE:-} && ! -v RANKS_PER_NODE ]] && ((NP > $(nproc))); then
+    launcher+=(--oversubscribe)
+  fi
+  launcher+=(--bind-to none)  # each rank's trainer picks its own thread count
+  if [[ -n ${MPIRUN_ARGS:-} ]]; then
+    read -r -a mpirun_words <<<"$MPIRUN_ARGS"
+    launcher+=("${mpirun_words[@]}")
+  fi
+fi
+
+trainer_args=(
+  --config "$MODEL_CONFIG"
+  --train_data "$DATA_DIR/*_train_*.bin" --val_data "$DATA_DIR/*_val_*.bin"
+  --out_dir "$out_dir"
+  --total_batch_size "$total_batch" --batch_size "$MICRO_BATCH" --seq_len "$SEQ_LEN" --steps "$STEPS"
+  --lr "$LR" --warmup_steps "$WARMUP" --warmup_start_frac 0.1 --final_lr_frac 0.1 --grad_clip 1
+  --optimizer "$OPTIMIZER" --weight_decay "$WEIGHT_DECAY"
+)
+if [[ $OPTIMIZER == demo ]]; then
+  trainer_args+=(--demo_topk "$TOPK" --demo_chunk 64 --demo_decay 0.999)
+else
+  trainer_args+=(--beta1 0.9 --beta2 0.95)
+fi
+[[ -f $DATA_DIR/tokenizer.bin ]] && trainer_args+=(--tokenizer "$DATA_DIR/tokenizer.bin")
+trainer_args+=(--val_every "$VAL_EVERY" --val_batches "$VAL_BATCHES" --checkpoint_every "$CHECKPOINT_EVERY")
+[[ -n $RESUME && $RESUME != none ]] && trainer_args+=(--resume "$RESUME")
+command=(${launcher[@]+"${launcher[@]}"} "$TRAINER" "${trainer_args[@]}" ${extra_args[@]+"${extra_args[@]}"})
+
+# Shell-quotes only the words that need it, so the printed line pastes back into a shell unchanged.
+quote_words() {
+  local out= word
+  for word in "$@"; do
+    if [[ $word =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then out+="$word "
+    else out+="'${word//\'/\'\\\'\'}' "
+    fi
+  done
+  printf '%s\n' "${out% }"
+}
+
+if [[ $OPTIMIZER == demo ]]; then
+  optimizer_text="DeMo top-$TOPK per 64x64 chunk, decay 0.999, weight decay $WEIGHT_DECAY"
+else
+  optimizer_text="AdamW-DDP betas 0.9/0.95, weight decay $WEIGHT_DECAY"
+fi
+ranks_text="$NP ranks"
+((NP == 1)) && ranks_text="1 rank"
+[[ -v RANKS_PER_NODE ]] && ranks_text+=", $RANKS_PER_NODE per node"
+[[ -n ${HOSTFILE:-} ]] && ranks_text+=", hostfile $HOSTFILE ($hosts hosts, $hostfile_slots slots)"
+if ((batch_from_trainer_args)); then
+  batch_text="batch set by the trainer flags after --"
+else
+  batch_text="$total_batch tokens/step = $MICRO_BATCH x $SEQ_LEN tokens x $NP ranks x $accumulation accumulation"
+fi
+human_count() { awk -v n="$1" 'BEGIN { if (n >= 1e9) printf "%.1fB", n / 1e9; else if (n >= 1e6) printf "%.1fM", n / 1e6;
+                                       else if (n >= 1e3) printf "%.1fk", n / 1e3; else printf "%d", n }'; }
+plan=(
+  "# run $RUN_NAME: $OPTIMIZER on $MODEL_CONFIG -> $out_dir"
+  "# $optimizer_text; lr $LR, warmup $WARMUP steps from 0.1 x lr, cosine to 0.1 x lr, clip 1"
+  "# $ranks_text; $batch_text; $STEPS steps ($(human_count $((STEPS * total_batch))) tokens)"
+)
+((WARMUP * 2 > STEPS)) && plan+=("# note: the $WARMUP warmup steps are over half of the $STEPS steps (set WARMUP)")
+if ((DRY_RUN)); then
+  printf '%s\n' "${plan[@]}"
+  quote_words "${command[@]}"
+  exit 0
+fi
+
+# ---- run -------------------------------------------------------------------------------------------------
+if [[ $TRAINER == */* ]]; then
+  [[ -x $TRAINER ]] || die "trainer '$TRAINER' is not built (make train_gpt, or TRAINER=./train_gpt_cpu after make)"
+else
+  command -v "$TRAINER" >/dev/null || die "trainer '$TRAINER' is not on PATH"
+fi
+if [[ $MPIRUN != none ]]; then command -v "$MPIRUN" >/dev/null || die "launcher '$MPIRUN' is not installed"; fi
+printf '%s\n' "${plan[@]}"
+quote_words "${command[@]}"
+if ! compgen -G "$DATA_DIR/*_train_*.bin" >/dev/null; then
+  echo "$PROG: warning: no $DATA_DIR/*_train_*.bin here (data/prepare_default.sh makes data/default; on a" \
+       "cluster the shards must exist at this path on every node)" >&2
+fi
+mkdir -p "$out_dir"
+{
+  echo "# $(date -u '+%Y-%m-%dT%H:%M:%SZ') on $(hostname) in $(pwd), by ${LAUNCHED_BY:-scripts/run_experiment.sh}"
+  quote_words "${command[@]}"
+} >>"$out_dir/launch.txt"
+"${command[@]}" 2>&1 | tee -a "$out_dir/train.log"
+exit "${PIPESTATUS[0]}"

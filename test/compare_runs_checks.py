@@ -1,0 +1,247 @@
+"""Checks of scripts/compare_runs.py on hand-made run folders (run by test/test_compare_runs.sh).
+
+Three synthetic runs with known numbers: a finished AdamW run (4 ranks), a DeMo run still in progress whose
+metrics end in a torn line and hold one corrupt line in the middle, and a single-rank run that sent no bytes,
+has no validation yet and logged one NaN loss (JSON null). The expected table values are computed here from the same lists that were
+written, not by the script's code; PNGs are checked for signature, header and size; bad input must give a
+one-line error and exit status 1. Failures are collected and reported together.
+"""
+import json
+import os
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "compare_runs.py")
+TMP = os.path.join(ROOT, "build", "test-tmp", "compare_runs")
+PYTHON = "/usr/bin/python3"
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def config(optimizer, world, steps, **extra):
+    c = {"num_layers": 2, "num_heads": 4, "channels": 64, "optimizer": optimizer, "steps": steps, "lr": 4e-4,
+         "weight_decay": 0.1 if optimizer == "adamw" else 0.0, "beta1": 0.9, "beta2": 0.95,
+         "demo_decay": 0.999, "demo_topk": 32, "demo_chunk": 64, "demo_momentum": "lr", "demo_alpha": 1.0,
+         "demo_values": "fp32", "demo_indices": "auto"}
+    c.update(extra)
+    c["_run"] = {"code_version": "test", "trainer": "train_gpt_cpu", "world_size": world, "grad_accum_steps": 1,
+                 "tokens_per_step": 4096, "argv": []}
+    return c
+
+
+def train_line(step, loss, step_ms, comm_ms, bytes_sent):
+    return {"type": "train", "step": step, "loss": loss, "lr": 4e-4, "grad_norm": 1.0, "tokens": step * 4096,
+            "step_ms": step_ms, "compute_ms": step_ms - comm_ms, "comm_ms": comm_ms,
+            "tok_per_s": 4096 / (step_ms / 1e3), "bytes_sent": bytes_sent, "bytes_recv": bytes_sent,
+            "payload_bytes": bytes_sent // 3, "cum_bytes_sent": 0,
+            "opt_ms": {"clip": 0, "transform": 0, "topk": 0, "exchange": 0, "apply": 0}}
+
+
+def make_run(name, cfg, train, val, tail=""):
+    """Writes a run folder; `train` is a list of train_line args, `val` of (step, val_loss)."""
+    folder = os.path.join(TMP, name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    lines = [json.dumps(train_line(*t)) for t in train]
+    for step, loss in val:  # after the train line of its step, as the trainer writes it
+        index = next(i for i, t in enumerate(train) if t[0] == step)
+        lines.insert(index + 1 + sum(1 for s, _ in val if s < step),
+                     json.dumps({"type": "val", "step": step, "val_loss": loss, "tokens": step * 4096}))
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+        f.write("\n".join(lines) + "\n" + tail)
+    return folder
+
+
+# ---- the synthetic runs and what the table must say about them -------------------------------------------
+shutil.rmtree(TMP, ignore_errors=True)
+os.makedirs(TMP)
+
+adamw_train = [(s, 5.0 - 0.05 * s, 100.0 + s, 20.0, 1_000_000 + 1000 * s) for s in range(1, 41)]
+adamw_val = [(s, 5.1 - 0.05 * s) for s in (10, 20, 30, 40)]
+adamw = make_run("adamw_np4", config("adamw", 4, 40), adamw_train, adamw_val)
+
+demo_train = [(s, 6.0 - 0.04 * s, 50.0 + 2 * (s % 3), 2.0 + s % 2, 10_000 + s) for s in range(1, 31)]
+demo_val = [(s, 6.2 - 0.04 * s) for s in (10, 20, 30)]
+demo = make_run("demo_k8", config("demo", 4, 50, demo_topk=8, demo_values="bf16"), demo_train, demo_val,
+                tail='{"type": "train", "step": 31, "loss": 4.7, "lr"')  # torn mid-write
+with open(os.path.join(demo, "metrics.jsonl")) as f:
+    lines = f.read().split("\n")
+lines.insert(5, "{this line is corrupt")  # a damaged line in the middle is skipped with a warning
+with open(os.path.join(demo, "metrics.jsonl"), "w") as f:
+    f.write("\n".join(lines))
+
+single_train = [(s, 7.0 - 0.1 * s if s != 3 else None, 30.0, 0.0, 0) for s in range(1, 6)]  # null = a NaN loss
+single = make_run("single_rank", config("adamw", 1, 100), single_train, [])
+
+LAST = 5
+TARGET = 4.5
+
+
+def expected(train, val, planned, target):
+    """The table values computed from the written lists."""
+    steps_done = train[-1][0]
+    step_ms = [t[2] for t in train]
+    e = {
+        "steps": f"{steps_done}/{planned}" if steps_done < planned else str(steps_done),
+        "tokens": steps_done * 4096,
+        "train": statistics.fmean(t[1] for t in train[-LAST:] if t[1] is not None),
+        "val": val[-1][1] if val else None,
+        "mb": sum(t[4] for t in train) / 1e6,
+        "mb_step": sum(t[4] for t in train) / 1e6 / len(train),
+        "payload_step": sum(t[4] // 3 for t in train) / 1e6 / len(train),
+        "tok_s": statistics.median(4096 / (ms / 1e3) for ms in step_ms),
+        "comm": 100 * sum(t[3] for t in train) / sum(step_ms),
+    }
+    reached = [(s, v) for s, v in val if v <= target]
+    if reached:
+        s = reached[0][0]
+        e["to_steps"], e["to_tokens"] = s, s * 4096
+        e["to_time"] = sum(t[2] for t in train if t[0] <= s) / 1e3
+    return e
+
+
+EXPECTED = {
+    "adamw_np4": expected(adamw_train, adamw_val, 40, TARGET),
+    "demo_k8": expected(demo_train, demo_val, 50, TARGET),
+    "single_rank": expected(single_train, [], 100, TARGET),
+}
+
+
+# ---- parsing the script's output --------------------------------------------------------------------------
+def parse_count(text):
+    m = re.fullmatch(r"([0-9.]+)([kMBT]?)", text)
+    return float(m.group(1)) * {"": 1, "k": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}[m.group(2)]
+
+
+def parse_seconds(text):
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:([0-9.]+)s)?", text)
+    h, mnt, s = (float(g) if g else 0.0 for g in m.groups())
+    return 3600 * h + 60 * mnt + s
+
+
+def parse_table(text):
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    split = lambda line: [cell.strip() for cell in line.strip("|").split("|")]
+    headers = split(rows[0])
+    return headers, {cells[0]: dict(zip(headers, cells)) for cells in map(split, rows[2:])}
+
+
+def close(text, value, tolerance):
+    try:
+        return abs(float(text.replace(",", "").rstrip("%")) - value) <= tolerance
+    except ValueError:
+        return False
+
+
+def run_script(*args):
+    return subprocess.run([PYTHON, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+
+
+# ---- the main comparison ----------------------------------------------------------------------------------
+out = os.path.join(TMP, "plots")
+table_file = os.path.join(TMP, "table.md")
+p = run_script(adamw, demo, single, "--out", out, "--table", table_file, "--last", str(LAST), "--smooth", "3",
+               "--target-val-loss", str(TARGET))
+check(p.returncode == 0, f"three runs compare with exit 0 (got {p.returncode}: {p.stderr.strip()[-500:]})")
+check("not a JSON line" in p.stderr and p.stderr.count("not a JSON line") == 1,
+      "the corrupt middle line gets one warning, the torn last line none")
+
+for name in ("loss_vs_step.png", "loss_vs_tokens.png", "loss_vs_bytes_sent.png", "loss_vs_time.png"):
+    path = os.path.join(out, name)
+    ok = os.path.isfile(path)
+    if ok:
+        with open(path, "rb") as f:
+            data = f.read()
+        width, height = struct.unpack(">II", data[16:24]) if len(data) >= 24 else (0, 0)
+        ok = (data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and data.rstrip(b"\0")[-8:-4] == b"IEND"
+              and len(data) > 10_000 and width >= 600 and height >= 300)
+    check(ok, f"{name}: a valid PNG of non-trivial size")
+
+table_text = open(table_file).read() if os.path.isfile(table_file) else ""
+check(table_text != "" and table_text == p.stdout, "--table writes the same table as printed")
+headers, rows = parse_table(p.stdout)
+check(set(rows) == set(EXPECTED), f"one row per run, named by folder ({sorted(rows)})")
+col = {h: h for h in headers}
+find = lambda prefix: next((h for h in headers if h.startswith(prefix)), None)
+for name, e in EXPECTED.items():
+    r = rows.get(name)
+    if r is None:
+        continue
+    check(r[find("steps")] == e["steps"], f"{name}: steps {r[find('steps')]} == {e['steps']}")
+    check(abs(parse_count(r[find("tokens")]) - e["tokens"]) <= 0.005 * e["tokens"],
+          f"{name}: tokens {r[find('tokens')]} ~ {e['tokens']}")
+    check(close(r[find("train loss")], e["train"], 6e-5),
+          f"{name}: train loss (last {LAST}) {r[find('train loss')]} == {e['train']:.5f}")
+    if e["val"] is None:
+        check(r[find("val loss")] == "—", f"{name}: no val loss shown as a dash")
+    else:
+        check(close(r[find("val loss")], e["val"], 6e-5), f"{name}: val loss {r[find('val loss')]} == {e['val']:.5f}")
+    check(close(r[find("MB sent")], e["mb"], 0.006), f"{name}: MB sent/rank {r[find('MB sent')]} == {e['mb']:.4f}")
+    check(close(r[find("MB/step")], e["mb_step"], 0.0006),
+          f"{name}: MB/step {r[find('MB/step')]} == {e['mb_step']:.5f}")
+    check(close(r[find("payload MB/step")], e["payload_step"], 0.0006),
+          f"{name}: payload MB/step {r[find('payload MB/step')]} == {e['payload_step']:.5f}")
+    check(close(r[find("tok/s")], e["tok_s"], 0.6), f"{name}: median tok/s {r[find('tok/s')]} == {e['tok_s']:.1f}")
+    check(close(r[find("comm")], e["comm"], 0.06), f"{name}: comm share {r[find('comm')]} == {e['comm']:.2f}%")
+    if "to_steps" in e:
+        check(r[find("steps to val")] == str(e["to_steps"]), f"{name}: steps to val <= {TARGET}: "
+              f"{r[find('steps to val')]} == {e['to_steps']}")
+        check(abs(parse_count(r[find("tokens to val")]) - e["to_tokens"]) <= 0.005 * e["to_tokens"],
+              f"{name}: tokens to val <= {TARGET}: {r[find('tokens to val')]} ~ {e['to_tokens']}")
+        check(abs(parse_seconds(r[find("time to val")]) - e["to_time"]) <= 0.051,
+              f"{name}: time to val <= {TARGET}: {r[find('time to val')]} ~ {e['to_time']:.2f}s")
+    else:
+        check(r[find("steps to val")] == "not reached", f"{name}: target never reached says so")
+settings = {name: r[find("optimizer")] for name, r in rows.items()}
+check("AdamW-DDP" in settings.get("adamw_np4", "") and "4 ranks" in settings.get("adamw_np4", ""),
+      f"settings from config.json: {settings.get('adamw_np4')}")
+check("DeMo k=8" in settings.get("demo_k8", "") and "bf16" in settings.get("demo_k8", ""),
+      f"DeMo settings show top-k and value encoding: {settings.get('demo_k8')}")
+
+# ---- labels, in-progress edge cases and errors ------------------------------------------------------------
+p = run_script(adamw, demo, "--labels", "baseline,compressed", "--no-plots")
+_, rows = parse_table(p.stdout)
+check(p.returncode == 0 and set(rows) == {"baseline", "compressed"}, f"--labels name the rows ({sorted(rows)})")
+
+p = run_script(adamw, demo, "--labels", "only-one", "--no-plots")
+check(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "--labels" in p.stderr,
+      f"--labels with the wrong count: one-line error, exit 1 ({p.returncode}: {p.stderr.strip()})")
+
+just_started = os.path.join(TMP, "just_started")
+os.makedirs(just_started)
+with open(os.path.join(just_started, "config.json"), "w") as f:
+    json.dump(config("demo", 2, 10), f)
+open(os.path.join(just_started, "metrics.jsonl"), "w").close()
+p = run_script(just_started, adamw, "--out", os.path.join(TMP, "plots2"))
+_, rows = parse_table(p.stdout)
+check(p.returncode == 0 and rows.get("just_started", {}).get("steps") == "—"
+      and os.path.isfile(os.path.join(TMP, "plots2", "loss_vs_time.png")),
+      f"a run with no lines yet gets a row of dashes and the plots still come ({p.returncode}: {p.stderr.strip()[-300:]})")
+
+empty = os.path.join(TMP, "not_a_run")
+os.makedirs(empty)
+for folder in (empty, os.path.join(TMP, "does_not_exist")):
+    p = run_script(adamw, folder, "--no-plots")
+    lines = p.stderr.strip().splitlines()
+    check(p.returncode == 1 and len(lines) == 1 and lines[0].startswith("compare_runs.py: error:")
+          and folder in lines[0] and p.stdout == "",
+          f"{os.path.basename(folder)}: one-line error, exit 1, no table ({p.returncode}: {p.stderr.strip()})")
+
+print()
+if failures:
+    print(f"{len(failures)} check(s) failed:")
+    for f in failures:
+        print("  " + f)
+    sys.exit(1)
+print("all compare_runs checks passed")
