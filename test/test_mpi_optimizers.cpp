@@ -27,7 +27,7 @@ ParamLayout awkward_layout() {
     for (size_t i = 0; i < shapes.size(); i++) {
         size_t numel = 1;
         for (size_t d : shapes[i]) numel *= d;
-        layout.tensors.push_back({"t" + std::to_string(i), ParamKind::wte, -1, offset, numel, shapes[i]});
+        layout.tensors.push_back({std::string("tensor_") += std::to_string(i), ParamKind::wte, -1, offset, numel, shapes[i]});
         offset += numel;
     }
     layout.num_params = offset;
