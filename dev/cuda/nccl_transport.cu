@@ -1,0 +1,112 @@
+// Checker for llmc/transport_nccl.cuh on one GPU (a one-rank NCCL communicator, so every NCCL call runs) or,
+// under mpirun with one GPU per rank, across ranks:
+//   mpirun -np 2 build/cuda/nccl_transport
+// Checks allreduce_mean (device and host buffers), allgather_bytes (device and host contributions, uneven and
+// empty buckets), allgather_device, device broadcast, scalar reductions and the byte counters' ring model.
+// Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
+#include <cstring>
+
+#include "dev/cuda/common.h"
+#include "llmc/transport_mpi.h"
+#include "llmc/transport_nccl.cuh"
+
+using namespace llmc;
+
+int main(int argc, char** argv) {
+    skip_without_cuda_device();
+    std::unique_ptr<Transport> world;
+    try {
+        world = make_world_transport(&argc, &argv);
+        const int W = world->world_size(), r = world->rank();
+        CUDA_CHECK(cudaSetDevice(local_device_index(r)));
+        CudaEnv env(local_device_index(r));
+        NcclTransport t(*world, env.stream, /*nccl_for_one_rank=*/true);
+        if (r == 0) std::printf("nccl_transport: %d rank(s), %s, NCCL %s\n", W, env.describe().c_str(), t.uses_nccl() ? "on" : "off");
+        check::Checker ck;
+
+        // allreduce_mean, device buffer
+        const size_t n = 1000003;
+        std::vector<float> host(n);
+        for (size_t i = 0; i < n; i++) host[i] = float(r) + 0.001f * float(i % 1000);
+        DeviceBuffer<float> dev(n);
+        dev.upload(host);
+        t.reset_counters();
+        t.allreduce_mean(std::span<float>(dev.data(), n));
+        std::vector<float> want(n);
+        for (size_t i = 0; i < n; i++) want[i] = float(W - 1) / 2.0f + 0.001f * float(i % 1000);
+        ck.compare("allreduce_mean (device)", dev.download(), want, 1e-6f, 1e-6f);
+        const uint64_t wire = 2 * uint64_t(W - 1) * n * sizeof(float) / W;
+        ck.expect(t.counters().bytes_sent == wire && t.counters().bytes_recv == wire &&
+                      t.counters().payload_bytes == n * sizeof(float),
+                  "allreduce counters (ring model)");
+        // host buffer
+        t.allreduce_mean(std::span<float>(host));
+        ck.compare("allreduce_mean (host)", host, want, 1e-6f, 1e-6f);
+
+        // allgather_bytes: rank q contributes size(q) bytes with value (7q + j) & 0xff; rank 1 contributes nothing
+        auto size_of = [&](int q) { return (W > 1 && q == 1) ? size_t(0) : size_t(37 * q + 5); };
+        auto byte_of = [](int q, size_t j) { return std::byte(static_cast<unsigned char>((7 * q + j) & 0xff)); };
+        std::vector<std::byte> mine(size_of(r));
+        for (size_t j = 0; j < mine.size(); j++) mine[j] = byte_of(r, j);
+        DeviceBuffer<std::byte> mine_dev(std::max<size_t>(1, mine.size()));
+        if (!mine.empty()) mine_dev.upload(mine);
+        size_t total = 0;
+        for (int q = 0; q < W; q++) total += size_of(q);
+        auto verify = [&](const std::vector<std::byte>& all, const std::vector<size_t>& offsets, const std::string& what) {
+            bool ok = offsets.size() == size_t(W + 1) && all.size() >= total && offsets[W] == total;
+            for (int q = 0; ok && q < W; q++) {
+                ok &= offsets[q + 1] - offsets[q] == size_of(q);
+                for (size_t j = 0; ok && j < size_of(q); j++) ok &= all[offsets[q] + j] == byte_of(q, j);
+            }
+            ck.expect(ok, what);
+        };
+        for (int from_device = 0; from_device < 2; from_device++) {
+            std::vector<std::byte> all;
+            std::vector<size_t> offsets;
+            t.reset_counters();
+            const std::span<const std::byte> src = from_device ? std::span<const std::byte>(mine_dev.data(), mine.size())
+                                                               : std::span<const std::byte>(mine);
+            t.allgather_bytes(src, all, offsets);
+            verify(all, offsets, from_device ? "allgather_bytes (device mine)" : "allgather_bytes (host mine)");
+            const uint64_t recv = total - size_of(r);
+            const uint64_t sent = W > 1 ? total - size_of((r + 1) % W) : 0;
+            ck.expect(t.counters().bytes_recv == recv && t.counters().bytes_sent == sent &&
+                          t.counters().payload_bytes == size_of(r),
+                      "allgather counters (ring model)");
+        }
+        {
+            DeviceBuffer<std::byte> out(total + 16);
+            std::vector<size_t> offsets;
+            t.allgather_device(std::span<const std::byte>(mine_dev.data(), mine.size()), out.data(), out.size(), offsets);
+            verify(out.download(), offsets, "allgather_device");
+        }
+        // device broadcast from the last rank
+        std::vector<float> b(1000, float(r));
+        DeviceBuffer<float> bd(1000);
+        bd.upload(b);
+        t.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(bd.data()), bd.bytes()), W - 1);
+        ck.compare("broadcast (device)", bd.download(), std::vector<float>(1000, float(W - 1)), 0.0f, 0.0f);
+        // scalars
+        std::vector<double> s = {double(r), 1.0};
+        t.allreduce_sum(s);
+        ck.expect(s[0] == W * (W - 1) / 2.0 && s[1] == W, "allreduce_sum (host scalars)");
+        std::vector<double> mx = {double(r)};
+        t.allreduce_max(mx);
+        ck.expect(mx[0] == W - 1, "allreduce_max (host scalars)");
+        t.barrier();
+
+        // timing: all-reduce of a 124M-parameter gradient
+        DeviceBuffer<float> grads(124475904);
+        CUDA_CHECK(cudaMemset(grads.data(), 0, grads.bytes()));
+        const float ms = check::time_ms(env.stream, 5, [&] { t.allreduce_mean(std::span<float>(grads.data(), grads.size())); });
+        if (r == 0) check::report_bandwidth("allreduce_mean 124M fp32 (bus bw)", ms, 2.0 * (W - 1) / std::max(W, 1) * grads.bytes() + (W == 1 ? grads.bytes() : 0));
+
+        std::printf("rank %d: %s\n", r, ck.failures == 0 ? "PASS" : "FAIL");
+        const int rc = ck.failures == 0 ? 0 : 1;
+        return rc;
+    } catch (const std::exception& e) {
+        std::printf("error: %s\nFAIL\n", e.what());
+        if (world && world->world_size() > 1) world->abort(1);
+        return 1;
+    }
+}

@@ -1,0 +1,185 @@
+// AdamW on the GPU with fp32 master weights.
+//  - adamw_update: the kernel over one contiguous range of the flat buffers: master (fp32) and moments m, v
+//    (fp32) are updated with km::adamw_update (kernel_math.h: torch.optim.AdamW's arithmetic, the same as the
+//    CPU optimizer llmc/adamw.cpp), and the floatX parameters are written from the new master value with
+//    round-to-nearest-even or stochastic rounding (noise from the element's global index and a per-step
+//    seed, so the result does not depend on the launch shape). Weight decay is on or off per range: the caller
+//    passes its mask by calling once per run of same-mask tensors.
+//  - CudaAdamW: the DeviceOptimizer of --optimizer adamw (AdamW-DDP): all-reduce-mean of the gradient
+//    through the Transport, deterministic global norm (global_norm.cuh) and clipping folded into the update
+//    as a gradient scale, then the update. Master weights, m and v are one allocation. Its state blob is the
+//    CPU AdamW's (name, count, step, m, v), so checkpoints are interchangeable.
+#pragma once
+#include <chrono>
+#include <span>
+#include <vector>
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/global_norm.cuh"
+#include "llmc/optimizer_cuda.cuh"
+#include "llmc/transport.h"
+
+namespace llmc {
+
+__global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, size_t n,
+                             km::AdamWParams h, uint64_t noise_offset, uint32_t seed, bool stochastic) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        float mi = m[i], vi = v[i];
+        const float p = km::adamw_update(master[i], grads[i], mi, vi, h);
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        if (stochastic) store_stochastic(params + i, p, noise_offset + i, seed);
+        else params[i] = from_float<floatX>(p);
+    }
+}
+
+// One range [0, n) of already-offset pointers; `noise_offset` is the range's offset in the flat buffer.
+inline void adamw_update(floatX* params, float* master, const float* grads, float* m, float* v, size_t n,
+                         const km::AdamWParams& h, uint64_t noise_offset, uint32_t seed, bool stochastic,
+                         cudaStream_t stream) {
+    if (n == 0) return;
+    adamw_kernel<<<grid_stride_blocks(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, h, noise_offset,
+                                                                 seed, stochastic);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void round_params_kernel(floatX* params, const float* master, size_t n, uint32_t seed, bool stochastic) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        if (stochastic) store_stochastic(params + i, master[i], i, seed);
+        else params[i] = from_float<floatX>(master[i]);
+    }
+}
+
+// The stochastic-rounding seed of step t (1-based), derived from the run's seed.
+inline uint32_t adamw_step_seed(uint32_t base_seed, int64_t t) {
+    return km::squirrel_noise5(static_cast<uint32_t>(t), base_seed ^ 0x9e3779b9u);
+}
+
+class CudaAdamW final : public DeviceOptimizer {
+public:
+    // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank).
+    CudaAdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport, cudaStream_t stream,
+              bool stochastic_rounding, uint32_t seed)
+        : config_(config), layout_(layout), transport_(transport), stream_(stream),
+          stochastic_(stochastic_rounding && !kFloatXIsFloat), seed_(seed) {
+        const AdamWConfig& a = config.adamw;
+        LLMC_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "--beta1 must be in [0, 1), got " + std::to_string(a.beta1));
+        LLMC_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "--beta2 must be in [0, 1), got " + std::to_string(a.beta2));
+        LLMC_CHECK(a.eps > 0.0f, "--eps must be > 0, got " + std::to_string(a.eps));
+        LLMC_CHECK(config.weight_decay >= 0.0f, "--weight_decay must be >= 0, got " + std::to_string(config.weight_decay));
+        // Runs of consecutive tensors with the same decay flag become one kernel launch each.
+        for (const ParamTensor& t : layout.tensors) {
+            const bool d = decays(t, config.decay_groups);
+            if (!ranges_.empty() && ranges_.back().decays == d && ranges_.back().offset + ranges_.back().numel == t.offset)
+                ranges_.back().numel += t.numel;
+            else
+                ranges_.push_back({t.offset, t.numel, d});
+        }
+        const size_t n = layout.num_params;
+        memory_.add(&master_, n);
+        memory_.add(&m_, n);
+        memory_.add(&v_, n);
+        memory_.add(&norm_scratch_, kNormScratchFloats);
+        memory_.allocate("master weights + AdamW state (" + std::to_string(n) + " parameters x 3 x fp32)");
+        memory_.zero(stream_);
+    }
+
+    std::string_view name() const override { return "adamw"; }
+
+    void set_weights(const float* weights, floatX* params) override {
+        const size_t n = layout_.num_params;
+        if (weights != master_) CUDA_CHECK(cudaMemcpyAsync(master_, weights, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+        const bool sr = stochastic_ && t_ > 0;
+        round_params_kernel<<<grid_stride_blocks(n, 512), 512, 0, stream_>>>(params, master_, n, adamw_step_seed(seed_, t_), sr);
+        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+
+    StepResult step(floatX* params, float* grads, float lr) override {
+        using clock = std::chrono::steady_clock;
+        const size_t n = layout_.num_params;
+        StepResult result;
+        auto start = clock::now();
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // gradients complete before the collective reads them
+        transport_.allreduce_mean(std::span<float>(grads, n));
+        result.seconds.exchange = seconds_since(start);
+
+        start = clock::now();
+        result.grad_norm = global_norm(norm_scratch_, grads, n, stream_);
+        const float scale = km::clip_scale(result.grad_norm, config_.grad_clip);
+        result.seconds.clip = seconds_since(start);
+
+        start = clock::now();
+        t_++;
+        const uint32_t seed = adamw_step_seed(seed_, t_);
+        const AdamWConfig& a = config_.adamw;
+        for (const Range& r : ranges_) {
+            const km::AdamWParams h = km::adamw_params(lr, a.beta1, a.beta2, a.eps, config_.weight_decay, r.decays, t_, scale);
+            adamw_update(params + r.offset, master_ + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.numel,
+                         h, r.offset, seed, stochastic_, stream_);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        result.seconds.apply = seconds_since(start);
+        return result;
+    }
+
+    float* master_weights() override { return master_; }
+
+    void save_state(ByteWriter& out) const override {
+        const size_t n = layout_.num_params;
+        std::vector<float> m(n), v(n);
+        CUDA_CHECK(cudaMemcpyAsync(m.data(), m_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(v.data(), v_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        out.put_string("adamw");
+        out.put<uint64_t>(n);
+        out.put<int64_t>(t_);
+        out.put_array(std::span<const float>(m));
+        out.put_array(std::span<const float>(v));
+    }
+
+    void load_state(ByteReader& in) override {
+        const std::string name = in.get_string("optimizer name");
+        LLMC_CHECK(name == "adamw", in.source() + ": optimizer state is for '" + name +
+                                        "', not 'adamw' (use the same --optimizer as the checkpointed run)");
+        const uint64_t n = in.get<uint64_t>("parameter count");
+        LLMC_CHECK(n == layout_.num_params, in.source() + ": optimizer state has " + std::to_string(n) +
+                                                " parameters, model has " + std::to_string(layout_.num_params));
+        const int64_t t = in.get<int64_t>("step count");
+        std::vector<float> m(n), v(n);
+        in.get_array(std::span<float>(m), "adamw first moment");
+        in.get_array(std::span<float>(v), "adamw second moment");
+        CUDA_CHECK(cudaMemcpyAsync(m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        t_ = t;
+    }
+
+    int64_t steps_done() const { return t_; }
+
+private:
+    struct Range {
+        size_t offset, numel;
+        bool decays;
+    };
+    static double seconds_since(std::chrono::steady_clock::time_point s) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+    }
+
+    OptimizerConfig config_;
+    const ParamLayout& layout_;
+    Transport& transport_;
+    cudaStream_t stream_;
+    bool stochastic_;
+    uint32_t seed_;
+    std::vector<Range> ranges_;
+    DeviceArena memory_;
+    float* master_ = nullptr;
+    float* m_ = nullptr;
+    float* v_ = nullptr;
+    float* norm_scratch_ = nullptr;
+    int64_t t_ = 0;
+};
+
+}  // namespace llmc

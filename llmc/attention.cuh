@@ -1,0 +1,170 @@
+// Causal multi-head self-attention, forward and backward, without cuDNN (as llm.c's cuBLAS path):
+//   forward:  qkv (B,T,3,NH,HS) -> permute to q,k,v (B,NH,T,HS) -> preatt = k q^T per head (batched cuBLASLt)
+//             -> att = causal softmax(preatt / sqrt(HS)) (one warp per row, online max/sum)
+//             -> y = att v (batched cuBLASLt) -> unpermute to (B,T,NH*HS).
+//   backward: the same steps in reverse; the softmax backward runs in place on datt.
+// q,k,v (qkvr) and att are kept per layer for the backward. Masked entries (key > query) of att are written
+// as exact zeros and their gradients as zeros, so the full-square batched matmuls stay causal.
+// Per-element maths: km::softmax_stat_* (online softmax) and km::softmax_backward_element (kernel_math.h).
+#pragma once
+#include <cmath>
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/matmul.cuh"
+
+namespace llmc {
+
+// inp (B, T, 3, NH, HS) -> q, k, v each (B, NH, T, HS)
+__global__ void permute_qkv_kernel(floatX* q, floatX* k, floatX* v, const floatX* inp, int B, int T, int NH, int HS) {
+    const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    const size_t total = size_t(B) * NH * T * HS;
+    if (idx >= total) return;
+    const int hs = static_cast<int>(idx % HS);
+    const int t = static_cast<int>((idx / HS) % T);
+    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
+    const size_t b = idx / (size_t(HS) * T * NH);
+    const size_t C = size_t(NH) * HS;
+    const size_t src = (b * T + t) * 3 * C + size_t(nh) * HS + hs;
+    q[idx] = inp[src];
+    k[idx] = inp[src + C];
+    v[idx] = inp[src + 2 * C];
+}
+
+__global__ void permute_qkv_backward_kernel(floatX* dinp, const floatX* dq, const floatX* dk, const floatX* dv, int B,
+                                            int T, int NH, int HS) {
+    const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    const size_t total = size_t(B) * NH * T * HS;
+    if (idx >= total) return;
+    const int hs = static_cast<int>(idx % HS);
+    const int t = static_cast<int>((idx / HS) % T);
+    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
+    const size_t b = idx / (size_t(HS) * T * NH);
+    const size_t C = size_t(NH) * HS;
+    const size_t dst = (b * T + t) * 3 * C + size_t(nh) * HS + hs;
+    dinp[dst] = dq[idx];
+    dinp[dst + C] = dk[idx];
+    dinp[dst + 2 * C] = dv[idx];
+}
+
+// inp (B, NH, T, HS) -> out (B, T, NH, HS)
+__global__ void unpermute_kernel(floatX* out, const floatX* inp, int B, int T, int NH, int HS) {
+    const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    const size_t total = size_t(B) * NH * T * HS;
+    if (idx >= total) return;
+    const int hs = static_cast<int>(idx % HS);
+    const int t = static_cast<int>((idx / HS) % T);
+    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
+    const size_t b = idx / (size_t(HS) * T * NH);
+    out[(b * T + t) * NH * HS + size_t(nh) * HS + hs] = inp[idx];
+}
+
+// dout (B, T, NH, HS) -> dinp (B, NH, T, HS)
+__global__ void unpermute_backward_kernel(floatX* dinp, const floatX* dout, int B, int T, int NH, int HS) {
+    const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    const size_t total = size_t(B) * NH * T * HS;
+    if (idx >= total) return;
+    const int hs = static_cast<int>(idx % HS);
+    const int t = static_cast<int>((idx / HS) % T);
+    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
+    const size_t b = idx / (size_t(HS) * T * NH);
+    dinp[idx] = dout[(b * T + t) * NH * HS + size_t(nh) * HS + hs];
+}
+
+// One warp per row (b, nh, t) of preatt (rows = B*NH*T, row length T): att[j] = softmax_j(scale * preatt[j])
+// over j <= t, 0 for j > t.
+__global__ void causal_softmax_forward_kernel(floatX* att, const floatX* preatt, float scale, int rows, int T) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+    if (row >= rows) return;
+    const int t = row % T;
+    const floatX* x = preatt + size_t(row) * T;
+    floatX* y = att + size_t(row) * T;
+    km::SoftmaxStat s = km::softmax_stat_empty();
+    for (int j = lane; j <= t; j += kWarpSize) s = km::softmax_stat_push(s, scale * to_float(x[j]));
+    s = warp_softmax_merge(s);
+    const float inv_sum = 1.0f / s.sum;
+    for (int j = lane; j < T; j += kWarpSize)
+        y[j] = from_float<floatX>(j <= t ? expf(scale * to_float(x[j]) - s.max) * inv_sum : 0.0f);
+}
+
+// In place: datt (rows of T) becomes d(preatt): scale * att * (datt - sum_j att_j datt_j) over j <= t, 0 above.
+__global__ void causal_softmax_backward_inplace_kernel(floatX* datt, const floatX* att, float scale, int rows, int T) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+    if (row >= rows) return;
+    const int t = row % T;
+    floatX* d = datt + size_t(row) * T;
+    const floatX* p = att + size_t(row) * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += kWarpSize) dot += to_float(p[j]) * to_float(d[j]);
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += kWarpSize)
+        d[j] = from_float<floatX>(j <= t ? km::softmax_backward_element(to_float(p[j]), to_float(d[j]), dot, scale) : 0.0f);
+}
+
+inline constexpr int kAttentionBlock = 256;
+
+inline size_t attention_scratch_elems(int B, int T, int NH) { return size_t(B) * NH * T * T; }
+
+// out (B,T,C) <- attention of inp (B,T,3C, the qkv projection; CLOBBERED: reused as scratch).
+// Keeps qkvr (3 x (B,NH,T,HS): q, k, v) and att (B,NH,T,T) for the backward. preatt: attention_scratch_elems.
+inline void attention_forward(const CudaEnv& env, floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* inp,
+                              int B, int T, int C, int NH) {
+    LLMC_CHECK(C % NH == 0, "attention_forward: channels not divisible by heads");
+    const int HS = C / NH;
+    const size_t btc = size_t(B) * T * C;
+    floatX* q = qkvr;
+    floatX* k = qkvr + btc;
+    floatX* v = qkvr + 2 * btc;
+    const unsigned blocks = unsigned(ceil_div<size_t>(btc, kAttentionBlock));
+    permute_qkv_kernel<<<blocks, kAttentionBlock, 0, env.stream>>>(q, k, v, inp, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+    const int BNH = B * NH;
+    // preatt[b,h][t1][t2] = q[t1] . k[t2]  (row-major T x T per head)
+    matmul_lt<floatX>(env, preatt, k, q, nullptr, km::attention_preatt_gemm(BNH, T, HS), false);
+    const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+    const int rows = BNH * T;
+    const int rows_per_block = kAttentionBlock / kWarpSize;
+    causal_softmax_forward_kernel<<<ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream>>>(att, preatt, scale, rows, T);
+    CUDA_CHECK_LAUNCH();
+    // y[b,h] = att @ v  (T x HS), into the now-free inp buffer
+    floatX* vaccum = inp;
+    matmul_lt<floatX>(env, vaccum, v, att, nullptr, km::attention_av_gemm(BNH, T, HS), false);
+    unpermute_kernel<<<blocks, kAttentionBlock, 0, env.stream>>>(out, vaccum, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dinp (B,T,3C) <- gradient of the qkv input, given dout (B,T,C) and the forward's qkvr and att.
+// Scratch: dqkvr (3*B*T*C), datt (attention_scratch_elems), dy (B*T*C).
+inline void attention_backward(const CudaEnv& env, floatX* dinp, floatX* dqkvr, floatX* datt, floatX* dy,
+                               const floatX* dout, const floatX* qkvr, const floatX* att, int B, int T, int C, int NH) {
+    const int HS = C / NH;
+    const size_t btc = size_t(B) * T * C;
+    const floatX* q = qkvr;
+    const floatX* k = qkvr + btc;
+    const floatX* v = qkvr + 2 * btc;
+    floatX* dq = dqkvr;
+    floatX* dk = dqkvr + btc;
+    floatX* dv = dqkvr + 2 * btc;
+    const int BNH = B * NH;
+    const unsigned blocks = unsigned(ceil_div<size_t>(btc, kAttentionBlock));
+    unpermute_backward_kernel<<<blocks, kAttentionBlock, 0, env.stream>>>(dy, dout, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+    // datt[t][t2] = dy[t] . v[t2]
+    matmul_lt<floatX>(env, datt, v, dy, nullptr, km::attention_datt_gemm(BNH, T, HS), false);
+    // dv = att^T @ dy
+    matmul_lt<floatX>(env, dv, dy, att, nullptr, km::attention_dv_gemm(BNH, T, HS), false);
+    const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+    const int rows = BNH * T;
+    const int rows_per_block = kAttentionBlock / kWarpSize;
+    causal_softmax_backward_inplace_kernel<<<ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream>>>(datt, att, scale, rows, T);
+    CUDA_CHECK_LAUNCH();
+    const floatX* dpreatt = datt;
+    // dq = dpreatt @ k ; dk = dpreatt^T @ q
+    matmul_lt<floatX>(env, dq, k, dpreatt, nullptr, km::attention_dq_gemm(BNH, T, HS), false);
+    matmul_lt<floatX>(env, dk, q, dpreatt, nullptr, km::attention_dk_gemm(BNH, T, HS), false);
+    permute_qkv_backward_kernel<<<blocks, kAttentionBlock, 0, env.stream>>>(dinp, dq, dk, dv, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmc

@@ -1,0 +1,583 @@
+// Shared CUDA plumbing for the kernels in llmc/*.cuh, the GPU trainer and the dev/cuda checkers:
+//  - CUDA_CHECK / CUBLAS_CHECK / CUDA_CHECK_LAUNCH: every runtime and cuBLAS call is checked; a failure throws
+//    llmc::Error "CUDA error ... at file:line in <call>: <what to do>", which main() prints as one line.
+//  - floatX: the storage type of parameters and activations, __nv_bfloat16 by default, float with
+//    -DENABLE_FP32 (then every kernel runs in fp32, for tight comparisons with the CPU/PyTorch references).
+//  - cuda_device_present(): the no-GPU check every program does first (tests/checkers exit 77 with
+//    "SKIP: no CUDA device"; the trainer prints a one-line error).
+//  - DeviceBuffer<T>: RAII cudaMalloc/cudaFree. DeviceArena: plan many tensors, then ONE cudaMalloc for all of
+//    them (the model has one allocation per kind of memory: parameters, gradients, master weights + optimizer
+//    state, activations), as llm.c does.
+//  - CudaEnv: the device, the main stream and the cuBLASLt handle + workspace that matmul.cuh uses.
+//  - Deterministic column reductions (bias and LayerNorm weight gradients): fixed row splits summed in a fixed
+//    order, no atomics, so a run is bit-reproducible.
+//  - Vector (128-bit) loads, warp/block reductions, conversions, an event timer.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "llmc/error.h"
+#include "llmc/kernel_math.h"
+
+namespace llmc {
+
+// ---------------------------------------------------------------------------------------------------------
+// Precision
+#if defined(ENABLE_FP32)
+using floatX = float;
+inline constexpr const char* kFloatXName = "fp32";
+inline constexpr cudaDataType_t kFloatXCuda = CUDA_R_32F;
+#else
+using floatX = __nv_bfloat16;
+inline constexpr const char* kFloatXName = "bf16";
+inline constexpr cudaDataType_t kFloatXCuda = CUDA_R_16BF;
+#endif
+inline constexpr bool kFloatXIsFloat = std::is_same_v<floatX, float>;
+
+// ---------------------------------------------------------------------------------------------------------
+// Error checking
+inline std::string cuda_error_advice(cudaError_t err) {
+    switch (err) {
+        case cudaErrorMemoryAllocation:
+            return "out of GPU memory: lower --batch_size or --seq_len, or use a GPU with more memory";
+        case cudaErrorNoDevice:
+        case cudaErrorInsufficientDriver:
+            return "no usable CUDA device or driver: check nvidia-smi and the NVIDIA driver version";
+        case cudaErrorIllegalAddress:
+        case cudaErrorLaunchFailure:
+            return "a kernel accessed invalid memory: rerun under compute-sanitizer to find it";
+        case cudaErrorNoKernelImageForDevice:
+        case cudaErrorUnsupportedPtxVersion:
+            return "this binary has no code for this GPU: rebuild with its arch in CUDA_ARCH (sm_80, sm_90 built)";
+        case cudaErrorInvalidConfiguration:
+        case cudaErrorInvalidValue:
+            return "bad launch or argument (a size too large for this kernel?); rerun with CUDA_LAUNCH_BLOCKING=1";
+        default:
+            return "rerun with CUDA_LAUNCH_BLOCKING=1 (and compute-sanitizer) to locate the failing call";
+    }
+}
+
+[[noreturn]] inline void cuda_fail(cudaError_t err, const char* call, const char* file, int line) {
+    fail(std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ") at " + file + ":" +
+         std::to_string(line) + " in " + call + ": " + cuda_error_advice(err));
+}
+
+inline std::string cublas_error_advice(cublasStatus_t status) {
+    switch (status) {
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            return "this shape/type/alignment is not supported: keep channels a multiple of 8";
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            return "out of GPU memory inside cuBLAS: lower --batch_size";
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            return "cuBLAS could not start: check the driver (nvidia-smi) and the CUDA libraries";
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            return "this GPU lacks a needed feature (bf16 needs sm_80 or newer)";
+        default:
+            return "rerun with CUDA_LAUNCH_BLOCKING=1 and CUBLASLT_LOG_LEVEL=2 for details";
+    }
+}
+
+[[noreturn]] inline void cublas_fail(cublasStatus_t status, const char* call, const char* file, int line) {
+    fail(std::string("cuBLAS error ") + cublasGetStatusString(status) + " at " + file + ":" + std::to_string(line) +
+         " in " + call + ": " + cublas_error_advice(status));
+}
+
+}  // namespace llmc
+
+#define CUDA_CHECK(call)                                                                  \
+    do {                                                                                  \
+        const cudaError_t llmc_err_ = (call);                                             \
+        if (llmc_err_ != cudaSuccess) ::llmc::cuda_fail(llmc_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+// After a kernel launch: catches bad launch configurations (asynchronous faults surface at the next sync).
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+#define CUBLAS_CHECK(call)                                                                        \
+    do {                                                                                          \
+        const cublasStatus_t llmc_status_ = (call);                                               \
+        if (llmc_status_ != CUBLAS_STATUS_SUCCESS) ::llmc::cublas_fail(llmc_status_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+namespace llmc {
+
+inline constexpr int kWarpSize = 32;
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+    return (a + b - 1) / b;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Device presence. Without a driver cudaGetDeviceCount fails (cudaErrorInsufficientDriver / NoDevice): that
+// is "no device", not an error. The sticky error state is cleared so later checks are not confused.
+inline bool cuda_device_present() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return count > 0;
+}
+
+// For tests and checkers: exit 77 (the runner's "skipped") when there is no GPU.
+inline void skip_without_cuda_device() {
+    if (!cuda_device_present()) {
+        std::printf("SKIP: no CUDA device\n");
+        std::fflush(stdout);
+        std::exit(77);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// floatX conversions
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+    return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// Host-side, bit-exact with the device's round-to-nearest-even (kernel_math.h). Overloads, not `if constexpr`
+// (outside templates both branches must compile for both precisions).
+inline void host_store(float* dst, float x) { *dst = x; }
+inline void host_store(__nv_bfloat16* dst, float x) {
+    __nv_bfloat16_raw raw;
+    raw.x = km::bf16_bits_rne(x);
+    *dst = __nv_bfloat16(raw);
+}
+inline float host_from_floatX(float x) { return x; }
+inline float host_from_floatX(__nv_bfloat16 x) {
+    const __nv_bfloat16_raw raw = static_cast<__nv_bfloat16_raw>(x);
+    return km::bf16_bits_to_float(raw.x);
+}
+inline floatX host_to_floatX(float x) {
+    floatX r;
+    host_store(&r, x);
+    return r;
+}
+// The raw bits of a stored value (bf16: 16 bits; fp32: 32 bits), for bit-exact comparisons.
+inline uint32_t storage_bits(float x) { return km::float_to_bits(x); }
+inline uint32_t storage_bits(__nv_bfloat16 x) { return static_cast<__nv_bfloat16_raw>(x).x; }
+
+// Stores a float into floatX with stochastic rounding driven by (index, seed); plain store for fp32.
+__device__ __forceinline__ void store_stochastic(float* dst, float value, uint64_t, uint32_t) { *dst = value; }
+__device__ __forceinline__ void store_stochastic(__nv_bfloat16* dst, float value, uint64_t index, uint32_t seed) {
+    __nv_bfloat16_raw raw;
+    raw.x = km::bf16_bits_stochastic(value, km::element_noise(index, seed));
+    *dst = __nv_bfloat16(raw);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 128-bit vectors: N elements of T loaded/stored in one instruction. Pointers must be 16-byte aligned.
+template <typename T>
+struct alignas(16) Packed128 {
+    static constexpr int size = 16 / sizeof(T);
+    T v[size];
+    __device__ float f(int i) const { return to_float(v[i]); }
+};
+template <typename T>
+__device__ __forceinline__ Packed128<T> load128(const T* p) {
+    return *reinterpret_cast<const Packed128<T>*>(p);
+}
+template <typename T>
+__device__ __forceinline__ void store128(T* p, const Packed128<T>& x) {
+    *reinterpret_cast<Packed128<T>*>(p) = x;
+}
+using x128 = Packed128<floatX>;
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---------------------------------------------------------------------------------------------------------
+// Reductions (fixed butterfly order: deterministic)
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+__device__ __forceinline__ km::SoftmaxStat warp_softmax_merge(km::SoftmaxStat s) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        km::SoftmaxStat o;
+        o.max = __shfl_xor_sync(0xffffffffu, s.max, offset);
+        o.sum = __shfl_xor_sync(0xffffffffu, s.sum, offset);
+        s = km::softmax_stat_merge(s, o);
+    }
+    return s;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. `shared` holds
+// 32 values. Safe to call repeatedly (syncs before reusing the shared slots).
+template <typename T>
+__device__ T block_sum(T v, T* shared) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int num_warps = blockDim.x / kWarpSize;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    T r = lane < num_warps ? shared[lane] : T(0);
+    return warp_sum(r);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RAII device memory
+template <typename T>
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t count, const char* what = "device buffer") { allocate(count, what); }
+    ~DeviceBuffer() { release(); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) {
+            release();
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            count_ = std::exchange(o.count_, 0);
+        }
+        return *this;
+    }
+
+    void allocate(size_t count, const char* what = "device buffer") {
+        release();
+        if (count == 0) return;
+        const cudaError_t err = cudaMalloc(&ptr_, count * sizeof(T));
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            ptr_ = nullptr;
+            fail(std::string("cudaMalloc of ") + std::to_string(count * sizeof(T) >> 20) + " MiB for " + what +
+                 " failed (" + cudaGetErrorString(err) + "): " + cuda_error_advice(err));
+        }
+        count_ = count;
+    }
+    void release() {
+        if (ptr_) (void)cudaFree(ptr_);  // no throw from destructors
+        ptr_ = nullptr;
+        count_ = 0;
+    }
+    T* data() const { return ptr_; }
+    size_t size() const { return count_; }
+    size_t bytes() const { return count_ * sizeof(T); }
+
+    void upload(const T* host, size_t count, size_t offset = 0) {
+        LLMC_CHECK(offset + count <= count_, "DeviceBuffer::upload out of range");
+        CUDA_CHECK(cudaMemcpy(ptr_ + offset, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
+    std::vector<T> download(size_t count, size_t offset = 0) const {
+        LLMC_CHECK(offset + count <= count_, "DeviceBuffer::download out of range");
+        std::vector<T> host(count);
+        CUDA_CHECK(cudaMemcpy(host.data(), ptr_ + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
+        return host;
+    }
+    std::vector<T> download() const { return download(count_); }
+
+private:
+    T* ptr_ = nullptr;
+    size_t count_ = 0;
+};
+
+// Pinned (page-locked) host staging for asynchronous uploads. stage() waits until the previous upload from
+// this buffer has been consumed (an event recorded after it), copies the data in, and enqueues the copy, so
+// the host never overwrites bytes a pending cudaMemcpyAsync still reads.
+template <typename T>
+class PinnedUpload {
+public:
+    PinnedUpload() = default;
+    ~PinnedUpload() {
+        if (event_) (void)cudaEventDestroy(event_);
+        if (host_) (void)cudaFreeHost(host_);
+    }
+    PinnedUpload(const PinnedUpload&) = delete;
+    PinnedUpload& operator=(const PinnedUpload&) = delete;
+
+    void upload(T* device_dst, const T* src, size_t count, cudaStream_t stream) {
+        if (count == 0) return;
+        if (!event_) CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventSynchronize(event_));  // the previous copy out of host_ has completed
+        if (count > capacity_) {
+            if (host_) CUDA_CHECK(cudaFreeHost(host_));
+            host_ = nullptr;
+            CUDA_CHECK(cudaMallocHost(&host_, count * sizeof(T)));
+            capacity_ = count;
+        }
+        std::memcpy(host_, src, count * sizeof(T));
+        CUDA_CHECK(cudaMemcpyAsync(device_dst, host_, count * sizeof(T), cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaEventRecord(event_, stream));
+    }
+
+private:
+    T* host_ = nullptr;
+    size_t capacity_ = 0;
+    cudaEvent_t event_ = nullptr;
+};
+
+// One allocation for many tensors: add() every tensor (a pointer slot and an element count), then allocate()
+// does a single cudaMalloc and points every slot into it (each tensor 256-byte aligned, enough for cuBLASLt and
+// 128-bit loads). The arena owns the memory.
+class DeviceArena {
+public:
+    DeviceArena() = default;
+    ~DeviceArena() { release(); }
+    DeviceArena(const DeviceArena&) = delete;
+    DeviceArena& operator=(const DeviceArena&) = delete;
+
+    template <typename T>
+    void add(T** slot, size_t count) {
+        LLMC_CHECK(base_ == nullptr, "DeviceArena::add after allocate");
+        const size_t offset = bytes_;
+        bytes_ += round_up(count * sizeof(T));
+        setters_.push_back([slot, offset, count](std::byte* base) { *slot = count ? reinterpret_cast<T*>(base + offset) : nullptr; });
+    }
+    // `what` names the memory kind in the out-of-memory message ("activations", "parameters"...).
+    void allocate(const std::string& what) {
+        LLMC_CHECK(base_ == nullptr, "DeviceArena::allocate twice");
+        if (bytes_ == 0) return;
+        const cudaError_t err = cudaMalloc(&base_, bytes_);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            base_ = nullptr;
+            size_t free_b = 0, total_b = 0;
+            (void)cudaMemGetInfo(&free_b, &total_b);
+            (void)cudaGetLastError();
+            fail("cannot allocate " + std::to_string(bytes_ >> 20) + " MiB of GPU memory for " + what + " (" +
+                 std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) +
+                 "): " + cuda_error_advice(err));
+        }
+        for (auto& set : setters_) set(base_);
+        setters_.clear();
+    }
+    void release() {
+        if (base_) (void)cudaFree(base_);
+        base_ = nullptr;
+    }
+    void zero(cudaStream_t stream) {
+        if (base_) CUDA_CHECK(cudaMemsetAsync(base_, 0, bytes_, stream));
+    }
+    size_t bytes() const { return bytes_; }
+    void* base() const { return base_; }
+
+private:
+    static size_t round_up(size_t b) { return (b + 255) & ~size_t(255); }
+    std::vector<std::function<void(std::byte*)>> setters_;
+    size_t bytes_ = 0;
+    std::byte* base_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Device, stream and cuBLASLt context. One per process; matmul.cuh and attention.cuh take it by reference.
+struct CudaEnv {
+    int device = 0;
+    cudaDeviceProp props{};
+    cudaStream_t stream = nullptr;
+    cublasLtHandle_t lt = nullptr;
+    cublasHandle_t blas = nullptr;  // fallback for plain matmuls cuBLASLt finds no algorithm for
+    void* workspace = nullptr;
+    size_t workspace_bytes = 32u << 20;  // Hopper wants 32 MiB for its best kernels
+    // fp32 builds: allow TF32 tensor cores in matmuls (faster, ~1e-3 relative error). Off by default so the
+    // fp32 build matches references tightly.
+    bool allow_tf32 = false;
+
+    explicit CudaEnv(int device_index = 0) : device(device_index) {
+        if (!cuda_device_present()) fail("no CUDA device found (cudaGetDeviceCount): this program needs an NVIDIA GPU");
+        CUDA_CHECK(cudaSetDevice(device));
+        CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+        LLMC_CHECK(props.major >= 8, std::string("GPU ") + props.name + " is sm_" + std::to_string(props.major) +
+                                         std::to_string(props.minor) + "; bf16 kernels need sm_80 or newer");
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        CUBLAS_CHECK(cublasLtCreate(&lt));
+        CUBLAS_CHECK(cublasCreate(&blas));
+        CUBLAS_CHECK(cublasSetStream(blas, stream));
+        CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+    }
+    ~CudaEnv() {
+        if (workspace) (void)cudaFree(workspace);
+        if (blas) (void)cublasDestroy(blas);
+        if (lt) (void)cublasLtDestroy(lt);
+        if (stream) (void)cudaStreamDestroy(stream);
+    }
+    CudaEnv(const CudaEnv&) = delete;
+    CudaEnv& operator=(const CudaEnv&) = delete;
+
+    void sync() const { CUDA_CHECK(cudaStreamSynchronize(stream)); }
+    int num_sms() const { return props.multiProcessorCount; }
+    std::string describe() const {
+        return std::string(props.name) + " (sm_" + std::to_string(props.major) + std::to_string(props.minor) + ", " +
+               std::to_string(props.multiProcessorCount) + " SMs, " + std::to_string(props.totalGlobalMem >> 30) + " GiB)";
+    }
+};
+
+// Event-based timer on a stream (milliseconds).
+class CudaTimer {
+public:
+    explicit CudaTimer(cudaStream_t stream) : stream_(stream) {
+        CUDA_CHECK(cudaEventCreate(&start_));
+        CUDA_CHECK(cudaEventCreate(&stop_));
+    }
+    ~CudaTimer() {
+        (void)cudaEventDestroy(start_);
+        (void)cudaEventDestroy(stop_);
+    }
+    CudaTimer(const CudaTimer&) = delete;
+    CudaTimer& operator=(const CudaTimer&) = delete;
+    void start() { CUDA_CHECK(cudaEventRecord(start_, stream_)); }
+    float stop_ms() {
+        CUDA_CHECK(cudaEventRecord(stop_, stream_));
+        CUDA_CHECK(cudaEventSynchronize(stop_));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+        return ms;
+    }
+
+private:
+    cudaStream_t stream_;
+    cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Elementwise conversions
+__global__ void convert_float_to_floatX_kernel(floatX* dst, const float* src, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        dst[i] = from_float<floatX>(src[i]);
+}
+__global__ void convert_floatX_to_float_kernel(float* dst, const floatX* src, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        dst[i] = to_float(src[i]);
+}
+
+inline int grid_stride_blocks(size_t n, int block_size) {
+    return static_cast<int>(std::min<size_t>(ceil_div<size_t>(n, size_t(block_size)), 65535u * 4u));
+}
+
+// dst = round_to_nearest(src), on the device.
+inline void convert_to_floatX(floatX* dst, const float* src, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    convert_float_to_floatX_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}
+inline void convert_to_float(float* dst, const floatX* src, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    convert_floatX_to_float_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Host helpers for tests and checkers.
+inline std::vector<floatX> host_to_floatX(const std::vector<float>& v) {
+    std::vector<floatX> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = host_to_floatX(v[i]);
+    return out;
+}
+inline std::vector<float> host_from_floatX(const std::vector<floatX>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = host_from_floatX(v[i]);
+    return out;
+}
+// The values a float vector takes after a round trip through floatX (the inputs a kernel actually sees).
+inline std::vector<float> round_to_floatX(const std::vector<float>& v) { return host_from_floatX(host_to_floatX(v)); }
+
+// ---------------------------------------------------------------------------------------------------------
+// Deterministic column reduction: out_k[c] += sum_r value_k(r, c) for a (rows x cols) grid and NV values per
+// element, produced by a functor `f(r, c, float (&vals)[NV])`. Stage 1: each block owns 32 columns and one split
+// of kColumnReduceRowsPerSplit rows; threads (x = column, y = 0..7) stride the rows, and the 8 partial sums per
+// column are added in order. Stage 2 adds the splits in order. The split size is a constant, so results do not
+// depend on the GPU. No atomics anywhere.
+inline constexpr int kColumnReduceRowsPerSplit = 256;
+inline constexpr int kColumnReduceThreadsY = 8;
+
+inline size_t column_reduce_scratch_floats(int rows, int cols, int nv) {
+    return size_t(ceil_div(rows, kColumnReduceRowsPerSplit)) * size_t(nv) * size_t(cols);
+}
+
+template <int NV, typename F>
+__global__ void column_reduce_stage1_kernel(float* partial, int rows, int cols, F f) {
+    __shared__ float shared[NV][kColumnReduceThreadsY][kWarpSize];
+    const int c = blockIdx.x * kWarpSize + threadIdx.x;
+    const int split = blockIdx.y;
+    const int r0 = split * kColumnReduceRowsPerSplit;
+    const int r1 = min(rows, r0 + kColumnReduceRowsPerSplit);
+    float acc[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) acc[k] = 0.0f;
+    if (c < cols) {
+        for (int r = r0 + threadIdx.y; r < r1; r += kColumnReduceThreadsY) {
+            float vals[NV];
+            f(r, c, vals);
+#pragma unroll
+            for (int k = 0; k < NV; k++) acc[k] += vals[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NV; k++) shared[k][threadIdx.y][threadIdx.x] = acc[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            float s = 0.0f;
+            for (int y = 0; y < kColumnReduceThreadsY; y++) s += shared[k][y][threadIdx.x];
+            partial[(size_t(split) * NV + k) * cols + c] = s;
+        }
+    }
+}
+
+template <int NV>
+struct ColumnOutputs {
+    float* out[NV];  // nullptr: skip that value
+};
+
+template <int NV>
+__global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float* partial, int splits, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        if (outs.out[k] == nullptr) continue;
+        float s = 0.0f;
+        for (int sp = 0; sp < splits; sp++) s += partial[(size_t(sp) * NV + k) * cols + c];
+        outs.out[k][c] += s;
+    }
+}
+
+// `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats.
+template <int NV, typename F>
+void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return;
+    const int splits = ceil_div(rows, kColumnReduceRowsPerSplit);
+    LLMC_CHECK(splits <= 65535, "column_reduce: too many rows");
+    const dim3 grid(ceil_div(cols, kWarpSize), splits);
+    const dim3 block(kWarpSize, kColumnReduceThreadsY);
+    column_reduce_stage1_kernel<NV><<<grid, block, 0, stream>>>(scratch, rows, cols, f);
+    CUDA_CHECK_LAUNCH();
+    column_reduce_stage2_kernel<NV><<<ceil_div(cols, 256), 256, 0, stream>>>(outs, scratch, splits, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmc

@@ -1,0 +1,335 @@
+// The GPT-2 model on the GPU: llm.c's architecture exactly as llmc/gpt2_cpu.h (learned positions, pre-LayerNorm
+// blocks, causal attention, tanh-GELU MLP of 4C, final LayerNorm, tied embedding as the classifier over the
+// padded vocabulary, loss over the first vocab_size logits), built from the kernels in llmc/*.cuh.
+//
+// Memory, one cudaMalloc per kind (DeviceArena):
+//   parameters  floatX, flat in ParamLayout::gpt2 order (the checkpoint order), what the kernels read
+//   gradients   fp32, same layout (what the optimizers and the all-reduce take); accumulated over micro-steps
+//   activations everything the forward keeps for the backward plus backward scratch, sized for the largest
+//               (B, T) given at construction; smaller batches (sampling, B=1) reuse the same buffers.
+// The fp32 master weights and optimizer state belong to the DeviceOptimizer (optimizer_cuda.cuh).
+//
+// Precision: activations and parameters floatX (bf16 by default), every reduction and accumulation in fp32,
+// gradients fp32. Deterministic: no atomics anywhere (bucketed encoder backward, column reductions for bias and
+// LayerNorm gradients), so the same inputs give bit-identical gradients on the same GPU.
+#pragma once
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llmc/attention.cuh"
+#include "llmc/cuda_common.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/fused_classifier.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/gpt2_layout.h"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+
+namespace llmc {
+
+class GPT2Cuda {
+public:
+    // max_B, max_T: the largest micro-batch forward/forward_backward will see (T <= max_seq_len).
+    GPT2Cuda(const ModelConfig& config, int max_B, int max_T, CudaEnv& env)
+        : config_(config), layout_(ParamLayout::gpt2(config)), env_(env), max_B_(max_B), max_T_(max_T) {
+        const int C = config.channels;
+        LLMC_CHECK(max_B > 0 && max_T > 0, "GPT2Cuda: batch and sequence length must be positive");
+        LLMC_CHECK(max_T <= config.max_seq_len, "seq_len " + std::to_string(max_T) + " exceeds the model's max_seq_len " +
+                                                    std::to_string(config.max_seq_len));
+        LLMC_CHECK(C % 8 == 0 && (C / config.num_heads) % 8 == 0,
+                   "the CUDA trainer needs channels and head size multiples of 8 (cuBLASLt alignment); got C=" +
+                       std::to_string(C) + " heads=" + std::to_string(config.num_heads));
+        if (const char* s = std::getenv("LLMC_GELU_FUSION")) gelu_fusion_ = std::atoi(s) != 0;
+        else gelu_fusion_ = env.props.major >= 9;  // as llm.c: the epilogue pays off on Hopper
+
+        param_mem_.add(&params_, layout_.num_params);
+        param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
+        grad_mem_.add(&grads_, layout_.num_params);
+        grad_mem_.allocate("gradients (" + std::to_string(layout_.num_params) + " x fp32)");
+        grad_mem_.zero(env_.stream);
+        CUDA_CHECK(cudaMemsetAsync(params_, 0, layout_.num_params * sizeof(floatX), env_.stream));
+        plan_activations();
+        env_.sync();
+    }
+
+    const ModelConfig& config() const { return config_; }
+    const ParamLayout& layout() const { return layout_; }
+    size_t num_params() const { return layout_.num_params; }
+    floatX* params() { return params_; }
+    float* grads() { return grads_; }
+    size_t activation_bytes() const { return act_mem_.bytes(); }
+    bool gelu_fusion() const { return gelu_fusion_; }
+    int max_batch() const { return max_B_; }
+    int max_seq() const { return max_T_; }
+
+    void zero_grad() { CUDA_CHECK(cudaMemsetAsync(grads_, 0, layout_.num_params * sizeof(float), env_.stream)); }
+
+    // Runs the model (evaluation: the logits stay intact). Returns the mean loss, or 0 when targets is null.
+    // inputs/targets: B*T token ids in host memory.
+    float forward(const int* inputs, const int* targets, int B, int T) {
+        run_forward(inputs, targets, B, T, false, 1.0f);
+        return targets ? mean_loss(B * T) : 0.0f;
+    }
+
+    // One training micro-step: forward, then backward of loss_scale * mean loss, ADDING into grads() (call
+    // zero_grad() at the start of each optimizer step; pass 1/grad_accum as loss_scale). Returns the mean loss.
+    float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f) {
+        LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
+        run_forward(inputs, targets, B, T, true, loss_scale);
+        plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
+        plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
+        run_backward(B, T);
+        return mean_loss(B * T);
+    }
+
+    // Logits of the last forward() for row (b * T + t), fp32, padded_vocab_size values.
+    std::vector<float> logits_row(size_t row) const {
+        std::vector<floatX> x(config_.padded_vocab_size);
+        CUDA_CHECK(cudaMemcpyAsync(x.data(), a_.logits + row * config_.padded_vocab_size, x.size() * sizeof(floatX),
+                                   cudaMemcpyDeviceToHost, env_.stream));
+        CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+        return host_from_floatX(x);
+    }
+    // All (B, T, Vp) logits of the last forward(), fp32.
+    std::vector<float> logits(int B, int T) const {
+        std::vector<floatX> x(size_t(B) * T * config_.padded_vocab_size);
+        CUDA_CHECK(cudaMemcpyAsync(x.data(), a_.logits, x.size() * sizeof(floatX), cudaMemcpyDeviceToHost, env_.stream));
+        CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+        return host_from_floatX(x);
+    }
+    std::vector<float> download_grads() const {
+        std::vector<float> g(layout_.num_params);
+        CUDA_CHECK(cudaMemcpyAsync(g.data(), grads_, g.size() * sizeof(float), cudaMemcpyDeviceToHost, env_.stream));
+        CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+        return g;
+    }
+
+    // Keeps the padded rows [vocab_size, padded_vocab_size) of wte at zero in the parameters and in `master`
+    // (fp32, same layout; may be null), as llm.c files expect.
+    void zero_padded_vocab_rows(float* master) {
+        const size_t C = config_.channels;
+        const size_t begin = layout_.kind_offset[int(ParamKind::wte)] + size_t(config_.vocab_size) * C;
+        const size_t count = size_t(config_.padded_vocab_size - config_.vocab_size) * C;
+        if (count == 0) return;
+        CUDA_CHECK(cudaMemsetAsync(params_ + begin, 0, count * sizeof(floatX), env_.stream));
+        if (master) CUDA_CHECK(cudaMemsetAsync(master + begin, 0, count * sizeof(float), env_.stream));
+    }
+
+private:
+    template <typename T>
+    static T* at(T* base, ParamKind kind, const ParamLayout& layout) {
+        return base + layout.kind_offset[int(kind)];
+    }
+    // Tensor of one layer: kind block + layer * per-layer size.
+    template <typename T>
+    T* layer(T* base, ParamKind kind, int l) const {
+        return base + layout_.kind_offset[int(kind)] + size_t(l) * (layout_.kind_numel[int(kind)] / config_.num_layers);
+    }
+
+    struct Activations {
+        floatX *encoded;                       // (N, C)
+        floatX *ln1;                           // (L, N, C)
+        float *ln1_mean, *ln1_rstd;            // (L, N)
+        floatX *qkvr;                          // (L, 3, N, C) q, k, v permuted per head
+        floatX *att;                           // (L, B, NH, T, T)
+        floatX *atty;                          // (L, N, C)
+        floatX *residual2;                     // (L, N, C)
+        floatX *ln2;                           // (L, N, C)
+        float *ln2_mean, *ln2_rstd;            // (L, N)
+        floatX *fch;                           // (L, N, 4C) pre-GELU
+        floatX *fch_gelu;                      // (L, N, 4C)
+        floatX *residual3;                     // (L, N, C)
+        floatX *lnf;                           // (N, C)
+        float *lnf_mean, *lnf_rstd;            // (N)
+        floatX *logits;                        // (N, Vp); dlogits after a training forward
+        float *losses;                         // (N)
+        floatX *qkv;                           // (N, 3C) forward scratch (clobbered by attention)
+        floatX *btc;                           // (N, C) forward scratch: projection outputs
+        floatX *preatt;                        // (B, NH, T, T) forward preatt / backward datt
+        floatX *dresidual;                     // (N, C) gradient of the residual stream
+        floatX *dbtc;                          // (N, C)
+        floatX *dbt4c;                         // (N, 4C) dfch, then dqkv
+        floatX *dqkvr;                         // (3, N, C)
+        floatX *dy;                            // (N, C) attention backward scratch
+        float *fscratch;                       // column-reduction partials
+        int *inputs, *targets;                 // (N)
+        int *encoder_plan;                     // EncoderBackwardPlan::device_ints(N)
+    };
+
+    void plan_activations() {
+        const size_t L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+        const size_t N = size_t(max_B_) * max_T_, Vp = config_.padded_vocab_size;
+        const size_t att = size_t(max_B_) * NH * max_T_ * max_T_;
+        n_cap_ = N;
+        att_cap_ = att;
+        auto& m = act_mem_;
+        m.add(&a_.encoded, N * C);
+        m.add(&a_.ln1, L * N * C);
+        m.add(&a_.ln1_mean, L * N);
+        m.add(&a_.ln1_rstd, L * N);
+        m.add(&a_.qkvr, L * 3 * N * C);
+        m.add(&a_.att, L * att);
+        m.add(&a_.atty, L * N * C);
+        m.add(&a_.residual2, L * N * C);
+        m.add(&a_.ln2, L * N * C);
+        m.add(&a_.ln2_mean, L * N);
+        m.add(&a_.ln2_rstd, L * N);
+        m.add(&a_.fch, L * N * 4 * C);
+        m.add(&a_.fch_gelu, L * N * 4 * C);
+        m.add(&a_.residual3, L * N * C);
+        m.add(&a_.lnf, N * C);
+        m.add(&a_.lnf_mean, N);
+        m.add(&a_.lnf_rstd, N);
+        m.add(&a_.logits, N * Vp);
+        m.add(&a_.losses, N);
+        m.add(&a_.qkv, N * 3 * C);
+        m.add(&a_.btc, N * C);
+        m.add(&a_.preatt, att);
+        m.add(&a_.dresidual, N * C);
+        m.add(&a_.dbtc, N * C);
+        m.add(&a_.dbt4c, N * 4 * C);
+        m.add(&a_.dqkvr, 3 * N * C);
+        m.add(&a_.dy, N * C);
+        const int Ni = static_cast<int>(N), Ci = static_cast<int>(C);
+        size_t fs = layernorm_backward_scratch_floats(Ni, Ci);
+        for (int oc : {3 * Ci, Ci, 4 * Ci}) fs = std::max(fs, matmul_backward_scratch_floats(Ni, oc));
+        m.add(&a_.fscratch, fs);
+        m.add(&a_.inputs, N);
+        m.add(&a_.targets, N);
+        m.add(&a_.encoder_plan, EncoderBackwardPlan::device_ints(Ni));
+        m.allocate("activations (B=" + std::to_string(max_B_) + ", T=" + std::to_string(max_T_) +
+                   "; lower --batch_size or --seq_len if this does not fit)");
+    }
+
+    // Per-layer slices of the activations (strides use the capacity, so any B*T <= capacity fits).
+    floatX* lslice(floatX* base, int l, size_t per_token) const { return base + size_t(l) * n_cap_ * per_token; }
+    float* lstat(float* base, int l) const { return base + size_t(l) * n_cap_; }
+
+    void run_forward(const int* inputs, const int* targets, int B, int T, bool write_dlogits, float loss_scale) {
+        LLMC_CHECK(B > 0 && T > 0 && B <= max_B_ && T <= max_T_ && size_t(B) * T <= n_cap_,
+                   "forward: batch " + std::to_string(B) + "x" + std::to_string(T) + " exceeds the allocated " +
+                       std::to_string(max_B_) + "x" + std::to_string(max_T_));
+        const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+        const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
+        const int N = B * T;
+        cudaStream_t s = env_.stream;
+        for (int i = 0; i < N; i++)
+            LLMC_CHECK(inputs[i] >= 0 && inputs[i] < V && (!targets || (targets[i] >= 0 && targets[i] < V)),
+                       "forward: token id out of range [0, " + std::to_string(V) + ") at position " + std::to_string(i));
+        inputs_upload_.upload(a_.inputs, inputs, size_t(N), s);
+        if (targets) targets_upload_.upload(a_.targets, targets, size_t(N), s);
+        floatX* p = params_;
+
+        encoder_forward(a_.encoded, a_.inputs, at(p, ParamKind::wte, layout_), at(p, ParamKind::wpe, layout_), B, T, C, s);
+        layernorm_forward(lslice(a_.ln1, 0, C), lstat(a_.ln1_mean, 0), lstat(a_.ln1_rstd, 0), a_.encoded,
+                          layer(p, ParamKind::ln1w, 0), layer(p, ParamKind::ln1b, 0), N, C, s);
+        for (int l = 0; l < L; l++) {
+            const floatX* residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C);
+            floatX* ln1 = lslice(a_.ln1, l, C);
+            floatX* qkvr = lslice(a_.qkvr, l, 3 * C);
+            floatX* att = a_.att + size_t(l) * att_cap_;
+            floatX* atty = lslice(a_.atty, l, C);
+            floatX* residual2 = lslice(a_.residual2, l, C);
+            floatX* ln2 = lslice(a_.ln2, l, C);
+            floatX* fch = lslice(a_.fch, l, 4 * C);
+            floatX* fch_gelu = lslice(a_.fch_gelu, l, 4 * C);
+            floatX* residual3 = lslice(a_.residual3, l, C);
+
+            matmul_forward(env_, a_.qkv, ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
+            attention_forward(env_, atty, qkvr, att, a_.preatt, a_.qkv, B, T, C, NH);
+            matmul_forward(env_, a_.btc, atty, layer(p, ParamKind::attprojw, l), layer(p, ParamKind::attprojb, l), N, C, C);
+            fused_residual_layernorm_forward(residual2, ln2, lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), residual,
+                                             a_.btc, layer(p, ParamKind::ln2w, l), layer(p, ParamKind::ln2b, l), N, C, s);
+            matmul_forward(env_, fch_gelu, ln2, layer(p, ParamKind::fcw, l), layer(p, ParamKind::fcb, l), N, C, 4 * C,
+                           fch, gelu_fusion_);
+            matmul_forward(env_, a_.btc, fch_gelu, layer(p, ParamKind::fcprojw, l), layer(p, ParamKind::fcprojb, l), N,
+                           4 * C, C);
+            if (l + 1 < L) {
+                fused_residual_layernorm_forward(residual3, lslice(a_.ln1, l + 1, C), lstat(a_.ln1_mean, l + 1),
+                                                 lstat(a_.ln1_rstd, l + 1), residual2, a_.btc,
+                                                 layer(p, ParamKind::ln1w, l + 1), layer(p, ParamKind::ln1b, l + 1), N, C, s);
+            } else {
+                fused_residual_layernorm_forward(residual3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, residual2, a_.btc,
+                                                 at(p, ParamKind::lnfw, layout_), at(p, ParamKind::lnfb, layout_), N, C, s);
+            }
+        }
+        matmul_forward(env_, a_.logits, a_.lnf, at(p, ParamKind::wte, layout_), nullptr, N, C, Vp);
+        if (targets)
+            fused_classifier(a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits, s);
+    }
+
+    void run_backward(int B, int T) {
+        const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+        const int Vp = config_.padded_vocab_size;
+        const int N = B * T;
+        cudaStream_t s = env_.stream;
+        floatX* p = params_;
+        float* g = grads_;
+        float* fs = a_.fscratch;
+        CUDA_CHECK(cudaMemsetAsync(a_.dresidual, 0, size_t(N) * C * sizeof(floatX), s));
+
+        // classifier (tied wte): logits hold dlogits
+        matmul_backward(env_, a_.dbtc, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
+                        at(p, ParamKind::wte, layout_), N, C, Vp);
+        layernorm_backward(a_.dresidual, at(g, ParamKind::lnfw, layout_), at(g, ParamKind::lnfb, layout_), fs, a_.dbtc,
+                           lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw, layout_), a_.lnf_mean, a_.lnf_rstd, N, C, s);
+        for (int l = L - 1; l >= 0; l--) {
+            const floatX* residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C);
+            floatX* ln1 = lslice(a_.ln1, l, C);
+            floatX* qkvr = lslice(a_.qkvr, l, 3 * C);
+            floatX* att = a_.att + size_t(l) * att_cap_;
+            floatX* atty = lslice(a_.atty, l, C);
+            floatX* residual2 = lslice(a_.residual2, l, C);
+            floatX* ln2 = lslice(a_.ln2, l, C);
+            floatX* fch = lslice(a_.fch, l, 4 * C);
+            floatX* fch_gelu = lslice(a_.fch_gelu, l, 4 * C);
+
+            // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+            matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), layer(g, ParamKind::fcprojb, l), fs,
+                            a_.dresidual, fch_gelu, layer(p, ParamKind::fcprojw, l), N, 4 * C, C);
+            gelu_backward_inplace(a_.dbt4c, fch, size_t(N) * 4 * C, s);
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
+                            layer(p, ParamKind::fcw, l), N, C, 4 * C);
+            layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
+                               residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s);
+            // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), layer(g, ParamKind::attprojb, l), fs,
+                            a_.dresidual, atty, layer(p, ParamKind::attprojw, l), N, C, C);
+            attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
+                            layer(p, ParamKind::qkvw, l), N, C, 3 * C);
+            layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
+                               residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s);
+        }
+        encoder_backward(at(g, ParamKind::wte, layout_), at(g, ParamKind::wpe, layout_), a_.dresidual, plan_,
+                         a_.encoder_plan, B, T, C, s);
+    }
+
+    // Mean of the per-row losses, summed on the host in a fixed order (synchronizes).
+    float mean_loss(int N) {
+        host_losses_.resize(N);
+        CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), a_.losses, size_t(N) * sizeof(float), cudaMemcpyDeviceToHost, env_.stream));
+        CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+        double sum = 0.0;
+        for (float x : host_losses_) sum += x;
+        return static_cast<float>(sum / N);
+    }
+
+    ModelConfig config_;
+    ParamLayout layout_;
+    CudaEnv& env_;
+    int max_B_, max_T_;
+    size_t n_cap_ = 0, att_cap_ = 0;
+    bool gelu_fusion_ = false;
+    DeviceArena param_mem_, grad_mem_, act_mem_;
+    floatX* params_ = nullptr;
+    float* grads_ = nullptr;
+    Activations a_{};
+    EncoderBackwardPlan plan_;
+    PinnedUpload<int> inputs_upload_, targets_upload_, plan_upload_;
+    std::vector<float> host_losses_;
+};
+
+}  // namespace llmc

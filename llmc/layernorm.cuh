@@ -1,0 +1,141 @@
+// LayerNorm over the channel dimension (torch semantics: biased variance, eps 1e-5), one warp per row.
+//  - layernorm_forward: out = (x - mean) * rstd * w + b; keeps mean and rstd (fp32) for the backward.
+//  - fused_residual_layernorm_forward: residual = inp1 + inp2 (rounded to floatX, the value the next layer and
+//    the backward see), then the LayerNorm of that residual, in one pass over memory (as llm.c).
+//  - layernorm_backward: dinp += dx (accumulates into the residual-stream gradient), dweight += sum dout*norm,
+//    dbias += sum dout. dinp per row by one warp; dweight/dbias by the deterministic column reduction of
+//    cuda_common.cuh (no atomics), into fp32 gradients.
+// Per-element maths: km::layernorm_rstd / layernorm_apply / layernorm_dx (kernel_math.h, CPU-tested); the
+// statistics are two-pass (mean, then sum of squared deviations) in fp32.
+#pragma once
+#include "llmc/cuda_common.cuh"
+
+namespace llmc {
+
+inline constexpr int kLayerNormBlock = 256;  // 8 rows (warps) per block
+
+template <bool kResidual>
+__global__ void layernorm_forward_kernel(floatX* out, float* mean_out, float* rstd_out, floatX* residual,
+                                         const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                         const floatX* bias, int N, int C) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+    if (row >= N) return;
+    const size_t base = size_t(row) * C;
+    // x: the row being normalized (the residual sum when fused; each lane re-reads only what it wrote itself)
+    const floatX* x = kResidual ? residual + base : inp1 + base;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += kWarpSize) {
+        float v;
+        if constexpr (kResidual) {
+            const floatX r = from_float<floatX>(to_float(inp1[base + c]) + to_float(inp2[base + c]));
+            residual[base + c] = r;
+            v = to_float(r);
+        } else {
+            v = to_float(x[c]);
+        }
+        sum += v;
+    }
+    const float mean = warp_sum(sum) / C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += kWarpSize) {
+        const float d = to_float(x[c]) - mean;
+        sq += d * d;
+    }
+    const float rstd = km::layernorm_rstd(warp_sum(sq) / C);
+    for (int c = lane; c < C; c += kWarpSize)
+        out[base + c] = from_float<floatX>(km::layernorm_apply(to_float(x[c]), mean, rstd, to_float(weight[c]), to_float(bias[c])));
+    if (lane == 0) {
+        if (mean_out) mean_out[row] = mean;
+        if (rstd_out) rstd_out[row] = rstd;
+    }
+}
+
+// out (N,C) = layernorm(inp); mean, rstd (N) may be nullptr (inference).
+inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                              const floatX* bias, int N, int C, cudaStream_t stream) {
+    if (N == 0) return;
+    const int rows_per_block = kLayerNormBlock / kWarpSize;
+    layernorm_forward_kernel<false><<<ceil_div(N, rows_per_block), kLayerNormBlock, 0, stream>>>(
+        out, mean, rstd, nullptr, inp, nullptr, weight, bias, N, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// residual (N,C) = inp1 + inp2; out = layernorm(residual). residual must not alias inp1/inp2.
+inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
+                                             const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                             const floatX* bias, int N, int C, cudaStream_t stream) {
+    if (N == 0) return;
+    const int rows_per_block = kLayerNormBlock / kWarpSize;
+    layernorm_forward_kernel<true><<<ceil_div(N, rows_per_block), kLayerNormBlock, 0, stream>>>(
+        out, mean, rstd, residual, inp1, inp2, weight, bias, N, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Elementwise residual add (no LayerNorm): out = a + b.
+__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        out[i] = from_float<floatX>(to_float(a[i]) + to_float(b[i]));
+}
+inline void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    residual_forward_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
+                                               const floatX* weight, const float* mean, const float* rstd, int N,
+                                               int C) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+    if (row >= N) return;
+    const size_t base = size_t(row) * C;
+    const float m = mean[row], r = rstd[row];
+    float s_dnorm = 0.0f, s_dnorm_norm = 0.0f;
+    for (int c = lane; c < C; c += kWarpSize) {
+        const float norm = (to_float(inp[base + c]) - m) * r;
+        const float dnorm = to_float(weight[c]) * to_float(dout[base + c]);
+        s_dnorm += dnorm;
+        s_dnorm_norm += dnorm * norm;
+    }
+    const float dnorm_mean = warp_sum(s_dnorm) / C;
+    const float dnorm_norm_mean = warp_sum(s_dnorm_norm) / C;
+    for (int c = lane; c < C; c += kWarpSize) {
+        const float norm = (to_float(inp[base + c]) - m) * r;
+        const float dnorm = to_float(weight[c]) * to_float(dout[base + c]);
+        const float dx = km::layernorm_dx(dnorm, norm, dnorm_mean, dnorm_norm_mean, r);
+        dinp[base + c] = from_float<floatX>(to_float(dinp[base + c]) + dx);
+    }
+}
+
+struct LayerNormParamGrad {
+    const floatX* dout;
+    const floatX* inp;
+    const float* mean;
+    const float* rstd;
+    int C;
+    __device__ void operator()(int r, int c, float (&v)[2]) const {
+        const size_t i = size_t(r) * C + c;
+        const float d = to_float(dout[i]);
+        v[0] = d * ((to_float(inp[i]) - mean[r]) * rstd[r]);
+        v[1] = d;
+    }
+};
+
+inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_reduce_scratch_floats(N, C, 2); }
+
+// dinp (N,C) += dx; dweight, dbias (C, fp32) += parameter gradients. dinp must not alias dout.
+// scratch: layernorm_backward_scratch_floats(N, C) floats.
+inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
+                               const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
+                               int C, cudaStream_t stream) {
+    if (N == 0) return;
+    const int rows_per_block = kLayerNormBlock / kWarpSize;
+    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), kLayerNormBlock, 0, stream>>>(
+        dinp, dout, inp, weight, mean, rstd, N, C);
+    CUDA_CHECK_LAUNCH();
+    column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
+                     stream);
+}
+
+}  // namespace llmc

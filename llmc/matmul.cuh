@@ -1,0 +1,236 @@
+// Matmuls through cuBLASLt, for the linear layers (and the batched attention products in attention.cuh).
+//  - matmul_lt: the general column-major D = alpha * op(A) op(B) [+ D] [+ bias] [GELU], optionally strided-
+//    batched, D in floatX or fp32 (fp32 D with floatX A/B is how weight gradients accumulate into the fp32
+//    gradient buffer without rounding through bf16).
+//  - matmul_forward: out (N,OC) = inp (N,C) W^T + b for PyTorch-layout W (OC,C), with the bias and optionally
+//    the GELU fused as epilogues (pre_gelu keeps the GELU input for the backward). Falls back to separate
+//    bias/GELU kernels when the epilogue's alignment rules are not met.
+//  - matmul_backward: dinp = dout W, dweight += dout^T inp (fp32), dbias += column sums of dout (deterministic
+//    column reduction, not the cuBLASLt BGRAD epilogue, so the bias gradient is fp32 and reproducible).
+// Row-major (PyTorch) matrices are column-major transposes; each call below derives its op/ld from that.
+// Compute is always fp32 (CUBLAS_COMPUTE_32F); fp32 builds may opt into TF32 through CudaEnv::allow_tf32.
+#pragma once
+#include <map>
+#include <tuple>
+#include <type_traits>
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/gelu.cuh"
+
+namespace llmc {
+
+namespace detail {
+
+// Largest power of two (<= 256) dividing the address and, for batched operands, the batch stride in bytes.
+inline uint32_t lt_alignment(const void* p, long long stride_bytes) {
+    uintptr_t v = reinterpret_cast<uintptr_t>(p) | uintptr_t(256);
+    if (stride_bytes) v |= static_cast<uintptr_t>(stride_bytes);
+    return static_cast<uint32_t>(v & (~v + 1));
+}
+
+// Owns the cuBLASLt descriptors of one call (released even when a check throws).
+struct LtDescs {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ~LtDescs() {
+        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        if (d) cublasLtMatrixLayoutDestroy(d);
+        if (c) cublasLtMatrixLayoutDestroy(c);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (op) cublasLtMatmulDescDestroy(op);
+    }
+};
+
+// Cache key of a matmul problem (see matmul_lt).
+struct LtKey {
+    int m, n, k;
+    bool ta, tb;
+    int batch;
+    long long sa, sb, sd;
+    int d_type, epilogue, compute;
+    uint32_t align_a, align_b, align_d, align_epilogue;
+    int64_t workspace;
+    auto tie() const {
+        return std::tie(m, n, k, ta, tb, batch, sa, sb, sd, d_type, epilogue, compute, align_a, align_b, align_d,
+                        align_epilogue, workspace);
+    }
+    bool operator<(const LtKey& o) const { return tie() < o.tie(); }
+};
+// One process drives one GPU, so a process-wide cache is enough.
+struct LtChoice {
+    int found;  // 0: cuBLASLt has nothing for this problem (remembered too)
+    cublasLtMatmulHeuristicResult_t heuristic;
+};
+inline std::map<LtKey, LtChoice>& lt_algo_cache() {
+    static std::map<LtKey, LtChoice> cache;
+    return cache;
+}
+
+inline void lt_set_batch(cublasLtMatrixLayout_t layout, int batch, long long stride) {
+    if (batch <= 1) return;
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+}
+
+}  // namespace detail
+
+// Column-major: D (m x n, ld m) = alpha * op(A) (m x k) * op(B) (k x n) [+ D if accumulate] [+ bias (m)]
+// [then GELU, with the pre-GELU values written to pre_gelu (m x n, ld m)].
+// A is stored (k x m, ld k) when transA else (m x k, ld m); B is (n x k, ld n) when transB else (k x n, ld k).
+// Batched: `batch` matrices at strides (in elements) strideA/B/D. TD is floatX or float.
+template <typename TD>
+void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+               bool transA, bool transB, bool accumulate, int batch = 1, long long strideA = 0, long long strideB = 0,
+               long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f) {
+    static_assert(std::is_same_v<TD, float> || std::is_same_v<TD, floatX>, "matmul_lt: D must be float or floatX");
+    constexpr cudaDataType_t d_type = std::is_same_v<TD, float> ? CUDA_R_32F : kFloatXCuda;
+    LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "matmul_lt: empty or negative shape m=" + std::to_string(m) +
+                                                         " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    LLMC_CHECK((!(bias || pre_gelu) || std::is_same_v<TD, floatX>), "matmul_lt: bias/GELU epilogues need a floatX output");
+    detail::LtDescs desc;
+    const cublasComputeType_t compute =
+        (kFloatXIsFloat && env.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, compute, CUDA_R_32F));
+    const cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+
+    if (transA) CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.a, kFloatXCuda, k, m, k));
+    else CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.a, kFloatXCuda, m, k, m));
+    if (transB) CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.b, kFloatXCuda, n, k, n));
+    else CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.b, kFloatXCuda, k, n, k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.c, d_type, m, n, m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.d, d_type, m, n, m));
+    detail::lt_set_batch(desc.a, batch, strideA);
+    detail::lt_set_batch(desc.b, batch, strideB);
+    detail::lt_set_batch(desc.c, batch, strideD);
+    detail::lt_set_batch(desc.d, batch, strideD);
+
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (pre_gelu) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (bias) {  // bias and aux types default to D's type (floatX), which is what we store
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (pre_gelu) {
+        const int64_t ld = m;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre_gelu, sizeof(pre_gelu)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+        if (batch > 1) {
+            const int64_t aux_stride = strideD;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &aux_stride, sizeof(aux_stride)));
+        }
+    }
+
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+    const size_t ws = env.workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const uint32_t align_a = detail::lt_alignment(a, strideA * static_cast<long long>(sizeof(floatX)));
+    const uint32_t align_b = detail::lt_alignment(b, strideB * static_cast<long long>(sizeof(floatX)));
+    const uint32_t align_d = detail::lt_alignment(d, strideD * static_cast<long long>(sizeof(TD)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+
+    // The heuristic query costs tens of microseconds of host time; a training step repeats the same few
+    // problems, so the chosen algorithm is cached per problem (shape, ops, types, epilogue, alignments).
+    const detail::LtKey key{m, n, k, transA, transB, batch, strideA, strideB, strideD, int(d_type), int(epilogue),
+                            int(compute), align_a, align_b, align_d,
+                            std::min(bias ? detail::lt_alignment(bias, 0) : 256u, pre_gelu ? detail::lt_alignment(pre_gelu, 0) : 256u),
+                            static_cast<int64_t>(env.workspace_bytes)};
+    auto& cache = detail::lt_algo_cache();
+    auto cached = cache.find(key);
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    if (cached != cache.end()) {
+        heuristic = cached->second.heuristic;
+        found = cached->second.found;
+    } else {
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(env.lt, desc.op, desc.a, desc.b, desc.c, desc.d,
+                                                                 desc.pref, 1, &heuristic, &found);
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;  // "nothing for this configuration"
+        else if (st != CUBLAS_STATUS_SUCCESS) cublas_fail(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+        cache.emplace(key, detail::LtChoice{found, heuristic});
+    }
+    if (found == 0 && epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
+        // No cuBLASLt kernel for this problem (an unusual alignment): the classic cuBLAS GEMM takes it.
+        const float beta0 = accumulate ? 1.0f : 0.0f;
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(env.blas, opA, opB, m, n, k, &alpha, a, kFloatXCuda, transA ? k : m, strideA,
+                                                b, kFloatXCuda, transB ? n : k, strideB, &beta0, d, d_type, m, strideD,
+                                                batch, compute, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    LLMC_CHECK(found > 0, "cuBLASLt has no algorithm for matmul m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                              " k=" + std::to_string(k) + " batch=" + std::to_string(batch) +
+                              (bias ? " +bias" : "") + (pre_gelu ? " +gelu" : "") +
+                              ": keep channels and head sizes multiples of 8 (16-byte aligned rows)");
+    const float beta = accumulate ? 1.0f : 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(env.lt, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d, desc.c, d, desc.d,
+                                &heuristic.algo, env.workspace, env.workspace_bytes, env.stream));
+}
+
+// The same, for a problem stated as a km::GemmShape (kernel_math.h).
+template <typename TD>
+void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, const km::GemmShape& g,
+               bool accumulate, floatX* pre_gelu = nullptr, float alpha = 1.0f) {
+    matmul_lt<TD>(env, d, a, b, bias, g.m, g.n, g.k, g.ta, g.tb, accumulate, g.batch, g.sa, g.sb, g.sd, pre_gelu, alpha);
+}
+
+__global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t N, int OC) {
+    const size_t total = N * size_t(OC);
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x)
+        out[i] = from_float<floatX>(to_float(out[i]) + to_float(bias[i % OC]));
+}
+
+// Whether cuBLASLt's bias / GELU-aux epilogues can be used for an output with `OC` rows (column-major m).
+inline bool matmul_epilogue_ok(const void* out, const floatX* bias, const floatX* pre_gelu, int OC) {
+    if (bias && !aligned16(bias)) return false;
+    if (pre_gelu && (!aligned16(pre_gelu) || OC % 8 != 0)) return false;
+    return aligned16(out);
+}
+
+// out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be nullptr).
+// With pre_gelu: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu); fused as a cuBLASLt epilogue when
+// fuse_gelu (and alignment allows), otherwise by gelu_forward.
+inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                           int N, int C, int OC, floatX* pre_gelu = nullptr, bool fuse_gelu = true) {
+    const bool fused_ok = matmul_epilogue_ok(out, bias, pre_gelu, OC);
+    if (pre_gelu && fuse_gelu && fused_ok) {
+        matmul_lt<floatX>(env, out, weight, inp, bias, km::linear_forward_gemm(N, C, OC), false, pre_gelu);
+        return;
+    }
+    floatX* target = pre_gelu ? pre_gelu : out;
+    const bool bias_in_epilogue = bias && aligned16(bias);
+    matmul_lt<floatX>(env, target, weight, inp, bias_in_epilogue ? bias : nullptr, km::linear_forward_gemm(N, C, OC), false);
+    if (bias && !bias_in_epilogue) {
+        add_bias_kernel<<<grid_stride_blocks(size_t(N) * OC, 256), 256, 0, env.stream>>>(target, bias, size_t(N), OC);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (pre_gelu) gelu_forward(out, pre_gelu, size_t(N) * OC, env.stream);
+}
+
+struct BiasGrad {
+    const floatX* dout;
+    int OC;
+    __device__ void operator()(int r, int c, float (&v)[1]) const { v[0] = to_float(dout[size_t(r) * OC + c]); }
+};
+
+inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }
+
+// Given dout (N,OC) of out = inp (N,C) @ weight (OC,C)^T + bias:
+//   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
+//   dweight (OC,C, fp32) += dout^T @ inp     (accumulated: gradient accumulation over micro-steps)
+//   dbias (OC, fp32) += sum over rows of dout (skipped when nullptr; needs `scratch`, see above)
+inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
+                            const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC) {
+    if (dinp) matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false);
+    if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
+    if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
+}
+
+}  // namespace llmc

@@ -1,0 +1,40 @@
+// The device-side optimizer interface of the CUDA trainer: llmc::Optimizer (optimizer.h) for device buffers.
+// Parameters are floatX on the device (what the kernels read); gradients are fp32 on the device; the
+// optimizer owns the fp32 master weights (and its state) in one allocation, and writes the floatX parameters
+// from them after every update. As on the CPU, the optimizer owns data parallelism: it receives this rank's
+// LOCAL gradient and talks to the other ranks only through a Transport whose collectives accept device
+// pointers (NcclTransport, transport_nccl.cuh; LocalTransport for one rank).
+//
+// Implementations: CudaAdamW (adamw.cuh). DeMo plugs in here: a CudaDemo class implementing this interface
+// (momentum, DCT encode, top-k, Transport::allgather_bytes or NcclTransport::allgather_device, decode, sign
+// update on the master weights) is all train_gpt.cu needs for --optimizer demo (see make_device_optimizer
+// there).
+#pragma once
+#include <string_view>
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/fileio.h"
+#include "llmc/optimizer.h"
+
+namespace llmc {
+
+class DeviceOptimizer {
+public:
+    virtual ~DeviceOptimizer() = default;
+    virtual std::string_view name() const = 0;
+    // Installs the weights: `weights` (fp32, device, layout.num_params) become the master weights and `params`
+    // their floatX rounding (the rounding the last step used, so a resumed run continues bit-identically).
+    // Call after load_state() when resuming.
+    virtual void set_weights(const float* weights, floatX* params) = 0;
+    // One step on this rank's local gradient `grads` (fp32, device; may be modified: averaged, clipped).
+    // Updates the master weights and rewrites `params`. `lr` is this step's scheduled learning rate.
+    virtual StepResult step(floatX* params, float* grads, float lr) = 0;
+    // The fp32 master weights on the device (model checkpoints are written from these; the trainer also
+    // re-zeroes the padded vocabulary rows of wte in them after each step, as the CPU trainer does).
+    virtual float* master_weights() = 0;
+    // Same blobs as the CPU optimizers, so checkpoints move between the CPU and CUDA trainers.
+    virtual void save_state(ByteWriter& out) const = 0;
+    virtual void load_state(ByteReader& in) = 0;
+};
+
+}  // namespace llmc

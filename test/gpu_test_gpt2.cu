@@ -1,0 +1,193 @@
+// End-to-end GPU test of the CUDA GPT-2 against the independent PyTorch reference
+// (dev/reference/gpt2_reference.py): same fp32 checkpoint and batch; compares the logits, the loss, every
+// parameter tensor's gradient and the losses / gradient norms of the reference's AdamW steps (lr 1e-4,
+// betas 0.9/0.95, eps 1e-8, weight decay 0.1 on 2-D tensors, clip 1.0; the script's defaults).
+// Tolerances are bf16-sized by default and tight in the -DENABLE_FP32 build.
+//
+//   /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny
+//   build/cuda/gpu_test_gpt2 [reference dir, default build/reference/tiny] [--lr 1e-4]
+// Exit 0 pass, 1 fail, 77 skipped (no GPU, or no reference files).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/adamw.cuh"
+#include "llmc/cuda_common.cuh"
+#include "llmc/fileio.h"
+#include "llmc/gpt2_cuda.cuh"
+#include "llmc/model_io.h"
+#include "llmc/transport.h"
+
+using namespace llmc;
+
+namespace {
+
+constexpr int kStateMagic = 20240327;
+
+struct Reference {
+    int B = 0, T = 0, V = 0, Vp = 0, steps = 0;
+    std::vector<int> x, y;
+    std::vector<float> logits, grads, losses, grad_norms;
+    float loss = 0.0f;
+};
+
+Reference read_reference(const std::string& path, size_t num_params) {
+    File f(path, "rb");
+    int32_t h[256];
+    f.read_exact(h, sizeof(h), "state header");
+    LLMC_CHECK(h[0] == kStateMagic, path + ": bad magic " + std::to_string(h[0]));
+    LLMC_CHECK(h[1] == 2, path + ": unsupported state version " + std::to_string(h[1]));
+    Reference r;
+    r.B = h[2];
+    r.T = h[3];
+    r.V = h[4];
+    r.Vp = h[5];
+    r.steps = h[6];
+    const size_t N = size_t(r.B) * r.T;
+    r.x.resize(N);
+    r.y.resize(N);
+    r.logits.resize(N * r.Vp);
+    r.grads.resize(num_params);
+    r.losses.resize(r.steps);
+    r.grad_norms.resize(r.steps);
+    f.read_exact(r.x.data(), N * sizeof(int), "inputs");
+    f.read_exact(r.y.data(), N * sizeof(int), "targets");
+    f.read_exact(r.logits.data(), r.logits.size() * sizeof(float), "logits");
+    f.read_exact(&r.loss, sizeof(float), "loss");
+    f.read_exact(r.grads.data(), r.grads.size() * sizeof(float), "gradients");
+    f.read_exact(r.losses.data(), r.losses.size() * sizeof(float), "losses");
+    f.read_exact(r.grad_norms.data(), r.grad_norms.size() * sizeof(float), "grad norms");
+    return r;
+}
+
+int failures = 0;
+void expect(bool ok, const std::string& what) {
+    std::printf("  %-56s %s\n", what.c_str(), ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+}
+
+double rms(const float* v, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += double(v[i]) * v[i];
+    return std::sqrt(s / std::max<size_t>(n, 1));
+}
+
+// ||a - b|| / ||b|| (or ||a|| when b is zero)
+double rel_l2(const float* a, const float* b, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        r += double(b[i]) * b[i];
+    }
+    return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    skip_without_cuda_device();
+    std::string dir = "build/reference/tiny";
+    float lr = 1e-4f;
+    for (int i = 1; i < argc; i++) {
+        if (std::string(argv[i]) == "--lr" && i + 1 < argc) lr = std::stof(argv[++i]);
+        else dir = argv[i];
+    }
+    const std::string model_file = dir + "/model.bin", state_file = dir + "/state.bin";
+    if (!file_exists(model_file) || !file_exists(state_file)) {
+        std::printf("SKIP: no reference files in %s (run /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny "
+                    "--batch 4 --seq 32 --out-dir %s)\n", dir.c_str(), dir.c_str());
+        return 77;
+    }
+    // bf16: activations and parameters carry 8 significant bits; fp32 build: summation order and fast-math only.
+    const double tol_logits = kFloatXIsFloat ? 1e-4 : 3e-2;  // relative L2 over all logits
+    const double tol_loss = kFloatXIsFloat ? 1e-4 : 2e-2;    // absolute, on a loss of ~ln(V) = 10.8
+    const double tol_grad = kFloatXIsFloat ? 1e-3 : 1e-1;    // relative L2 per tensor
+    const double tol_norm = kFloatXIsFloat ? 1e-3 : 5e-2;    // relative, global gradient norm
+    try {
+        CudaEnv env;
+        const ModelConfig mc = read_model_config(model_file);
+        const ParamLayout layout = ParamLayout::gpt2(mc);
+        std::vector<float> weights(layout.num_params);
+        load_model(model_file, mc, weights);
+        const Reference ref = read_reference(state_file, layout.num_params);
+        LLMC_CHECK(ref.V == mc.vocab_size && ref.Vp == mc.padded_vocab_size, state_file + ": vocabulary differs from the model");
+        std::printf("gpu_test_gpt2 on %s, floatX = %s: %s, B=%d T=%d, %d AdamW steps at lr %g\n", env.describe().c_str(),
+                    kFloatXName, mc.describe().c_str(), ref.B, ref.T, ref.steps, lr);
+
+        GPT2Cuda model(mc, ref.B, ref.T, env);
+        OptimizerConfig oc;
+        oc.weight_decay = 0.1f;
+        oc.grad_clip = 1.0f;
+        LocalTransport transport;
+        CudaAdamW opt(oc, layout, transport, env.stream, /*stochastic=*/false, 1337);
+        CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
+        opt.set_weights(model.grads(), model.params());
+        model.zero_grad();
+
+        // 1. forward: logits and loss
+        const float loss = model.forward(ref.x.data(), ref.y.data(), ref.B, ref.T);
+        const std::vector<float> logits = model.logits(ref.B, ref.T);
+        const size_t Vp = mc.padded_vocab_size;
+        double max_abs = 0;
+        for (size_t i = 0; i < logits.size(); i++) max_abs = std::max(max_abs, std::fabs(double(logits[i]) - ref.logits[i]));
+        const double lrel = rel_l2(logits.data(), ref.logits.data(), logits.size());
+        std::printf("  logits: rel L2 %.3e, max abs %.3e (rms %.3e)\n", lrel, max_abs, rms(ref.logits.data(), ref.logits.size()));
+        expect(lrel <= tol_logits, "logits match (rel L2)");
+        // the first few logits of the first row, for a human
+        std::printf("  logits[0][0..3]: %.6f %.6f %.6f vs ref %.6f %.6f %.6f\n", logits[0], logits[1], logits[2],
+                    ref.logits[0], ref.logits[1], ref.logits[2]);
+        (void)Vp;
+        std::printf("  loss %.6f vs ref %.6f\n", loss, ref.loss);
+        expect(std::fabs(loss - ref.loss) <= tol_loss, "loss matches");
+
+        // 2. gradients, per tensor
+        model.zero_grad();
+        const float loss2 = model.forward_backward(ref.x.data(), ref.y.data(), ref.B, ref.T, 1.0f);
+        expect(std::fabs(loss2 - loss) <= 1e-6f * std::fabs(loss), "training forward gives the same loss");
+        const std::vector<float> grads = model.download_grads();
+        double worst = 0;
+        std::string worst_name;
+        int bad = 0;
+        for (const ParamTensor& t : layout.tensors) {
+            const double e = rel_l2(grads.data() + t.offset, ref.grads.data() + t.offset, t.numel);
+            if (e > worst) {
+                worst = e;
+                worst_name = t.name;
+            }
+            if (!(e <= tol_grad)) {
+                if (bad++ < 10) std::printf("    %-28s rel L2 %.3e (rms ref %.3e)\n", t.name.c_str(), e, rms(ref.grads.data() + t.offset, t.numel));
+            }
+        }
+        std::printf("  gradients: worst tensor %s rel L2 %.3e\n", worst_name.c_str(), worst);
+        expect(bad == 0, "gradients match per tensor (" + std::to_string(layout.tensors.size()) + " tensors)");
+        // determinism: the same batch again gives bit-identical gradients
+        model.zero_grad();
+        model.forward_backward(ref.x.data(), ref.y.data(), ref.B, ref.T, 1.0f);
+        const std::vector<float> grads2 = model.download_grads();
+        expect(std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float)) == 0, "gradients bit-identical on rerun");
+
+        // 3. AdamW steps on the same batch: loss before each step and the gradient norm
+        bool losses_ok = true, norms_ok = true;
+        for (int step = 0; step < ref.steps; step++) {
+            model.zero_grad();
+            const float l = model.forward_backward(ref.x.data(), ref.y.data(), ref.B, ref.T, 1.0f);
+            const StepResult r = opt.step(model.params(), model.grads(), lr);
+            model.zero_padded_vocab_rows(opt.master_weights());
+            const double norm_err = std::fabs(r.grad_norm - ref.grad_norms[step]) / ref.grad_norms[step];
+            std::printf("  step %d: loss %.6f (ref %.6f)  grad norm %.6f (ref %.6f)\n", step, l, ref.losses[step],
+                        r.grad_norm, ref.grad_norms[step]);
+            losses_ok &= std::fabs(l - ref.losses[step]) <= tol_loss;
+            norms_ok &= norm_err <= tol_norm;
+        }
+        expect(losses_ok, "AdamW step losses match");
+        expect(norms_ok, "AdamW step gradient norms match");
+        if (ref.steps > 1) expect(ref.losses[ref.steps - 1] < ref.losses[0], "reference loss decreases (sanity)");
+    } catch (const std::exception& e) {
+        std::printf("error: %s\n", e.what());
+        failures++;
+    }
+    std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
+    return failures == 0 ? 0 : 1;
+}

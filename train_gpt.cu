@@ -1,0 +1,414 @@
+// The CUDA trainer: GPT-2 on the GPU (llmc/gpt2_cuda.cuh: bf16 parameters and activations, fp32 gradients,
+// fp32 master weights in the optimizer, cuBLASLt matmuls), data-parallel over MPI ranks with one GPU each.
+// It is train_gpt_cpu.cpp with the model and the optimizer moved to the device: the same flags and config
+// files (llmc/config.h), data loader, LR schedule, metrics.jsonl lines, progress line and checkpoints (llm.c
+// fp32 model.bin + per-rank state with the same optimizer blobs), so a run can move between the two trainers.
+// One training step, top to bottom:
+//   every micro-step: next batch of this rank's data slice -> forward + backward on the GPU (grads accumulate)
+//   optimizer->step(params, local grads, lr)   <- the optimizer owns the exchange between ranks (NCCL)
+//   metrics (loss averaged over ranks, tok/s, bytes from the transport) -> progress line + metrics.jsonl
+//   every N steps: validation loss, a text sample, a checkpoint (model + every rank's state, atomic)
+//
+//   ./train_gpt --help                                  every flag, with defaults
+//   mpirun -np 8 ./train_gpt --optimizer adamw          8 GPUs, AdamW-DDP (NCCL all-reduce)
+// Environment knobs (GPU-only, not in the shared config schema): LLMC_STOCHASTIC_ROUNDING=0 rounds the bf16
+// parameters to nearest instead of stochastically; LLMC_GELU_FUSION=0/1 forces the cuBLASLt GELU epilogue
+// off/on (default: on for sm_90+).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "demo/traffic_report.h"
+#include "llmc/adamw.cuh"
+#include "llmc/checkpoint.h"
+#include "llmc/config.h"
+#include "llmc/cuda_common.cuh"
+#include "llmc/dataloader.h"
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+#include "llmc/gpt2_cpu.h"
+#include "llmc/gpt2_cuda.cuh"
+#include "llmc/metrics.h"
+#include "llmc/model_io.h"
+#include "llmc/optimizer_cuda.cuh"
+#include "llmc/rng.h"
+#include "llmc/schedule.h"
+#include "llmc/tokenizer.h"
+#include "llmc/transport_mpi.h"
+#include "llmc/transport_nccl.cuh"
+
+#ifndef LLMC_GIT_VERSION
+#define LLMC_GIT_VERSION "unknown"
+#endif
+
+namespace {
+
+using namespace llmc;
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+}
+
+bool env_flag(const char* name, bool default_value) {
+    const char* v = std::getenv(name);
+    return v ? std::atoi(v) != 0 : default_value;
+}
+
+// Every rank must run the same configuration: compare each rank's resolved config with rank 0's.
+void check_same_config_everywhere(Transport& transport, const std::string& config_json) {
+    std::vector<std::byte> all;
+    std::vector<size_t> offsets;
+    transport.allgather_bytes(std::as_bytes(std::span(config_json.data(), config_json.size())), all, offsets);
+    const auto text_of = [&](int r) {
+        return std::string(reinterpret_cast<const char*>(all.data()) + offsets[r], offsets[r + 1] - offsets[r]);
+    };
+    const auto reference = nlohmann::json::parse(text_of(0));
+    for (int r = 1; r < transport.world_size(); r++) {
+        const auto other = nlohmann::json::parse(text_of(r));
+        for (const auto& [key, value] : reference.items())
+            if (other[key] != value)
+                fail("rank " + std::to_string(r) + " was started with --" + key + "=" + other[key].dump() +
+                     " but rank 0 with " + value.dump() + " (every rank needs the same flags and config files)");
+    }
+    transport.reset_counters();
+}
+
+// ---- the optimizer hook ---------------------------------------------------------------------------------
+// --optimizer adamw: CudaAdamW (llmc/adamw.cuh).
+// --optimizer demo: plug the CUDA DeMo here. It implements llmc::DeviceOptimizer (llmc/optimizer_cuda.cuh):
+// step(params, local fp32 grads, lr) on device buffers, exchanging its compressed momentum through
+// `transport` (NcclTransport: allgather_bytes, or allgather_device to keep the buckets on the GPU), with the
+// same state blob as demo::DemoOptimizer so checkpoints move between trainers. Then replace the fail() with
+//   return std::make_unique<demo::CudaDemo>(cfg.optimizer_config(), layout, transport, env.stream);
+std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
+                                                       NcclTransport& transport, CudaEnv& env) {
+    if (cfg.optimizer == "demo")
+        fail("--optimizer demo is not available in the CUDA trainer yet (its CUDA kernels are still to be written); "
+             "run DeMo with train_gpt_cpu, or use --optimizer adamw here");
+    return std::make_unique<CudaAdamW>(cfg.optimizer_config(), layout, transport, env.stream,
+                                       env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
+}
+// ---------------------------------------------------------------------------------------------------------
+
+double evaluate(GPT2Cuda& model, DataLoader& loader, const TrainConfig& cfg, Transport& transport) {
+    const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
+    std::vector<int> x(n), y(n);
+    loader.reset();
+    double sum[1] = {0.0};
+    for (int i = 0; i < cfg.val_batches; i++) {
+        loader.next_batch(x, y);
+        sum[0] += model.forward(x.data(), y.data(), cfg.batch_size, cfg.seq_len);
+    }
+    transport.allreduce_sum(sum);
+    return sum[0] / (static_cast<double>(cfg.val_batches) * transport.world_size());
+}
+
+// Autoregressive sample from the end-of-text token, at temperature 1 (the CPU trainer's procedure).
+std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
+    std::vector<int> tokens = {tok.eot()};
+    std::string text;
+    const int max_len = std::min(cfg.seq_len, cfg.model.max_seq_len);
+    for (int i = 0; i < cfg.sample_tokens; i++) {
+        const size_t start = tokens.size() > static_cast<size_t>(max_len) ? tokens.size() - max_len : 0;
+        const int T = static_cast<int>(tokens.size() - start);
+        // Run a length that is a multiple of 8 (cuBLASLt-friendly attention shapes); causality makes the padding
+        // tokens after position T-1 irrelevant to its logits.
+        const int T_run = std::min(max_len, (T + 7) / 8 * 8);
+        std::vector<int> window(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
+        window.resize(T_run, tok.eot());
+        model.forward(window.data(), nullptr, 1, T_run);
+        const std::vector<float> logits = model.logits_row(static_cast<size_t>(T - 1));
+        float max_logit = logits[0];
+        for (int v = 1; v < cfg.model.vocab_size; v++) max_logit = std::max(max_logit, logits[v]);
+        double total = 0.0;
+        for (int v = 0; v < cfg.model.vocab_size; v++) total += std::exp(logits[v] - max_logit);
+        double coin = rng.uniform() * total, cdf = 0.0;
+        int next = cfg.model.vocab_size - 1;
+        for (int v = 0; v < cfg.model.vocab_size; v++) {
+            cdf += std::exp(logits[v] - max_logit);
+            if (coin < cdf) {
+                next = v;
+                break;
+            }
+        }
+        tokens.push_back(next);
+        text += tok.decode(next);
+    }
+    return text;
+}
+
+void write_run_record(const TrainConfig& cfg, int world, int grad_accum, const CudaEnv& env, const GPT2Cuda& model,
+                      int argc, char** argv) {
+    nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));
+    nlohmann::ordered_json run;
+    run["code_version"] = LLMC_GIT_VERSION;
+    run["trainer"] = "train_gpt";
+    run["world_size"] = world;
+    run["grad_accum_steps"] = grad_accum;
+    run["tokens_per_step"] = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world * grad_accum;
+    run["device"] = env.describe();
+    run["precision"] = kFloatXName;
+    run["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
+    run["gelu_fusion"] = model.gelu_fusion();
+    std::vector<std::string> args(argv, argv + argc);
+    run["argv"] = args;
+    record["_run"] = run;
+    const std::string text = record.dump(2) + "\n";
+    write_file_atomic(cfg.out_dir + "/config.json", std::as_bytes(std::span(text.data(), text.size())));
+}
+
+std::vector<float> download_master(DeviceOptimizer& optimizer, size_t n) {
+    std::vector<float> host(n);
+    CUDA_CHECK(cudaMemcpy(host.data(), optimizer.master_weights(), n * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+void save_checkpoint(const TrainConfig& cfg, Transport& transport, GPT2Cuda& model, DeviceOptimizer& optimizer,
+                     TrainingState state) {
+    const std::string dir = checkpoint_dir(cfg.out_dir, state.step);
+    if (transport.rank() == 0) make_dirs(dir);
+    transport.barrier();
+    if (transport.rank() == 0) {
+        // The fp32 master weights: the checkpoint is the same llm.c fp32 file the CPU trainer writes.
+        const std::vector<float> weights = download_master(optimizer, model.num_params());
+        save_model(model_path(dir), cfg.model, weights);
+    }
+    ByteWriter opt_state;
+    optimizer.save_state(opt_state);
+    state.optimizer_state = std::move(opt_state.bytes());
+    write_training_state(state_path(dir, transport.rank()), state);
+    transport.barrier();  // every rank's files are in place before the marker says so
+    if (transport.rank() == 0) {
+        mark_checkpoint_complete({dir, state.step, transport.world_size(), cfg.optimizer});
+        prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
+        std::printf("saved checkpoint %s\n", dir.c_str());
+    }
+}
+
+int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
+    const int rank = world_transport.rank(), world = world_transport.world_size();
+    const bool main_rank = rank == 0;
+
+    // Batch geometry: total_batch_size tokens per step = B * T * world * grad_accum.
+    const int64_t tokens_per_micro = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * world;
+    if (cfg.total_batch_size == 0) cfg.total_batch_size = tokens_per_micro;
+    if (cfg.total_batch_size % tokens_per_micro != 0)
+        fail("--total_batch_size " + std::to_string(cfg.total_batch_size) +
+             " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) + "*" +
+             std::to_string(cfg.seq_len) + "*" + std::to_string(world) + " = " + std::to_string(tokens_per_micro));
+    const int grad_accum = static_cast<int>(cfg.total_batch_size / tokens_per_micro);
+    const std::string config_json = config_to_json(cfg, -1);
+    check_same_config_everywhere(world_transport, config_json);
+
+    const ParamLayout layout = ParamLayout::gpt2(cfg.model);
+    if (cfg.dry_run) {
+        if (main_rank) {
+            std::printf("%s\n", config_to_json(cfg).c_str());
+            // (keep in step with train_gpt_cpu.cpp's --dry_run report)
+            demo::TrafficOptions options;
+            options.world_size = world;
+            options.chunk = cfg.demo_chunk;
+            demo::print_traffic_report(std::cout, "traffic per rank per step, " + cfg.model.describe(),
+                                       demo::gpt2_shapes(cfg.model), options);
+        }
+        return 0;
+    }
+    if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
+
+    // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all).
+    CudaEnv env(local_device_index(rank));
+    NcclTransport transport(world_transport, env.stream);
+    GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env);
+    std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env);
+    DataLoader train_loader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
+                            cfg.model.vocab_size);
+    std::unique_ptr<DataLoader> val_loader;
+    if (!cfg.val_data.empty() && cfg.val_batches > 0)
+        val_loader = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
+                                                  cfg.seed, cfg.model.vocab_size);
+    std::unique_ptr<TokenizerDecoder> tokenizer;
+    if (cfg.sample_every > 0 && main_rank) tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
+
+    // Starting point: a checkpoint, an llm.c model file, or a fresh seeded init (identical on every rank and
+    // to the CPU trainer's, which draws it).
+    TrainingState state;
+    state.world_size = world;
+    state.rank = rank;
+    state.config_json = config_json;
+    Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
+    std::vector<float> weights(layout.num_params);
+    std::optional<CheckpointInfo> resume;
+    if (cfg.resume == "auto") resume = find_latest_checkpoint(cfg.out_dir);
+    else if (!cfg.resume.empty()) resume = read_checkpoint_info(cfg.resume);
+    if (resume) {
+        load_model(model_path(resume->dir), cfg.model, weights);
+        if (resume->world_size != world) {
+            if (!cfg.reset_momentum)
+                fail(resume->dir + ": checkpoint was written by " + std::to_string(resume->world_size) +
+                     " ranks but this run has " + std::to_string(world) +
+                     "; resume with the same number of ranks, or pass --reset_momentum to keep "
+                     "the weights and step and start the optimizer state afresh");
+            // Optimizer state is per rank and cannot be re-dealt; keep weights, step and tokens seen, and
+            // continue the data stream from the same number of consumed window groups.
+            const TrainingState old = read_training_state(state_path(resume->dir, 0));
+            check_resume_compatible(state_path(resume->dir, 0), old.config_json, config_json, {"total_batch_size"});
+            state.step = old.step;
+            state.tokens = old.tokens;
+            const uint64_t groups_done = static_cast<uint64_t>(old.tokens) / tokens_per_micro;
+            DataPosition p;
+            p.epoch = groups_done / train_loader.groups_per_epoch();
+            train_loader.set_position(p);
+            std::vector<int> skip_x(cfg.batch_size * cfg.seq_len), skip_y(skip_x.size());
+            for (uint64_t g = 0; g < groups_done % train_loader.groups_per_epoch(); g++) train_loader.next_batch(skip_x, skip_y);
+            if (main_rank) std::printf("resumed weights from %s (step %lld) with a fresh optimizer state\n",
+                                       resume->dir.c_str(), static_cast<long long>(state.step));
+        } else {
+            const std::string path = state_path(resume->dir, rank);
+            TrainingState saved = read_training_state(path);
+            check_resume_compatible(path, saved.config_json, config_json);
+            ByteReader reader(saved.optimizer_state, path);
+            optimizer->load_state(reader);
+            train_loader.set_position(saved.data);
+            sample_rng.set_state(saved.sample_rng);
+            state.step = saved.step;
+            state.tokens = saved.tokens;
+            state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
+            if (main_rank) std::printf("resumed from %s at step %lld\n", resume->dir.c_str(), static_cast<long long>(state.step));
+        }
+    } else if (!cfg.init_from.empty()) {
+        load_model(cfg.init_from, cfg.model, weights);
+    } else {
+        GPT2Cpu init(cfg.model);  // the CPU trainer's seeded init, bit for bit
+        init.init_random(static_cast<uint64_t>(cfg.seed));
+        const auto p = init.params();
+        std::copy(p.begin(), p.end(), weights.begin());
+    }
+    // fp32 weights -> device (through the gradient buffer, which is fp32 and the same size) -> master + params
+    CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
+    optimizer->set_weights(model.grads(), model.params());
+    model.zero_grad();
+    weights = std::vector<float>();
+
+    std::unique_ptr<MetricsLog> log;
+    if (main_rank) {
+        make_dirs(cfg.out_dir);
+        write_run_record(cfg, world, grad_accum, env, model, argc, argv);
+        log = std::make_unique<MetricsLog>(cfg.out_dir, resume ? static_cast<int>(state.step) : -1);
+        std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
+                    layout.num_params / 1e6, cfg.optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
+        std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
+                    "%llu groups/epoch | activations %.0f MiB\n",
+                    cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),
+                    static_cast<unsigned long long>(train_loader.total_tokens()),
+                    static_cast<unsigned long long>(train_loader.groups_per_epoch()), model.activation_bytes() / 1048576.0);
+    }
+
+    const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
+    const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
+    std::vector<int> inputs(n), targets(n);
+    double session_seconds = 0.0;
+    int session_steps = 0;
+    const int start_step = static_cast<int>(state.step);
+    for (int step = start_step; step < cfg.steps; step++) {
+        const auto t0 = Clock::now();
+        transport.reset_counters();
+        model.zero_grad();
+        double loss = 0.0;
+        for (int micro = 0; micro < grad_accum; micro++) {
+            train_loader.next_batch(inputs, targets);
+            loss += model.forward_backward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len,
+                                           1.0f / static_cast<float>(grad_accum));
+        }
+        loss /= grad_accum;
+        const float lr = schedule.at(step);
+        const StepResult result = optimizer->step(model.params(), model.grads(), lr);
+        model.zero_padded_vocab_rows(optimizer->master_weights());
+        double reduced[2] = {loss, result.grad_norm};
+        transport.allreduce_sum(reduced);
+        env.sync();
+        const auto t1 = Clock::now();
+
+        state.step = step + 1;
+        state.tokens += cfg.total_batch_size;
+        state.cumulative_bytes_sent += static_cast<int64_t>(transport.counters().bytes_sent);
+        StepMetrics m;
+        m.step = step + 1;
+        m.total_steps = cfg.steps;
+        m.loss = reduced[0] / world;
+        m.lr = lr;
+        m.grad_norm = reduced[1] / world;
+        m.step_seconds = seconds_between(t0, t1);
+        m.comm = transport.counters();
+        m.comm_seconds = m.comm.seconds;
+        m.compute_seconds = m.step_seconds - m.comm_seconds;
+        m.tokens = state.tokens;
+        m.tokens_per_second = cfg.total_batch_size / m.step_seconds;
+        m.cumulative_bytes_sent = state.cumulative_bytes_sent;
+        m.optimizer = result.seconds;
+        // The first step of a session pays for cuBLASLt heuristics and warm-up; leave it out of the ETA.
+        if (step > start_step || cfg.steps - start_step == 1) {
+            session_seconds += m.step_seconds;
+            session_steps++;
+        }
+        m.eta_seconds = session_steps ? session_seconds / session_steps * (cfg.steps - step - 1) : 0.0;
+        if (main_rank) {
+            log->log_step(m);
+            if ((step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps) {
+                std::printf("%s\n", format_progress(m).c_str());
+                std::fflush(stdout);
+            }
+        }
+
+        const bool last = step + 1 == cfg.steps;
+        if (val_loader && (last || (cfg.val_every > 0 && (step + 1) % cfg.val_every == 0))) {
+            const double val_loss = evaluate(model, *val_loader, cfg, transport);
+            if (main_rank) {
+                log->log_val(step + 1, val_loss, state.tokens);
+                std::printf("step %d: val loss %.4f\n", step + 1, val_loss);
+            }
+        }
+        if (tokenizer && (cfg.sample_every > 0 && ((step + 1) % cfg.sample_every == 0 || last))) {
+            const std::string text = sample_text(model, cfg, *tokenizer, sample_rng);
+            log->log_sample(step + 1, text);
+            std::printf("sample at step %d:\n%s\n---\n", step + 1, text.c_str());
+        }
+        if (last || (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0)) {
+            state.data = train_loader.position();
+            state.sample_rng = sample_rng.state();
+            save_checkpoint(cfg, transport, model, *optimizer, state);
+        }
+    }
+    if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::unique_ptr<llmc::Transport> transport;
+    try {
+        transport = llmc::make_world_transport(&argc, &argv);
+        llmc::TrainConfig cfg;
+        if (!llmc::parse_command_line(argc - 1, argv + 1, cfg, "train_gpt")) return 0;
+        return train(cfg, *transport, argc, argv);
+    } catch (const std::exception& e) {
+        const bool user_error = dynamic_cast<const llmc::Error*>(&e) != nullptr;
+        const bool multi_rank = transport && transport->world_size() > 1;
+        const std::string where = multi_rank ? " (rank " + std::to_string(transport->rank()) + ")" : "";
+        std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
+        std::fflush(stderr);
+        // With several ranks, leave without MPI_Finalize (which could wait for ranks blocked in a collective):
+        // mpirun then ends the whole job, and ranks that hit the same error still get to say so.
+        if (multi_rank) std::_Exit(1);
+        return 1;
+    }
+}
