@@ -1,0 +1,92 @@
+// DeMo (Decoupled Momentum Optimization) on the CPU: each rank keeps its own momentum, sends only the top-k
+// DCT coefficients of every chunk of it in one bucket, and all ranks apply sign(decode(mean of what was
+// sent)). Follows shared/reference/demo-algorithm.md exactly in its default mode; the options (EMA momentum,
+// feedback strength alpha, bf16/sign values, 12-bit indices) are the later variants listed there.
+//
+// The step is split into compress() (this rank: weight decay, momentum, encode, top-k, quantize, error
+// feedback, pack) and apply() (all ranks' buckets: scatter-mean, sparse inverse DCT, sign, update) so tests
+// and benchmarks can simulate several ranks in one process; step() chains them with the transport.
+//
+// Determinism: block rows and chunks are independent and each is processed by one thread in a fixed order,
+// every sgemm runs in its calling thread, and the scatter-mean sums ranks in rank order, so the same inputs and thread
+// count give bit-identical parameters and momentum. Top-k ties (equal |E|) go to the lower chunk-local index.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "demo/chunk_plan.h"
+#include "demo/codec.h"
+#include "demo/dct.h"
+#include "llmc/optimizer.h"
+
+namespace demo {
+
+// Per-thread scratch of select_topk (grows on first use).
+struct TopkScratch {
+    std::vector<uint32_t> keys;        // |value| as ordered integer keys
+    std::vector<uint32_t> candidates;  // indices at or above the threshold found by the search
+};
+
+// Indices of the k largest |values[i]| (k <= values.size()), written to out[0..k) in ascending index order.
+// Ties in magnitude go to the lower index, so the selected SET is unique. Linear time: a binary search over
+// the magnitude keys with vectorized counting passes narrows the candidates to about k, and only those are
+// partially sorted.
+void select_topk(std::span<const float> values, size_t k, uint32_t* out, TopkScratch& scratch);
+
+class DemoOptimizer final : public llmc::Optimizer {
+public:
+    // Validates the options (one-line llmc::Error naming --demo_topk, --demo_chunk, --demo_decay,
+    // --demo_alpha, --weight_decay or --demo_indices) and plans every tensor of the layout.
+    DemoOptimizer(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& transport);
+
+    std::string_view name() const override { return "demo"; }
+
+    // clip_grad_norm on the LOCAL gradient (config.grad_clip), compress, all-gather the buckets, apply.
+    llmc::StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
+
+    // This rank's half of the step: decoupled weight decay on the tensors in config.decay_groups, momentum
+    // update, block DCT, per-chunk top-k, value quantization, error feedback with the dequantized values,
+    // and packing into `bucket`. Adds to timings.transform and timings.topk.
+    void compress(std::span<float> params, std::span<const float> grads, float lr, std::vector<std::byte>& bucket,
+                  llmc::StepTimings& timings);
+
+    // Every rank's half: all_buckets holds the ranks' buckets back to back, rank r's in
+    // [offsets[r], offsets[r+1]). Per coefficient, the mean over the ranks that selected it (0 where none
+    // did), inverse DCT, sign (sign(0) = 0), params -= lr * sign. Adds to timings.apply.
+    void apply(std::span<const std::byte> all_buckets, std::span<const size_t> offsets, std::span<float> params,
+               float lr, llmc::StepTimings& timings);
+
+    void save_state(llmc::ByteWriter& out) const override;
+    void load_state(llmc::ByteReader& in) override;
+
+    std::span<const float> momentum() const { return momentum_; }
+    const ModelPlan& plan() const { return plan_; }
+    WireFormat wire_format() const { return format_; }
+    size_t bucket_bytes() const { return demo::bucket_bytes(plan_, format_); }
+
+private:
+    void check_buffers(size_t params, size_t grads, const char* what) const;
+
+    llmc::OptimizerConfig config_;
+    llmc::Transport& transport_;
+    ModelPlan plan_;
+    WireFormat format_;
+    std::vector<uint8_t> decays_;  // per tensor: weight decay applies (config.decay_groups)
+    DctBases bases_;
+    struct BlockRow {
+        size_t tensor, row;  // block row `row` (tensor rows [row*n1, (row+1)*n1)) of plan_.tensors[tensor]
+    };
+    std::vector<BlockRow> block_rows_;  // compress()'s work items, all tensors in order
+    size_t max_block_row_ = 0, max_block_row_scratch_ = 0;  // per-thread scratch sizes (floats)
+    std::vector<float> momentum_;  // delta, laid out like the parameters
+    Selection selection_;          // what this rank sends this step
+    std::vector<Selection> received_;  // apply(): every rank's decoded bucket
+    std::vector<std::byte> bucket_;    // step(): this rank's bucket
+    std::vector<std::byte> gathered_;  // step(): all ranks' buckets
+    std::vector<size_t> offsets_;
+};
+
+}  // namespace demo

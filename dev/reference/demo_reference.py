@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""Independent DeMo reference for testing the C++ optimizer (demo/demo_optimizer.cpp).
+
+Follows the reference step of shared/reference/demo-algorithm.md literally, with dense float32 torch tensors:
+explicit DCT-II basis matrices (built in float64, stored float32), top-k by a stable sort of -|E| (ties: lower
+index first, the C++ rule), an all-gather modelled as the list of every rank's (idx, val), the scatter-mean as
+a dense sum and a dense count (mean over the ranks that selected a coefficient, 0 where none did), and sign.
+N ranks are simulated in one process; every rank applies the same gathered update, so the parameters are
+kept once. Written from the document, sharing no code with the C++ side.
+
+Usage: demo_reference.py CASE [CASE ...]   (reads CASE.json and CASE.bin, writes CASE.out)
+  CASE.json: {"ranks", "steps", "shapes", "lr": [per step], "weight_decay", "decay_groups": "all"|"matrices",
+              "grad_clip" (<= 0: off), "decay", "topk", "chunk", "momentum": "lr_scaled"|"ema",
+              "alpha", "values": "fp32"|"bf16"|"sign"}
+  CASE.bin:  float32 initial parameters (all tensors flat, in order), then for each step, for each rank,
+             that rank's gradient (same layout).
+  CASE.out:  for each step: parameters after the step, the pre-sign update decode(G), then each rank's
+             momentum; all float32 in the parameter layout.
+"""
+import json
+import math
+import sys
+
+import numpy as np
+import torch
+
+
+def chunk_length(size, chunk):
+    if size <= chunk:
+        return size
+    for n in range(chunk, 1, -1):
+        if size % n == 0:
+            return n
+    return 1
+
+
+def dct_basis(n):
+    k = np.arange(n, dtype=np.float64)[:, None]
+    i = np.arange(n, dtype=np.float64)[None, :]
+    scale = np.where(k == 0, math.sqrt(1.0 / n), math.sqrt(2.0 / n))
+    return torch.from_numpy((scale * np.cos(math.pi * (2 * i + 1) * k / (2 * n))).astype(np.float32))
+
+
+class Chunking:
+    """A tensor seen as [rows, cols] (1-D: [1, S]; more dims: leading ones flattened) cut into n1 x n2 blocks."""
+
+    def __init__(self, shape, chunk, topk):
+        if len(shape) == 1:
+            self.rows, self.cols, self.n1 = 1, shape[0], 1
+        else:
+            self.rows, self.cols = int(np.prod(shape[:-1])), shape[-1]
+            self.n1 = chunk_length(self.rows, chunk)
+        self.n2 = chunk_length(self.cols, chunk)
+        self.k = max(1, min(topk, self.n1 * self.n2))
+        self.c1, self.c2 = dct_basis(self.n1), dct_basis(self.n2)
+
+    def to_chunks(self, x):  # [rows*cols] -> [chunks, n1*n2], chunk order row-major over blocks
+        br, bc = self.rows // self.n1, self.cols // self.n2
+        return x.reshape(br, self.n1, bc, self.n2).permute(0, 2, 1, 3).reshape(br * bc, self.n1 * self.n2)
+
+    def from_chunks(self, c):
+        br, bc = self.rows // self.n1, self.cols // self.n2
+        return c.reshape(br, bc, self.n1, self.n2).permute(0, 2, 1, 3).reshape(-1)
+
+    def encode(self, x):  # E = C1 X C2^T per block
+        blocks = self.to_chunks(x).reshape(-1, self.n1, self.n2)
+        return (self.c1 @ blocks @ self.c2.T).reshape(-1, self.n1 * self.n2)
+
+    def decode(self, e):  # X = C1^T E C2 per block
+        blocks = e.reshape(-1, self.n1, self.n2)
+        return self.from_chunks((self.c1.T @ blocks @ self.c2).reshape(-1, self.n1 * self.n2))
+
+
+def quantize(vals, encoding):
+    if encoding == "fp32":
+        return vals
+    if encoding == "bf16":
+        return vals.to(torch.bfloat16).to(torch.float32)  # round to nearest even
+    if encoding == "sign":
+        scale = vals.abs().mean(dim=1, keepdim=True)
+        signed = torch.where(vals < 0, -scale, scale)
+        return torch.where(scale == 0, torch.zeros_like(signed), signed)
+    raise ValueError(encoding)
+
+
+def run_case(case_json, case_bin, out_bin):
+    with open(case_json) as f:
+        cfg = json.load(f)
+    shapes = [tuple(s) for s in cfg["shapes"]]
+    numels = [int(np.prod(s)) for s in shapes]
+    total = sum(numels)
+    ranks, steps = cfg["ranks"], cfg["steps"]
+    data = np.fromfile(case_bin, dtype=np.float32)
+    assert data.size == total * (1 + steps * ranks), "case file size does not match its description"
+
+    def split(flat):
+        out, pos = [], 0
+        for n in numels:
+            out.append(flat[pos:pos + n].clone())
+            pos += n
+        return out
+
+    params = split(torch.from_numpy(data[:total].copy()))
+    chunkings = [Chunking(s, cfg["chunk"], cfg["topk"]) for s in shapes]
+    momentum = [[torch.zeros(n, dtype=torch.float32) for n in numels] for _ in range(ranks)]
+    wd, decay, alpha = cfg["weight_decay"], cfg["decay"], cfg["alpha"]
+    outputs = []
+    for step in range(steps):
+        lr = cfg["lr"][step]
+        gathered = [[] for _ in shapes]  # per tensor: every rank's (idx, val)
+        for r in range(ranks):
+            start = total * (1 + step * ranks + r)
+            grads = split(torch.from_numpy(data[start:start + total].copy()))
+            if cfg["grad_clip"] > 0:  # clip the LOCAL gradient, as torch.nn.utils.clip_grad_norm_ does
+                norm = torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0)
+                coef = torch.clamp(cfg["grad_clip"] / (norm + 1e-6), max=1.0)
+                for g in grads:
+                    g.mul_(coef)
+            for t, (ch, g) in enumerate(zip(chunkings, grads)):
+                if r == 0 and wd != 0 and (cfg["decay_groups"] == "all" or len(shapes[t]) == 2):
+                    params[t].mul_(1 - lr * wd)  # every rank decays its identical copy; kept once here
+                delta = momentum[r][t]
+                delta.mul_(decay).add_(g, alpha=(lr if cfg["momentum"] == "lr_scaled" else 1 - decay))
+                e = ch.encode(delta)
+                order = torch.sort(-e.abs(), dim=1, stable=True).indices  # ties: lower index first
+                idx = order[:, :ch.k]
+                val = quantize(torch.gather(e, 1, idx), cfg["values"])
+                sent = torch.zeros_like(e).scatter_(1, idx, val)
+                if alpha == 1.0:
+                    delta.sub_(ch.decode(sent))
+                else:
+                    delta.sub_(alpha * ch.decode(sent))
+                gathered[t].append((idx, val))
+        presign = []
+        for t, ch in enumerate(chunkings):
+            nchunks = (ch.rows // ch.n1) * (ch.cols // ch.n2)
+            total_val = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
+            count = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
+            for idx, val in gathered[t]:  # rank order
+                total_val.scatter_add_(1, idx, val)
+                count.scatter_add_(1, idx, torch.ones_like(val))
+            mean = torch.where(count > 0, total_val / count.clamp(min=1), torch.zeros_like(total_val))
+            u = ch.decode(mean)
+            presign.append(u)
+            params[t].add_(torch.sign(u), alpha=-lr)
+        outputs.append(torch.cat(params))
+        outputs.append(torch.cat(presign))
+        for r in range(ranks):
+            outputs.append(torch.cat(momentum[r]))
+    torch.cat(outputs).numpy().astype(np.float32).tofile(out_bin)
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for case in sys.argv[1:]:  # one process for every case: torch imports once
+        run_case(case + ".json", case + ".bin", case + ".out")
+
+
+if __name__ == "__main__":
+    main()

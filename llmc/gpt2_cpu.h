@@ -1,0 +1,103 @@
+// The GPT-2 model on the CPU in fp32: llm.c's architecture exactly (learned positions, pre-LayerNorm blocks,
+// causal self-attention, tanh-GELU MLP of 4C, final LayerNorm, the token embedding reused as the classifier
+// over the padded vocabulary; the loss only sees the first vocab_size logits). Matmuls go through OpenBLAS,
+// everything else is OpenMP loops whose reductions run in a fixed order, so the same inputs and thread count
+// give bit-identical outputs. Parameters and gradients are flat buffers in ParamLayout::gpt2 order, which is
+// the checkpoint order, so the optimizers and model_io see them as they are. Activations (and backward's
+// scratch) are one allocation made by the first forward and grown only when a later (B, T) needs more.
+// While forward/backward run, OpenBLAS is set to one thread (they split each matmul over OpenMP threads
+// themselves); its previous thread count is restored when they return.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "llmc/gpt2_layout.h"
+
+namespace llmc {
+
+class GPT2Cpu {
+public:
+    explicit GPT2Cpu(const ModelConfig& config);
+
+    const ParamLayout& layout() const { return layout_; }
+    std::span<float> params() { return params_; }
+    std::span<float> grads() { return grads_; }
+
+    // GPT-2 init: matrices and embeddings normal(0, 0.02), the two residual projections (attn.c_proj,
+    // mlp.c_proj) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 / bias 0, padded wte rows 0.
+    // Each 64Ki-element block of each tensor draws from its own Rng seeded from (seed, tensor, block), so
+    // the result does not depend on the thread count.
+    void init_random(uint64_t seed);
+
+    // Runs the model on B sequences of T tokens (inputs and targets are B*T row-major token ids). Returns
+    // the mean cross-entropy over the B*T positions, or 0 when targets is null. Throws llmc::Error for
+    // T > max_seq_len or a token id outside [0, vocab_size).
+    float forward(const int* inputs, const int* targets, int B, int T);
+
+    void zero_grad();
+
+    // Adds the gradient of loss_scale * (mean loss of the last forward) into grads(), so micro-batches
+    // accumulate (pass 1/steps as loss_scale). Needs a preceding forward() with targets.
+    void backward(float loss_scale = 1.0f);
+
+    // (B, T, padded_vocab_size) logits of the last forward.
+    std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }
+
+    void zero_padded_vocab_rows();
+
+private:
+    // Pointers to the per-kind blocks of a flat parameter (or gradient) buffer.
+    struct Weights {
+        float *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
+            *fcprojb, *lnfw, *lnfb;
+    };
+    // Views into the single activation allocation. Per-layer tensors hold all L layers back to back.
+    // The d* buffers are backward scratch reused by every layer.
+    struct Activations {
+        float *encoded;                              // (N, C)  token + position embedding
+        float *ln1, *ln1_mean, *ln1_rstd;            // (L, N, C), (L, N), (L, N)
+        float *qkv;                                  // (L, N, 3C)
+        float *att;                                  // (L, B, H, T, T) softmax probabilities (causal part)
+        float *atty;                                 // (L, N, C) attention output before the projection
+        float *residual2;                            // (L, N, C) residual after attention
+        float *ln2, *ln2_mean, *ln2_rstd;            // (L, N, C), (L, N), (L, N)
+        float *fch, *fch_gelu;                       // (L, N, 4C) MLP hidden before / after GELU
+        float *residual3;                            // (L, N, C) residual after the MLP
+        float *lnf, *lnf_mean, *lnf_rstd;            // (N, C), (N), (N)
+        float *logits;                               // (N, Vp)
+        float *logsumexp;                            // (N) per row, over the first V logits
+        float *losses;                               // (N)
+        float *dlogits;                              // (N, Vp)
+        float *dresidual;                            // (N, C) gradient flowing down the residual stream
+        float *dln;                                  // (N, C) gradient of a LayerNorm output
+        float *datty;                                // (N, C)
+        float *dqkv;                                 // (N, 3C)
+        float *dfch;                                 // (N, 4C)
+        float *datt_row;                             // (B, H, T) one softmax-gradient row per (b, h) task
+    };
+    struct FreeDeleter {
+        void operator()(float* p) const { std::free(p); }
+    };
+
+    static Weights point_weights(const ParamLayout& layout, float* base);
+    void prepare_activations(int B, int T);
+
+    ModelConfig config_;
+    ParamLayout layout_;
+    std::vector<float> params_, grads_;
+    Weights weights_{}, weight_grads_{};
+
+    std::unique_ptr<float[], FreeDeleter> act_memory_;
+    size_t act_capacity_ = 0;  // floats in act_memory_
+    Activations acts_{};
+    int batch_ = 0, seq_len_ = 0;
+    size_t num_tokens_ = 0;  // batch_ * seq_len_
+    std::vector<int> inputs_, targets_;
+    bool have_targets_ = false;
+};
+
+}  // namespace llmc

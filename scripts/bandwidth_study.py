@@ -1,0 +1,448 @@
+#!/usr/bin/python3
+"""Bandwidth study: wall-clock time-to-loss of DeMo vs AdamW-DDP over slow links on emulated hosts.
+
+For every link rate (--rates) and optimizer setting (--settings), trains the same small GPT-2 on the same
+data, seed and token budget across --hosts emulated hosts (scripts/bandwidth_lab.sh: one network namespace
+per host, tbf-limited links both ways, one MPI rank per host), each run in STUDY/<rate>/<setting>/. Then,
+per rate, it writes STUDY/<rate>/table.md (time to a target val loss, steps/s, MB/step per rank, share of
+step time spent communicating, interface-measured vs counted bytes) and STUDY/<rate>/loss_vs_time.png (val
+and train loss vs wall-clock seconds), and runs scripts/compare_runs.py on the rate's runs (plots in
+STUDY/<rate>/compare/). STUDY/summary.md collects the tables, STUDY/study.json every number and command.
+
+Wall-clock is the sum of the trainer's step_ms (what compare_runs.py uses): validation, checkpoints and
+process start are left out, so every setting is timed on its training steps alone. The full wall time of
+each lab invocation is in the tables too ("run wall s").
+
+  /usr/bin/python3 scripts/bandwidth_study.py --rates 100mbit 1gbit              # the full study (~1 h)
+  /usr/bin/python3 scripts/bandwidth_study.py --rates 100mbit --steps 10 --settings adamw_fp32 demo_k32_fp32
+  /usr/bin/python3 scripts/bandwidth_study.py --dry-run                           # print the commands
+
+Settings are names: adamw_fp32, adamw_bf16 (AdamW-DDP with fp32 / bf16 gradients on the wire: --grad_wire)
+and demo_k<TOPK>_<fp32|bf16|sign> (DeMo with --demo_topk TOPK --demo_values ...). `--settings all` is the
+eleven of topk 32, 8, 1 x fp32, bf16, sign plus both AdamW. Needs root (network namespaces); see
+docs/BANDWIDTH.md.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAB = os.path.join(REPO, "scripts", "bandwidth_lab.sh")
+COMPARE = os.path.join(REPO, "scripts", "compare_runs.py")
+
+DEFAULT_SETTINGS = ["adamw_fp32", "adamw_bf16", "demo_k32_fp32", "demo_k32_bf16", "demo_k32_sign",
+                    "demo_k8_bf16", "demo_k8_sign", "demo_k1_bf16"]
+ALL_SETTINGS = ["adamw_fp32", "adamw_bf16"] + [f"demo_k{k}_{v}" for k in (32, 8, 1) for v in ("fp32", "bf16", "sign")]
+
+
+class UserError(Exception):
+    """A problem with the arguments or the environment: one line, exit status 2."""
+
+
+def setting_flags(name, args):
+    """Trainer flags of a setting name (and raises UserError for an unknown one)."""
+    m = re.fullmatch(r"adamw_(fp32|bf16)", name)
+    if m:
+        flags = ["--optimizer", "adamw", "--lr", f"{args.lr_adamw:g}", "--weight_decay", f"{args.wd_adamw:g}"]
+        if m.group(1) == "bf16" or args.always_grad_wire:
+            flags += ["--grad_wire", m.group(1)]
+        return flags
+    m = re.fullmatch(r"demo_k(\d+)_(fp32|bf16|sign)", name)
+    if m:
+        return ["--optimizer", "demo", "--demo_topk", m.group(1), "--demo_values", m.group(2),
+                "--lr", f"{args.lr_demo:g}", "--weight_decay", f"{args.wd_demo:g}"]
+    raise UserError(f"unknown setting '{name}' (adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>)")
+
+
+def label_of(name):
+    m = re.fullmatch(r"demo_k(\d+)_(\w+)", name)
+    if m:
+        return f"DeMo k={m.group(1)} {m.group(2)}"
+    return "AdamW-DDP " + name.split("_", 1)[1]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="bandwidth_study.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"], metavar="RATE",
+                   help="link rates, as bandwidth_lab.sh takes them (10mbit, 100mbit, 1gbit, none) [100mbit 1gbit]")
+    p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, metavar="NAME",
+                   help="optimizer settings, or 'all' [%(default)s]")
+    p.add_argument("--hosts", type=int, default=4, help="emulated hosts, one rank each [4]")
+    p.add_argument("--out", default=os.path.join(REPO, "runs", "bandwidth_study"), help="study folder [runs/bandwidth_study]")
+    p.add_argument("--model-config", default=os.path.join(REPO, "configs", "tiny.json"),
+                   help="JSON config of the model shape [configs/tiny.json]")
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps (the same token budget for every run) [200]")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per rank per step [4]")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence [64]")
+    p.add_argument("--lr-adamw", type=float, default=2e-3, help="AdamW peak learning rate [2e-3]")
+    p.add_argument("--lr-demo", type=float, default=2e-3, help="DeMo peak learning rate [2e-3]")
+    p.add_argument("--wd-adamw", type=float, default=0.1, help="AdamW weight decay [0.1]")
+    p.add_argument("--wd-demo", type=float, default=0.0, help="DeMo weight decay [0, as scripts/run_experiment.sh]")
+    p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps [20]")
+    p.add_argument("--val-every", type=int, default=20, help="validation every N steps [20]")
+    p.add_argument("--val-batches", type=int, default=8, help="validation batches per rank [8]")
+    p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank [1: 4 ranks share 2 cores]")
+    p.add_argument("--seed", type=int, default=1337, help="seed of init and data order, the same for all runs [1337]")
+    p.add_argument("--train-data", help="glob of train shards [the trainer's default: data/default]")
+    p.add_argument("--val-data", help="glob of val shards [the trainer's default: data/default]")
+    p.add_argument("--trainer", default=os.path.join(REPO, "train_gpt_cpu"), help="trainer binary [./train_gpt_cpu]")
+    p.add_argument("--trainer-flags", default="", metavar="'FLAGS'", help="extra trainer flags, one shell-quoted string")
+    p.add_argument("--target-val-loss", type=float,
+                   help="target of the time-to-loss columns [per rate: the worst final val loss of its runs]")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped [1800]")
+    p.add_argument("--skip-done", action="store_true",
+                   help="keep runs whose folder already holds a finished run (metrics up to --steps and iface.json)")
+    p.add_argument("--always-grad-wire", action="store_true",
+                   help="pass --grad_wire fp32 to AdamW fp32 runs too (by default only bf16 passes the flag)")
+    p.add_argument("--no-compare", action="store_true", help="do not run scripts/compare_runs.py")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    args = p.parse_args(argv)
+    if args.settings == ["all"]:
+        args.settings = list(ALL_SETTINGS)
+    for name, value in (("--hosts", args.hosts), ("--steps", args.steps), ("--batch-size", args.batch_size),
+                        ("--seq-len", args.seq_len), ("--threads", args.threads)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1")
+    if len(set(args.settings)) != len(args.settings):
+        raise UserError("--settings lists a name twice")
+    for rate in args.rates:
+        if not re.fullmatch(r"none|\d+(\.\d+)?[kmgt]?bit", rate, re.I):
+            raise UserError(f"--rates: '{rate}' is not like 10mbit, 100mbit, 1gbit or none")
+    args.out = os.path.abspath(args.out)
+    return args
+
+
+def trainer_flags(args, setting, out_dir):
+    flags = ["--config", args.model_config, "--batch_size", str(args.batch_size), "--seq_len", str(args.seq_len),
+             "--steps", str(args.steps), "--warmup_steps", str(args.warmup_steps), "--val_every", str(args.val_every),
+             "--val_batches", str(args.val_batches), "--sample_every", "0", "--checkpoint_every", "0",
+             "--keep_checkpoints", "1", "--threads", str(args.threads), "--seed", str(args.seed),
+             "--log_every", "10", "--out_dir", out_dir]
+    if args.train_data:
+        flags += ["--train_data", args.train_data]
+    if args.val_data:
+        flags += ["--val_data", args.val_data]
+    return flags + setting_flags(setting, args) + shlex.split(args.trainer_flags)
+
+
+def lab_command(args, rate, setting, out_dir):
+    return (["bash", LAB, "--hosts", str(args.hosts), "--rate", rate, "--quiet",
+             "--iface-json", os.path.join(out_dir, "iface.json"), "--", "lab-mpirun", "-np", str(args.hosts),
+             args.trainer] + trainer_flags(args, setting, out_dir))
+
+
+# ---- reading a run ----------------------------------------------------------------------------------------
+
+def read_run(out_dir):
+    """Train and val records of a run folder (last line per step wins; a torn last line is skipped)."""
+    train, val = {}, {}
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("type") == "train":
+                train[int(r["step"])] = r
+            elif r.get("type") == "val":
+                val[int(r["step"])] = r
+    return [train[s] for s in sorted(train)], [val[s] for s in sorted(val)]
+
+
+def run_finished(out_dir, steps):
+    train, _ = read_run(out_dir)
+    return bool(train) and train[-1]["step"] >= steps and os.path.isfile(os.path.join(out_dir, "iface.json"))
+
+
+def summarize_run(out_dir, setting, wall_s, exit_code, hosts):
+    train, val = read_run(out_dir)
+    s = {"setting": setting, "label": label_of(setting), "out_dir": out_dir, "wall_s": wall_s, "exit_code": exit_code,
+         "steps": len(train)}
+    if not train:
+        return s
+    cum, t = [], 0.0
+    for r in train:
+        t += r["step_ms"] / 1e3
+        cum.append(t)
+    step_at = {r["step"]: i for i, r in enumerate(train)}
+    s["train_steps"] = [r["step"] for r in train]
+    s["train_loss"] = [r["loss"] for r in train]
+    s["train_seconds"] = cum
+    s["val_steps"] = [v["step"] for v in val]
+    s["val_loss"] = [v["val_loss"] for v in val]
+    # A val point's time: the cumulative step time of the last train step at or before it.
+    s["val_seconds"] = [cum[step_at[v["step"]]] if v["step"] in step_at else
+                        max([cum[i] for st, i in step_at.items() if st <= v["step"]], default=0.0) for v in val]
+    sum_step = sum(r["step_ms"] for r in train)
+    sum_comm = sum(r["comm_ms"] for r in train)
+    s["train_seconds_total"] = sum_step / 1e3
+    s["steps_per_s"] = len(train) / (sum_step / 1e3) if sum_step > 0 else math.nan
+    s["step_ms_median"] = statistics.median(r["step_ms"] for r in train)
+    s["comm_ms_mean"] = sum_comm / len(train)
+    s["comm_fraction"] = sum_comm / sum_step if sum_step > 0 else math.nan
+    s["counter_sent_bytes"] = sum(r["bytes_sent"] for r in train)
+    s["counter_recv_bytes"] = sum(r["bytes_recv"] for r in train)
+    s["mb_per_step"] = s["counter_sent_bytes"] / len(train) / 1e6
+    s["payload_mb_per_step"] = sum(r["payload_bytes"] for r in train) / len(train) / 1e6
+    s["final_val_loss"] = val[-1]["val_loss"] if val else math.nan
+    s["final_train_loss"] = statistics.fmean(r["loss"] for r in train[-10:])
+    iface_path = os.path.join(out_dir, "iface.json")
+    if os.path.isfile(iface_path):
+        with open(iface_path) as f:
+            iface = json.load(f)
+        h = iface["hosts"]
+        s["iface_h0_tx_bytes"] = h[0]["tx_bytes"]
+        s["iface_h0_rx_bytes"] = h[0]["rx_bytes"]
+        s["iface_mean_tx_bytes"] = sum(x["tx_bytes"] for x in h) / len(h)
+        s["iface_hosts"] = h
+    return s
+
+
+def time_to_target(s, target):
+    """(seconds, step) of the first val point at or below target, or (None, None)."""
+    for loss, sec, step in zip(s.get("val_loss", []), s.get("val_seconds", []), s.get("val_steps", [])):
+        if loss <= target:
+            return sec, step
+    return None, None
+
+
+# ---- per-rate report --------------------------------------------------------------------------------------
+
+def fmt(x, spec, missing="—"):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return missing
+    return format(x, spec)
+
+
+def rate_table(rate, runs, target, target_given, args):
+    baseline = next((r for r in runs if r["setting"] == "adamw_fp32"), None)
+    base_t = time_to_target(baseline, target)[0] if baseline else None
+    head = ["setting", "final val", f"time to val ≤ {target:.4f} (s)", "step", "vs AdamW fp32", "steps/s",
+            "step ms (median)", "comm share", "MB/step/rank", "payload MB/step", "counter MB (rank 0 sent)",
+            "iface MB (h0 tx)", "iface/counter", "run wall s"]
+    link = "unlimited links" if rate == "none" else f"{rate} per link"
+    lines = [f"### {link}, {args.hosts} hosts", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for s in runs:
+        if not s.get("steps"):
+            lines.append(f"| {s['label']} | run failed (exit {s['exit_code']}) |" + " |" * (len(head) - 2))
+            continue
+        t, step = time_to_target(s, target)
+        counter = s["counter_sent_bytes"] / 1e6
+        iface = s.get("iface_h0_tx_bytes")
+        row = [s["label"], fmt(s["final_val_loss"], ".4f"),
+               fmt(t, ".1f", "not reached"), fmt(step, "d", "—"),
+               (f"{base_t / t:.2f}x" if t and base_t else "—"),
+               fmt(s["steps_per_s"], ".3f"), fmt(s["step_ms_median"], ".0f"),
+               fmt(100 * s["comm_fraction"], ".1f") + "%", fmt(s["mb_per_step"], ".3f"),
+               fmt(s["payload_mb_per_step"], ".3f"), fmt(counter, ".2f"),
+               fmt(iface / 1e6 if iface is not None else None, ".2f"),
+               fmt(iface / 1e6 / counter if iface is not None and counter > 0 else None, ".3f"),
+               fmt(s["wall_s"], ".0f")]
+        if s["exit_code"] != 0:
+            row[0] += f" (exit {s['exit_code']}, {s['steps']}/{args.steps} steps)"
+        lines.append("| " + " | ".join(row) + " |")
+    how = "given (--target-val-loss)" if target_given else "the worst final val loss of these runs, so every run reaches it"
+    lines += ["", f"Target val loss {target:.4f}: {how}. Time: sum of step_ms up to the first val point at or below "
+              f"the target (val every {args.val_every} steps; validation, checkpoint and start-up time excluded). "
+              "vs AdamW fp32: its time / this time. comm share: sum comm_ms / sum step_ms. MB/step/rank: rank 0's "
+              "bytes_sent counter per step (ring model: all-reduce 2(W-1)/W n, all-gather W-1 buckets); payload: its "
+              "own buffer. iface: bytes leaving host 0's eth0 while the job ran (headers, ACKs, MPI wireup and "
+              "uncounted scalar reductions included). run wall s: the whole lab invocation.", ""]
+    return "\n".join(lines)
+
+
+def plot_rate(rate, runs, target, path, args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, s in enumerate(runs):
+        if not s.get("steps"):
+            continue
+        c = colors[i % len(colors)]
+        style = "-" if s["setting"].startswith("adamw") else "--"
+        if s["val_loss"]:
+            ax_val.plot(s["val_seconds"], s["val_loss"], style, marker="o", markersize=3, color=c, label=s["label"])
+        w = max(1, min(10, len(s["train_loss"]) // 20))
+        smooth = [statistics.fmean(s["train_loss"][max(0, j - w + 1):j + 1]) for j in range(len(s["train_loss"]))]
+        ax_train.plot(s["train_seconds"], smooth, style, color=c, linewidth=1.3, label=s["label"])
+    ax_val.axhline(target, color="gray", linewidth=0.8, linestyle=":")
+    link = "unlimited links" if rate == "none" else f"{rate} per link"
+    ax_val.set_title(f"val loss, {args.hosts} hosts, {link} (dotted: target {target:.4f})")
+    ax_train.set_title("train loss (moving average)")
+    for ax in (ax_val, ax_train):
+        ax.set_xlabel("wall-clock seconds (sum of step_ms)")
+        ax.set_ylabel("loss")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- running ------------------------------------------------------------------------------------------------
+
+def trainer_has_flag(trainer, flag):
+    try:
+        out = subprocess.run([trainer, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return f"--{flag} " in out
+
+
+def run_one(cmd, log_path, timeout):
+    """Runs the lab command; returns (exit code, wall seconds). Ctrl-C reaches the lab too (same process group)
+    and it tears itself down; we wait for that and re-raise."""
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"  timeout after {timeout:.0f} s: stopping the run", flush=True)
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    return rc, time.monotonic() - start
+
+
+def main(argv):
+    args = parse_args(argv)
+    notes = []
+    if not args.dry_run:
+        if not os.access(args.trainer, os.X_OK):
+            raise UserError(f"{args.trainer}: not built (make train_gpt_cpu)")
+        if any(s == "adamw_bf16" for s in args.settings) and not trainer_has_flag(args.trainer, "grad_wire"):
+            args.settings = [s for s in args.settings if s != "adamw_bf16"]
+            notes.append("adamw_bf16 left out: this trainer has no --grad_wire flag")
+            print("note: " + notes[-1], file=sys.stderr)
+        if not args.train_data and not glob.glob(os.path.join(REPO, "data", "default", "default_train_*.bin")):
+            print("preparing the default corpus (data/prepare_default.sh)", file=sys.stderr)
+            subprocess.run([os.path.join(REPO, "data", "prepare_default.sh")], check=True, cwd=REPO)
+    for s in args.settings:
+        setting_flags(s, args)  # validates names before anything runs
+
+    study = {"args": vars(args), "notes": notes, "rates": {}}
+    os.makedirs(args.out, exist_ok=True) if not args.dry_run else None
+    total = len(args.rates) * len(args.settings)
+    index = 0
+    summary = [f"# Bandwidth study: DeMo vs AdamW-DDP on {args.hosts} emulated hosts", "",
+               f"Model {os.path.relpath(args.model_config, REPO)}, {args.steps} steps of {args.batch_size}x{args.seq_len} "
+               f"tokens per rank ({args.steps * args.batch_size * args.seq_len * args.hosts:,} tokens in all), seed "
+               f"{args.seed}, lr AdamW {args.lr_adamw:g} / DeMo {args.lr_demo:g}, {args.threads} thread(s) per rank.", ""]
+    summary += [f"Note: {n}" for n in notes] + ([""] if notes else [])
+    for rate in args.rates:
+        rate_dir = os.path.join(args.out, rate)
+        runs = []
+        for setting in args.settings:
+            index += 1
+            out_dir = os.path.join(rate_dir, setting)
+            cmd = lab_command(args, rate, setting, out_dir)
+            if args.dry_run:
+                print(shlex.join(cmd))
+                continue
+            if args.skip_done and run_finished(out_dir, args.steps):
+                print(f"[{index}/{total}] {rate} {setting}: already done, kept", flush=True)
+                prev = os.path.join(out_dir, "run.json")
+                wall, rc = (json.load(open(prev)).get("wall_s"), 0) if os.path.isfile(prev) else (math.nan, 0)
+            else:
+                os.makedirs(out_dir, exist_ok=True)
+                for stale in ("metrics.jsonl", "iface.json"):
+                    if os.path.exists(os.path.join(out_dir, stale)):
+                        os.remove(os.path.join(out_dir, stale))
+                print(f"[{index}/{total}] {rate} {setting}: running (log {os.path.relpath(out_dir, REPO)}/train.log)",
+                      flush=True)
+                rc, wall = run_one(cmd, os.path.join(out_dir, "train.log"), args.timeout)
+                with open(os.path.join(out_dir, "run.json"), "w") as f:
+                    json.dump({"command": cmd, "exit_code": rc, "wall_s": wall}, f, indent=2)
+                if rc == 77:
+                    raise UserError("the bandwidth lab needs root and network namespaces (see train.log)")
+            s = summarize_run(out_dir, setting, wall, rc, args.hosts)
+            runs.append(s)
+            if s.get("steps"):
+                print(f"  exit {rc}, {wall:.0f} s wall: {s['steps']} steps, {s['steps_per_s']:.3f} steps/s, "
+                      f"comm {100 * s['comm_fraction']:.1f}%, {s['mb_per_step']:.3f} MB/step, final val "
+                      f"{fmt(s['final_val_loss'], '.4f')}", flush=True)
+            else:
+                print(f"  exit {rc}: no metrics (see {out_dir}/train.log)", flush=True)
+        if args.dry_run:
+            continue
+        finished = [s for s in runs if s.get("val_loss")]
+        if args.target_val_loss is not None:
+            target, given = args.target_val_loss, True
+        elif finished:
+            # Rounded up to the 4 decimals the tables show, so the worst run reaches the printed target too.
+            target, given = math.ceil(max(s["final_val_loss"] for s in finished) * 1e4) / 1e4, False
+        else:
+            target, given = math.nan, False
+        if finished:
+            table = rate_table(rate, runs, target, given, args)
+            with open(os.path.join(rate_dir, "table.md"), "w") as f:
+                f.write(table)
+            summary += [table]
+            try:
+                plot_rate(rate, runs, target, os.path.join(rate_dir, "loss_vs_time.png"), args)
+                summary += [f"![loss vs time at {rate}]({rate}/loss_vs_time.png)", ""]
+            except ImportError as e:
+                print(f"warning: no plot ({e}; run this with /usr/bin/python3, which has matplotlib)", file=sys.stderr)
+            print("\n" + table, flush=True)
+            if not args.no_compare and os.path.isfile(COMPARE):
+                dirs = [s["out_dir"] for s in runs if s.get("steps")]
+                python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+                cmp_cmd = [python, COMPARE, *dirs, "--out", os.path.join(rate_dir, "compare"),
+                           "--table", os.path.join(rate_dir, "compare_table.md"), "--target-val-loss", f"{target:.6g}",
+                           "--labels", ",".join(s["label"] for s in runs if s.get("steps"))]
+                r = subprocess.run(cmp_cmd, cwd=REPO)
+                if r.returncode != 0:
+                    print(f"warning: compare_runs.py exited {r.returncode}", file=sys.stderr)
+        else:
+            summary += [f"### {rate}: no run produced validation results", ""]
+        study["rates"][rate] = {"target_val_loss": target, "target_given": given, "runs": runs}
+        with open(os.path.join(args.out, "study.json"), "w") as f:
+            json.dump(study, f, indent=1)
+    if args.dry_run:
+        return 0
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write("\n".join(summary) + "\n")
+    print(f"\nwrote {os.path.relpath(args.out, os.getcwd())}/summary.md, study.json and per rate table.md, "
+          "loss_vs_time.png, compare/")
+    failed = [f"{rate}/{s['setting']}" for rate, r in study["rates"].items() for s in r["runs"] if s["exit_code"] != 0]
+    if failed:
+        print("failed runs: " + ", ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as e:
+        print(f"bandwidth_study.py: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\nbandwidth_study.py: interrupted (the lab of the current run has been torn down)", file=sys.stderr)
+        sys.exit(130)
