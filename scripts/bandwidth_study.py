@@ -29,6 +29,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,15 +82,15 @@ def parse_args(argv):
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bandwidth_study"), help="study folder [runs/bandwidth_study]")
     p.add_argument("--model-config", default=os.path.join(REPO, "configs", "tiny.json"),
                    help="JSON config of the model shape [configs/tiny.json]")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps (the same token budget for every run) [200]")
+    p.add_argument("--steps", type=int, default=250, help="optimizer steps (the same token budget for every run) [250]")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per rank per step [4]")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence [64]")
-    p.add_argument("--lr-adamw", type=float, default=2e-3, help="AdamW peak learning rate [2e-3]")
-    p.add_argument("--lr-demo", type=float, default=2e-3, help="DeMo peak learning rate [2e-3]")
+    p.add_argument("--lr-adamw", type=float, default=8e-3, help="AdamW peak learning rate [8e-3]")
+    p.add_argument("--lr-demo", type=float, default=8e-3, help="DeMo peak learning rate [8e-3]")
     p.add_argument("--wd-adamw", type=float, default=0.1, help="AdamW weight decay [0.1]")
     p.add_argument("--wd-demo", type=float, default=0.0, help="DeMo weight decay [0, as scripts/run_experiment.sh]")
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps [20]")
-    p.add_argument("--val-every", type=int, default=20, help="validation every N steps [20]")
+    p.add_argument("--val-every", type=int, default=10, help="validation every N steps (time-to-loss resolution) [10]")
     p.add_argument("--val-batches", type=int, default=8, help="validation batches per rank [8]")
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per rank [1: 4 ranks share 2 cores]")
     p.add_argument("--seed", type=int, default=1337, help="seed of init and data order, the same for all runs [1337]")
@@ -104,6 +105,8 @@ def parse_args(argv):
                    help="keep runs whose folder already holds a finished run (metrics up to --steps and iface.json)")
     p.add_argument("--always-grad-wire", action="store_true",
                    help="pass --grad_wire fp32 to AdamW fp32 runs too (by default only bf16 passes the flag)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's final checkpoint (by default deleted: ~100 MB per run, not used here)")
     p.add_argument("--no-compare", action="store_true", help="do not run scripts/compare_runs.py")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = p.parse_args(argv)
@@ -232,7 +235,7 @@ def rate_table(rate, runs, target, target_given, args):
     base_t = time_to_target(baseline, target)[0] if baseline else None
     head = ["setting", "final val", f"time to val ≤ {target:.4f} (s)", "step", "vs AdamW fp32", "steps/s",
             "step ms (median)", "comm share", "MB/step/rank", "payload MB/step", "counter MB (rank 0 sent)",
-            "iface MB (h0 tx)", "iface/counter", "run wall s"]
+            "iface MB (h0 tx)", "iface/counter", "run wall s", "load"]
     link = "unlimited links" if rate == "none" else f"{rate} per link"
     lines = [f"### {link}, {args.hosts} hosts", "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -251,7 +254,7 @@ def rate_table(rate, runs, target, target_given, args):
                fmt(s["payload_mb_per_step"], ".3f"), fmt(counter, ".2f"),
                fmt(iface / 1e6 if iface is not None else None, ".2f"),
                fmt(iface / 1e6 / counter if iface is not None and counter > 0 else None, ".3f"),
-               fmt(s["wall_s"], ".0f")]
+               fmt(s["wall_s"], ".0f"), fmt(s.get("loadavg_1min"), ".1f")]
         if s["exit_code"] != 0:
             row[0] += f" (exit {s['exit_code']}, {s['steps']}/{args.steps} steps)"
         lines.append("| " + " | ".join(row) + " |")
@@ -261,7 +264,9 @@ def rate_table(rate, runs, target, target_given, args):
               "vs AdamW fp32: its time / this time. comm share: sum comm_ms / sum step_ms. MB/step/rank: rank 0's "
               "bytes_sent counter per step (ring model: all-reduce 2(W-1)/W n, all-gather W-1 buckets); payload: its "
               "own buffer. iface: bytes leaving host 0's eth0 while the job ran (headers, ACKs, MPI wireup and "
-              "uncounted scalar reductions included). run wall s: the whole lab invocation.", ""]
+              "uncounted scalar reductions included). run wall s: the whole lab invocation. load: 1-minute load average "
+              f"after the run; the {args.hosts} ranks alone make about {args.hosts * args.threads}, more means other work "
+              "shared the cores and slowed the run.", ""]
     return "\n".join(lines)
 
 
@@ -368,7 +373,8 @@ def main(argv):
             if args.skip_done and run_finished(out_dir, args.steps):
                 print(f"[{index}/{total}] {rate} {setting}: already done, kept", flush=True)
                 prev = os.path.join(out_dir, "run.json")
-                wall, rc = (json.load(open(prev)).get("wall_s"), 0) if os.path.isfile(prev) else (math.nan, 0)
+                record = json.load(open(prev)) if os.path.isfile(prev) else {}
+                wall, rc, load = record.get("wall_s", math.nan), 0, record.get("loadavg_1min", math.nan)
             else:
                 os.makedirs(out_dir, exist_ok=True)
                 for stale in ("metrics.jsonl", "iface.json"):
@@ -377,11 +383,15 @@ def main(argv):
                 print(f"[{index}/{total}] {rate} {setting}: running (log {os.path.relpath(out_dir, REPO)}/train.log)",
                       flush=True)
                 rc, wall = run_one(cmd, os.path.join(out_dir, "train.log"), args.timeout)
+                load = os.getloadavg()[0]
+                if not args.keep_checkpoints:
+                    shutil.rmtree(os.path.join(out_dir, "checkpoints"), ignore_errors=True)
                 with open(os.path.join(out_dir, "run.json"), "w") as f:
-                    json.dump({"command": cmd, "exit_code": rc, "wall_s": wall}, f, indent=2)
+                    json.dump({"command": cmd, "exit_code": rc, "wall_s": wall, "loadavg_1min": load}, f, indent=2)
                 if rc == 77:
                     raise UserError("the bandwidth lab needs root and network namespaces (see train.log)")
             s = summarize_run(out_dir, setting, wall, rc, args.hosts)
+            s["loadavg_1min"] = load
             runs.append(s)
             if s.get("steps"):
                 print(f"  exit {rc}, {wall:.0f} s wall: {s['steps']} steps, {s['steps_per_s']:.3f} steps/s, "

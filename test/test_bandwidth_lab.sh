@@ -2,13 +2,13 @@
 # Tests scripts/bandwidth_lab.sh (emulated hosts with rate-limited links, docs/BANDWIDTH.md):
 #  (a) teardown leaves no namespace, veth, bridge, temp dir or process behind after a command that succeeds,
 #      one that fails (its exit code is passed on), and a lab stopped with SIGTERM / SIGINT mid-run (while
-#      an MPI job runs across the hosts);
+#      an MPI job runs across the hosts), and 4-host MPI launches do not hang;
 #  (b) the real trainer (2 hosts at 20mbit, tiny model, a few steps of AdamW-DDP and then DeMo, on a small
 #      synthetic token shard) completes, a 20mbit link really limits it, and the bytes measured on host 0's
 #      interface agree with rank 0's counters in metrics.jsonl (see the tolerance below);
 #  (c) exits 77 with a first line "SKIP: ..." without root or network namespaces, and checks that the lab
 #      itself says "needs root and network namespaces" and exits 77 when not run as root.
-# Skips part (b) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 40 s.
+# Skips part (b) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 30 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 lab=scripts/bandwidth_lab.sh
@@ -88,6 +88,16 @@ timeout -k 5 60 "$lab" --quiet --hosts 2 --rate 20mbit -- sh -c 'echo "$LAB_PREF
 rc=$?
 [[ $rc -eq 3 ]] && pass "(a) failing command: exit code 3 passed on" || fail "(a) failing command: exit $rc, expected 3"
 check_clean "(a) failure" "$(cat "$work/prefix" 2>/dev/null)"
+
+# Launch reliability: Open MPI daemons on 4 hosts that share a hostname and file system. (With one shared
+# session directory, 1 launch in 10-30 hung forever; each launch here has 30 s.)
+if command -v mpirun >/dev/null; then
+  hung=0
+  for _ in 1 2 3 4 5 6 7 8; do
+    timeout -k 5 30 "$lab" --quiet --hosts 4 --rate 100mbit -- lab-mpirun -np 4 true >/dev/null 2>&1 || hung=$((hung + 1))
+  done
+  [[ $hung -eq 0 ]] && pass "(a) 8 launches of a 4-host MPI job" || fail "(a) $hung of 8 launches of a 4-host MPI job failed or hung"
+fi
 
 # Signals mid-run, with an MPI job (mpirun in host 0, orted + a rank in host 1) and a plain command.
 # Job control (set -m) so the background lab does not start with SIGINT ignored, as a terminal's would not.
