@@ -186,10 +186,13 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     if (cfg.dry_run) {
         if (main_rank) {
             std::printf("%s\n", config_to_json(cfg).c_str());
+            // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
             demo::TrafficOptions traffic;
-            traffic.world_size = world;
+            traffic.world_size = world > 1 ? world : 64;
             traffic.chunk = cfg.demo_chunk;
-            demo::print_traffic_report(std::cout, "traffic per rank per step, " + cfg.model.describe(),
+            demo::print_traffic_report(std::cout,
+                                       "traffic per rank per step, " + cfg.model.describe() + ", " +
+                                           std::to_string(traffic.world_size) + " ranks",
                                        demo::gpt2_shapes(cfg.model), traffic);
         }
         return 0;

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "demo/chunk_plan.h"
+#include "llmc/kernel_math.h"
 #include "llmc/optimizer.h"
 
 namespace demo {
@@ -68,21 +69,11 @@ size_t bucket_bytes(const ModelPlan& plan, WireFormat format);
 inline size_t reference_bytes(const ModelPlan& plan) { return plan.total_selected * (8 + 4); }
 
 // ---- value quantization ----
-// Round-to-nearest-even to bf16, returned as its 16 bits / as the fp32 it decodes to. NaN stays NaN.
-inline uint16_t bf16_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_to_float(uint16_t h) {
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline float round_to_bf16(float f) { return bf16_to_float(bf16_bits(f)); }
+// Round-to-nearest-even to bf16, returned as its 16 bits / as the fp32 it decodes to. NaN stays NaN. The
+// bit-level implementation is the one the CUDA kernels use (llmc/kernel_math.h), so both sides agree.
+inline uint16_t bf16_bits(float f) { return llmc::km::bf16_bits_rne(f); }
+inline float bf16_to_float(uint16_t h) { return llmc::km::bf16_bits_to_float(h); }
+inline float round_to_bf16(float f) { return llmc::km::round_bf16(f); }
 
 // Replaces the k values of one chunk by what a receiver will decode, in place. Returns the chunk's scale
 // for the sign encoding (mean |value|, summed in double in index order, rounded once to fp32), else 0.

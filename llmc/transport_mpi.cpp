@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "llmc/bf16.h"
+#include "llmc/kernel_math.h"
 #include "llmc/error.h"
 
 #ifdef LLMC_USE_MPI
@@ -20,7 +20,7 @@ namespace {
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
     const auto* a = static_cast<const uint16_t*>(in);
     auto* b = static_cast<uint16_t*>(inout);
-    for (int i = 0; i < *len; i++) b[i] = bf16_bits(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+    for (int i = 0; i < *len; i++) b[i] = km::bf16_bits_rne(km::bf16_bits_to_float(a[i]) + km::bf16_bits_to_float(b[i]));
 }
 
 class Timer {
@@ -79,14 +79,14 @@ public:
         Timer t(counters_);
         if (bf16_sum_op_ == MPI_OP_NULL) MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_);
         wire_.resize(data.size());
-        for (size_t i = 0; i < data.size(); i++) wire_[i] = bf16_bits(data[i]);
+        for (size_t i = 0; i < data.size(); i++) wire_[i] = km::bf16_bits_rne(data[i]);
         constexpr size_t kSlice = size_t{1} << 30;
         for (size_t off = 0; off < data.size(); off += kSlice) {
             const int n = static_cast<int>(std::min(kSlice, data.size() - off));
             MPI_Allreduce(MPI_IN_PLACE, wire_.data() + off, n, MPI_UINT16_T, bf16_sum_op_, MPI_COMM_WORLD);
         }
         const float inv = 1.0f / static_cast<float>(world_);
-        for (size_t i = 0; i < data.size(); i++) data[i] = bf16_to_float(wire_[i]) * inv;
+        for (size_t i = 0; i < data.size(); i++) data[i] = km::bf16_bits_to_float(wire_[i]) * inv;
         const uint64_t wire = 2 * static_cast<uint64_t>(world_ - 1) * (data.size_bytes() / 2) / world_;
         counters_.bytes_sent += wire;
         counters_.bytes_recv += wire;
