@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "demo/demo_cuda.cuh"
 #include "demo/traffic_report.h"
 #include "llmc/adamw.cuh"
 #include "llmc/checkpoint.h"
@@ -84,16 +85,14 @@ void check_same_config_everywhere(Transport& transport, const std::string& confi
 
 // ---- the optimizer hook ---------------------------------------------------------------------------------
 // --optimizer adamw: CudaAdamW (llmc/adamw.cuh).
-// --optimizer demo: plug the CUDA DeMo here. It implements llmc::DeviceOptimizer (llmc/optimizer_cuda.cuh):
-// step(params, local fp32 grads, lr) on device buffers, exchanging its compressed momentum through
-// `transport` (NcclTransport: allgather_bytes, or allgather_device to keep the buckets on the GPU), with the
-// same state blob as demo::DemoOptimizer so checkpoints move between trainers. Then replace the fail() with
-//   return std::make_unique<demo::CudaDemo>(cfg.optimizer_config(), layout, transport, env.stream);
+// --optimizer demo: CudaDemo (demo/demo_cuda.cuh): fused compress / apply kernels (demo/demo_kernels.cuh), the
+// buckets exchanged with NcclTransport::allgather_device, the same state blob as demo::DemoOptimizer so
+// checkpoints move between trainers.
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
                                                        NcclTransport& transport, CudaEnv& env) {
     if (cfg.optimizer == "demo")
-        fail("--optimizer demo is not available in the CUDA trainer yet (its CUDA kernels are still to be written); "
-             "run DeMo with train_gpt_cpu, or use --optimizer adamw here");
+        return std::make_unique<demo::CudaDemo>(cfg.optimizer_config(), layout, transport, env.stream,
+                                                env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
     return std::make_unique<CudaAdamW>(cfg.optimizer_config(), layout, transport, env.stream,
                                        env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
 }

@@ -1,5 +1,5 @@
-// DCT-II bases and block transforms (see dct.h). The dense transforms are sgemm calls so they run at BLAS
-// speed; the sparse decode is a few vectorizable rank-1 updates per chunk.
+// DCT-II bases and block transforms (see dct.h). The dense transforms are small sgemm calls, so they run at
+// BLAS speed in many OpenMP threads at once; the sparse decode is a register-tiled low-rank product per chunk.
 #include "demo/dct.h"
 
 #include <cblas.h>
@@ -224,7 +224,7 @@ typedef float vec16 __attribute__((vector_size(64)));
 // out[m][n] = sum_i a[i][m] * t[i][n] for m < n1, n < n2, where a[i] and t[i] point to rows of length n1 and
 // n2: one small dense product of rank `count`. Register tiles of 4 rows x 64 columns (16 vector
 // accumulators) cover the bulk; 16-column and single-column tiles finish the edges. Every output element
-// sums over i in increasing order, whatever the tile, so results do not depend on the chunk's shape.
+// sums over i in increasing order (deterministic).
 template <int TM, int TV>
 inline void product_tile(const float* const* a, const float* const* t, size_t count, size_t m0, size_t n0,
                          float* out, size_t ldo) {

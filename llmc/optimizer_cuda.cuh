@@ -5,10 +5,10 @@
 // LOCAL gradient and talks to the other ranks only through a Transport whose collectives accept device
 // pointers (NcclTransport, transport_nccl.cuh; LocalTransport for one rank).
 //
-// Implementations: CudaAdamW (adamw.cuh). DeMo plugs in here: a CudaDemo class implementing this interface
-// (momentum, DCT encode, top-k, Transport::allgather_bytes or NcclTransport::allgather_device, decode, sign
-// update on the master weights) is all train_gpt.cu needs for --optimizer demo (see make_device_optimizer
-// there).
+// Implementations: CudaAdamW (adamw.cuh) and CudaDemo (demo/demo_cuda.cuh: momentum, DCT encode, top-k and
+// packing fused per chunk, the bucket exchange through NcclTransport::allgather_device or host memory, then
+// scatter-mean, inverse DCT and the sign update on the master weights); train_gpt.cu picks one in
+// make_device_optimizer.
 #pragma once
 #include <string_view>
 

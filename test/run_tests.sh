@@ -9,6 +9,9 @@ filter="${1:-}"
 logdir=build/test-logs
 mkdir -p "$logdir"
 passed=0; failed=0; skipped=0; failed_names=()
+# Shared fixture: the default corpus and the GPT-2 vocabulary files (idempotent, ~10 s the first time), so the
+# C++ tests that read them run fully instead of skipping.
+data/prepare_default.sh >"$logdir/prepare_default.log" 2>&1 || { echo "data/prepare_default.sh failed; see $logdir/prepare_default.log"; tail -n 5 "$logdir/prepare_default.log"; }
 run_one() {
   local name="$1"; shift
   [[ -n "$filter" && "$name" != *"$filter"* ]] && return

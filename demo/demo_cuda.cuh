@@ -1,0 +1,250 @@
+// CudaDemo: the DeviceOptimizer of --optimizer demo in the CUDA trainer (llmc/optimizer_cuda.cuh), the GPU
+// twin of demo::DemoOptimizer (demo_optimizer.h): same options and validation messages, same chunk plan, same
+// wire format (codec.h), same state blob (checkpoints move between the CPU and CUDA trainers).
+//
+// One step (all on the trainer's stream unless noted):
+//   clip    deterministic global L2 norm of the LOCAL gradient (global_norm.cuh); the clip scale is applied
+//           inside the compress kernel                                                  -> StepTimings::clip
+//   compress demo_compress_kernel (demo_kernels.cuh): momentum, DCT, top-k, quantization, packing into this
+//           rank's bucket, error feedback                               -> StepTimings::transform (cudaEvents)
+//           (top-k and packing are fused into that kernel: StepTimings::topk stays 0)
+//   exchange NcclTransport::allgather_device when the transport is NCCL (the buckets stay on the GPU);
+//           any other Transport (LocalTransport, MPI without NCCL) through host memory with allgather_bytes;
+//           then every rank's 32-byte header and size are checked with the CPU decoder's messages
+//                                                                          -> StepTimings::exchange (host wall)
+//   apply   demo_apply_kernel: scatter-mean, inverse DCT, sign, weight decay, update of the fp32 master
+//           weights and their floatX copy                                     -> StepTimings::apply (cudaEvents)
+// Memory: master weights, momentum, norm scratch, this rank's bucket, the gathered buckets (world x bucket)
+// and the plan's tables are ONE device allocation.
+//
+// Stochastic rounding of the floatX parameters (bf16 builds, as CudaAdamW) seeds every step from the run's
+// seed and a step counter. The DeMo state blob (the CPU's) has no step counter, so after load_state the
+// counter restarts at 0 and set_weights rounds to nearest: a resumed bf16 run differs from an uninterrupted
+// one by at most one bf16 rounding of the parameters (the fp32 master weights and momentum are exact).
+#pragma once
+#include <chrono>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "demo/demo_chunk_math.h"
+#include "demo/demo_kernels.cuh"
+#include "llmc/cuda_common.cuh"
+#include "llmc/global_norm.cuh"
+#include "llmc/optimizer_cuda.cuh"
+#include "llmc/transport.h"
+#include "llmc/transport_nccl.cuh"
+
+namespace demo {
+
+class CudaDemo final : public llmc::DeviceOptimizer {
+public:
+    // transport: NcclTransport (buckets exchanged on the device) or any Transport (through host memory).
+    CudaDemo(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& transport,
+             cudaStream_t stream, bool stochastic_rounding = true, uint32_t seed = 1337)
+        : config_(config), layout_(layout), transport_(transport), stream_(stream),
+          stochastic_(stochastic_rounding && !llmc::kFloatXIsFloat), seed_(seed) {
+        cm::validate_options(config_);
+        std::vector<uint8_t> decays;
+        const ModelPlan plan = cm::plan_for_layout(config_, layout, &decays);
+        tables_ = cm::make_plan_tables(plan, WireFormat{config_.demo.values, config_.demo.indices}, decays);
+        world_ = transport.world_size();
+        LLMC_CHECK(world_ >= 1, "DeMo: transport reports no ranks");
+        kernels_ = make_kernel_config(tables_, world_);
+        prepare_kernels(kernels_, tables_.plan);
+        nccl_ = dynamic_cast<llmc::NcclTransport*>(&transport);
+
+        const size_t n = layout.num_params, bytes = tables_.bucket_bytes;
+        memory_.add(&master_, n);
+        memory_.add(&momentum_, n);
+        memory_.add(&norm_scratch_, llmc::kNormScratchFloats);
+        memory_.add(&bucket_, bytes);
+        memory_.add(&gathered_, bytes * size_t(world_));
+        memory_.add(&tensors_, tables_.tensors.size());
+        memory_.add(&folded_, tables_.bases.folded.size());
+        memory_.add(&natural_, tables_.bases.natural.size());
+        memory_.add(&error_, 2);
+        memory_.allocate("master weights + DeMo momentum, buckets and tables (" + std::to_string(n) +
+                         " parameters x 2 x fp32, " + std::to_string(world_) + " x " + std::to_string(bytes) +
+                         " bucket bytes)");
+        memory_.zero(stream_);
+        upload(tensors_, tables_.tensors.data(), tables_.tensors.size() * sizeof(cm::ChunkTensor));
+        upload(folded_, tables_.bases.folded.data(), tables_.bases.folded.size() * sizeof(float));
+        upload(natural_, tables_.bases.natural.data(), tables_.bases.natural.size() * sizeof(float));
+        upload(bucket_, tables_.header.data(), kBucketHeaderBytes);  // the header never changes
+        device_tables_ = DeviceTables{tensors_, static_cast<int>(tables_.tensors.size()), folded_, natural_,
+                                      tables_.plan.total_chunks};
+        for (cudaEvent_t* e : {&ev_[0], &ev_[1], &ev_[2], &ev_[3]}) CUDA_CHECK(cudaEventCreate(e));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    ~CudaDemo() override {
+        for (cudaEvent_t e : ev_)
+            if (e) (void)cudaEventDestroy(e);
+    }
+    CudaDemo(const CudaDemo&) = delete;
+    CudaDemo& operator=(const CudaDemo&) = delete;
+
+    std::string_view name() const override { return "demo"; }
+
+    void set_weights(const float* weights, llmc::floatX* params) override {
+        const size_t n = layout_.num_params;
+        if (weights != master_)
+            CUDA_CHECK(cudaMemcpyAsync(master_, weights, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+        const bool sr = stochastic_ && t_ > 0;
+        if (n) {
+            demo_round_params_kernel<<<llmc::grid_stride_blocks(n, 512), 512, 0, stream_>>>(params, master_, n,
+                                                                                         step_seed(t_), sr);
+            CUDA_CHECK_LAUNCH();
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+
+    llmc::StepResult step(llmc::floatX* params, float* grads, float lr) override {
+        using clock = std::chrono::steady_clock;
+        const size_t n = layout_.num_params, bytes = tables_.bucket_bytes;
+        llmc::StepResult result;
+
+        auto start = clock::now();
+        result.grad_norm = llmc::global_norm(norm_scratch_, grads, n, stream_);  // synchronizes
+        const float clip = llmc::km::clip_scale(result.grad_norm, config_.grad_clip);
+        result.seconds.clip = seconds_since(start);
+
+        // compress into this rank's bucket (header stays, body zeroed for the OR-ed bit parts)
+        CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
+        CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
+        launch_compress(kernels_, device_tables_, momentum_, grads, bucket_, cm::compress_params(config_, lr, clip),
+                        stream_);
+        CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
+
+        start = clock::now();
+        exchange();
+        result.seconds.exchange = seconds_since(start);
+
+        t_++;
+        const uint32_t init_error[2] = {0u, UINT32_MAX};
+        CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        launch_apply(kernels_, device_tables_, gathered_, master_, params, cm::apply_params(config_, lr, world_, bytes),
+                     step_seed(t_), stochastic_, error_, stream_);
+        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+        uint32_t error[2] = {0u, 0u};
+        CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (error[0]) {
+            const std::string who = "DeMo bucket from rank " + std::to_string(error[1]);
+            if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
+            llmc::fail(who + ": coefficient indices of a chunk not strictly ascending (corrupt DeMo bucket)");
+        }
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
+        result.seconds.transform = ms * 1e-3;
+        result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
+        result.seconds.apply = ms * 1e-3;
+        return result;
+    }
+
+    float* master_weights() override { return master_; }
+
+    void save_state(llmc::ByteWriter& out) const override {
+        std::vector<float> m(layout_.num_params);
+        CUDA_CHECK(cudaMemcpyAsync(m.data(), momentum_, m.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        cm::write_state(out, tables_.plan, m);
+    }
+
+    void load_state(llmc::ByteReader& in) override {
+        std::vector<float> m;
+        cm::read_state(in, tables_.plan, m);
+        upload(momentum_, m.data(), m.size() * sizeof(float));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        t_ = 0;
+    }
+
+    // For checkers and tests.
+    const cm::PlanTables& tables() const { return tables_; }
+    const ModelPlan& plan() const { return tables_.plan; }
+    size_t bucket_bytes() const { return tables_.bucket_bytes; }
+    float* momentum() { return momentum_; }
+    const uint8_t* bucket() const { return bucket_; }
+    const uint8_t* gathered() const { return gathered_; }
+    const KernelConfig& kernel_config() const { return kernels_; }
+    const DeviceTables& device_tables() const { return device_tables_; }
+    bool exchanges_on_device() const { return nccl_ != nullptr; }
+
+private:
+    static double seconds_since(std::chrono::steady_clock::time_point s) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+    }
+    uint32_t step_seed(int64_t t) const {
+        return llmc::km::squirrel_noise5(static_cast<uint32_t>(t), seed_ ^ 0x44654d6fu);
+    }
+    template <typename T>
+    void upload(T* dst, const void* src, size_t bytes) {
+        if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+
+    // Every rank's bucket into gathered_ (rank r at r * bucket_bytes), headers and sizes checked.
+    void exchange() {
+        const size_t bytes = tables_.bucket_bytes;
+        std::vector<std::byte> headers(size_t(world_) * kBucketHeaderBytes);
+        if (nccl_) {
+            // waits for the compress kernel (an event on the compute stream) and returns when complete
+            nccl_->allgather_device(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bucket_), bytes),
+                                    reinterpret_cast<std::byte*>(gathered_), bytes * size_t(world_), offsets_);
+            for (int r = 0; r < world_; r++)
+                if (offsets_[size_t(r) + 1] - offsets_[size_t(r)] >= kBucketHeaderBytes)
+                    CUDA_CHECK(cudaMemcpyAsync(headers.data() + size_t(r) * kBucketHeaderBytes, gathered_ + offsets_[size_t(r)],
+                                               kBucketHeaderBytes, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+        } else {
+            host_bucket_.resize(bytes);
+            CUDA_CHECK(cudaMemcpyAsync(host_bucket_.data(), bucket_, bytes, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            transport_.allgather_bytes(host_bucket_, host_all_, offsets_);
+            LLMC_CHECK(offsets_.size() == size_t(world_) + 1, "DeMo: all-gather returned a wrong number of buckets");
+            for (int r = 0; r < world_; r++) {
+                const size_t size = offsets_[size_t(r) + 1] - offsets_[size_t(r)];
+                if (size >= kBucketHeaderBytes)
+                    std::memcpy(headers.data() + size_t(r) * kBucketHeaderBytes, host_all_.data() + offsets_[size_t(r)],
+                                kBucketHeaderBytes);
+            }
+        }
+        for (int r = 0; r < world_; r++)
+            cm::check_bucket_header(tables_.plan, tables_.format,
+                                    std::span<const std::byte>(headers).subspan(size_t(r) * kBucketHeaderBytes, kBucketHeaderBytes),
+                                    offsets_[size_t(r) + 1] - offsets_[size_t(r)], "DeMo bucket from rank " + std::to_string(r));
+        if (!nccl_) {  // every size checked: the buckets are back to back at r * bytes
+            CUDA_CHECK(cudaMemcpyAsync(gathered_, host_all_.data(), bytes * size_t(world_), cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // host_all_ may change before the copy ran otherwise
+        }
+    }
+
+    llmc::OptimizerConfig config_;
+    const llmc::ParamLayout& layout_;
+    llmc::Transport& transport_;
+    cudaStream_t stream_;
+    bool stochastic_;
+    uint32_t seed_;
+    cm::PlanTables tables_;
+    int world_ = 1;
+    KernelConfig kernels_;
+    DeviceTables device_tables_;
+    llmc::NcclTransport* nccl_ = nullptr;
+    llmc::DeviceArena memory_;
+    float* master_ = nullptr;
+    float* momentum_ = nullptr;
+    float* norm_scratch_ = nullptr;
+    uint8_t* bucket_ = nullptr;
+    uint8_t* gathered_ = nullptr;
+    cm::ChunkTensor* tensors_ = nullptr;
+    float* folded_ = nullptr;
+    float* natural_ = nullptr;
+    uint32_t* error_ = nullptr;
+    cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
+    std::vector<std::byte> host_bucket_, host_all_;
+    std::vector<size_t> offsets_;
+    int64_t t_ = 0;
+};
+
+}  // namespace demo

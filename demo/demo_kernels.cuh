@@ -1,0 +1,675 @@
+// The CUDA kernels of DeMo: one thread block per chunk, everything of a chunk in shared memory, the math from
+// demo/demo_chunk_math.h (the same functions the host reference and test_demo_chunk_math run, so the GPU
+// output is bit-identical to demo::cm::compress_plan_host / apply_plan_host apart from denormals, which
+// --use_fast_math flushes to zero).
+//
+//  - demo_compress_kernel: reads the chunk's momentum and fp32 gradient once (each thread keeps the updated
+//    momentum of its elements in registers), momentum update (clip scale, lr-scaled or EMA), 2-D DCT-II as
+//    two folded passes (the DCT-II symmetry halves the multiply-adds) over shared memory with the bases in
+//    shared memory, top-k by |E| (a binary search over the fp32 bits of |E| with block-wide counts; ties to
+//    the lower index; selection marked in bitmasks and compacted in index order with a block scan), value
+//    quantization (fp32 / bf16 RNE / sign with the per-chunk mean |v| summed in double in index order),
+//    packing into the bucket at codec.h's offsets (bit-packed parts with atomicOr into a zeroed bucket; the
+//    host writes the 32-byte header once), sparse decode of the transmitted (dequantized) values and the
+//    error feedback, and ONE write of the momentum. Top-k, quantization and packing are fused in this kernel:
+//    StepTimings::topk is reported as 0 and everything is in StepTimings::transform.
+//  - demo_apply_kernel: reads every rank's items of the chunk (W x k), scatter-mean per coefficient (ranks
+//    summed in rank order), inverse DCT of the ascending list of sent coefficients, sign, decoupled weight
+//    decay and p -= lr * sign on the fp32 master weights, and the floatX copy (nearest or stochastic
+//    rounding as CudaAdamW). Out-of-range or non-ascending indices (a corrupt bucket) set an error flag the
+//    host turns into an llmc::Error.
+//
+// Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
+// output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16
+// consecutive lanes read consecutive columns: no bank conflicts). Chunks up to 64 x 64 use 256 threads,
+// up to 128 x 128 1024 threads (every thread owns at most 8 row pairs / 16 elements of the chunk).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "demo/demo_chunk_math.h"
+#include "llmc/cuda_common.cuh"
+
+namespace demo {
+
+
+// ---------------------------------------------------------------------------------------------------------
+// Launch configuration: the shared-memory carve-up (offsets in 4-byte words, multiples of 4 so every region
+// is 16-byte aligned), the same for every block of a launch (maxima over the plan's tensors).
+struct SmemLayout {
+    uint32_t P = 0, Q = 0, B = 0, C = 0, Lidx = 0, Lval = 0, masks = 0, segs = 0, scratch = 0, total = 0;
+    uint32_t lcap = 0;  // list capacity (items)
+    size_t bytes() const { return size_t(total) * 4; }
+};
+
+inline constexpr int kMaxPairsPerThread = 8;   // compress: row pairs (2 elements) owned per thread
+inline constexpr int kMaxElemsPerThread = 16;  // keys / apply elements per thread
+inline constexpr uint32_t kScratchWords = 2 * 32 + 36 + 4;
+
+struct KernelConfig {
+    int threads = 256;
+    SmemLayout compress, apply;
+    int world = 1;
+};
+
+inline uint32_t words4(size_t v) { return static_cast<uint32_t>((v + 3) & ~size_t{3}); }
+
+inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
+    const ModelPlan& plan = pt.plan;
+    LLMC_CHECK(plan.max_n <= 128, "--demo_chunk " + std::to_string(plan.chunk) +
+                                      ": the CUDA DeMo kernels handle chunks up to 128 x 128 (use --demo_chunk <= 128)");
+    KernelConfig kc;
+    kc.threads = plan.max_n <= 64 ? 256 : 1024;
+    kc.world = world;
+    const size_t T = size_t(kc.threads);
+    size_t cP = 0, cQ = 0, cB = 0, cL = 0, aP = 0, aQ = 0, aB = 0, aC = 0, aL = 0, segs = 0;
+    for (const cm::ChunkTensor& ct : pt.tensors) {
+        const cm::ChunkDims d = cm::make_dims(int(ct.n1), int(ct.n2));
+        LLMC_CHECK(size_t(d.he1) * d.n2 <= kMaxPairsPerThread * T && size_t(d.elems) <= kMaxElemsPerThread * T,
+                   "DeMo: chunk " + std::to_string(d.n1) + "x" + std::to_string(d.n2) + " too large for the kernels");
+        const size_t R = std::min<size_t>(ct.k, ct.n1);
+        cP = std::max({cP, size_t(d.n1) * d.ldx, size_t(d.n1) * d.ldf, R * d.ldt});
+        cQ = std::max({cQ, size_t(d.n1) * d.ldz, size_t(d.n1) * d.lde});
+        cB = std::max({cB, size_t(cm::folded_basis_floats(d.n1) + cm::folded_basis_floats(d.n2)), R * d.ldas});
+        cL = std::max<size_t>(cL, ct.k);
+        aP = std::max(aP, size_t(d.n1) * d.ldt);
+        aQ = std::max({aQ, size_t(d.elems), size_t(d.n1) * d.lde});
+        aB = std::max(aB, size_t(d.n1) * d.ldas);
+        aC = std::max(aC, size_t(d.elems));
+        aL = std::max<size_t>(aL, std::max<size_t>(ct.k, std::min<size_t>(size_t(world) * ct.k, size_t(d.elems))));
+        segs = std::max(segs, size_t(2 * d.n1 + 1));
+    }
+    auto carve = [&](SmemLayout& L, size_t P, size_t Q, size_t B, size_t C, size_t Lc, size_t masks) {
+        uint32_t off = 0;
+        auto take = [&off](uint32_t& slot, size_t words) {
+            slot = off;
+            off += words4(words);
+        };
+        take(L.P, P);
+        take(L.Q, Q);
+        take(L.B, B);
+        take(L.C, C);
+        take(L.Lidx, Lc);
+        take(L.Lval, Lc);
+        take(L.masks, masks);
+        take(L.segs, segs);
+        take(L.scratch, kScratchWords);
+        L.total = off;
+        L.lcap = static_cast<uint32_t>(Lc);
+    };
+    carve(kc.compress, cP, cQ, cB, 0, cL, 2 * T);
+    carve(kc.apply, aP, aQ, aB, aC, aL, T);
+    return kc;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Block-level helpers (THREADS a multiple of 32, at most 1024).
+struct AtomicOrWord {
+    __host__ __device__ void operator()(uint8_t* w, uint32_t bits) const {
+#ifdef __CUDA_ARCH__
+        atomicOr(reinterpret_cast<unsigned int*>(w), bits);
+#else
+        cm::store_u32(w, cm::load_u32(w) | bits);
+#endif
+    }
+};
+
+// Sum of v over the block, every thread gets it. `red` holds 64 words used alternately (`parity`), so
+// consecutive calls need one barrier each.
+template <int THREADS>
+__device__ __forceinline__ uint32_t block_count(uint32_t v, uint32_t* red, int& parity) {
+    v = __reduce_add_sync(0xffffffffu, v);
+    uint32_t* slot = red + 32 * parity;
+    parity ^= 1;
+    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
+    __syncthreads();
+    uint32_t total = 0;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; w++) total += slot[w];
+    return total;
+}
+template <int THREADS>
+__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* red, int& parity) {
+    v = __reduce_max_sync(0xffffffffu, v);
+    uint32_t* slot = red + 32 * parity;
+    parity ^= 1;
+    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
+    __syncthreads();
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; w++) m = max(m, slot[w]);
+    return m;
+}
+
+// Exclusive prefix sum over the block in thread order; *total gets the sum. `scan` holds 33 words.
+template <int THREADS>
+__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* scan, uint32_t* total) {
+    constexpr int kWarps = THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) scan[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        const uint32_t w = lane < kWarps ? scan[lane] : 0u;
+        uint32_t inc = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (lane < kWarps) scan[lane] = inc - w;
+        if (lane == 31) scan[32] = inc;
+    }
+    __syncthreads();
+    const uint32_t r = scan[warp] + x - v;
+    *total = scan[32];
+    __syncthreads();  // scan[] may be reused right away
+    return r;
+}
+
+// Runs one or two cm::MatmulJobs with 4 x 4 register tiles (see the file comment). No barrier inside.
+template <int THREADS>
+__device__ __forceinline__ void run_jobs(const cm::MatmulJob& j0, const cm::MatmulJob& j1, int njobs) {
+    auto tiles = [](const cm::MatmulJob& j) { return ((j.J + 3) / 4) * ((j.C + 63) / 64) * 16; };
+    const int count0 = tiles(j0);
+    const int total = count0 + (njobs > 1 ? tiles(j1) : 0);
+    for (int id = threadIdx.x; id < total; id += THREADS) {
+        const bool second = id >= count0;
+        const cm::MatmulJob jb = second ? j1 : j0;
+        const int local = second ? id - count0 : id;
+        const int lc = local & 15, rest = local >> 4;
+        const int ncg = (jb.C + 63) / 64;
+        const int cg = rest % ncg, tr = rest / ncg;
+        const int c_first = cg * 64 + lc;
+        if (c_first >= jb.C) continue;
+        int cofs[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) cofs[b] = min(c_first + 16 * b, jb.C - 1) * jb.ics;
+        float acc[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[q][b] = 0.0f;
+        const int j_first = 4 * tr;
+        cm::mm_tile<4, 4>(jb.A + j_first, jb.lda, jb.In, jb.irs, cofs, jb.K, acc);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            if (j_first + q >= jb.J) break;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int c = c_first + 16 * b;
+                if (c < jb.C) jb.out[(j_first + q) * jb.ors + c * jb.ocs] = acc[q][b];
+            }
+        }
+    }
+}
+
+// Step 9 on the ascending list (Lidx, Lval)[0, count): dec (n1 x lde, in `dec`) = C1^T S C2. Uses T (n2-wide
+// rows) and AS (ldas-wide rows) scratch and segs (2 n1 + 1 ints). Starts and ends with all threads in step.
+template <int THREADS>
+__device__ __forceinline__ void decode_list(const cm::ChunkDims& d, const float* __restrict__ c1,
+                                            const float* __restrict__ c2, const uint32_t* Lidx, const float* Lval,
+                                            int count, float* T, float* AS, float* dec, int* segs, uint32_t* scan) {
+    int* seg_start = segs;
+    int* seg_row = segs + d.n1 + 1;
+    // row segments of the list (a list sorted by flat index is grouped by row, rows ascending)
+    const int per = (count + THREADS - 1) / THREADS;
+    const int e0 = min(count, int(threadIdx.x) * per), e1 = min(count, e0 + per);
+    uint32_t starts = 0;
+    for (int e = e0; e < e1; e++)
+        starts += (e == 0 || Lidx[e] / uint32_t(d.n2) != Lidx[e - 1] / uint32_t(d.n2)) ? 1u : 0u;
+    uint32_t R = 0;
+    uint32_t slot = block_exclusive_scan<THREADS>(starts, scan, &R);
+    for (int e = e0; e < e1; e++) {
+        const int row = int(Lidx[e] / uint32_t(d.n2));
+        if (e == 0 || row != int(Lidx[e - 1] / uint32_t(d.n2))) {
+            seg_start[slot] = e;
+            seg_row[slot] = row;
+            slot++;
+        }
+    }
+    if (threadIdx.x == 0) seg_start[R] = count;
+    __syncthreads();
+    const int rows = int(R);
+    for (int q = threadIdx.x; q < rows * d.n2; q += THREADS) {
+        const int s = q / d.n2, n = q - s * d.n2;
+        T[s * d.ldt + n] = cm::decode_row_value(Lidx, Lval, seg_start[s], seg_start[s + 1], c2, d.n2, n);
+    }
+    for (int q = threadIdx.x; q < rows * d.ldas; q += THREADS) {
+        const int s = q / d.ldas, m = q - s * d.ldas;
+        AS[q] = m < d.n1 ? c1[seg_row[s] * d.n1 + m] : 0.0f;
+    }
+    __syncthreads();
+    const cm::MatmulJob job = cm::decode_job(d, AS, T, rows, dec);
+    run_jobs<THREADS>(job, job, 1);
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+struct CompressArgs {
+    const cm::ChunkTensor* tensors;
+    int num_tensors;
+    const float* folded;   // folded bases table
+    const float* natural;  // natural bases table
+    float* momentum;
+    const float* grads;
+    uint8_t* bucket;       // header written, body zeroed
+    cm::CompressParams p;
+    SmemLayout L;
+};
+
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) demo_compress_kernel(const CompressArgs a) {
+    extern __shared__ float4 smem4[];
+    float* sm = reinterpret_cast<float*>(smem4);
+    const int tid = threadIdx.x;
+    const uint64_t gchunk = blockIdx.x;
+    const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
+    const uint64_t c = gchunk - ct.chunk_offset;
+    const cm::ChunkDims d = cm::make_dims(int(ct.n1), int(ct.n2));
+    const uint64_t origin = cm::chunk_origin(ct, c);
+    const uint64_t cols = ct.cols;
+    float* P = sm + a.L.P;
+    float* Q = sm + a.L.Q;
+    float* B = sm + a.L.B;
+    uint32_t* Lidx = reinterpret_cast<uint32_t*>(sm + a.L.Lidx);
+    float* Lval = sm + a.L.Lval;
+    uint32_t* gmask = reinterpret_cast<uint32_t*>(sm + a.L.masks);
+    uint32_t* tmask = gmask + THREADS;
+    int* segs = reinterpret_cast<int*>(sm + a.L.segs);
+    uint32_t* red = reinterpret_cast<uint32_t*>(sm + a.L.scratch);
+    uint32_t* scan = red + 64;
+    float* misc = reinterpret_cast<float*>(scan + 36);
+
+    // folded bases -> shared (float4: table offsets and sizes are multiples of 4); masks cleared
+    const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
+    float* fold1 = B;
+    float* fold2 = B + f1;
+    {
+        const float4* s1 = reinterpret_cast<const float4*>(a.folded + ct.fold1);
+        const float4* s2 = reinterpret_cast<const float4*>(a.folded + ct.fold2);
+        for (int i = tid; i < f1 / 4; i += THREADS) reinterpret_cast<float4*>(fold1)[i] = s1[i];
+        for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
+        gmask[tid] = 0u;
+        tmask[tid] = 0u;
+    }
+
+    // 1-2: read momentum and gradient once; momentum update; fold rows into FX (P). Thread owns the row pairs
+    // (b, n), (n1-1-b, n) of slots q = tid + r * THREADS (consecutive lanes: consecutive columns).
+    const int npairs = d.he1 * d.n2;
+    float own_top[kMaxPairsPerThread], own_bot[kMaxPairsPerThread];
+    {
+        float m_top[kMaxPairsPerThread], g_top[kMaxPairsPerThread], m_bot[kMaxPairsPerThread], g_bot[kMaxPairsPerThread];
+#pragma unroll
+        for (int r = 0; r < kMaxPairsPerThread; r++) {
+            const int q = tid + r * THREADS;
+            m_top[r] = g_top[r] = m_bot[r] = g_bot[r] = 0.0f;
+            if (q < npairs) {
+                const int b = q / d.n2, n = q - b * d.n2, bb = d.n1 - 1 - b;
+                const uint64_t i1 = origin + uint64_t(b) * cols + n, i2 = origin + uint64_t(bb) * cols + n;
+                m_top[r] = a.momentum[i1];
+                g_top[r] = __ldg(a.grads + i1);
+                if (bb != b) {
+                    m_bot[r] = a.momentum[i2];
+                    g_bot[r] = __ldg(a.grads + i2);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < kMaxPairsPerThread; r++) {
+            const int q = tid + r * THREADS;
+            own_top[r] = own_bot[r] = 0.0f;
+            if (q < npairs) {
+                const int b = q / d.n2, n = q - b * d.n2, bb = d.n1 - 1 - b;
+                const float x1 = cm::momentum_update(m_top[r], g_top[r], a.p.clip, a.p.decay, a.p.grad_scale);
+                own_top[r] = x1;
+                if (bb != b) {
+                    const float x2 = cm::momentum_update(m_bot[r], g_bot[r], a.p.clip, a.p.decay, a.p.grad_scale);
+                    own_bot[r] = x2;
+                    P[b * d.ldx + n] = cm::add_rn(x1, x2);
+                    P[(d.he1 + b) * d.ldx + n] = cm::sub_rn(x1, x2);
+                } else {
+                    P[b * d.ldx + n] = x1;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    // 3: pass 1 (along rows): FX (P) -> Z (Q)
+    run_jobs<THREADS>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
+    __syncthreads();
+    // 4: fold columns: Z (Q) -> FZ (P)
+    for (int q = tid; q < d.n1 * d.he2; q += THREADS) {
+        const int j = q / d.he2, r = q - j * d.he2;
+        const float* zr = Q + j * d.ldz;
+        P[j * d.ldf + r] = cm::fold_even(zr, 1, d.n2, r);
+        if (r < d.ho2) P[j * d.ldf + d.he2 + r] = cm::fold_odd(zr, 1, d.n2, r);
+    }
+    __syncthreads();
+    // 5: pass 2 (along columns): FZ (P) -> E (Q)
+    run_jobs<THREADS>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
+    __syncthreads();
+
+    // 6: top-k. Keys of natural indices i = tid + r * THREADS (invalid slots: key 0, never counted since
+    // every searched threshold is >= 1, and never marked).
+    const uint32_t n = uint32_t(d.elems), k = ct.k;
+    uint32_t keys[kMaxElemsPerThread];
+    uint32_t local_max = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxElemsPerThread; r++) {
+        const uint32_t i = uint32_t(tid + r * THREADS);
+        keys[r] = i < n ? cm::magnitude_key(Q[(i / ct.n2) * d.lde + i % ct.n2]) : 0u;
+        local_max = max(local_max, keys[r]);
+    }
+    int parity = 0;
+    cm::TopkSearch search = cm::topk_search_init(block_max<THREADS>(local_max, red, parity), n);
+    while (cm::topk_search_active(search, k)) {
+        const uint32_t mid = cm::topk_search_mid(search);
+        uint32_t cnt = 0;
+#pragma unroll
+        for (int r = 0; r < kMaxElemsPerThread; r++) cnt += keys[r] >= mid ? 1u : 0u;
+        cm::topk_search_update(search, mid, block_count<THREADS>(cnt, red, parity), k);
+    }
+    const cm::TopkRule rule = cm::topk_rule(search, k);
+#pragma unroll
+    for (int r = 0; r < kMaxElemsPerThread; r++) {
+        const uint32_t i = uint32_t(tid + r * THREADS);
+        if (i >= n) continue;
+        if (cm::topk_greater(rule, keys[r])) atomicOr(gmask + (i >> 5), 1u << (i & 31));
+        else if (cm::topk_tie(rule, keys[r])) atomicOr(tmask + (i >> 5), 1u << (i & 31));
+    }
+    __syncthreads();
+    {  // compaction in index order: thread tid owns mask word tid (natural indices 32 tid .. 32 tid + 31)
+        const uint32_t gw = gmask[tid], tw = tmask[tid];
+        uint32_t total = 0;
+        const uint32_t before = block_exclusive_scan<THREADS>(__popc(gw) | (uint32_t(__popc(tw)) << 16), scan, &total);
+        uint32_t gb = before & 0xffffu, tb = before >> 16;
+        uint32_t bits = gw | tw;
+        while (bits) {
+            const int bit = __ffs(bits) - 1;
+            bits &= bits - 1;
+            const uint32_t i = uint32_t(tid) * 32u + uint32_t(bit);
+            int pos = -1;
+            if ((gw >> bit) & 1u) {
+                pos = int(gb + min(tb, rule.need));
+                gb++;
+            } else {
+                if (tb < rule.need) pos = int(gb + tb);
+                tb++;
+            }
+            if (pos >= 0) {
+                Lidx[pos] = i;
+                Lval[pos] = Q[(i / ct.n2) * d.lde + i % ct.n2];
+            }
+        }
+    }
+    __syncthreads();
+
+    // 7-8: quantize and pack
+    float scale = 0.0f;
+    if (a.p.values == cm::kValuesSign) {
+        if (tid == 0) misc[0] = cm::sign_scale(Lval, int(k));
+        __syncthreads();
+        scale = misc[0];
+    }
+    {
+        const AtomicOrWord or_word;
+        uint8_t* values = a.bucket + ct.values_off;
+        uint8_t* indices = a.bucket + ct.indices_off;
+        for (uint32_t j = tid; j < k; j += THREADS) {
+            const float dq = cm::dequantize(a.p.values, Lval[j], scale);
+            Lval[j] = dq;
+            const uint64_t item = c * k + j;
+            if (a.p.values == cm::kValuesSign) cm::put_sign_bit(values, item, dq, or_word);
+            else cm::put_value(values, a.p.values, item, dq);
+            cm::put_index(indices, a.p.indices, int(ct.index_bytes), item, Lidx[j], or_word);
+        }
+        if (a.p.values == cm::kValuesSign && tid == 0)
+            cm::store_u32(a.bucket + ct.scales_off + 4 * c, llmc::km::float_to_bits(scale));
+    }
+    __syncthreads();
+
+    // 9: decode what was sent (T in P, gathered C1 rows in B, dec in Q)
+    decode_list<THREADS>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B, Q, segs, scan);
+
+    // 10: error feedback, the one write of the momentum
+#pragma unroll
+    for (int r = 0; r < kMaxPairsPerThread; r++) {
+        const int q = tid + r * THREADS;
+        if (q < npairs) {
+            const int b = q / d.n2, nn = q - b * d.n2, bb = d.n1 - 1 - b;
+            a.momentum[origin + uint64_t(b) * cols + nn] = cm::feedback(own_top[r], Q[b * d.lde + nn], a.p.alpha);
+            if (bb != b)
+                a.momentum[origin + uint64_t(bb) * cols + nn] = cm::feedback(own_bot[r], Q[bb * d.lde + nn], a.p.alpha);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+struct ApplyArgs {
+    const cm::ChunkTensor* tensors;
+    int num_tensors;
+    const float* natural;
+    const uint8_t* buckets;  // world buckets of p.bucket_bytes, back to back
+    float* master;
+    llmc::floatX* params;
+    cm::ApplyParams p;
+    uint32_t seed;
+    bool stochastic;
+    uint32_t* error;  // [0]: kErr* flags, [1]: lowest rank with an error
+    SmemLayout L;
+};
+
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) demo_apply_kernel(const ApplyArgs a) {
+    extern __shared__ float4 smem4[];
+    float* sm = reinterpret_cast<float*>(smem4);
+    const int tid = threadIdx.x;
+    const uint64_t gchunk = blockIdx.x;
+    const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
+    const uint64_t c = gchunk - ct.chunk_offset;
+    const cm::ChunkDims d = cm::make_dims(int(ct.n1), int(ct.n2));
+    const uint64_t origin = cm::chunk_origin(ct, c);
+    float* P = sm + a.L.P;
+    float* Q = sm + a.L.Q;  // sums, then dec
+    float* B = sm + a.L.B;
+    uint32_t* cnt = reinterpret_cast<uint32_t*>(sm + a.L.C);
+    uint32_t* Lidx = reinterpret_cast<uint32_t*>(sm + a.L.Lidx);
+    float* Lval = sm + a.L.Lval;
+    uint32_t* touched = reinterpret_cast<uint32_t*>(sm + a.L.masks);
+    int* segs = reinterpret_cast<int*>(sm + a.L.segs);
+    uint32_t* scan = reinterpret_cast<uint32_t*>(sm + a.L.scratch) + 64;
+    const uint32_t n = uint32_t(d.elems), k = ct.k;
+
+    for (uint32_t i = tid; i < n; i += THREADS) {
+        Q[i] = 0.0f;
+        cnt[i] = 0u;
+    }
+    touched[tid] = 0u;
+    __syncthreads();
+
+    // scatter-mean: batches of ranks staged in the list, then summed rank by rank (a fixed order)
+    const int world = a.p.world;
+    const int batch = max(1, int(a.L.lcap / k));
+    uint32_t err = 0;
+    int err_rank = world;
+    for (int r0 = 0; r0 < world; r0 += batch) {
+        const int nb = min(batch, world - r0);
+        for (uint32_t e = tid; e < uint32_t(nb) * k; e += THREADS) {
+            const uint32_t rr = e / k, j = e - rr * k;
+            const uint8_t* bucket = a.buckets + uint64_t(r0 + int(rr)) * a.p.bucket_bytes;
+            const uint64_t item = c * k + j;
+            const float scale =
+                a.p.values == cm::kValuesSign ? llmc::km::bits_to_float(cm::load_u32(bucket + ct.scales_off + 4 * c)) : 0.0f;
+            Lidx[e] = cm::get_index(bucket + ct.indices_off, a.p.indices, int(ct.index_bytes), item);
+            Lval[e] = cm::get_value(bucket + ct.values_off, a.p.values, item, scale);
+        }
+        __syncthreads();
+        for (int rr = 0; rr < nb; rr++) {
+            for (uint32_t j = tid; j < k; j += THREADS) {
+                const uint32_t e = uint32_t(rr) * k + j;
+                const uint32_t i = Lidx[e];
+                uint32_t bad = 0;
+                if (i >= n) bad = cm::kErrIndexRange;
+                else if (j > 0 && i <= Lidx[e - 1]) bad = cm::kErrNotAscending;
+                if (bad) {
+                    err |= bad;
+                    err_rank = min(err_rank, r0 + rr);
+                    continue;
+                }
+                const float v = Lval[e];
+                const uint32_t c0 = cnt[i];
+                Q[i] = c0 == 0 ? v : cm::add_rn(Q[i], v);
+                cnt[i] = c0 + 1;
+                if (c0 == 0) atomicOr(touched + (i >> 5), 1u << (i & 31));
+            }
+            __syncthreads();
+        }
+    }
+    if (err) {
+        atomicOr(a.error, err);
+        atomicMin(a.error + 1, uint32_t(err_rank));
+    }
+
+    // the ascending list of coefficients anyone sent, with their means
+    uint32_t count = 0;
+    {
+        const uint32_t w = touched[tid];
+        uint32_t pos = block_exclusive_scan<THREADS>(__popc(w), scan, &count);
+        uint32_t bits = w;
+        while (bits) {
+            const int bit = __ffs(bits) - 1;
+            bits &= bits - 1;
+            const uint32_t i = uint32_t(tid) * 32u + uint32_t(bit);
+            Lidx[pos] = i;
+            Lval[pos] = cm::div_rn(Q[i], static_cast<float>(cnt[i]));
+            pos++;
+        }
+    }
+    __syncthreads();
+    decode_list<THREADS>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P, B, Q, segs, scan);
+
+    // update the master weights and the floatX copy
+    const bool decays = a.p.apply_wd && ct.decays;
+#pragma unroll
+    for (int r = 0; r < kMaxElemsPerThread; r++) {
+        const int q = tid + r * THREADS;
+        if (q < int(n)) {
+            const int b = q / d.n2, nn = q - b * d.n2;
+            const uint64_t gi = origin + uint64_t(b) * ct.cols + nn;
+            const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays);
+            a.master[gi] = p;
+            if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);
+            else a.params[gi] = llmc::from_float<llmc::floatX>(p);
+        }
+    }
+}
+
+// master -> floatX params (nearest, or stochastic with the given seed), for set_weights.
+__global__ void demo_round_params_kernel(llmc::floatX* params, const float* master, size_t n, uint32_t seed,
+                                         bool stochastic) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        if (stochastic) llmc::store_stochastic(params + i, master[i], i, seed);
+        else params[i] = llmc::from_float<llmc::floatX>(master[i]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Device copies of a plan's tables (pointers into memory the caller owns).
+struct DeviceTables {
+    const cm::ChunkTensor* tensors = nullptr;
+    int num_tensors = 0;
+    const float* folded = nullptr;
+    const float* natural = nullptr;
+    uint64_t total_chunks = 0;
+};
+
+// Device copies of a plan's tables in their own buffers (checkers and tests; CudaDemo keeps them in its arena).
+struct OwnedDeviceTables {
+    llmc::DeviceBuffer<cm::ChunkTensor> tensors;
+    llmc::DeviceBuffer<float> folded, natural;
+    DeviceTables view;
+    explicit OwnedDeviceTables(const cm::PlanTables& pt)
+        : tensors(pt.tensors.size(), "DeMo tensor table"), folded(pt.bases.folded.size(), "DeMo bases"),
+          natural(pt.bases.natural.size(), "DeMo bases") {
+        tensors.upload(pt.tensors);
+        folded.upload(pt.bases.folded);
+        natural.upload(pt.bases.natural);
+        view = DeviceTables{tensors.data(), static_cast<int>(pt.tensors.size()), folded.data(), natural.data(),
+                            pt.plan.total_chunks};
+    }
+};
+
+// Sets the dynamic shared memory limits of the kernels for `kc` (once per configuration) and checks the
+// device can hold them.
+inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t need = std::max(kc.compress.bytes(), kc.apply.bytes());
+    LLMC_CHECK(need <= size_t(optin),
+               "DeMo kernels need " + std::to_string(need) + " bytes of shared memory per block for --demo_chunk " +
+                   std::to_string(plan.chunk) + " / --demo_topk " + std::to_string(plan.topk) + " with " +
+                   std::to_string(kc.world) + " ranks; this GPU allows " + std::to_string(optin) +
+                   " (lower --demo_chunk or --demo_topk)");
+    // The limits only grow (per kernel and device), so optimizers of different configurations can coexist.
+    static int raised[4][64] = {};
+    auto raise = [device](int slot, const void* kernel, size_t bytes) {
+        int& have = raised[slot][device & 63];
+        if (int(bytes) <= have) return;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+        have = int(bytes);
+    };
+    if (kc.threads == 256) {
+        raise(0, reinterpret_cast<const void*>(demo_compress_kernel<256>), kc.compress.bytes());
+        raise(1, reinterpret_cast<const void*>(demo_apply_kernel<256>), kc.apply.bytes());
+    } else {
+        raise(2, reinterpret_cast<const void*>(demo_compress_kernel<1024>), kc.compress.bytes());
+        raise(3, reinterpret_cast<const void*>(demo_apply_kernel<1024>), kc.apply.bytes());
+    }
+}
+
+// Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero).
+inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
+                            uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
+    if (t.total_chunks == 0) return;
+    LLMC_CHECK(t.total_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
+    const CompressArgs args{t.tensors, t.num_tensors, t.folded, t.natural, momentum, grads, bucket, p, kc.compress};
+    const dim3 grid(static_cast<unsigned>(t.total_chunks));
+    if (kc.threads == 256) demo_compress_kernel<256><<<grid, 256, kc.compress.bytes(), stream>>>(args);
+    else demo_compress_kernel<1024><<<grid, 1024, kc.compress.bytes(), stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Apply p.world buckets (back to back, p.bucket_bytes each) to the master weights and params. `error` (2 words,
+// device) must hold {0, UINT32_MAX} before the launch.
+inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
+                         llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
+                         uint32_t* error, cudaStream_t stream) {
+    if (t.total_chunks == 0) return;
+    LLMC_CHECK(p.world == kc.world, "DeMo apply: launch configured for " + std::to_string(kc.world) + " ranks, got " +
+                                        std::to_string(p.world));
+    const ApplyArgs args{t.tensors, t.num_tensors, t.natural, buckets, master, params, p, seed, stochastic, error, kc.apply};
+    const dim3 grid(static_cast<unsigned>(t.total_chunks));
+    if (kc.threads == 256) demo_apply_kernel<256><<<grid, 256, kc.apply.bytes(), stream>>>(args);
+    else demo_apply_kernel<1024><<<grid, 1024, kc.apply.bytes(), stream>>>(args);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Bytes a compress launch moves through DRAM (momentum read + write, gradient read, bucket write), for GB/s.
+inline double compress_dram_bytes(const ModelPlan& plan, size_t bucket_bytes) {
+    return double(plan.num_params) * 12.0 + double(bucket_bytes);
+}
+// Apply: every rank's bucket read, master read + write, floatX params written.
+inline double apply_dram_bytes(const ModelPlan& plan, size_t bucket_bytes, int world) {
+    return double(plan.num_params) * (8.0 + sizeof(llmc::floatX)) + double(bucket_bytes) * world;
+}
+
+}  // namespace demo

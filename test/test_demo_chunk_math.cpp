@@ -1,0 +1,443 @@
+// Host tests of demo/demo_chunk_math.h, the per-chunk math the CUDA DeMo kernels run (the same functions,
+// compiled here by g++). They prove the canonical computation reproduces the CPU DemoOptimizer:
+//  - compress on several plans (64x64 chunks, [96,50], [7], [50,1000], [3,5], a d12-sized [768,768], mixed,
+//    prime sizes giving 1 x 64, 64 x 1 and 1 x 1 chunks)
+//    and options (fp32/bf16/sign values, smallest/packed12 indices, lr/EMA momentum, alpha 1/0.2, topk
+//    3/5/32, chunk 16/64, from zero and from random momentum): the canonical bucket decodes to the same index
+//    sets except in near-tie chunks (verified with fp64 E), values within 2e-5 of the chunk's largest value
+//    (summation orders differ: folded DCT with fmaf chains vs OpenBLAS sgemm), bf16 values equal or one bf16
+//    ulp apart at a rounding boundary, sign bits equal, and the momentum within 2e-5 of the chunk's largest;
+//    the canonical bucket re-encodes byte-identically through the codec (same layout, padding, bit packing);
+//  - apply over 1 and 3 ranks' CPU buckets: parameters bit-equal except where the decoded value is within
+//    rounding of zero (fp64 check), counted;
+//  - the pieces: option validation and bucket-header checks give the CPU's messages, the state blob is the
+//    CPU's byte for byte, the folded bases hold the CPU's basis values, register tiles do not change any
+//    value, the top-k search picks the CPU's set (ties to the lower index) on adversarial keys, the wire
+//    helpers round-trip, and corrupt buckets raise the apply error flags.
+// Each comparison prints its measured agreement.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "demo/demo_chunk_math.h"
+#include "demo/demo_optimizer.h"
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+#include "llmc/rng.h"
+#include "test/testing.h"
+
+namespace {
+
+using llmc::DemoIndexEncoding;
+using llmc::DemoMomentum;
+using llmc::DemoValueEncoding;
+namespace cm = demo::cm;
+
+llmc::ParamLayout custom_layout(const std::vector<std::vector<size_t>>& shapes) {
+    llmc::ParamLayout layout;
+    size_t offset = 0;
+    for (size_t i = 0; i < shapes.size(); i++) {
+        llmc::ParamTensor t;
+        char name[32];
+        std::snprintf(name, sizeof name, "t%zu", i);
+        t.name = name;
+        t.kind = llmc::ParamKind::wte;
+        t.layer = -1;
+        t.offset = offset;
+        t.shape = shapes[i];
+        t.numel = 1;
+        for (size_t d : shapes[i]) t.numel *= d;
+        offset += t.numel;
+        layout.tensors.push_back(t);
+    }
+    layout.num_params = offset;
+    return layout;
+}
+
+std::vector<float> random_vector(size_t n, uint64_t seed, double scale) {
+    llmc::Rng rng(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(rng.normal() * scale);
+    return v;
+}
+
+cm::PlanTables tables_for(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout) {
+    std::vector<uint8_t> decays;
+    const demo::ModelPlan plan = cm::plan_for_layout(cfg, layout, &decays);
+    return cm::make_plan_tables(plan, demo::WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
+}
+
+// Sets the CPU optimizer's momentum through its state blob (written by the canonical writer).
+void set_cpu_momentum(demo::DemoOptimizer& opt, const cm::PlanTables& pt, const std::vector<float>& m) {
+    llmc::ByteWriter w;
+    cm::write_state(w, pt.plan, m);
+    llmc::ByteReader r(w.bytes(), "momentum");
+    opt.load_state(r);
+}
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const llmc::Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+struct Case {
+    std::string name;
+    std::vector<std::vector<size_t>> shapes;
+    llmc::OptimizerConfig cfg;
+};
+
+llmc::OptimizerConfig config(DemoValueEncoding v, DemoIndexEncoding i, DemoMomentum m, float alpha, int topk,
+                             int chunk = 64, float wd = 0.1f) {
+    llmc::OptimizerConfig c;
+    c.weight_decay = wd;
+    c.grad_clip = 1.0f;
+    c.demo.values = v;
+    c.demo.indices = i;
+    c.demo.momentum = m;
+    c.demo.feedback_alpha = alpha;
+    c.demo.topk = topk;
+    c.demo.chunk = chunk;
+    return c;
+}
+
+std::vector<Case> cases() {
+    const auto fp32 = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+    const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
+    const auto sign = config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
+    const auto small = config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16);
+    const std::vector<std::vector<size_t>> mixed = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}};
+    std::vector<Case> out;
+    for (const auto& [label, cfg] : {std::pair{"fp32/u16/lr/a1/k32", fp32}, std::pair{"bf16/p12/ema/a.2/k5", bf16},
+                                     std::pair{"sign/u16/lr/a1/k3", sign}}) {
+        out.push_back({std::string("64x64 [128,192]+[192] ") + label, {{128, 192}, {192}}, cfg});
+        out.push_back({std::string("[96,50] ") + label, {{96, 50}}, cfg});
+        out.push_back({std::string("[7] ") + label, {{7}}, cfg});
+        out.push_back({std::string("[50,1000] ") + label, {{50, 1000}}, cfg});
+        out.push_back({std::string("[3,5] ") + label, {{3, 5}}, cfg});
+    }
+    out.push_back({"d12 [768,768] fp32/u16/lr/a1/k32", {{768, 768}}, fp32});
+    // prime sizes > chunk: n1 = 1 ([67,64]), n2 = 1 ([64,67]), 1x1 chunks ([67,67]: every element sent)
+    out.push_back({"primes [67,64]+[64,67]+[67,67] fp32/k32", {{67, 64}, {64, 67}, {67, 67}}, fp32});
+    out.push_back({"primes [67,64]+[64,67]+[67,67] sign/k3", {{67, 64}, {64, 67}, {67, 67}}, sign});
+    out.push_back({"mixed chunk16 fp32/p12/lr/a.5/k7", mixed, small});
+    out.push_back({"mixed bf16/p12/ema/a.2/k5", mixed, bf16});
+    return out;
+}
+
+}  // namespace
+
+TEST(validation_messages_match_cpu_optimizer) {
+    const llmc::ParamLayout layout = custom_layout({{96, 50}, {7}});
+    llmc::LocalTransport transport;
+    std::vector<std::function<void(llmc::OptimizerConfig&)>> edits = {
+        [](llmc::OptimizerConfig& c) { c.demo.topk = 0; },
+        [](llmc::OptimizerConfig& c) { c.demo.chunk = -3; },
+        [](llmc::OptimizerConfig& c) { c.demo.decay = 1.0f; },
+        [](llmc::OptimizerConfig& c) { c.demo.decay = std::nanf(""); },
+        [](llmc::OptimizerConfig& c) { c.demo.feedback_alpha = 0.0f; },
+        [](llmc::OptimizerConfig& c) { c.demo.feedback_alpha = 1.5f; },
+        [](llmc::OptimizerConfig& c) { c.weight_decay = -1e-3f; },
+    };
+    for (auto& edit : edits) {
+        llmc::OptimizerConfig cfg;
+        edit(cfg);
+        const std::string cpu = error_of([&] { demo::DemoOptimizer opt(cfg, layout, transport); });
+        const std::string mine = error_of([&] { cm::validate_options(cfg); });
+        EXPECT_EQ(cpu, mine);
+        EXPECT(mine != "(no error)");
+    }
+    llmc::OptimizerConfig ok;
+    EXPECT_EQ(error_of([&] { cm::validate_options(ok); }), std::string("(no error)"));
+}
+
+TEST(folded_bases_hold_cpu_basis_values) {
+    for (size_t n : {1, 2, 3, 5, 7, 48, 50, 63, 64}) {
+        const std::vector<float> c = demo::dct_basis(n), f = cm::folded_basis(n);
+        const int he = int(n + 1) / 2, ho = int(n) / 2, ld = cm::ceil4(he);
+        bool ok = true;
+        for (int r = 0; r < he; r++)
+            for (int j = 0; j < ld; j++)
+                ok = ok && f[size_t(r) * ld + j] == (j < he ? c[size_t(2 * j) * n + r] : 0.0f);
+        for (int r = 0; r < ho; r++)
+            for (int j = 0; j < ld; j++)
+                ok = ok && f[size_t(he + r) * ld + j] == (j < ho ? c[size_t(2 * j + 1) * n + r] : 0.0f);
+        EXPECT(ok);
+    }
+}
+
+// The kernels use 4 x 4 register tiles with strided columns; the host reference 1 x 1 tiles. Same values.
+TEST(register_tiles_do_not_change_values) {
+    const int K = 37, J = 13, C = 50, lda = 16, irs = 53;
+    const std::vector<float> A = random_vector(size_t(K) * lda, 1, 1.0), In = random_vector(size_t(K) * irs, 2, 1.0);
+    std::vector<float> out1(size_t(J) * C), out4(size_t(J) * C, 0.0f);
+    cm::MatmulJob jb{A.data(), lda, In.data(), irs, 1, K, J, C, out1.data(), C, 1};
+    cm::run_job_host(jb);
+    for (int j0 = 0; j0 < J; j0 += 4)
+        for (int c0 = 0; c0 < 16; c0++) {
+            int cofs[4];
+            for (int b = 0; b < 4; b++) cofs[b] = std::min(c0 + 16 * b, C - 1);
+            float acc[4][4] = {};
+            cm::mm_tile<4, 4>(A.data() + j0, lda, In.data(), irs, cofs, K, acc);
+            for (int q = 0; q < 4; q++)
+                for (int b = 0; b < 4; b++)
+                    if (j0 + q < J && c0 + 16 * b < C) out4[size_t(j0 + q) * C + c0 + 16 * b] = acc[q][b];
+        }
+    EXPECT(std::memcmp(out1.data(), out4.data(), out1.size() * sizeof(float)) == 0);
+}
+
+// The binary-search top-k picks exactly the CPU's select_topk set, also with heavy ties, zeros and NaN.
+TEST(topk_search_matches_cpu_selection) {
+    llmc::Rng rng(7);
+    demo::TopkScratch scratch;
+    int checked = 0, mismatches = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const size_t n = 1 + rng.next_u64() % 300;
+        const size_t k = 1 + rng.next_u64() % n;
+        std::vector<float> v(n);
+        const int mode = trial % 5;
+        for (size_t i = 0; i < n; i++) {
+            const double x = rng.normal();
+            if (mode == 0) v[i] = static_cast<float>(x);
+            else if (mode == 1) v[i] = static_cast<float>(std::round(x * 2.0) / 2.0);  // many equal magnitudes
+            else if (mode == 2) v[i] = 0.0f;
+            else if (mode == 3) v[i] = (i % 3 == 0) ? -1.0f : 1.0f;
+            else v[i] = (i == n / 2) ? std::nanf("") : static_cast<float>(x);
+        }
+        std::vector<uint32_t> cpu(k);
+        demo::select_topk(v, k, cpu.data(), scratch);
+        std::vector<uint32_t> keys(n);
+        uint32_t max_key = 0;
+        for (size_t i = 0; i < n; i++) max_key = std::max(max_key, keys[i] = cm::magnitude_key(v[i]));
+        cm::TopkSearch s = cm::topk_search_init(max_key, uint32_t(n));
+        int steps = 0;
+        while (cm::topk_search_active(s, uint32_t(k))) {
+            const uint32_t mid = cm::topk_search_mid(s);
+            uint32_t c = 0;
+            for (uint32_t key : keys) c += key >= mid;
+            cm::topk_search_update(s, mid, c, uint32_t(k));
+            steps++;
+        }
+        EXPECT(steps <= 32);
+        const cm::TopkRule rule = cm::topk_rule(s, uint32_t(k));
+        std::vector<uint32_t> mine;
+        uint32_t ties = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (cm::topk_greater(rule, keys[i])) mine.push_back(i);
+            else if (cm::topk_tie(rule, keys[i]) && ties++ < rule.need) mine.push_back(i);
+        }
+        checked++;
+        if (mine != cpu) mismatches++;
+    }
+    std::printf("  top-k: %d selections compared with select_topk, %d differ\n", checked, mismatches);
+    EXPECT_EQ(mismatches, 0);
+}
+
+TEST(wire_helpers_round_trip) {
+    std::vector<uint8_t> buf(4096, 0);
+    auto or_word = [](uint8_t* w, uint32_t bits) { cm::store_u32(w, cm::load_u32(w) | bits); };
+    llmc::Rng rng(3);
+    std::vector<uint32_t> idx(200);
+    for (uint32_t& i : idx) i = uint32_t(rng.next_u64() % 4096);
+    for (size_t s = 0; s < idx.size(); s++) cm::put_index(buf.data(), cm::kIndicesPacked12, 2, s, idx[s], or_word);
+    bool ok = true;
+    for (size_t s = 0; s < idx.size(); s++) ok = ok && cm::get_index(buf.data(), cm::kIndicesPacked12, 2, s) == idx[s];
+    for (int bytes : {1, 2, 4}) {
+        std::vector<uint8_t> b2(1024, 0);
+        for (size_t s = 0; s < 100; s++) cm::put_index(b2.data(), cm::kIndicesSmallest, bytes, s, idx[s] & 0xff, or_word);
+        for (size_t s = 0; s < 100; s++) ok = ok && cm::get_index(b2.data(), cm::kIndicesSmallest, bytes, s) == (idx[s] & 0xff);
+    }
+    std::vector<uint8_t> vb(1024, 0);
+    for (size_t s = 0; s < 100; s++) cm::put_sign_bit(vb.data(), s, (s % 3 == 0) ? -1.0f : 1.0f, or_word);
+    for (size_t s = 0; s < 100; s++) ok = ok && cm::get_value(vb.data(), cm::kValuesSign, s, 0.5f) == ((s % 3 == 0) ? -0.5f : 0.5f);
+    ok = ok && cm::get_value(vb.data(), cm::kValuesSign, 0, 0.0f) == 0.0f;
+    EXPECT(ok);
+}
+
+TEST(header_state_and_bucket_checks_match_cpu) {
+    const llmc::ParamLayout layout = custom_layout({{96, 50}, {7}, {128, 64}});
+    for (const auto& cfg : {config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
+                            config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 1.0f, 32)}) {
+        const cm::PlanTables pt = tables_for(cfg, layout);
+        llmc::LocalTransport transport;
+        demo::DemoOptimizer opt(cfg, layout, transport);
+        std::vector<float> p = random_vector(layout.num_params, 11, 0.02), g = random_vector(layout.num_params, 12, 1.0);
+        std::vector<std::byte> bucket;
+        llmc::StepTimings tm;
+        opt.compress(p, g, 1e-3f, bucket, tm);
+        EXPECT_EQ(bucket.size(), pt.bucket_bytes);
+        EXPECT(std::memcmp(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes) == 0);
+        // state blob: byte for byte, and readable back
+        llmc::ByteWriter wc, wm;
+        opt.save_state(wc);
+        cm::write_state(wm, pt.plan, opt.momentum());
+        EXPECT(wc.bytes() == wm.bytes());
+        std::vector<float> back;
+        llmc::ByteReader r(wc.bytes(), "state.bin");
+        cm::read_state(r, pt.plan, back);
+        EXPECT(r.at_end());
+        EXPECT(std::equal(back.begin(), back.end(), opt.momentum().begin()));
+        // a state of another topk: the same message as the CPU's load_state
+        llmc::OptimizerConfig other = cfg;
+        other.demo.topk = 6;
+        const cm::PlanTables pt2 = tables_for(other, layout);
+        std::vector<float> dummy;
+        demo::DemoOptimizer opt2(other, layout, transport);
+        EXPECT_EQ(error_of([&] { llmc::ByteReader rr(wc.bytes(), "s"); cm::read_state(rr, pt2.plan, dummy); }),
+                  error_of([&] { llmc::ByteReader rr(wc.bytes(), "s"); opt2.load_state(rr); }));
+        // corrupt headers and sizes: decode_bucket's messages
+        std::vector<std::pair<size_t, uint8_t>> corruptions = {{0, 0x11}, {4, 9}, {6, 7}, {7, 7}, {8, 99}, {16, 1}, {24, 5}};
+        for (auto [off, val] : corruptions) {
+            std::vector<std::byte> bad = bucket;
+            bad[off] = std::byte{val};
+            demo::Selection sel;
+            const std::string cpu = error_of([&] { demo::decode_bucket(pt.plan, pt.format, bad, sel, "rank 2"); });
+            const std::string mine = error_of([&] {
+                cm::check_bucket_header(pt.plan, pt.format, std::span(bad).first(32), bad.size(), "rank 2");
+            });
+            EXPECT_EQ(cpu, mine);
+        }
+        std::vector<std::byte> longer = bucket;
+        longer.resize(bucket.size() + 4);
+        demo::Selection sel;
+        EXPECT_EQ(error_of([&] { demo::decode_bucket(pt.plan, pt.format, longer, sel, "rank 1"); }),
+                  error_of([&] { cm::check_bucket_header(pt.plan, pt.format, std::span(longer).first(32), longer.size(), "rank 1"); }));
+    }
+}
+
+// Compress: canonical (host) vs DemoOptimizer::compress, from zero momentum and from random momentum.
+TEST(compress_matches_cpu_optimizer) {
+    int failures = 0;
+    for (const Case& cs : cases()) {
+        const llmc::ParamLayout layout = custom_layout(cs.shapes);
+        const cm::PlanTables pt = tables_for(cs.cfg, layout);
+        const size_t n = layout.num_params;
+        for (int from_random = 0; from_random < 2; from_random++) {
+            llmc::LocalTransport transport;
+            demo::DemoOptimizer opt(cs.cfg, layout, transport);
+            const std::vector<float> m0 = from_random ? random_vector(n, 100, 1e-3) : std::vector<float>(n, 0.0f);
+            if (from_random) set_cpu_momentum(opt, pt, m0);
+            std::vector<float> params = random_vector(n, 101, 0.02);
+            std::vector<float> grads = random_vector(n, 102, 1.0);
+            // clip the gradient as step() would; the canonical compress multiplies by the same scale
+            std::vector<float> clipped = grads;
+            const double norm = llmc::clip_grad_norm(clipped, cs.cfg.grad_clip);
+            const float clip = llmc::km::clip_scale(norm, cs.cfg.grad_clip);
+            const float lr = 6e-4f;
+            std::vector<std::byte> cpu_bucket, mine_bucket;
+            llmc::StepTimings tm;
+            opt.compress(params, clipped, lr, cpu_bucket, tm);
+            std::vector<float> delta = m0;
+            const cm::CompressParams cp = cm::compress_params(cs.cfg, lr, clip);
+            cm::compress_plan_host(pt, delta.data(), grads.data(), cp, mine_bucket);
+            const std::vector<float> cpu_m(opt.momentum().begin(), opt.momentum().end());
+            const cm::CompressAgreement a = cm::compare_compress(pt, mine_bucket, cpu_bucket, delta, cpu_m, m0, grads, cp);
+            const bool ok = a.ok(2e-5, 2e-5);
+            std::printf("  %-40s %s: %s\n", cs.name.c_str(), from_random ? "random m" : "zero m  ", a.describe().c_str());
+            if (!ok) failures++;
+        }
+    }
+    EXPECT_EQ(failures, 0);
+}
+
+// Ties: a tensor whose momentum and gradient are zero has E == 0 everywhere; both pick the first k indices.
+TEST(compress_ties_match_cpu_optimizer) {
+    for (const auto& cfg : {config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                            config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 1.0f, 5)}) {
+        const llmc::ParamLayout layout = custom_layout({{64, 64}, {96, 50}, {7}});
+        const cm::PlanTables pt = tables_for(cfg, layout);
+        const size_t n = layout.num_params, zeros = 64 * 64;
+        std::vector<float> m0 = random_vector(n, 500, 1e-3), grads = random_vector(n, 501, 1.0);
+        std::fill(m0.begin(), m0.begin() + zeros, 0.0f);
+        std::fill(grads.begin(), grads.begin() + zeros, 0.0f);
+        llmc::LocalTransport transport;
+        demo::DemoOptimizer opt(cfg, layout, transport);
+        set_cpu_momentum(opt, pt, m0);
+        std::vector<float> params = random_vector(n, 502, 0.02);
+        std::vector<std::byte> cpu_bucket, mine_bucket;
+        llmc::StepTimings tm;
+        opt.compress(params, grads, 1e-3f, cpu_bucket, tm);  // no clipping: clip scale 1
+        std::vector<float> delta = m0;
+        const cm::CompressParams cp = cm::compress_params(cfg, 1e-3f, 1.0f);
+        cm::compress_plan_host(pt, delta.data(), grads.data(), cp, mine_bucket);
+        const std::vector<float> cpu_m(opt.momentum().begin(), opt.momentum().end());
+        const cm::CompressAgreement a = cm::compare_compress(pt, mine_bucket, cpu_bucket, delta, cpu_m, m0, grads, cp);
+        std::printf("  zero tensor + [96,50] + [7] %s: %s\n", demo::value_encoding_name(cfg.demo.values), a.describe().c_str());
+        EXPECT(a.ok(2e-5, 2e-5));
+        EXPECT_EQ(a.set_mismatch, size_t{0});
+        demo::Selection sel;
+        demo::decode_bucket(pt.plan, pt.format, mine_bucket, sel, "canonical");
+        bool first_k = true;  // the zero chunk sends indices 0..k-1
+        for (size_t j = 0; j < pt.plan.tensors[0].k; j++) first_k = first_k && sel.indices[j] == j;
+        EXPECT(first_k);
+    }
+}
+
+// Apply: canonical (host) vs DemoOptimizer::apply on the same CPU buckets of 1 and 3 ranks.
+TEST(apply_matches_cpu_optimizer) {
+    int failures = 0;
+    for (const Case& cs : cases()) {
+        const llmc::ParamLayout layout = custom_layout(cs.shapes);
+        const cm::PlanTables pt = tables_for(cs.cfg, layout);
+        const size_t n = layout.num_params;
+        for (int world : {1, 3}) {
+            llmc::LocalTransport transport;
+            const std::vector<float> p0 = random_vector(n, 200, 0.02);
+            std::vector<float> p_cpu = p0;
+            std::vector<std::byte> all;
+            std::vector<size_t> offsets{0};
+            llmc::StepTimings tm;
+            const float lr = 1e-3f;
+            std::unique_ptr<demo::DemoOptimizer> rank0;
+            for (int r = 0; r < world; r++) {
+                auto opt = std::make_unique<demo::DemoOptimizer>(cs.cfg, layout, transport);
+                set_cpu_momentum(*opt, pt, random_vector(n, 300 + r, 1e-3));
+                std::vector<float> g = random_vector(n, 400 + r, 1.0), p = p0;
+                std::vector<std::byte> b;
+                opt->compress(r == 0 ? p_cpu : p, g, lr, b, tm);  // rank 0's compress applies the weight decay
+                all.insert(all.end(), b.begin(), b.end());
+                offsets.push_back(all.size());
+                if (r == 0) rank0 = std::move(opt);
+            }
+            rank0->apply(all, offsets, p_cpu, lr, tm);
+            std::vector<float> p_mine = p0;
+            const uint32_t err = cm::apply_plan_host(pt, all.data(), p_mine.data(),
+                                                     cm::apply_params(cs.cfg, lr, world, pt.bucket_bytes));
+            EXPECT_EQ(err, 0u);
+            const cm::ApplyAgreement a = cm::compare_apply(pt, all, world, p_mine, p_cpu);
+            std::printf("  %-40s %d rank(s): %s\n", cs.name.c_str(), world, a.describe().c_str());
+            if (!a.ok()) failures++;
+        }
+    }
+    EXPECT_EQ(failures, 0);
+}
+
+// Canonical compress + apply bucket round trip, and corrupt buckets raise the error flags.
+TEST(apply_flags_corrupt_buckets) {
+    const auto cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
+    const llmc::ParamLayout layout = custom_layout({{96, 50}});  // 48 x 50 chunks: u16 indices
+    const cm::PlanTables pt = tables_for(cfg, layout);
+    const size_t n = layout.num_params;
+    std::vector<float> delta(n, 0.0f), grads = random_vector(n, 9, 1.0), p = random_vector(n, 10, 0.02);
+    std::vector<std::byte> bucket;
+    cm::compress_plan_host(pt, delta.data(), grads.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
+    const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 1, pt.bucket_bytes);
+    EXPECT_EQ(cm::apply_plan_host(pt, bucket.data(), p.data(), ap), 0u);
+    uint8_t* idx = reinterpret_cast<uint8_t*>(bucket.data()) + pt.tensors[0].indices_off;
+    std::vector<std::byte> bad = bucket;
+    cm::store_u16(reinterpret_cast<uint8_t*>(bad.data()) + pt.tensors[0].indices_off + 2, 48 * 50);  // out of range
+    EXPECT_EQ(cm::apply_plan_host(pt, bad.data(), p.data(), ap) & cm::kErrIndexRange, cm::kErrIndexRange);
+    bad = bucket;
+    const uint16_t first = cm::load_u16(idx);
+    cm::store_u16(reinterpret_cast<uint8_t*>(bad.data()) + pt.tensors[0].indices_off + 2, first);  // duplicate
+    EXPECT_EQ(cm::apply_plan_host(pt, bad.data(), p.data(), ap) & cm::kErrNotAscending, cm::kErrNotAscending);
+}
+
+TEST_MAIN()
