@@ -27,7 +27,6 @@
 #include <nlohmann/json.hpp>
 
 #include "demo/demo_cuda.cuh"
-#include "demo/traffic_report.h"
 #include "llmc/adamw.cuh"
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
@@ -43,12 +42,9 @@
 #include "llmc/rng.h"
 #include "llmc/schedule.h"
 #include "llmc/tokenizer.h"
+#include "llmc/train_common.h"
 #include "llmc/transport_mpi.h"
 #include "llmc/transport_nccl.cuh"
-
-#ifndef LLMC_GIT_VERSION
-#define LLMC_GIT_VERSION "unknown"
-#endif
 
 namespace {
 
@@ -62,25 +58,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 bool env_flag(const char* name, bool default_value) {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) != 0 : default_value;
-}
-
-// Every rank must run the same configuration: compare each rank's resolved config with rank 0's.
-void check_same_config_everywhere(Transport& transport, const std::string& config_json) {
-    std::vector<std::byte> all;
-    std::vector<size_t> offsets;
-    transport.allgather_bytes(std::as_bytes(std::span(config_json.data(), config_json.size())), all, offsets);
-    const auto text_of = [&](int r) {
-        return std::string(reinterpret_cast<const char*>(all.data()) + offsets[r], offsets[r + 1] - offsets[r]);
-    };
-    const auto reference = nlohmann::json::parse(text_of(0));
-    for (int r = 1; r < transport.world_size(); r++) {
-        const auto other = nlohmann::json::parse(text_of(r));
-        for (const auto& [key, value] : reference.items())
-            if (other[key] != value)
-                fail("rank " + std::to_string(r) + " was started with --" + key + "=" + other[key].dump() +
-                     " but rank 0 with " + value.dump() + " (every rank needs the same flags and config files)");
-    }
-    transport.reset_counters();
 }
 
 // ---- the optimizer hook ---------------------------------------------------------------------------------
@@ -126,43 +103,21 @@ std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const Tokenizer
         window.resize(T_run, tok.eot());
         model.forward(window.data(), nullptr, 1, T_run);
         const std::vector<float> logits = model.logits_row(static_cast<size_t>(T - 1));
-        float max_logit = logits[0];
-        for (int v = 1; v < cfg.model.vocab_size; v++) max_logit = std::max(max_logit, logits[v]);
-        double total = 0.0;
-        for (int v = 0; v < cfg.model.vocab_size; v++) total += std::exp(logits[v] - max_logit);
-        double coin = rng.uniform() * total, cdf = 0.0;
-        int next = cfg.model.vocab_size - 1;
-        for (int v = 0; v < cfg.model.vocab_size; v++) {
-            cdf += std::exp(logits[v] - max_logit);
-            if (coin < cdf) {
-                next = v;
-                break;
-            }
-        }
+        const int next = sample_token(logits, cfg.model.vocab_size, rng);
         tokens.push_back(next);
         text += tok.decode(next);
     }
     return text;
 }
 
-void write_run_record(const TrainConfig& cfg, int world, int grad_accum, const CudaEnv& env, const GPT2Cuda& model,
-                      int argc, char** argv) {
-    nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));
-    nlohmann::ordered_json run;
-    run["code_version"] = LLMC_GIT_VERSION;
-    run["trainer"] = "train_gpt";
-    run["world_size"] = world;
-    run["grad_accum_steps"] = grad_accum;
-    run["tokens_per_step"] = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world * grad_accum;
-    run["device"] = env.describe();
-    run["precision"] = kFloatXName;
-    run["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
-    run["gelu_fusion"] = model.gelu_fusion();
-    std::vector<std::string> args(argv, argv + argc);
-    run["argv"] = args;
-    record["_run"] = run;
-    const std::string text = record.dump(2) + "\n";
-    write_file_atomic(cfg.out_dir + "/config.json", std::as_bytes(std::span(text.data(), text.size())));
+void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, const CudaEnv& env,
+                          const GPT2Cuda& model, int argc, char** argv) {
+    nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt", argc, argv);
+    record["_run"]["device"] = env.describe();
+    record["_run"]["precision"] = kFloatXName;
+    record["_run"]["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
+    record["_run"]["gelu_fusion"] = model.gelu_fusion();
+    write_run_record(cfg.out_dir, record);
 }
 
 std::vector<float> download_master(DeviceOptimizer& optimizer, size_t n) {
@@ -198,27 +153,14 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     const bool main_rank = rank == 0;
 
     // Batch geometry: total_batch_size tokens per step = B * T * world * grad_accum.
-    const int64_t tokens_per_micro = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * world;
-    if (cfg.total_batch_size == 0) cfg.total_batch_size = tokens_per_micro;
-    if (cfg.total_batch_size % tokens_per_micro != 0)
-        fail("--total_batch_size " + std::to_string(cfg.total_batch_size) +
-             " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) + "*" +
-             std::to_string(cfg.seq_len) + "*" + std::to_string(world) + " = " + std::to_string(tokens_per_micro));
-    const int grad_accum = static_cast<int>(cfg.total_batch_size / tokens_per_micro);
+    const int grad_accum = resolve_batch_geometry(cfg, world);
+    const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
     const std::string config_json = config_to_json(cfg, -1);
     check_same_config_everywhere(world_transport, config_json);
 
     const ParamLayout layout = ParamLayout::gpt2(cfg.model);
     if (cfg.dry_run) {
-        if (main_rank) {
-            std::printf("%s\n", config_to_json(cfg).c_str());
-            // (keep in step with train_gpt_cpu.cpp's --dry_run report)
-            demo::TrafficOptions options;
-            options.world_size = world;
-            options.chunk = cfg.demo_chunk;
-            demo::print_traffic_report(std::cout, "traffic per rank per step, " + cfg.model.describe(),
-                                       demo::gpt2_shapes(cfg.model), options);
-        }
+        if (main_rank) print_dry_run_report(cfg, world);
         return 0;
     }
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
@@ -300,7 +242,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
-        write_run_record(cfg, world, grad_accum, env, model, argc, argv);
+        write_gpu_run_record(cfg, world, grad_accum, env, model, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, resume ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, cfg.optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
@@ -400,14 +342,6 @@ int main(int argc, char** argv) {
         if (!llmc::parse_command_line(argc - 1, argv + 1, cfg, "train_gpt")) return 0;
         return train(cfg, *transport, argc, argv);
     } catch (const std::exception& e) {
-        const bool user_error = dynamic_cast<const llmc::Error*>(&e) != nullptr;
-        const bool multi_rank = transport && transport->world_size() > 1;
-        const std::string where = multi_rank ? " (rank " + std::to_string(transport->rank()) + ")" : "";
-        std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
-        std::fflush(stderr);
-        // With several ranks, leave without MPI_Finalize (which could wait for ranks blocked in a collective):
-        // mpirun then ends the whole job, and ranks that hit the same error still get to say so.
-        if (multi_rank) std::_Exit(1);
-        return 1;
+        return llmc::report_fatal_error(e, transport.get());
     }
 }

@@ -14,16 +14,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "demo/demo_optimizer.h"
-#include "demo/traffic_report.h"
 #include "llmc/adamw.h"
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
@@ -36,11 +32,8 @@
 #include "llmc/rng.h"
 #include "llmc/schedule.h"
 #include "llmc/tokenizer.h"
+#include "llmc/train_common.h"
 #include "llmc/transport_mpi.h"
-
-#ifndef LLMC_GIT_VERSION
-#define LLMC_GIT_VERSION "unknown"
-#endif
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -59,26 +52,6 @@ int default_threads(int world) {
     if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::max(1, cores / local_ranks);
-}
-
-// Every rank must run the same configuration: compare each rank's resolved config with rank 0's.
-void check_same_config_everywhere(Transport& transport, const std::string& config_json) {
-    std::vector<std::byte> all;
-    std::vector<size_t> offsets;
-    transport.allgather_bytes(std::as_bytes(std::span(config_json.data(), config_json.size())), all, offsets);
-    const auto text_of = [&](int r) {
-        return std::string(reinterpret_cast<const char*>(all.data()) + offsets[r], offsets[r + 1] - offsets[r]);
-    };
-    const auto reference = nlohmann::json::parse(text_of(0));
-    for (int r = 1; r < transport.world_size(); r++) {
-        const auto other = nlohmann::json::parse(text_of(r));
-        for (const auto& [key, value] : reference.items())
-            if (other[key] != value)
-                fail("rank " + std::to_string(r) + " was started with --" + key + "=" +
-                                      other[key].dump() + " but rank 0 with " + value.dump() +
-                                      " (every rank needs the same flags and config files)");
-    }
-    transport.reset_counters();
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const ParamLayout& layout, Transport& t) {
@@ -109,39 +82,13 @@ std::string sample_text(GPT2Cpu& model, const TrainConfig& cfg, const TokenizerD
         const size_t start = tokens.size() > static_cast<size_t>(max_len) ? tokens.size() - max_len : 0;
         const int T = static_cast<int>(tokens.size() - start);
         model.forward(tokens.data() + start, nullptr, 1, T);
-        const float* logits = model.logits().data() + static_cast<size_t>(T - 1) * cfg.model.padded_vocab_size;
-        float max_logit = logits[0];
-        for (int v = 1; v < cfg.model.vocab_size; v++) max_logit = std::max(max_logit, logits[v]);
-        double total = 0.0;
-        for (int v = 0; v < cfg.model.vocab_size; v++) total += std::exp(logits[v] - max_logit);
-        double coin = rng.uniform() * total, cdf = 0.0;
-        int next = cfg.model.vocab_size - 1;
-        for (int v = 0; v < cfg.model.vocab_size; v++) {
-            cdf += std::exp(logits[v] - max_logit);
-            if (coin < cdf) {
-                next = v;
-                break;
-            }
-        }
+        const auto logits = model.logits().subspan(static_cast<size_t>(T - 1) * cfg.model.padded_vocab_size,
+                                                   cfg.model.vocab_size);
+        const int next = sample_token(logits, cfg.model.vocab_size, rng);
         tokens.push_back(next);
         text += tok.decode(next);
     }
     return text;
-}
-
-void write_run_record(const TrainConfig& cfg, int world, int grad_accum, int argc, char** argv) {
-    nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));
-    nlohmann::ordered_json run;
-    run["code_version"] = LLMC_GIT_VERSION;
-    run["trainer"] = "train_gpt_cpu";
-    run["world_size"] = world;
-    run["grad_accum_steps"] = grad_accum;
-    run["tokens_per_step"] = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world * grad_accum;
-    std::vector<std::string> args(argv, argv + argc);
-    run["argv"] = args;
-    record["_run"] = run;
-    const std::string text = record.dump(2) + "\n";
-    write_file_atomic(cfg.out_dir + "/config.json", std::as_bytes(std::span(text.data(), text.size())));
 }
 
 void save_checkpoint(const TrainConfig& cfg, Transport& transport, GPT2Cpu& model, Optimizer& optimizer,
@@ -169,32 +116,15 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
 
-    // Batch geometry: total_batch_size tokens per step = B * T * world * grad_accum.
-    const int64_t tokens_per_micro = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * world;
-    if (cfg.total_batch_size == 0) cfg.total_batch_size = tokens_per_micro;
-    if (cfg.total_batch_size % tokens_per_micro != 0)
-        fail("--total_batch_size " + std::to_string(cfg.total_batch_size) +
-                              " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) +
-                              "*" + std::to_string(cfg.seq_len) + "*" + std::to_string(world) + " = " +
-                              std::to_string(tokens_per_micro));
-    const int grad_accum = static_cast<int>(cfg.total_batch_size / tokens_per_micro);
+    const int grad_accum = resolve_batch_geometry(cfg, world);
+    const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
     const std::string config_json = config_to_json(cfg, -1);
     check_same_config_everywhere(transport, config_json);
 
     GPT2Cpu model(cfg.model);
     const ParamLayout& layout = model.layout();
     if (cfg.dry_run) {
-        if (main_rank) {
-            std::printf("%s\n", config_to_json(cfg).c_str());
-            // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
-            demo::TrafficOptions traffic;
-            traffic.world_size = world > 1 ? world : 64;
-            traffic.chunk = cfg.demo_chunk;
-            demo::print_traffic_report(std::cout,
-                                       "traffic per rank per step, " + cfg.model.describe() + ", " +
-                                           std::to_string(traffic.world_size) + " ranks",
-                                       demo::gpt2_shapes(cfg.model), traffic);
-        }
+        if (main_rank) print_dry_run_report(cfg, world);
         return 0;
     }
     std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, layout, transport);
@@ -262,7 +192,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
-        write_run_record(cfg, world, grad_accum, argc, argv);
+        write_run_record(cfg.out_dir, run_record(cfg, world, grad_accum, "train_gpt_cpu", argc, argv));
         log = std::make_unique<MetricsLog>(cfg.out_dir, resume ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x %d thread(s)\n",
                     cfg.model.describe().c_str(), layout.num_params / 1e6, cfg.optimizer.c_str(), world, threads);
@@ -361,14 +291,6 @@ int main(int argc, char** argv) {
         if (!llmc::parse_command_line(argc - 1, argv + 1, cfg, "train_gpt_cpu")) return 0;
         return train(cfg, *transport, argc, argv);
     } catch (const std::exception& e) {
-        const bool user_error = dynamic_cast<const llmc::Error*>(&e) != nullptr;
-        const bool multi_rank = transport && transport->world_size() > 1;
-        const std::string where = multi_rank ? " (rank " + std::to_string(transport->rank()) + ")" : "";
-        std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
-        std::fflush(stderr);
-        // With several ranks, leave without MPI_Finalize (which could wait for ranks blocked in a collective):
-        // mpirun then ends the whole job, and ranks that hit the same error (a bad flag) still get to say so.
-        if (multi_rank) std::_Exit(1);
-        return 1;
+        return llmc::report_fatal_error(e, transport.get());
     }
 }

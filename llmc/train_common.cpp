@@ -1,0 +1,105 @@
+// Shared trainer pieces (see train_common.h).
+#include "llmc/train_common.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <vector>
+
+#include "demo/traffic_report.h"
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+
+#ifndef LLMC_GIT_VERSION
+#define LLMC_GIT_VERSION "unknown"
+#endif
+
+namespace llmc {
+
+int resolve_batch_geometry(TrainConfig& cfg, int world) {
+    const int64_t tokens_per_micro = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * world;
+    if (cfg.total_batch_size == 0) cfg.total_batch_size = tokens_per_micro;
+    LLMC_CHECK(cfg.total_batch_size % tokens_per_micro == 0,
+               "--total_batch_size " + std::to_string(cfg.total_batch_size) +
+                   " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) + "*" +
+                   std::to_string(cfg.seq_len) + "*" + std::to_string(world) + " = " + std::to_string(tokens_per_micro));
+    return static_cast<int>(cfg.total_batch_size / tokens_per_micro);
+}
+
+void check_same_config_everywhere(Transport& transport, const std::string& config_json) {
+    std::vector<std::byte> all;
+    std::vector<size_t> offsets;
+    transport.allgather_bytes(std::as_bytes(std::span(config_json.data(), config_json.size())), all, offsets);
+    const auto text_of = [&](int r) {
+        return std::string(reinterpret_cast<const char*>(all.data()) + offsets[r], offsets[r + 1] - offsets[r]);
+    };
+    const auto reference = nlohmann::json::parse(text_of(0));
+    for (int r = 1; r < transport.world_size(); r++) {
+        const auto other = nlohmann::json::parse(text_of(r));
+        for (const auto& [key, value] : reference.items())
+            if (other[key] != value)
+                fail("rank " + std::to_string(r) + " was started with --" + key + "=" + other[key].dump() +
+                     " but rank 0 with " + value.dump() + " (every rank needs the same flags and config files)");
+    }
+    transport.reset_counters();
+}
+
+void print_dry_run_report(const TrainConfig& cfg, int world) {
+    std::printf("%s\n", config_to_json(cfg).c_str());
+    std::fflush(stdout);
+    // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
+    demo::TrafficOptions traffic;
+    traffic.world_size = world > 1 ? world : 64;
+    traffic.chunk = cfg.demo_chunk;
+    demo::print_traffic_report(std::cout,
+                               "traffic per rank per step, " + cfg.model.describe() + ", " +
+                                   std::to_string(traffic.world_size) + " ranks",
+                               demo::gpt2_shapes(cfg.model), traffic);
+}
+
+nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,
+                                  char** argv) {
+    nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));
+    nlohmann::ordered_json run;
+    run["code_version"] = LLMC_GIT_VERSION;
+    run["trainer"] = trainer;
+    run["world_size"] = world;
+    run["grad_accum_steps"] = grad_accum;
+    run["tokens_per_step"] = static_cast<long long>(cfg.batch_size) * cfg.seq_len * world * grad_accum;
+    run["argv"] = std::vector<std::string>(argv, argv + argc);
+    record["_run"] = run;
+    return record;
+}
+
+void write_run_record(const std::string& out_dir, const nlohmann::ordered_json& record) {
+    const std::string text = record.dump(2) + "\n";
+    write_file_atomic(out_dir + "/config.json", std::as_bytes(std::span(text.data(), text.size())));
+}
+
+int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
+    float max_logit = logits[0];
+    for (int v = 1; v < vocab_size; v++) max_logit = std::max(max_logit, logits[v]);
+    double total = 0.0;
+    for (int v = 0; v < vocab_size; v++) total += std::exp(logits[v] - max_logit);
+    const double coin = rng.uniform() * total;
+    double cdf = 0.0;
+    for (int v = 0; v < vocab_size; v++) {
+        cdf += std::exp(logits[v] - max_logit);
+        if (coin < cdf) return v;
+    }
+    return vocab_size - 1;
+}
+
+int report_fatal_error(const std::exception& e, const Transport* transport) {
+    const bool user_error = dynamic_cast<const Error*>(&e) != nullptr;
+    const bool multi_rank = transport && transport->world_size() > 1;
+    const std::string where = multi_rank ? " (rank " + std::to_string(transport->rank()) + ")" : "";
+    std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
+    std::fflush(stderr);
+    // Ranks that hit the same error (a bad flag) all get to say so before mpirun ends the job.
+    if (multi_rank) std::_Exit(1);
+    return 1;
+}
+
+}  // namespace llmc

@@ -1,0 +1,42 @@
+// Pieces of the training program that the CPU trainer (train_gpt_cpu.cpp) and the CUDA trainer (train_gpt.cu)
+// share verbatim: batch geometry, the cross-rank config check, the --dry_run report, the run record written
+// next to the metrics, the sampling rule and the fatal-error exit. Keeping them here means the two trainers
+// differ only where the model and the optimizer run.
+#pragma once
+#include <exception>
+#include <span>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/config.h"
+#include "llmc/rng.h"
+#include "llmc/transport.h"
+
+namespace llmc {
+
+// Resolves total_batch_size (0 -> B*T*world) and returns the gradient-accumulation steps; throws naming
+// --total_batch_size when it is not a multiple of batch_size*seq_len*world.
+int resolve_batch_geometry(TrainConfig& cfg, int world);
+
+// Every rank must run the same configuration: compares each rank's resolved config with rank 0's and throws
+// naming the first differing key. Resets the transport's counters afterwards.
+void check_same_config_everywhere(Transport& transport, const std::string& config_json);
+
+// --dry_run: the resolved config and the traffic report (for the paper's 64 ranks when run on one).
+void print_dry_run_report(const TrainConfig& cfg, int world);
+
+// The resolved config plus "_run": code version, trainer, world size, accumulation, tokens per step, argv.
+// Trainers add their own fields to record["_run"] before writing it to <out_dir>/config.json.
+nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,
+                                  char** argv);
+void write_run_record(const std::string& out_dir, const nlohmann::ordered_json& record);
+
+// Draws the next token from the first vocab_size logits at temperature 1 (softmax sampled by inverse CDF).
+int sample_token(std::span<const float> logits, int vocab_size, Rng& rng);
+
+// Prints "error[ (rank r)]: <message>" and ends the process: with several ranks without MPI_Finalize (which
+// could wait for ranks blocked in a collective; mpirun then ends the job), else by returning 1 to main.
+int report_fatal_error(const std::exception& e, const Transport* transport);
+
+}  // namespace llmc
