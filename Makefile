@@ -36,7 +36,8 @@ LIB_SRCS := $(wildcard llmc/*.cpp demo/*.cpp)
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 LIB := $(BUILD)/libllmc.a
 
-TEST_SRCS := $(wildcard test/test_*.cpp)
+# test/test_*.cpp are run by test/run_tests.sh; test/check_*.cpp are helpers that a test script drives.
+TEST_SRCS := $(wildcard test/test_*.cpp test/check_*.cpp)
 TEST_BINS := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
 TOOL_SRCS := $(wildcard data/*.cpp dev/tools/*.cpp)
 TOOL_BINS := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))

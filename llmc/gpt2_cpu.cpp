@@ -229,8 +229,8 @@ private:
 
 // C(M, N) = op(A) op(B) + beta C, row-major (op transposes when the flag is set). The larger output dimension
 // is cut into one 16-aligned slice per OpenMP thread and each thread runs a single-threaded sgemm on its
-// slice (see SingleThreadedBlas for why). Every element of C is still one sgemm dot product over all of K,
-// so the split changes which thread computes it, not its value's summation order.
+// slice (see SingleThreadedBlas for why). K is never split and the slices depend only on the thread count,
+// so a given thread count always gives the same bits.
 void gemm(bool trans_a, bool trans_b, size_t M, size_t N, size_t K, const float* A, size_t lda, const float* B,
           size_t ldb, float beta, float* C, size_t ldc) {
     const CBLAS_TRANSPOSE op_a = trans_a ? CblasTrans : CblasNoTrans, op_b = trans_b ? CblasTrans : CblasNoTrans;

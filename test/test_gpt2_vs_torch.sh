@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 python=/usr/bin/python3
 generator=dev/reference/gpt2_reference.py
-binary=build/test/test_gpt2_vs_torch
+binary=build/test/check_gpt2_vs_torch
 if ! "$python" -c "import torch" 2>/dev/null; then
   echo "SKIP: $python cannot import torch (Debian's python3-torch provides it)"
   exit 77

@@ -2,10 +2,10 @@
 // same initial model and batch must give the same logits, loss and every parameter's gradient, and 10 AdamW
 // steps on that batch the same losses and gradient norms, up to fp32 rounding.
 //
-// Usage: test_gpt2_vs_torch                  cases in build/reference/{tiny,d12}/ (SKIP when none exist)
-//        test_gpt2_vs_torch DIR...           each DIR holds model.bin and state.bin
-//        test_gpt2_vs_torch MODEL STATE      one case from two files
-//        LLMC_REF_MODEL=.. LLMC_REF_STATE=.. test_gpt2_vs_torch
+// Usage: check_gpt2_vs_torch                 cases in build/reference/{tiny,d12}/ (SKIP when none exist)
+//        check_gpt2_vs_torch DIR...           each DIR holds model.bin and state.bin
+//        check_gpt2_vs_torch MODEL STATE      one case from two files
+//        LLMC_REF_MODEL=.. LLMC_REF_STATE=.. check_gpt2_vs_torch
 // test/test_gpt2_vs_torch.sh writes the reference files and runs this.
 #include <algorithm>
 #include <cmath>
