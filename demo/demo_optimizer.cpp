@@ -138,7 +138,7 @@ void DemoOptimizer::check_buffers(size_t params, size_t grads, const char* what)
 }
 
 void DemoOptimizer::compress(std::span<float> params, std::span<const float> grads, float lr,
-                             std::vector<std::byte>& bucket, llmc::StepTimings& timings) {
+                             std::vector<std::byte>& bucket, llmc::StepTimings& timings, float grad_clip_scale) {
     check_buffers(params.size(), grads.size(), "compress");
     const llmc::DemoConfig& dc = config_.demo;
     // Factors are formed in double and rounded once, as the reference's Python floats are.
@@ -174,7 +174,12 @@ void DemoOptimizer::compress(std::span<float> params, std::span<const float> gra
             const size_t begin = tp.offset + br.row * tp.n1 * tp.cols, count = tp.n1 * tp.cols;
             if (apply_wd && decays_[br.tensor])
                 for (size_t i = begin; i < begin + count; i++) p[i] *= wd_factor;
-            for (size_t i = begin; i < begin + count; i++) delta[i] = decay * delta[i] + grad_scale * g[i];
+            if (grad_clip_scale == 1.0f) {
+                for (size_t i = begin; i < begin + count; i++) delta[i] = decay * delta[i] + grad_scale * g[i];
+            } else {
+                for (size_t i = begin; i < begin + count; i++)
+                    delta[i] = decay * delta[i] + grad_scale * (g[i] * grad_clip_scale);
+            }
             encode_block_row(delta + begin, encoded.data(), tp.cols, tp.n1, tp.n2, bases_, block_scratch.data());
             transform_s += seconds_since(phase_start);
 
@@ -295,9 +300,11 @@ void DemoOptimizer::apply(std::span<const std::byte> all_buckets, std::span<cons
 llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> grads, float lr) {
     llmc::StepResult result;
     auto t0 = now();
-    result.grad_norm = llmc::clip_grad_norm(grads, config_.grad_clip);
+    // Clip the local gradient; the scaling itself is folded into compress's single pass over it.
+    result.grad_norm = llmc::grad_norm(grads);
+    const float scale = llmc::clip_scale(result.grad_norm, config_.grad_clip);
     result.seconds.clip = seconds_since(t0);
-    compress(params, grads, lr, bucket_, result.seconds);
+    compress(params, grads, lr, bucket_, result.seconds, scale);
     t0 = now();
     transport_.allgather_bytes(bucket_, gathered_, offsets_);
     result.seconds.exchange = seconds_since(t0);

@@ -49,9 +49,10 @@ public:
 
     // This rank's half of the step: decoupled weight decay on the tensors in config.decay_groups, momentum
     // update, block DCT, per-chunk top-k, value quantization, error feedback with the dequantized values,
-    // and packing into `bucket`. Adds to timings.transform and timings.topk.
+    // and packing into `bucket`. Adds to timings.transform and timings.topk. The gradient enters as
+    // grads[i] * grad_clip_scale (bit-identical to clipping it in place first; step() saves that pass).
     void compress(std::span<float> params, std::span<const float> grads, float lr, std::vector<std::byte>& bucket,
-                  llmc::StepTimings& timings);
+                  llmc::StepTimings& timings, float grad_clip_scale = 1.0f);
 
     // Every rank's half: all_buckets holds the ranks' buckets back to back, rank r's in
     // [offsets[r], offsets[r+1]). Per coefficient, the mean over the ranks that selected it (0 where none

@@ -6,7 +6,7 @@
 
 namespace llmc {
 
-double clip_grad_norm(std::span<float> g, float max_norm) {
+double grad_norm(std::span<const float> g) {
     // Fixed-size blocks summed in order: the result does not depend on the number of OpenMP threads.
     constexpr size_t kBlock = 1 << 16;
     const size_t nblocks = (g.size() + kBlock - 1) / kBlock;
@@ -20,11 +20,18 @@ double clip_grad_norm(std::span<float> g, float max_norm) {
     }
     double sum = 0.0;
     for (double p : partial) sum += p;
-    const double norm = std::sqrt(sum);
-    // Same rule as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+    return std::sqrt(sum);
+}
+
+float clip_scale(double norm, float max_norm) {
     const double coef = max_norm / (norm + 1e-6);
-    if (max_norm > 0.0f && coef < 1.0) {
-        const float scale = static_cast<float>(coef);
+    return max_norm > 0.0f && coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+double clip_grad_norm(std::span<float> g, float max_norm) {
+    const double norm = grad_norm(g);
+    const float scale = clip_scale(norm, max_norm);
+    if (scale != 1.0f) {
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < g.size(); i++) g[i] *= scale;
     }

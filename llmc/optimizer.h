@@ -81,8 +81,12 @@ inline bool decays(const ParamTensor& t, DecayGroups groups) {
     return groups == DecayGroups::all || t.is_matrix();
 }
 
-// L2 norm of g, accumulated in double in a fixed order (deterministic for any thread count), and the
-// scale applied to g so its norm is at most max_norm (max_norm <= 0: no clipping). Returns the norm before.
+// L2 norm of g, accumulated in double in a fixed order (deterministic for any thread count).
+double grad_norm(std::span<const float> g);
+// The factor that brings a gradient of norm `norm` to at most max_norm (1 when no clipping is needed or
+// max_norm <= 0), with torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6) when that is below 1.
+float clip_scale(double norm, float max_norm);
+// Scales g in place by clip_scale(grad_norm(g), max_norm). Returns the norm before clipping.
 double clip_grad_norm(std::span<float> g, float max_norm);
 
 }  // namespace llmc
