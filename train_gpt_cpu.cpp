@@ -40,11 +40,6 @@ extern "C" void openblas_set_num_threads(int);
 namespace {
 
 using namespace llmc;
-using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-}
 
 int default_threads(int world) {
     // Ranks on this host share its cores; Open MPI tells us how many share it.
@@ -206,11 +201,10 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> inputs(n), targets(n);
-    double session_seconds = 0.0;
-    int session_steps = 0;
     const int start_step = static_cast<int>(state.step);
+    StepReporter reporter(cfg, start_step, log.get());
     for (int step = start_step; step < cfg.steps; step++) {
-        const auto t0 = Clock::now();
+        const auto t0 = StepReporter::Clock::now();
         transport.reset_counters();
         model.zero_grad();
         double loss = 0.0;
@@ -223,40 +217,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         const float lr = schedule.at(step);
         const StepResult result = optimizer->step(model.params(), model.grads(), lr);
         model.zero_padded_vocab_rows();
-        double reduced[2] = {loss, result.grad_norm};
-        transport.allreduce_sum(reduced);
-        const auto t1 = Clock::now();
-
-        state.step = step + 1;
-        state.tokens += cfg.total_batch_size;
-        state.cumulative_bytes_sent += static_cast<int64_t>(transport.counters().bytes_sent);
-        StepMetrics m;
-        m.step = step + 1;
-        m.total_steps = cfg.steps;
-        m.loss = reduced[0] / world;
-        m.lr = lr;
-        m.grad_norm = reduced[1] / world;
-        m.step_seconds = seconds_between(t0, t1);
-        m.comm = transport.counters();
-        m.comm_seconds = m.comm.seconds;
-        m.compute_seconds = m.step_seconds - m.comm_seconds;
-        m.tokens = state.tokens;
-        m.tokens_per_second = cfg.total_batch_size / m.step_seconds;
-        m.cumulative_bytes_sent = state.cumulative_bytes_sent;
-        m.optimizer = result.seconds;
-        // The first step of a session pays for allocation and page faults; leave it out of the ETA.
-        if (step > start_step || cfg.steps - start_step == 1) {
-            session_seconds += m.step_seconds;
-            session_steps++;
-        }
-        m.eta_seconds = session_steps ? session_seconds / session_steps * (cfg.steps - step - 1) : 0.0;
-        if (main_rank) {
-            log->log_step(m);
-            if ((step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps) {
-                std::printf("%s\n", format_progress(m).c_str());
-                std::fflush(stdout);
-            }
-        }
+        reporter.report(step, t0, loss, lr, result, transport, state);
 
         const bool last = step + 1 == cfg.steps;
         if (val_loader && (last || (cfg.val_every > 0 && (step + 1) % cfg.val_every == 0))) {

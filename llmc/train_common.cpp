@@ -91,6 +91,44 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
     return vocab_size - 1;
 }
 
+void StepReporter::report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
+                          Transport& transport, TrainingState& state) {
+    const int world = transport.world_size();
+    double reduced[2] = {local_loss, result.grad_norm};
+    transport.allreduce_sum(reduced);
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+
+    state.step = step + 1;
+    state.tokens += cfg_.total_batch_size;
+    state.cumulative_bytes_sent += static_cast<int64_t>(transport.counters().bytes_sent);
+    StepMetrics m;
+    m.step = step + 1;
+    m.total_steps = cfg_.steps;
+    m.loss = reduced[0] / world;
+    m.lr = lr;
+    m.grad_norm = reduced[1] / world;
+    m.step_seconds = step_seconds;
+    m.comm = transport.counters();
+    m.comm_seconds = m.comm.seconds;
+    m.compute_seconds = m.step_seconds - m.comm_seconds;
+    m.tokens = state.tokens;
+    m.tokens_per_second = cfg_.total_batch_size / m.step_seconds;
+    m.cumulative_bytes_sent = state.cumulative_bytes_sent;
+    m.optimizer = result.seconds;
+    if (step > start_step_ || cfg_.steps - start_step_ == 1) {
+        session_seconds_ += m.step_seconds;
+        session_steps_++;
+    }
+    m.eta_seconds = session_steps_ ? session_seconds_ / session_steps_ * (cfg_.steps - step - 1) : 0.0;
+    if (log_) {
+        log_->log_step(m);
+        if ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps) {
+            std::printf("%s\n", format_progress(m).c_str());
+            std::fflush(stdout);
+        }
+    }
+}
+
 int report_fatal_error(const std::exception& e, const Transport* transport) {
     const bool user_error = dynamic_cast<const Error*>(&e) != nullptr;
     const bool multi_rank = transport && transport->world_size() > 1;

@@ -9,7 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+
+#include "llmc/checkpoint.h"
 #include "llmc/config.h"
+#include "llmc/metrics.h"
+#include "llmc/optimizer.h"
 #include "llmc/rng.h"
 #include "llmc/transport.h"
 
@@ -34,6 +39,26 @@ void write_run_record(const std::string& out_dir, const nlohmann::ordered_json& 
 
 // Draws the next token from the first vocab_size logits at temperature 1 (softmax sampled by inverse CDF).
 int sample_token(std::span<const float> logits, int vocab_size, Rng& rng);
+
+// Turns one finished optimizer step into metrics, identically in both trainers: averages loss and gradient
+// norm over the ranks, advances the training state's step, token and byte counts, estimates the ETA (the
+// first step of a session, which pays for allocation, is left out), writes the JSONL line and prints the
+// progress line every log_every steps (rank 0, which passes its MetricsLog; other ranks pass null).
+class StepReporter {
+public:
+    using Clock = std::chrono::steady_clock;
+    StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log) : cfg_(cfg), start_step_(start_step), log_(log) {}
+    // `step` is 0-based; `started` is when the step's first micro-batch began.
+    void report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
+                Transport& transport, TrainingState& state);
+
+private:
+    const TrainConfig& cfg_;
+    int start_step_;
+    MetricsLog* log_;
+    double session_seconds_ = 0.0;
+    int session_steps_ = 0;
+};
 
 // Prints "error[ (rank r)]: <message>" and ends the process: with several ranks without MPI_Finalize (which
 // could wait for ranks blocked in a collective; mpirun then ends the job), else by returning 1 to main.
