@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "demo/demo_chunk_math.h"
 #include "llmc/error.h"
 
 namespace demo {
@@ -312,46 +313,10 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
     return result;
 }
 
-namespace {
-constexpr uint32_t kStateVersion = 1;
-}
+// The state blob is written and read by the same functions the CUDA optimizer uses (demo_chunk_math.h), so
+// checkpoints move between the trainers.
+void DemoOptimizer::save_state(llmc::ByteWriter& out) const { cm::write_state(out, plan_, momentum_); }
 
-void DemoOptimizer::save_state(llmc::ByteWriter& out) const {
-    out.put_string("demo");
-    out.put<uint32_t>(kStateVersion);
-    out.put<uint64_t>(plan_.tensors.size());
-    out.put<uint64_t>(momentum_.size());
-    out.put<uint64_t>(plan_.chunk);
-    out.put<uint64_t>(plan_.topk);
-    out.put<uint64_t>(plan_.fingerprint());
-    out.put_array(std::span<const float>(momentum_));
-}
-
-void DemoOptimizer::load_state(llmc::ByteReader& in) {
-    const std::string& src = in.source();
-    const std::string name = in.get_string("optimizer name");
-    LLMC_CHECK(name == "demo", src + ": optimizer state is for '" + name + "', not 'demo'");
-    const uint32_t version = in.get<uint32_t>("DeMo state version");
-    LLMC_CHECK(version == kStateVersion, src + ": DeMo state version " + std::to_string(version) +
-                                             ", this build reads version " + std::to_string(kStateVersion));
-    const uint64_t tensors = in.get<uint64_t>("tensor count");
-    const uint64_t numel = in.get<uint64_t>("parameter count");
-    LLMC_CHECK(tensors == plan_.tensors.size() && numel == momentum_.size(),
-               src + ": DeMo state is for " + std::to_string(tensors) + " tensors / " + std::to_string(numel) +
-                   " parameters, this model has " + std::to_string(plan_.tensors.size()) + " / " +
-                   std::to_string(momentum_.size()));
-    const uint64_t chunk = in.get<uint64_t>("chunk");
-    LLMC_CHECK(chunk == plan_.chunk, src + ": DeMo state was saved with --demo_chunk " + std::to_string(chunk) +
-                                         ", this run uses " + std::to_string(plan_.chunk));
-    const uint64_t topk = in.get<uint64_t>("topk");
-    LLMC_CHECK(topk == plan_.topk, src + ": DeMo state was saved with --demo_topk " + std::to_string(topk) +
-                                       ", this run uses " + std::to_string(plan_.topk));
-    const uint64_t fingerprint = in.get<uint64_t>("plan fingerprint");
-    LLMC_CHECK(fingerprint == plan_.fingerprint(),
-               src + ": DeMo state was saved for tensors of other shapes (chunk plan differs)");
-    std::vector<float> momentum(momentum_.size());
-    in.get_array(std::span<float>(momentum), "DeMo momentum");
-    momentum_ = std::move(momentum);
-}
+void DemoOptimizer::load_state(llmc::ByteReader& in) { cm::read_state(in, plan_, momentum_); }
 
 }  // namespace demo
