@@ -13,7 +13,10 @@
 //   mpirun -np 8 ./train_gpt --optimizer adamw          8 GPUs, AdamW-DDP (NCCL all-reduce)
 // Environment knobs (GPU-only, not in the shared config schema): LLMC_STOCHASTIC_ROUNDING=0 rounds the bf16
 // parameters to nearest instead of stochastically; LLMC_GELU_FUSION=0/1 forces the cuBLASLt GELU epilogue
-// off/on (default: on for sm_90+).
+// off/on (default: on for sm_90+); LLMC_TRANSPORT=mpi moves gradients and DeMo buckets through pinned host
+// memory and the MPI transport instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
+// LLMC_PROFILE_STEP=N brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off` or
+// `nsys profile --capture-range=cudaProfilerApi`.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
 
 #include "demo/demo_cuda.cuh"
@@ -45,6 +49,7 @@
 #include "llmc/train_common.h"
 #include "llmc/transport_mpi.h"
 #include "llmc/transport_nccl.cuh"
+#include "llmc/transport_staged.cuh"
 
 namespace {
 
@@ -57,10 +62,10 @@ bool env_flag(const char* name, bool default_value) {
 // ---- the optimizer hook ---------------------------------------------------------------------------------
 // --optimizer adamw: CudaAdamW (llmc/adamw.cuh).
 // --optimizer demo: CudaDemo (demo/demo_cuda.cuh): fused compress / apply kernels (demo/demo_kernels.cuh), the
-// buckets exchanged with NcclTransport::allgather_device, the same state blob as demo::DemoOptimizer so
+// buckets exchanged with NcclTransport::allgather_device (or through host memory without NCCL), the same state blob as demo::DemoOptimizer so
 // checkpoints move between trainers.
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
-                                                       NcclTransport& transport, CudaEnv& env) {
+                                                       Transport& transport, CudaEnv& env) {
     if (cfg.optimizer == "demo")
         return std::make_unique<demo::CudaDemo>(cfg.optimizer_config(), layout, transport, env.stream,
                                                 env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
@@ -159,9 +164,17 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     }
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
-    // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all).
+    // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through
+    // pinned host memory when LLMC_TRANSPORT=mpi.
     CudaEnv env(local_device_index(rank));
-    NcclTransport transport(world_transport, env.stream);
+    const char* transport_env = std::getenv("LLMC_TRANSPORT");
+    const std::string transport_kind = transport_env ? transport_env : "nccl";
+    if (transport_kind != "nccl" && transport_kind != "mpi")
+        fail("LLMC_TRANSPORT='" + transport_kind + "' is not a transport: use nccl (default) or mpi");
+    std::unique_ptr<Transport> training_transport;
+    if (transport_kind == "mpi") training_transport = std::make_unique<HostStagedTransport>(world_transport, env.stream);
+    else training_transport = std::make_unique<NcclTransport>(world_transport, env.stream);
+    Transport& transport = *training_transport;
     GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env);
     std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env);
     DataLoader train_loader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
@@ -252,7 +265,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     std::vector<int> inputs(n), targets(n);
     const int start_step = static_cast<int>(state.step);
     StepReporter reporter(cfg, start_step, log.get());
+    const char* profile_env = std::getenv("LLMC_PROFILE_STEP");
+    const int profile_step = profile_env ? std::atoi(profile_env) : -1;
     for (int step = start_step; step < cfg.steps; step++) {
+        if (step == profile_step) CUDA_CHECK(cudaProfilerStart());
         const auto t0 = StepReporter::Clock::now();
         transport.reset_counters();
         model.zero_grad();
@@ -267,6 +283,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         const StepResult result = optimizer->step(model.params(), model.grads(), lr);
         model.zero_padded_vocab_rows(optimizer->master_weights());
         env.sync();  // the step's device work is finished before its time is taken
+        if (step == profile_step) CUDA_CHECK(cudaProfilerStop());
         reporter.report(step, t0, loss, lr, result, transport, state);
 
         const bool last = step + 1 == cfg.steps;

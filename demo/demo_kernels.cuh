@@ -22,7 +22,9 @@
 // Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
 // output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16
 // consecutive lanes read consecutive columns: no bank conflicts). Chunks up to 64 x 64 use 256 threads,
-// up to 128 x 128 1024 threads (every thread owns at most 8 row pairs / 16 elements of the chunk).
+// up to 128 x 128 1024 threads (every thread owns at most 8 row pairs / 16 elements of the chunk). A chunk and
+// its scratch live in shared memory: 96 x 96 fits an H100 (227 KiB per block), 128 x 128 (~262 KiB) does not
+// and is refused at setup by prepare_kernels with a message naming --demo_chunk.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -108,6 +108,53 @@ __global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout,
     }
 }
 
+// The same with 128-bit loads: each lane keeps its VECS x128 slices of inp, dout and weight in registers
+// between the two passes (one read of each from memory). Needs C % x128::size == 0, 16-byte aligned rows and
+// C <= VECS * 32 * x128::size; layernorm_backward picks it when they hold.
+template <int VECS>
+__global__ void layernorm_backward_dinp_vec_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
+                                                   const floatX* weight, const float* mean, const float* rstd, int N,
+                                                   int C) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+    if (row >= N) return;
+    const size_t base = size_t(row) * C;
+    const float m = mean[row], r = rstd[row];
+    x128 xi[VECS], xd[VECS], xw[VECS];
+    float s_dnorm = 0.0f, s_dnorm_norm = 0.0f;
+#pragma unroll
+    for (int v = 0; v < VECS; v++) {
+        const int c = (v * kWarpSize + lane) * x128::size;
+        if (c >= C) continue;
+        xi[v] = load128(inp + base + c);
+        xd[v] = load128(dout + base + c);
+        xw[v] = load128(weight + c);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            const float norm = (xi[v].f(k) - m) * r;
+            const float dnorm = xw[v].f(k) * xd[v].f(k);
+            s_dnorm += dnorm;
+            s_dnorm_norm += dnorm * norm;
+        }
+    }
+    const float dnorm_mean = warp_sum(s_dnorm) / C;
+    const float dnorm_norm_mean = warp_sum(s_dnorm_norm) / C;
+#pragma unroll
+    for (int v = 0; v < VECS; v++) {
+        const int c = (v * kWarpSize + lane) * x128::size;
+        if (c >= C) continue;
+        const x128 cur = load128(dinp + base + c);
+        x128 out;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            const float norm = (xi[v].f(k) - m) * r;
+            const float dnorm = xw[v].f(k) * xd[v].f(k);
+            out.v[k] = from_float<floatX>(cur.f(k) + km::layernorm_dx(dnorm, norm, dnorm_mean, dnorm_norm_mean, r));
+        }
+        store128(dinp + base + c, out);
+    }
+}
+
 struct LayerNormParamGrad {
     const floatX* dout;
     const floatX* inp;
@@ -131,8 +178,15 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
                                int C, cudaStream_t stream) {
     if (N == 0) return;
     const int rows_per_block = kLayerNormBlock / kWarpSize;
-    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), kLayerNormBlock, 0, stream>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
+    const unsigned blocks = unsigned(ceil_div(N, rows_per_block));
+    const int lane_vecs = ceil_div(C, kWarpSize * x128::size);  // x128 slices per lane
+    const bool vec = C % x128::size == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+    if (vec && lane_vecs <= 1) layernorm_backward_dinp_vec_kernel<1><<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    else if (vec && lane_vecs <= 2) layernorm_backward_dinp_vec_kernel<2><<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    else if (vec && lane_vecs <= 3) layernorm_backward_dinp_vec_kernel<3><<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    else if (vec && lane_vecs <= 4) layernorm_backward_dinp_vec_kernel<4><<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    else if (vec && lane_vecs <= 8) layernorm_backward_dinp_vec_kernel<8><<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    else layernorm_backward_dinp_kernel<<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     CUDA_CHECK_LAUNCH();
     column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
                      stream);

@@ -33,7 +33,9 @@ static void check_kernel(CudaEnv& env, check::Checker& ck, bool stochastic) {
     for (size_t i = 0; i < n; i++) master[i] = km::adamw_update(master[i], grads[i], m[i], v[i], i < n1 ? h1 : h2);
     const auto g_master = check::from_device(d_master);
     ck.compare("master " + label, g_master, master, 1e-8f, 1e-6f);
-    ck.compare("m " + label, check::from_device(d_m), m, 1e-10f, 1e-6f);
+    // m = b1 m + (1 - b1) g cancels where the two terms (~1e-3 here) nearly cancel: the GPU's fused multiply-add
+    // and the host's rounding differ by a few ulps of the terms (ulp(1e-3) = 1.2e-10), not of the result.
+    ck.compare("m " + label, check::from_device(d_m), m, 1e-9f, 1e-6f);
     ck.compare("v " + label, check::from_device(d_v), v, 1e-12f, 1e-6f);
     const auto params = d_params.download();
     size_t mismatches = 0;

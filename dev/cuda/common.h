@@ -85,6 +85,32 @@ struct Checker {
         }
         return ok;
     }
+    // |gpu - ref| <= factor * magnitude[i] + floor elementwise, where magnitude[i] is the sum of the absolute
+    // values of the terms that make up ref[i] (the usual floating-point error bound of a sum of products):
+    // right for results that cancel, where a tolerance relative to |ref| or to the output's rms is not.
+    bool compare_bound(const std::string& name, const std::vector<float>& gpu, const std::vector<float>& ref,
+                       const std::vector<float>& magnitude, float factor, float floor = 1e-6f) {
+        size_t bad = 0, first_bad = SIZE_MAX;
+        double worst = 0.0, max_abs = 0.0;
+        for (size_t i = 0; i < gpu.size() && i < ref.size(); i++) {
+            const double err = std::fabs(double(gpu[i]) - ref[i]);
+            const double bound = double(factor) * magnitude[i] + floor;
+            if (err > max_abs || std::isnan(err)) max_abs = std::isnan(err) ? INFINITY : err;
+            worst = std::max(worst, std::isnan(err) ? INFINITY : err / bound);
+            if (!(err <= bound)) {
+                if (first_bad == SIZE_MAX) first_bad = i;
+                bad++;
+            }
+        }
+        const bool ok = bad == 0 && gpu.size() == ref.size() && magnitude.size() == ref.size();
+        std::printf("  %-28s %s  max_abs %.3e  worst err/bound %.3f  (bound %.1e x term magnitude, n=%zu)\n",
+                    name.c_str(), ok ? "ok  " : "FAIL", max_abs, worst, factor, gpu.size());
+        if (!ok && first_bad != SIZE_MAX)
+            std::printf("    %zu elements out of bound; first at %zu: gpu %.6g ref %.6g magnitude %.6g\n", bad, first_bad,
+                        gpu[first_bad], ref[first_bad], magnitude[first_bad]);
+        if (!ok) failures++;
+        return ok;
+    }
     void expect(bool cond, const std::string& what) {
         std::printf("  %-28s %s\n", what.c_str(), cond ? "ok" : "FAIL");
         if (!cond) failures++;

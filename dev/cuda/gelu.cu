@@ -21,8 +21,10 @@ static void check_size(CudaEnv& env, check::Checker& ck, size_t n, const char* l
     gelu_forward(out.data(), dx.data(), n, env.stream);
     gelu_backward_inplace(dd.data(), dx.data(), n, env.stream);
     env.sync();
-    ck.compare(std::string("forward ") + label, check::from_device_floatX(out), ref_out, 1e-5f);
-    ck.compare(std::string("backward ") + label, check::from_device_floatX(dd), ref_din, 1e-5f);
+    // atol 5e-5: under --use_fast_math the GPU's tanhf saturates to exactly -1 for inner < ~-7, where the exact
+    // derivative is still ~1e-5 (times dout); on outputs of scale 1 that is far below a bf16 ulp (4e-3).
+    ck.compare(std::string("forward ") + label, check::from_device_floatX(out), ref_out, 5e-5f);
+    ck.compare(std::string("backward ") + label, check::from_device_floatX(dd), ref_din, 5e-5f);
 }
 
 int main() {

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs every GPU checker and test binary in build/cuda/ (built by `make cuda`; this script builds nothing) and
-# prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings).
+# prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings),
+# then the end-to-end trainer benchmark (dev/cuda/bench_train_gpt.sh) when ./train_gpt and data/default exist.
+# The GPU tests' PyTorch reference (build/reference/tiny) is generated first if missing and a python3 with
+# torch is found.
 # Without a GPU (no nvidia-smi, or it lists no device) it prints "no CUDA device: GPU checks skipped" and exits
 # 0. Otherwise it exits 1 when any binary failed. Full logs: build/cuda-logs/<name>.log.
+# Each binary gets GPU_CHECK_TIMEOUT seconds (default 180); a hang counts as a failure.
 # Usage: dev/cuda/gpu_check.sh [name-filter]
 set -u
 cd "$(dirname "$0")/../.."
@@ -29,13 +33,24 @@ logdir=build/cuda-logs
 mkdir -p "$logdir"
 nvidia-smi -L
 echo
+if [[ ! -f build/reference/tiny/state.bin ]]; then
+  for py in /usr/bin/python3 python3; do
+    if "$py" -c 'import torch, numpy' 2>/dev/null; then
+      echo "generating build/reference/tiny with $py (PyTorch reference)"
+      "$py" dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny \
+        >"$logdir/reference.log" 2>&1 || echo "reference generation failed: see $logdir/reference.log"
+      break
+    fi
+  done
+fi
 passed=0; failed=0; skipped=0; failed_names=()
 declare -a rows timings
 for bin in "${bins[@]}"; do
   name=$(basename "$bin")
   log="$logdir/$name.log"
   start=$(date +%s.%N)
-  "$bin" >"$log" 2>&1; rc=$?
+  timeout "${GPU_CHECK_TIMEOUT:-180}" "$bin" >"$log" 2>&1; rc=$?
+  [[ $rc -eq 124 ]] && echo "TIMEOUT after ${GPU_CHECK_TIMEOUT:-180} s" >>"$log"
   end=$(date +%s.%N)
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
   if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
@@ -46,7 +61,7 @@ for bin in "${bins[@]}"; do
   while IFS= read -r line; do timings+=("$(printf '%-22s %s' "$name" "${line#TIME }")"); done < <(grep '^TIME ' "$log")
   if [[ $status == FAIL ]]; then
     echo "FAIL $name (exit $rc); failing checks from $log:"
-    grep -E 'FAIL|error' "$log" | head -n 20 | sed 's/^/    /'
+    grep -E 'FAIL|error|TIMEOUT' "$log" | head -n 20 | sed 's/^/    /'
   fi
 done
 
@@ -59,6 +74,12 @@ if [[ ${#timings[@]} -gt 0 ]]; then
   printf '  %s\n' "${timings[@]}"
 fi
 echo
+bench_rc=0
+if [[ -z "$filter" && -x ./train_gpt ]] && ls data/default/default_train_*.bin >/dev/null 2>&1; then
+  echo "end-to-end benchmark (dev/cuda/bench_train_gpt.sh):"
+  dev/cuda/bench_train_gpt.sh | grep '^RESULT' | sed 's/^RESULT /  /'; bench_rc=${PIPESTATUS[0]}
+  echo
+fi
 [[ $failed -gt 0 ]] && echo "failed: ${failed_names[*]}"
 echo "$passed passed, $failed failed, $skipped skipped"
-[[ $failed -eq 0 ]]
+[[ $failed -eq 0 && ( $bench_rc -eq 0 || $bench_rc -eq 77 ) ]]

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# End-to-end speed of the CUDA trainer: GPT-2 124M (configs/d12.json) from scratch on the default corpus, one
+# GPU, AdamW-DDP and DeMo (top-k 32) at the same batch. Prints, per optimizer, the median step time over the
+# steps after warm-up, tokens/s and MFU (llm.c's estimate: 6N + 6LCT flops per token against the GPU's dense
+# bf16 peak, so the figures compare with llm.c's printout), the optimizer's own time per step, and DeMo's step
+# time relative to AdamW's (issue target: within 5%). When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it
+# runs that too, at the same batch and data, for a same-GPU baseline.
+#   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
+# Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-16} T=${2:-1024} STEPS=${3:-30}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989.4}   # H100/H200 SXM dense bf16, the figure llm.c uses for MFU
+PY=${PYTHON:-python3}
+out=${BENCH_OUT:-build/bench-train-gpt}
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "no CUDA device: train_gpt benchmark skipped"
+  exit 77
+fi
+[[ -x ./train_gpt ]] || { echo "bench_train_gpt: error: ./train_gpt not built (make train_gpt)" >&2; exit 1; }
+ls data/default/default_train_*.bin >/dev/null 2>&1 ||
+  { echo "bench_train_gpt: error: no shards in data/default (bash data/prepare_default.sh)" >&2; exit 1; }
+mkdir -p "$out"
+
+summarize() {  # summarize <label> <metrics.jsonl>
+  "$PY" - "$1" "$2" "$B" "$T" "$PEAK_TFLOPS" <<'EOF'
+import json, statistics, sys
+label, path, B, T, peak = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+rows = [json.loads(l) for l in open(path) if '"type":"train"' in l]
+rows = rows[5:] if len(rows) > 10 else rows[1:]          # drop warm-up steps (allocation, cuBLASLt autotune)
+ms = statistics.median(r["step_ms"] for r in rows)
+opt = {k: statistics.median(r.get("opt_ms", {}).get(k, 0.0) for r in rows) for k in rows[0].get("opt_ms", {})}
+N, L, C = 124475904, 12, 768                             # d12 parameters (padded vocab, as llm.c counts them)
+flops_per_token = 6 * N + 6 * L * C * T
+tok_s = B * T / (ms / 1000)
+mfu = flops_per_token * tok_s / (peak * 1e12)
+opt_s = " ".join(f"{k} {v:.2f}" for k, v in opt.items() if v > 0)
+print(f"RESULT {label}: step {ms:.2f} ms | {tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}% | optimizer ms: {opt_s}")
+print(f"STEPMS {label} {ms:.4f}")
+EOF
+}
+
+run_ours() {  # run_ours <optimizer> [flags]
+  local opt=$1; shift
+  rm -rf "$out/$opt"
+  ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps "$STEPS" --optimizer "$opt" \
+    --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 10 --out_dir "$out/$opt" "$@" \
+    >"$out/$opt.log" 2>&1 || { echo "bench_train_gpt: train_gpt --optimizer $opt failed:"; tail -5 "$out/$opt.log"; return 1; }
+  summarize "train_gpt $opt" "$out/$opt/metrics.jsonl" | tee -a "$out/summary.txt"
+}
+
+: >"$out/summary.txt"
+nvidia-smi -L
+run_ours adamw
+run_ours demo --demo_topk 32
+a=$(awk '/^STEPMS train_gpt adamw/ {print $4}' "$out/summary.txt")
+d=$(awk '/^STEPMS train_gpt demo/ {print $4}' "$out/summary.txt")
+awk -v a="$a" -v d="$d" 'BEGIN { printf "RESULT DeMo step / AdamW step = %.4f (%+.1f%%; target within +5%%)\n", d / a, 100 * (d / a - 1) }'
+
+if [[ -n ${LLMC_UPSTREAM:-} && -x $LLMC_UPSTREAM ]]; then
+  # llm.c's own trainer (train_gpt2cu, bf16, no cuDNN) on the same shards: d12 from scratch, same B and T, no
+  # validation (-m 0), sampling or checkpoints. Its step times go through the same MFU formula as ours.
+  "$LLMC_UPSTREAM" -i 'data/default/default_train_*.bin' -j 'data/default/default_val_*.bin' -e d12 \
+    -b "$B" -t "$T" -d $((B * T)) -x "$STEPS" -v 100000 -m 0 -s 0 -n 0 -h 0 -o "$out/llmc" >"$out/llmc.log" 2>&1 ||
+    { echo "bench_train_gpt: llm.c run failed:"; tail -5 "$out/llmc.log"; exit 1; }
+  "$PY" - "$out/llmc.log" "$B" "$T" "$PEAK_TFLOPS" <<'EOF'
+import re, statistics, sys
+text = open(sys.argv[1]).read()
+B, T, peak = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+ms = [float(m.group(1)) for m in re.finditer(r"^step +\d+/\d+ \|.*?\|\s*([0-9.]+) ms", text, re.M)]
+if ms:
+    k = 5 if len(ms) > 10 else 1
+    med = statistics.median(ms[k:])
+    tok_s = B * T / (med / 1000)
+    mfu = (6 * 124475904 + 6 * 12 * 768 * T) * tok_s / (peak * 1e12)
+    print(f"RESULT llm.c train_gpt2cu: step {med:.2f} ms | {tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}%")
+    print(f"STEPMS llm.c {med:.4f}")
+else:
+    print("RESULT llm.c train_gpt2cu: no step lines in its log")
+EOF
+fi
