@@ -74,19 +74,6 @@ std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, c
 }
 // ---------------------------------------------------------------------------------------------------------
 
-double evaluate(GPT2Cuda& model, DataLoader& loader, const TrainConfig& cfg, Transport& transport) {
-    const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
-    std::vector<int> x(n), y(n);
-    loader.reset();
-    double sum[1] = {0.0};
-    for (int i = 0; i < cfg.val_batches; i++) {
-        loader.next_batch(x, y);
-        sum[0] += model.forward(x.data(), y.data(), cfg.batch_size, cfg.seq_len);
-    }
-    transport.allreduce_sum(sum);
-    return sum[0] / (static_cast<double>(cfg.val_batches) * transport.world_size());
-}
-
 // Autoregressive sample from the end-of-text token, at temperature 1 (the CPU trainer's procedure).
 std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
     std::vector<int> tokens = {tok.eot()};
@@ -123,28 +110,6 @@ std::vector<float> download_master(DeviceOptimizer& optimizer, size_t n) {
     std::vector<float> host(n);
     CUDA_CHECK(cudaMemcpy(host.data(), optimizer.master_weights(), n * sizeof(float), cudaMemcpyDeviceToHost));
     return host;
-}
-
-void save_checkpoint(const TrainConfig& cfg, Transport& transport, GPT2Cuda& model, DeviceOptimizer& optimizer,
-                     TrainingState state) {
-    const std::string dir = checkpoint_dir(cfg.out_dir, state.step);
-    if (transport.rank() == 0) make_dirs(dir);
-    transport.barrier();
-    if (transport.rank() == 0) {
-        // The fp32 master weights: the checkpoint is the same llm.c fp32 file the CPU trainer writes.
-        const std::vector<float> weights = download_master(optimizer, model.num_params());
-        save_model(model_path(dir), cfg.model, weights);
-    }
-    ByteWriter opt_state;
-    optimizer.save_state(opt_state);
-    state.optimizer_state = std::move(opt_state.bytes());
-    write_training_state(state_path(dir, transport.rank()), state);
-    transport.barrier();  // every rank's files are in place before the marker says so
-    if (transport.rank() == 0) {
-        mark_checkpoint_complete({dir, state.step, transport.world_size(), cfg.optimizer});
-        prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
-        std::printf("saved checkpoint %s\n", dir.c_str());
-    }
 }
 
 int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
@@ -194,47 +159,9 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     state.config_json = config_json;
     Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
     std::vector<float> weights(layout.num_params);
-    std::optional<CheckpointInfo> resume;
-    if (cfg.resume == "auto") resume = find_latest_checkpoint(cfg.out_dir);
-    else if (!cfg.resume.empty()) resume = read_checkpoint_info(cfg.resume);
-    if (resume) {
-        load_model(model_path(resume->dir), cfg.model, weights);
-        if (resume->world_size != world) {
-            if (!cfg.reset_momentum)
-                fail(resume->dir + ": checkpoint was written by " + std::to_string(resume->world_size) +
-                     " ranks but this run has " + std::to_string(world) +
-                     "; resume with the same number of ranks, or pass --reset_momentum to keep "
-                     "the weights and step and start the optimizer state afresh");
-            // Optimizer state is per rank and cannot be re-dealt; keep weights, step and tokens seen, and
-            // continue the data stream from the same number of consumed window groups.
-            const TrainingState old = read_training_state(state_path(resume->dir, 0));
-            check_resume_compatible(state_path(resume->dir, 0), old.config_json, config_json, {"total_batch_size"});
-            state.step = old.step;
-            state.tokens = old.tokens;
-            const uint64_t groups_done = static_cast<uint64_t>(old.tokens) / tokens_per_micro;
-            DataPosition p;
-            p.epoch = groups_done / train_loader.groups_per_epoch();
-            train_loader.set_position(p);
-            std::vector<int> skip_x(cfg.batch_size * cfg.seq_len), skip_y(skip_x.size());
-            for (uint64_t g = 0; g < groups_done % train_loader.groups_per_epoch(); g++) train_loader.next_batch(skip_x, skip_y);
-            if (main_rank) std::printf("resumed weights from %s (step %lld) with a fresh optimizer state\n",
-                                       resume->dir.c_str(), static_cast<long long>(state.step));
-        } else {
-            const std::string path = state_path(resume->dir, rank);
-            TrainingState saved = read_training_state(path);
-            check_resume_compatible(path, saved.config_json, config_json);
-            ByteReader reader(saved.optimizer_state, path);
-            optimizer->load_state(reader);
-            train_loader.set_position(saved.data);
-            sample_rng.set_state(saved.sample_rng);
-            state.step = saved.step;
-            state.tokens = saved.tokens;
-            state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
-            if (main_rank) std::printf("resumed from %s at step %lld\n", resume->dir.c_str(), static_cast<long long>(state.step));
-        }
-    } else if (!cfg.init_from.empty()) {
-        load_model(cfg.init_from, cfg.model, weights);
-    } else {
+    const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, rank, world, weights, train_loader,
+                                             sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
+    if (!start.weights_loaded) {
         GPT2Cpu init(cfg.model);  // the CPU trainer's seeded init, bit for bit
         init.init_random(static_cast<uint64_t>(cfg.seed));
         const auto p = init.params();
@@ -250,7 +177,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     if (main_rank) {
         make_dirs(cfg.out_dir);
         write_gpu_run_record(cfg, world, grad_accum, env, model, argc, argv);
-        log = std::make_unique<MetricsLog>(cfg.out_dir, resume ? static_cast<int>(state.step) : -1);
+        log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, cfg.optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
@@ -288,7 +215,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
 
         const bool last = step + 1 == cfg.steps;
         if (val_loader && (last || (cfg.val_every > 0 && (step + 1) % cfg.val_every == 0))) {
-            const double val_loss = evaluate(model, *val_loader, cfg, transport);
+            const double val_loss = evaluate_loss(model, *val_loader, cfg, transport);
             if (main_rank) {
                 log->log_val(step + 1, val_loss, state.tokens);
                 std::printf("step %d: val loss %.4f\n", step + 1, val_loss);
@@ -302,7 +229,9 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (last || (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0)) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
-            save_checkpoint(cfg, transport, model, *optimizer, state);
+            // The checkpoint holds the fp32 master weights: the same llm.c file the CPU trainer writes.
+            const std::vector<float> master = main_rank ? download_master(*optimizer, model.num_params()) : std::vector<float>();
+            save_checkpoint(cfg, transport, master, [&](ByteWriter& w) { optimizer->save_state(w); }, state);
         }
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());

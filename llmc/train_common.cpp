@@ -10,12 +10,80 @@
 #include "demo/traffic_report.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
+#include "llmc/model_io.h"
 
 #ifndef LLMC_GIT_VERSION
 #define LLMC_GIT_VERSION "unknown"
 #endif
 
 namespace llmc {
+
+RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
+                           int rank, int world, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
+                           TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state) {
+    RunStart start;
+    if (cfg.resume == "auto") start.checkpoint = find_latest_checkpoint(cfg.out_dir);
+    else if (!cfg.resume.empty()) start.checkpoint = read_checkpoint_info(cfg.resume);
+    const bool main_rank = rank == 0;
+    if (start.checkpoint) {
+        const CheckpointInfo& ck = *start.checkpoint;
+        load_model(model_path(ck.dir), cfg.model, weights);
+        start.weights_loaded = true;
+        if (ck.world_size != world) {
+            if (!cfg.reset_momentum)
+                fail(ck.dir + ": checkpoint was written by " + std::to_string(ck.world_size) +
+                     " ranks but this run has " + std::to_string(world) +
+                     "; resume with the same number of ranks, or pass --reset_momentum to keep "
+                     "the weights and step and start the optimizer state afresh");
+            const TrainingState old = read_training_state(state_path(ck.dir, 0));
+            check_resume_compatible(state_path(ck.dir, 0), old.config_json, config_json, {"total_batch_size"});
+            state.step = old.step;
+            state.tokens = old.tokens;
+            const uint64_t groups_done = static_cast<uint64_t>(old.tokens) / tokens_per_micro;
+            DataPosition p;
+            p.epoch = groups_done / train_loader.groups_per_epoch();
+            train_loader.set_position(p);
+            std::vector<int> skip_x(static_cast<size_t>(cfg.batch_size) * cfg.seq_len), skip_y(skip_x.size());
+            for (uint64_t g = 0; g < groups_done % train_loader.groups_per_epoch(); g++) train_loader.next_batch(skip_x, skip_y);
+            if (main_rank) std::printf("resumed weights from %s (step %lld) with a fresh optimizer state\n",
+                                       ck.dir.c_str(), static_cast<long long>(state.step));
+        } else {
+            const std::string path = state_path(ck.dir, rank);
+            TrainingState saved = read_training_state(path);
+            check_resume_compatible(path, saved.config_json, config_json);
+            ByteReader reader(saved.optimizer_state, path);
+            load_optimizer_state(reader);
+            train_loader.set_position(saved.data);
+            sample_rng.set_state(saved.sample_rng);
+            state.step = saved.step;
+            state.tokens = saved.tokens;
+            state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
+            if (main_rank) std::printf("resumed from %s at step %lld\n", ck.dir.c_str(), static_cast<long long>(state.step));
+        }
+    } else if (!cfg.init_from.empty()) {
+        load_model(cfg.init_from, cfg.model, weights);
+        start.weights_loaded = true;
+    }
+    return start;
+}
+
+void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<const float> weights,
+                     const std::function<void(ByteWriter&)>& save_optimizer_state, TrainingState state) {
+    const std::string dir = checkpoint_dir(cfg.out_dir, state.step);
+    if (transport.rank() == 0) make_dirs(dir);
+    transport.barrier();
+    if (transport.rank() == 0) save_model(model_path(dir), cfg.model, weights);
+    ByteWriter opt_state;
+    save_optimizer_state(opt_state);
+    state.optimizer_state = std::move(opt_state.bytes());
+    write_training_state(state_path(dir, transport.rank()), state);
+    transport.barrier();  // every rank's files are in place before the marker says so
+    if (transport.rank() == 0) {
+        mark_checkpoint_complete({dir, state.step, transport.world_size(), cfg.optimizer});
+        prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
+        std::printf("saved checkpoint %s\n", dir.c_str());
+    }
+}
 
 int resolve_batch_geometry(TrainConfig& cfg, int world) {
     const int64_t tokens_per_micro = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * world;

@@ -1,11 +1,15 @@
 // Pieces of the training program that the CPU trainer (train_gpt_cpu.cpp) and the CUDA trainer (train_gpt.cu)
 // share verbatim: batch geometry, the cross-rank config check, the --dry_run report, the run record written
-// next to the metrics, the sampling rule and the fatal-error exit. Keeping them here means the two trainers
-// differ only where the model and the optimizer run.
+// next to the metrics, where a run starts (checkpoint, llm.c model file or fresh init), checkpoint writing,
+// the validation loss, the sampling rule, per-step metrics and the fatal-error exit. Keeping them here means
+// the two trainers differ only where the model and the optimizer run.
 #pragma once
 #include <exception>
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +17,8 @@
 
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
+#include "llmc/dataloader.h"
+#include "llmc/fileio.h"
 #include "llmc/metrics.h"
 #include "llmc/optimizer.h"
 #include "llmc/rng.h"
@@ -36,6 +42,45 @@ void print_dry_run_report(const TrainConfig& cfg, int world);
 nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,
                                   char** argv);
 void write_run_record(const std::string& out_dir, const nlohmann::ordered_json& record);
+
+// Where a run starts, from --resume / --init_from (the CPU and the CUDA trainer alike):
+//  - a checkpoint written by as many ranks: weights, step, tokens, bytes sent, data position and sampling
+//    RNG are restored and `load_optimizer_state` gets this rank's optimizer blob;
+//  - a checkpoint of another world size: refused, unless --reset_momentum, which keeps the weights, step and
+//    tokens, continues the data stream after the window groups already consumed, and leaves the optimizer
+//    state fresh (it is per rank and cannot be re-dealt);
+//  - --init_from: weights from an llm.c model file; otherwise nothing is loaded (a fresh run: the caller
+//    draws the seeded init).
+// `weights` receives the fp32 parameters when something was loaded. Returns the checkpoint resumed from.
+struct RunStart {
+    std::optional<CheckpointInfo> checkpoint;
+    bool weights_loaded = false;
+};
+RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
+                           int rank, int world, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
+                           TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state);
+
+// Writes checkpoint <out_dir>/checkpoints/step_N: rank 0 writes model.bin from `weights` (fp32; other ranks
+// may pass an empty span), every rank its state file with the optimizer blob from `save_optimizer_state`,
+// and rank 0 the COMPLETE marker once every rank's files are in place; then older checkpoints are pruned.
+void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<const float> weights,
+                     const std::function<void(ByteWriter&)>& save_optimizer_state, TrainingState state);
+
+// Mean validation loss over val_batches batches of every rank (the loader restarts from its beginning).
+// Model: anything with double forward(const int* inputs, const int* targets, int B, int T).
+template <class Model>
+double evaluate_loss(Model& model, DataLoader& loader, const TrainConfig& cfg, Transport& transport) {
+    const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
+    std::vector<int> x(n), y(n);
+    loader.reset();
+    double sum[1] = {0.0};
+    for (int i = 0; i < cfg.val_batches; i++) {
+        loader.next_batch(x, y);
+        sum[0] += model.forward(x.data(), y.data(), cfg.batch_size, cfg.seq_len);
+    }
+    transport.allreduce_sum(sum);
+    return sum[0] / (static_cast<double>(cfg.val_batches) * transport.world_size());
+}
 
 // Draws the next token from the first vocab_size logits at temperature 1 (softmax sampled by inverse CDF).
 int sample_token(std::span<const float> logits, int vocab_size, Rng& rng);

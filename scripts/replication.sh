@@ -13,13 +13,13 @@
 # version), metrics.jsonl, launch.txt and train.log. Runs resume from their checkpoints when restarted, and
 # finished runs are skipped, so an interrupted replication continues where it stopped.
 #
-#   bash scripts/replication.sh              # ~2.5 h on 2 cores; RUNS=runs/replication OUT=docs/replication
+#   bash scripts/replication.sh              # ~2 h on 2 cores; RUNS=runs/replication OUT=docs/replication
 #   STEPS=300 SWEEP_STEPS=60 bash scripts/replication.sh   # a quick smoke version
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 : "${RUNS:=runs/replication}" "${OUT:=docs/replication}" "${TRAINER:=./train_gpt_cpu}" "${NP:=4}"
-: "${STEPS:=1500}" "${WARMUP:=100}" "${VAL_EVERY:=50}"
+: "${STEPS:=1200}" "${WARMUP:=100}" "${VAL_EVERY:=50}"
 : "${SWEEP_STEPS:=400}" "${SWEEP_WARMUP:=40}" "${SWEEP_LRS:=2e-3 4e-3 8e-3}"
 : "${MICRO_BATCH:=4}" "${SEQ_LEN:=128}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
