@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every GPU checker and test binary in build/cuda/ (built by `make cuda`; this script builds nothing) and
-# prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings),
-# then the end-to-end trainer benchmark (dev/cuda/bench_train_gpt.sh) when ./train_gpt and data/default exist.
+# prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings).
+# With ./train_gpt and data/default present it also runs the trainer's determinism and resume check
+# (dev/cuda/check_train_gpt_resume.sh) and the end-to-end benchmark (dev/cuda/bench_train_gpt.sh).
 # The GPU tests' PyTorch reference (build/reference/tiny) is generated first if missing and a python3 with
 # torch is found.
 # Without a GPU (no nvidia-smi, or it lists no device) it prints "no CUDA device: GPU checks skipped" and exits
@@ -64,6 +65,18 @@ for bin in "${bins[@]}"; do
     grep -E 'FAIL|error|TIMEOUT' "$log" | head -n 20 | sed 's/^/    /'
   fi
 done
+
+# The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
+if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
+  start=$(date +%s.%N)
+  dev/cuda/check_train_gpt_resume.sh >"$logdir/train_gpt_resume.log" 2>&1; rc=$?
+  secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
+  elif [[ $rc -eq 77 ]]; then status=SKIP; skipped=$((skipped+1))
+  else status=FAIL; failed=$((failed+1)); failed_names+=(train_gpt_resume); grep FAIL "$logdir/train_gpt_resume.log" | head -5
+  fi
+  rows+=("$(printf '%-22s %-5s %7ss' train_gpt_resume "$status" "$secs")")
+fi
 
 echo
 printf '%-22s %-5s %8s\n' "binary" "result" "wall"
