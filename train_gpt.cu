@@ -161,6 +161,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     std::vector<float> weights(layout.num_params);
     const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, rank, world, weights, train_loader,
                                              sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
+    if (start.checkpoint && start.checkpoint->world_size == world) optimizer->set_steps_done(state.step);
     if (!start.weights_loaded) {
         GPT2Cpu init(cfg.model);  // the CPU trainer's seeded init, bit for bit
         init.init_random(static_cast<uint64_t>(cfg.seed));

@@ -18,9 +18,9 @@
 // and the plan's tables are ONE device allocation.
 //
 // Stochastic rounding of the floatX parameters (bf16 builds, as CudaAdamW) seeds every step from the run's
-// seed and a step counter. The DeMo state blob (the CPU's) has no step counter, so after load_state the
-// counter restarts at 0 and set_weights rounds to nearest: a resumed bf16 run differs from an uninterrupted
-// one by at most one bf16 rounding of the parameters (the fp32 master weights and momentum are exact).
+// seed and a step counter. The DeMo state blob (the CPU's) has no step counter: the trainer restores it with
+// set_steps_done() from the checkpoint's training state, so set_weights repeats the last step's rounding and
+// a resumed run continues bit-identically.
 #pragma once
 #include <chrono>
 #include <span>
@@ -160,6 +160,7 @@ public:
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         t_ = 0;
     }
+    void set_steps_done(int64_t steps) override { t_ = steps; }
 
     // For checkers and tests.
     const cm::PlanTables& tables() const { return tables_; }

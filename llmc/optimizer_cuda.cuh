@@ -35,6 +35,10 @@ public:
     // Same blobs as the CPU optimizers, so checkpoints move between the CPU and CUDA trainers.
     virtual void save_state(ByteWriter& out) const = 0;
     virtual void load_state(ByteReader& in) = 0;
+    // Steps already taken, from the checkpoint's training state, for optimizers whose state blob does not
+    // carry the count (DeMo's, shared with the CPU): it seeds the stochastic rounding of the steps to come.
+    // Call after load_state() and before set_weights() when resuming.
+    virtual void set_steps_done(int64_t /*steps*/) {}
 };
 
 }  // namespace llmc
