@@ -19,7 +19,7 @@ else
 endif
 OPT ?= -O3 -march=native
 GIT_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
-CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP -DLLMC_GIT_VERSION=\"$(GIT_VERSION)\"
+CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP
 LDLIBS := -lopenblas -licuuc -fopenmp -lm
 
 NVCC ?= /usr/local/cuda/bin/nvcc
@@ -52,6 +52,16 @@ all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS)
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+# The code version recorded in every run's config.json. Only train_common.o sees it, and it is rebuilt when
+# `git describe` changes ($(BUILD)/git_version keeps the last value), so a run never records a stale version.
+$(BUILD)/git_version: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(GIT_VERSION)' | cmp -s - $@ || echo '$(GIT_VERSION)' > $@
+$(BUILD)/llmc/train_common.o: $(BUILD)/git_version
+$(BUILD)/llmc/train_common.o: CXXFLAGS += -DLLMC_GIT_VERSION=\"$(GIT_VERSION)\"
+.PHONY: FORCE
+FORCE:
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
