@@ -2,6 +2,8 @@
 // checkpoint format exactly, so a buffer laid out here can be written after the 256-int header as is.
 #include "llmc/gpt2_layout.h"
 
+#include <cstdio>
+
 #include "llmc/error.h"
 
 namespace llmc {
@@ -21,6 +23,27 @@ void validate_model_config(const ModelConfig& c, const std::string& what) {
     LLMC_CHECK(c.padded_vocab_size >= c.vocab_size,
                what + ": padded_vocab_size " + std::to_string(c.padded_vocab_size) + " < vocab_size " +
                    std::to_string(c.vocab_size));
+}
+
+ParamLayout ParamLayout::of_shapes(const std::vector<std::vector<size_t>>& shapes) {
+    ParamLayout layout;
+    size_t offset = 0;
+    for (size_t i = 0; i < shapes.size(); i++) {
+        ParamTensor t;
+        char name[32];
+        std::snprintf(name, sizeof name, "t%zu", i);  // (std::string "t" + ... trips a GCC 12 -Wrestrict bug)
+        t.name = name;
+        t.kind = ParamKind::wte;
+        t.layer = -1;
+        t.offset = offset;
+        t.shape = shapes[i];
+        t.numel = 1;
+        for (size_t d : shapes[i]) t.numel *= d;
+        offset += t.numel;
+        layout.tensors.push_back(t);
+    }
+    layout.num_params = offset;
+    return layout;
 }
 
 ParamLayout ParamLayout::gpt2(const ModelConfig& c) {

@@ -46,6 +46,9 @@ struct ParamLayout {
     std::vector<ParamTensor> tensors;                  // per-layer views, in buffer order
 
     static ParamLayout gpt2(const ModelConfig& config);
+    // Tensors "t0", "t1", ... of the given shapes back to back (kind wte, no layer; `config` unused): the
+    // awkward layouts the optimizer tests and kernel checkers need.
+    static ParamLayout of_shapes(const std::vector<std::vector<size_t>>& shapes);
     const ParamTensor& find(const std::string& name) const;  // throws llmc::Error for an unknown name
 };
 

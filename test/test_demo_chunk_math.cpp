@@ -37,27 +37,6 @@ using llmc::DemoMomentum;
 using llmc::DemoValueEncoding;
 namespace cm = demo::cm;
 
-llmc::ParamLayout custom_layout(const std::vector<std::vector<size_t>>& shapes) {
-    llmc::ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        llmc::ParamTensor t;
-        char name[32];
-        std::snprintf(name, sizeof name, "t%zu", i);
-        t.name = name;
-        t.kind = llmc::ParamKind::wte;
-        t.layer = -1;
-        t.offset = offset;
-        t.shape = shapes[i];
-        t.numel = 1;
-        for (size_t d : shapes[i]) t.numel *= d;
-        offset += t.numel;
-        layout.tensors.push_back(t);
-    }
-    layout.num_params = offset;
-    return layout;
-}
-
 std::vector<float> random_vector(size_t n, uint64_t seed, double scale) {
     llmc::Rng rng(seed);
     std::vector<float> v(n);
@@ -135,7 +114,7 @@ std::vector<Case> cases() {
 }  // namespace
 
 TEST(validation_messages_match_cpu_optimizer) {
-    const llmc::ParamLayout layout = custom_layout({{96, 50}, {7}});
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}, {7}});
     llmc::LocalTransport transport;
     std::vector<std::function<void(llmc::OptimizerConfig&)>> edits = {
         [](llmc::OptimizerConfig& c) { c.demo.topk = 0; },
@@ -262,7 +241,7 @@ TEST(wire_helpers_round_trip) {
 }
 
 TEST(header_state_and_bucket_checks_match_cpu) {
-    const llmc::ParamLayout layout = custom_layout({{96, 50}, {7}, {128, 64}});
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}, {7}, {128, 64}});
     for (const auto& cfg : {config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
                             config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 1.0f, 32)}) {
         const cm::PlanTables pt = tables_for(cfg, layout);
@@ -316,7 +295,7 @@ TEST(header_state_and_bucket_checks_match_cpu) {
 TEST(compress_matches_cpu_optimizer) {
     int failures = 0;
     for (const Case& cs : cases()) {
-        const llmc::ParamLayout layout = custom_layout(cs.shapes);
+        const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(cs.shapes);
         const cm::PlanTables pt = tables_for(cs.cfg, layout);
         const size_t n = layout.num_params;
         for (int from_random = 0; from_random < 2; from_random++) {
@@ -351,7 +330,7 @@ TEST(compress_matches_cpu_optimizer) {
 TEST(compress_ties_match_cpu_optimizer) {
     for (const auto& cfg : {config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
                             config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 1.0f, 5)}) {
-        const llmc::ParamLayout layout = custom_layout({{64, 64}, {96, 50}, {7}});
+        const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{64, 64}, {96, 50}, {7}});
         const cm::PlanTables pt = tables_for(cfg, layout);
         const size_t n = layout.num_params, zeros = 64 * 64;
         std::vector<float> m0 = random_vector(n, 500, 1e-3), grads = random_vector(n, 501, 1.0);
@@ -384,7 +363,7 @@ TEST(compress_ties_match_cpu_optimizer) {
 TEST(apply_matches_cpu_optimizer) {
     int failures = 0;
     for (const Case& cs : cases()) {
-        const llmc::ParamLayout layout = custom_layout(cs.shapes);
+        const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(cs.shapes);
         const cm::PlanTables pt = tables_for(cs.cfg, layout);
         const size_t n = layout.num_params;
         for (int world : {1, 3}) {
@@ -422,7 +401,7 @@ TEST(apply_matches_cpu_optimizer) {
 // Canonical compress + apply bucket round trip, and corrupt buckets raise the error flags.
 TEST(apply_flags_corrupt_buckets) {
     const auto cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
-    const llmc::ParamLayout layout = custom_layout({{96, 50}});  // 48 x 50 chunks: u16 indices
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
     const cm::PlanTables pt = tables_for(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = random_vector(n, 9, 1.0), p = random_vector(n, 10, 0.02);

@@ -26,27 +26,6 @@ using llmc::DemoMomentum;
 using llmc::DemoValueEncoding;
 
 // A layout of arbitrary named shapes, back to back (the optimizer only needs names, shapes and offsets).
-llmc::ParamLayout custom_layout(const std::vector<std::vector<size_t>>& shapes) {
-    llmc::ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        llmc::ParamTensor t;
-        char name[32];
-        std::snprintf(name, sizeof name, "t%zu", i);  // (std::string "t" + ... trips a GCC 12 -Wrestrict bug)
-        t.name = name;
-        t.kind = llmc::ParamKind::wte;
-        t.layer = -1;
-        t.offset = offset;
-        t.shape = shapes[i];
-        t.numel = 1;
-        for (size_t d : shapes[i]) t.numel *= d;
-        offset += t.numel;
-        layout.tensors.push_back(t);
-    }
-    layout.num_params = offset;
-    return layout;
-}
-
 const std::vector<std::vector<size_t>> kShapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}};
 
 std::vector<float> random_vector(size_t n, uint64_t seed, double scale) {
@@ -111,7 +90,7 @@ llmc::OptimizerConfig default_config() {
 }  // namespace
 
 TEST(invalid_options_name_the_flag) {
-    const llmc::ParamLayout layout = custom_layout(kShapes);
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::LocalTransport transport;
     auto make = [&](auto edit) {
         llmc::OptimizerConfig cfg;
@@ -174,7 +153,7 @@ TEST(topk_selection_and_tie_rule) {
 }
 
 TEST(step_equals_compress_allgather_apply) {
-    const llmc::ParamLayout layout = custom_layout(kShapes);
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config();
     cfg.grad_clip = 1.0f;
     llmc::LocalTransport t1, t2;
@@ -201,7 +180,7 @@ TEST(step_equals_compress_allgather_apply) {
 TEST(identical_ranks_equal_one_rank) {
     // Every rank with the same gradient selects the same coefficients: the mean is the value itself, so
     // 4 ranks must reproduce 1 rank bit for bit.
-    const llmc::ParamLayout layout = custom_layout(kShapes);
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     const llmc::OptimizerConfig cfg = default_config();
     const std::vector<float> p0 = random_vector(layout.num_params, 2, 0.02);
     std::vector<std::vector<std::vector<float>>> g1, g4;
@@ -218,7 +197,7 @@ TEST(identical_ranks_equal_one_rank) {
 }
 
 TEST(bit_identical_across_runs_and_thread_counts) {
-    const llmc::ParamLayout layout = custom_layout(kShapes);
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config();
     cfg.demo.values = DemoValueEncoding::bf16;
     const std::vector<float> p0 = random_vector(layout.num_params, 4, 0.02);
@@ -241,7 +220,7 @@ TEST(bit_identical_across_runs_and_thread_counts) {
 TEST(weight_decay_groups) {
     // Zero gradients: zero momentum, nothing selected is non-zero, sign(0) = 0, so only the decay moves
     // parameters: matrices always, vectors only with DecayGroups::all.
-    const llmc::ParamLayout layout = custom_layout({{64, 64}, {64}});
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{64, 64}, {64}});
     for (llmc::DecayGroups groups : {llmc::DecayGroups::matrices, llmc::DecayGroups::all}) {
         llmc::OptimizerConfig cfg = default_config();
         cfg.weight_decay = 0.1f;
@@ -257,7 +236,7 @@ TEST(weight_decay_groups) {
 }
 
 TEST(state_round_trip_and_rejection) {
-    const llmc::ParamLayout layout = custom_layout(kShapes);
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     const llmc::OptimizerConfig cfg = default_config();
     llmc::LocalTransport transport;
     demo::DemoOptimizer a(cfg, layout, transport);
@@ -289,10 +268,10 @@ TEST(state_round_trip_and_rejection) {
     c2 = cfg;
     c2.demo.chunk = 32;
     EXPECT_ERROR(load_into(c2, layout), "--demo_chunk");
-    EXPECT_ERROR(load_into(cfg, custom_layout({{96, 50}, {7}})), "tensors");
+    EXPECT_ERROR(load_into(cfg, llmc::ParamLayout::of_shapes({{96, 50}, {7}})), "tensors");
     std::vector<std::vector<size_t>> transposed = kShapes;
     transposed[0] = {50, 96};  // same counts, other shape
-    EXPECT_ERROR(load_into(cfg, custom_layout(transposed)), "shapes");
+    EXPECT_ERROR(load_into(cfg, llmc::ParamLayout::of_shapes(transposed)), "shapes");
     llmc::ByteWriter foreign;
     foreign.put_string("adamw");
     EXPECT_ERROR(
@@ -307,7 +286,7 @@ TEST(state_round_trip_and_rejection) {
 }
 
 TEST(apply_rejects_foreign_buckets) {
-    const llmc::ParamLayout layout = custom_layout(kShapes);
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config(), other_cfg = default_config();
     other_cfg.demo.topk = 5;
     llmc::LocalTransport transport;
@@ -417,7 +396,7 @@ struct CaseData {
 
 CaseData case_data(const RefCase& c, size_t case_index) {
     CaseData d;
-    d.layout = custom_layout(kShapes);
+    d.layout = llmc::ParamLayout::of_shapes(kShapes);
     d.params0 = random_vector(d.layout.num_params, 1000 + case_index, 0.02);
     for (size_t s = 0; s < c.steps; s++) {
         d.lrs.push_back(static_cast<float>(1e-3 * (1 + (s % 3))));

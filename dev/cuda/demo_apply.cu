@@ -21,27 +21,6 @@ namespace cm = demo::cm;
 
 namespace {
 
-ParamLayout custom_layout(const std::vector<std::vector<size_t>>& shapes) {
-    ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        ParamTensor t;
-        char name[32];
-        std::snprintf(name, sizeof name, "t%zu", i);
-        t.name = name;
-        t.kind = ParamKind::wte;
-        t.layer = -1;
-        t.offset = offset;
-        t.shape = shapes[i];
-        t.numel = 1;
-        for (size_t d : shapes[i]) t.numel *= d;
-        offset += t.numel;
-        layout.tensors.push_back(t);
-    }
-    layout.num_params = offset;
-    return layout;
-}
-
 ParamLayout d12_layout(int layers) {
     ModelConfig mc;
     mc.num_layers = layers;
@@ -154,7 +133,7 @@ void check_case(CudaEnv& env, check::Checker& ck, const std::string& name, const
 
 void check_corrupt(CudaEnv& env, check::Checker& ck) {
     const OptimizerConfig cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, 4);
-    const ParamLayout layout = custom_layout({{96, 50}});  // 48 x 50 chunks: u16 indices
+    const ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
     const cm::PlanTables pt = tables_for(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = check::random_floats(n, 1.0f, 5);
@@ -228,7 +207,7 @@ int main() {
         uint32_t seed = 1000;
         for (const auto& [label, cfg] : {std::pair{"fp32/smallest/k32", fp32}, std::pair{"bf16/packed12/k5", bf16},
                                          std::pair{"sign/smallest/k3", sign}})
-            for (int world : {1, 3, 8}) check_case(env, ck, std::string("mixed awkward shapes ") + label, custom_layout(mixed), cfg, world, seed += 10);
+            for (int world : {1, 3, 8}) check_case(env, ck, std::string("mixed awkward shapes ") + label, llmc::ParamLayout::of_shapes(mixed), cfg, world, seed += 10);
         check_case(env, ck, "d12 shapes (2 layers) fp32/smallest/k32", d12_layout(2), fp32, 3, seed += 10);
         check_case(env, ck, "d12 shapes (2 layers) sign/smallest/k3", d12_layout(2), sign, 8, seed += 10);
         check_corrupt(env, ck);

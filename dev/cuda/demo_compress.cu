@@ -24,27 +24,6 @@ namespace cm = demo::cm;
 
 namespace {
 
-ParamLayout custom_layout(const std::vector<std::vector<size_t>>& shapes) {
-    ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        ParamTensor t;
-        char name[32];
-        std::snprintf(name, sizeof name, "t%zu", i);
-        t.name = name;
-        t.kind = ParamKind::wte;
-        t.layer = -1;
-        t.offset = offset;
-        t.shape = shapes[i];
-        t.numel = 1;
-        for (size_t d : shapes[i]) t.numel *= d;
-        offset += t.numel;
-        layout.tensors.push_back(t);
-    }
-    layout.num_params = offset;
-    return layout;
-}
-
 ParamLayout d12_layout(int layers) {
     ModelConfig mc;  // d12 widths and vocabulary
     mc.num_layers = layers;
@@ -182,16 +161,16 @@ int main() {
         uint32_t seed = 10;
         for (const auto& [label, cfg] : {std::pair{"fp32/smallest/lr/k32", fp32}, std::pair{"bf16/packed12/ema/a0.2/k5", bf16},
                                          std::pair{"sign/smallest/lr/k3", sign}}) {
-            check_case(env, ck, std::string("mixed awkward shapes ") + label, custom_layout(mixed), cfg, seed += 10);
+            check_case(env, ck, std::string("mixed awkward shapes ") + label, llmc::ParamLayout::of_shapes(mixed), cfg, seed += 10);
             check_case(env, ck, std::string("d12 shapes (2 layers) ") + label, d12_layout(2), cfg, seed += 10);
         }
-        check_case(env, ck, "mixed, --demo_chunk 16 topk 7 packed12", custom_layout(mixed),
+        check_case(env, ck, "mixed, --demo_chunk 16 topk 7 packed12", llmc::ParamLayout::of_shapes(mixed),
                    config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16), seed += 10);
         // --demo_chunk 128 keeps a 128x128 chunk, its bases and scratch in shared memory (~262 KiB), more than an
         // H100's 227 KiB: it must be refused with the message that says what to lower. --demo_chunk 96 (uneven
         // 96/64 chunks) fits and runs the 1024-thread kernels.
         try {
-            check_case(env, ck, "[256,384]+[384], --demo_chunk 128 (1024 threads) topk 64", custom_layout({{256, 384}, {384}, {3, 5}}),
+            check_case(env, ck, "[256,384]+[384], --demo_chunk 128 (1024 threads) topk 64", llmc::ParamLayout::of_shapes({{256, 384}, {384}, {3, 5}}),
                        config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 64, 128), seed);
         } catch (const llmc::Error& e) {
             const std::string what = e.what();
@@ -200,9 +179,9 @@ int main() {
             std::printf("    (%s)\n", what.c_str());
         }
         seed += 10;
-        check_case(env, ck, "[256,384]+[384], --demo_chunk 96 (1024 threads) topk 32", custom_layout({{256, 384}, {384}, {3, 5}}),
+        check_case(env, ck, "[256,384]+[384], --demo_chunk 96 (1024 threads) topk 32", llmc::ParamLayout::of_shapes({{256, 384}, {384}, {3, 5}}),
                    config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), seed += 10);
-        check_case(env, ck, "[96,50] topk 4096 (every coefficient)", custom_layout({{96, 50}, {7}}),
+        check_case(env, ck, "[96,50] topk 4096 (every coefficient)", llmc::ParamLayout::of_shapes({{96, 50}, {7}}),
                    config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), seed += 10);
         time_d12(env, fp32, "fp32 k32");
         time_d12(env, bf16, "bf16+packed12 k5");
