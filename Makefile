@@ -47,7 +47,7 @@ CUDA_TEST_SRCS := $(wildcard dev/cuda/*.cu test/gpu_*.cu)
 CUDA_BINS := $(foreach s,$(CUDA_TEST_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 
 .PHONY: all test bench gpu-check clean cuda
-all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS)
+all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -96,6 +96,14 @@ endef
 $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS)
+
+# The CUDA DeMo kernels run on the CPU by dev/cuda/block_emulator.h: a host test that needs only the CUDA
+# headers (g++, no GPU, no CUDA libraries), part of `all` wherever the toolkit is installed.
+CUDA_INCLUDE ?= $(dir $(NVCC))../include
+EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(BUILD)/test/test_demo_kernels_emu)
+$(BUILD)/test/test_demo_kernels_emu: test/emu_demo_kernels.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(LIB) -o $@ $(LDLIBS)
 
 JOBS ?= $(shell nproc)
 HAVE_NVCC := $(if $(wildcard $(NVCC)),1,0)

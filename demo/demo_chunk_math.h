@@ -312,6 +312,67 @@ DEMO_HD TopkRule topk_rule(const TopkSearch& s, uint32_t k) {
 DEMO_HD bool topk_greater(const TopkRule& r, uint32_t key) { return key >= r.above; }
 DEMO_HD bool topk_tie(const TopkRule& r, uint32_t key) { return r.ties && key == r.tie_key; }
 
+// Radix select: the GPU kernels' way to the same selection (at most 4 block-wide rounds instead of ~31). Keys
+// are split into 8-bit digits, most significant first (shift 24, 16, 8, 0). A round histograms the digit of
+// the keys that carry the prefix fixed so far; the digit holding the `need`-th largest of them is appended to
+// the prefix. The search ends as soon as the keys >= prefix number exactly k (no ties), or after the last
+// digit with the prefix as the tie key. The selected SET equals the binary search's (the top-k is unique
+// with ties to the lower index), which test_demo_chunk_math checks and the host reference relies on.
+struct RadixSelect {
+    uint32_t prefix;  // digits fixed so far
+    uint32_t need;    // keys still to select among those carrying the prefix
+    int shift;        // the next round histograms (key >> shift) & 255
+    bool done;
+    TopkRule rule;    // valid once done
+};
+// n keys (all valid), k to select.
+DEMO_HD RadixSelect radix_select_init(uint32_t n, uint32_t k) {
+    RadixSelect s;
+    s.prefix = 0;
+    s.need = k;
+    s.shift = 24;
+    s.done = k >= n || k == 0;
+    s.rule.above = k == 0 ? 0x80000000u : 0u;  // k == 0: no key (<= 0x7fffffff) qualifies; k >= n: every key
+    s.rule.tie_key = 0;
+    s.rule.need = 0;
+    s.rule.ties = false;
+    return s;
+}
+// Whether `key` takes part in the current round, and its digit there.
+DEMO_HD bool radix_counts(const RadixSelect& s, uint32_t key) { return ((key >> s.shift) >> 8) == s.prefix; }
+DEMO_HD uint32_t radix_digit(const RadixSelect& s, uint32_t key) { return (key >> s.shift) & 255u; }
+// The digit of the round: the largest D with above(D) < need, above(D) = sum of hist[d] over d > D; returns D
+// and sets *above. `hist` holds 256 counts (the GPU picks the same D with a warp-wide suffix scan).
+DEMO_HD uint32_t radix_pick(const uint32_t* hist, uint32_t need, uint32_t* above) {
+    uint32_t acc = 0;
+    for (int d = 255; d > 0; d--) {
+        if (acc + hist[d] >= need) {
+            *above = acc;
+            return uint32_t(d);
+        }
+        acc += hist[d];
+    }
+    *above = acc;
+    return 0u;
+}
+// Ends a round: digit D was picked with `above` keys above it and `in_digit` keys on it.
+DEMO_HD void radix_select_step(RadixSelect& s, uint32_t digit, uint32_t above, uint32_t in_digit) {
+    s.need -= above;
+    s.prefix = (s.prefix << 8) | digit;
+    if (in_digit == s.need) {  // keys >= prefix << shift number exactly k
+        s.done = true;
+        s.rule.above = s.prefix << s.shift;
+    } else if (s.shift == 0) {  // the prefix is a whole key: count(key > prefix) = k - need < k < count(key >= prefix)
+        s.done = true;
+        s.rule.above = s.prefix + 1u;
+        s.rule.tie_key = s.prefix;
+        s.rule.need = s.need;
+        s.rule.ties = true;
+    } else {
+        s.shift -= 8;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Step 7: value quantization, exactly as demo::quantize_chunk (codec.cpp).
 DEMO_HD float sign_scale(const float* vals, int k) {
@@ -713,6 +774,40 @@ inline PlanTables make_plan_tables(const ModelPlan& plan, WireFormat format, con
         pt.tensors.push_back(c);
     }
     return pt;
+}
+
+// The tensor table as the kernels get it, in two launch groups: tensors with 64 x 64 chunks first (when the
+// plan's chunks are all at most 64 x 64 they get a kernel compiled with every chunk size a constant), then every
+// other shape (the kernel for any shape). chunk_offset counts from the start of the tensor's group, so a
+// group's launch has one block per chunk of its tensors. Offsets into the buckets and tables are unchanged.
+inline constexpr uint32_t kFixedChunk = 64;
+struct LaunchTables {
+    std::vector<ChunkTensor> tensors;  // the fixed group, then the general one
+    int fixed_tensors = 0;
+    uint64_t fixed_chunks = 0, general_chunks = 0;
+};
+inline LaunchTables launch_tables(const PlanTables& pt) {
+    const bool fixed_kernel = pt.plan.max_n <= kFixedChunk;  // same condition as the 256-thread kernels
+    LaunchTables lt;
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t next = 0;
+        for (size_t t = 0; t < pt.tensors.size(); t++) {
+            const ChunkTensor& ct = pt.tensors[t];
+            const bool fixed = fixed_kernel && ct.n1 == kFixedChunk && ct.n2 == kFixedChunk;
+            if (fixed != (pass == 0) || pt.plan.tensors[t].num_chunks == 0) continue;
+            ChunkTensor g = ct;
+            g.chunk_offset = next;
+            lt.tensors.push_back(g);
+            next += pt.plan.tensors[t].num_chunks;
+        }
+        if (pass == 0) {
+            lt.fixed_chunks = next;
+            lt.fixed_tensors = static_cast<int>(lt.tensors.size());
+        } else {
+            lt.general_chunks = next;
+        }
+    }
+    return lt;
 }
 
 inline int value_id(llmc::DemoValueEncoding e) { return static_cast<int>(e); }

@@ -60,7 +60,8 @@ public:
         memory_.add(&norm_scratch_, llmc::kNormScratchFloats);
         memory_.add(&bucket_, bytes);
         memory_.add(&gathered_, bytes * size_t(world_));
-        memory_.add(&tensors_, tables_.tensors.size());
+        const cm::LaunchTables order = cm::launch_tables(tables_);
+        memory_.add(&tensors_, order.tensors.size());
         memory_.add(&folded_, tables_.bases.folded.size());
         memory_.add(&natural_, tables_.bases.natural.size());
         memory_.add(&error_, 2);
@@ -68,12 +69,11 @@ public:
                          " parameters x 2 x fp32, " + std::to_string(world_) + " x " + std::to_string(bytes) +
                          " bucket bytes)");
         memory_.zero(stream_);
-        upload(tensors_, tables_.tensors.data(), tables_.tensors.size() * sizeof(cm::ChunkTensor));
+        upload(tensors_, order.tensors.data(), order.tensors.size() * sizeof(cm::ChunkTensor));
         upload(folded_, tables_.bases.folded.data(), tables_.bases.folded.size() * sizeof(float));
         upload(natural_, tables_.bases.natural.data(), tables_.bases.natural.size() * sizeof(float));
         upload(bucket_, tables_.header.data(), kBucketHeaderBytes);  // the header never changes
-        device_tables_ = DeviceTables{tensors_, static_cast<int>(tables_.tensors.size()), folded_, natural_,
-                                      tables_.plan.total_chunks};
+        device_tables_ = demo::device_tables(order, tensors_, folded_, natural_);
         for (cudaEvent_t* e : {&ev_[0], &ev_[1], &ev_[2], &ev_[3]}) CUDA_CHECK(cudaEventCreate(e));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }

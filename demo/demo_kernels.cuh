@@ -1,23 +1,27 @@
 // The CUDA kernels of DeMo: one thread block per chunk, everything of a chunk in shared memory, the math from
 // demo/demo_chunk_math.h (the same functions the host reference and test_demo_chunk_math run, so the GPU
 // output is bit-identical to demo::cm::compress_plan_host / apply_plan_host apart from denormals, which
-// --use_fast_math flushes to zero).
+// --use_fast_math flushes to zero). test/emu_demo_kernels.cpp runs these kernels on the CPU
+// (dev/cuda/block_emulator.h) against that reference in every `make test`; dev/cuda/demo_*.cu do it on a GPU.
 //
 //  - demo_compress_kernel: reads the chunk's momentum and fp32 gradient once (each thread keeps the updated
 //    momentum of its elements in registers), momentum update (clip scale, lr-scaled or EMA), 2-D DCT-II as
 //    two folded passes (the DCT-II symmetry halves the multiply-adds) over shared memory with the bases in
-//    shared memory, top-k by |E| (a binary search over the fp32 bits of |E| with block-wide counts; ties to
-//    the lower index; selection marked in bitmasks and compacted in index order with a block scan), value
-//    quantization (fp32 / bf16 RNE / sign with the per-chunk mean |v| summed in double in index order),
-//    packing into the bucket at codec.h's offsets (bit-packed parts with atomicOr into a zeroed bucket; the
-//    host writes the 32-byte header once), sparse decode of the transmitted (dequantized) values and the
-//    error feedback, and ONE write of the momentum. Top-k, quantization and packing are fused in this kernel:
-//    StepTimings::topk is reported as 0 and everything is in StepTimings::transform.
+//    shared memory, top-k by |E| (cm::RadixSelect: at most 4 shared-memory histogram rounds over 8-bit digits
+//    of the fp32 bits of |E|; ties to the lower index), placement of the selection in index order (warp
+//    ballots and one scan of per-warp counts), value quantization (fp32 / bf16 RNE / sign with the per-chunk
+//    mean |v| summed in double in index order), packing into the bucket at codec.h's offsets (bit-packed
+//    parts with atomicOr into a zeroed bucket; the host writes the 32-byte header once), sparse decode of the
+//    transmitted (dequantized) values and the error feedback, and ONE write of the momentum. Top-k,
+//    quantization and packing are fused in this kernel: StepTimings::topk is reported as 0 and everything is
+//    in StepTimings::transform.
 //  - demo_apply_kernel: reads every rank's items of the chunk (W x k), scatter-mean per coefficient (ranks
 //    summed in rank order), inverse DCT of the ascending list of sent coefficients, sign, decoupled weight
 //    decay and p -= lr * sign on the fp32 master weights, and the floatX copy (nearest or stochastic
 //    rounding as CudaAdamW). Out-of-range or non-ascending indices (a corrupt bucket) set an error flag the
 //    host turns into an llmc::Error.
+// Both come in two instantiations per launch (cm::launch_tables): FIXED = 64 for the tensors with 64 x 64
+// chunks (every GPT-2 matrix; all sizes compile-time constants) and FIXED = 0 for any other shape.
 //
 // Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
 // output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16
@@ -47,7 +51,7 @@ struct SmemLayout {
 
 inline constexpr int kMaxPairsPerThread = 8;   // compress: row pairs (2 elements) owned per thread
 inline constexpr int kMaxElemsPerThread = 16;  // keys / apply elements per thread
-inline constexpr uint32_t kScratchWords = 2 * 32 + 36 + 4;
+inline constexpr uint32_t kScratchWords = 36 + 4 + 4;  // block scan (33), radix result (3), a broadcast float
 
 struct KernelConfig {
     int threads = 256;
@@ -62,7 +66,7 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
     LLMC_CHECK(plan.max_n <= 128, "--demo_chunk " + std::to_string(plan.chunk) +
                                       ": the CUDA DeMo kernels handle chunks up to 128 x 128 (use --demo_chunk <= 128)");
     KernelConfig kc;
-    kc.threads = plan.max_n <= 64 ? 256 : 1024;
+    kc.threads = plan.max_n <= cm::kFixedChunk ? 256 : 1024;  // cm::launch_tables relies on this split
     kc.world = world;
     const size_t T = size_t(kc.threads);
     size_t cP = 0, cQ = 0, cB = 0, cL = 0, aP = 0, aQ = 0, aB = 0, aC = 0, aL = 0, segs = 0;
@@ -75,9 +79,11 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
         cQ = std::max({cQ, size_t(d.n1) * d.ldz, size_t(d.n1) * d.lde});
         cB = std::max({cB, size_t(cm::folded_basis_floats(d.n1) + cm::folded_basis_floats(d.n2)), R * d.ldas});
         cL = std::max<size_t>(cL, ct.k);
-        aP = std::max(aP, size_t(d.n1) * d.ldt);
+        // apply decodes the union of every rank's coefficients: at most min(n1, world k) distinct rows
+        const size_t R_apply = std::min<size_t>(d.n1, size_t(world) * ct.k);
+        aP = std::max(aP, R_apply * d.ldt);
         aQ = std::max({aQ, size_t(d.elems), size_t(d.n1) * d.lde});
-        aB = std::max(aB, size_t(d.n1) * d.ldas);
+        aB = std::max(aB, R_apply * d.ldas);
         aC = std::max(aC, size_t(d.elems));
         aL = std::max<size_t>(aL, std::max<size_t>(ct.k, std::min<size_t>(size_t(world) * ct.k, size_t(d.elems))));
         segs = std::max(segs, size_t(2 * d.n1 + 1));
@@ -117,33 +123,6 @@ struct AtomicOrWord {
     }
 };
 
-// Sum of v over the block, every thread gets it. `red` holds 64 words used alternately (`parity`), so
-// consecutive calls need one barrier each.
-template <int THREADS>
-__device__ __forceinline__ uint32_t block_count(uint32_t v, uint32_t* red, int& parity) {
-    v = __reduce_add_sync(0xffffffffu, v);
-    uint32_t* slot = red + 32 * parity;
-    parity ^= 1;
-    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
-    __syncthreads();
-    uint32_t total = 0;
-#pragma unroll
-    for (int w = 0; w < THREADS / 32; w++) total += slot[w];
-    return total;
-}
-template <int THREADS>
-__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* red, int& parity) {
-    v = __reduce_max_sync(0xffffffffu, v);
-    uint32_t* slot = red + 32 * parity;
-    parity ^= 1;
-    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
-    __syncthreads();
-    uint32_t m = 0;
-#pragma unroll
-    for (int w = 0; w < THREADS / 32; w++) m = max(m, slot[w]);
-    return m;
-}
-
 // Exclusive prefix sum over the block in thread order; *total gets the sum. `scan` holds 33 words.
 template <int THREADS>
 __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* scan, uint32_t* total) {
@@ -173,6 +152,127 @@ __device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, uint32_t* s
     *total = scan[32];
     __syncthreads();  // scan[] may be reused right away
     return r;
+}
+
+// Top-k of the block's keys (slot r of thread t holds the key of natural index t + r * THREADS; indices >= n
+// are not keys) by cm::RadixSelect: per round one shared-memory histogram (atomics), then warp 0 finds the
+// digit with a suffix scan over the 256 bins (lane l holds digits 255 - 8 l down to 248 - 8 l). `hist` holds
+// 512 zeroed words (two histograms used alternately: warp 0 clears the next round's), `res` 3 words. Two
+// barriers per round, at most 4 rounds; every thread returns the same rule.
+template <int THREADS>
+__device__ __forceinline__ cm::TopkRule block_radix_select(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n,
+                                                           uint32_t k, uint32_t* hist, uint32_t* res) {
+    cm::RadixSelect s = cm::radix_select_init(n, k);
+    for (int round = 0; !s.done; round++) {
+        uint32_t* h = hist + 256 * (round & 1);
+#pragma unroll
+        for (int r = 0; r < kMaxElemsPerThread; r++) {
+            const uint32_t i = threadIdx.x + uint32_t(r * THREADS);
+            if (i < n && cm::radix_counts(s, keys[r])) atomicAdd(h + cm::radix_digit(s, keys[r]), 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
+            uint32_t c[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                c[j] = h[255 - 8 * lane - j];
+                sum += c[j];
+            }
+            uint32_t incl = sum;  // keys on the digits of lanes 0..lane (all above the next lane's)
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            uint32_t above = incl - sum;
+            if (above < s.need && s.need <= incl) {  // the need-th largest key is on one of this lane's digits
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (above + c[j] >= s.need) {
+                        res[0] = uint32_t(255 - 8 * lane - j);
+                        res[1] = above;
+                        res[2] = c[j];
+                        break;
+                    }
+                    above += c[j];
+                }
+            }
+            uint32_t* next = hist + 256 * ((round + 1) & 1);  // last read by this warp a round ago
+#pragma unroll
+            for (int j = 0; j < 8; j++) next[8 * lane + j] = 0u;
+        }
+        __syncthreads();
+        cm::radix_select_step(s, res[0], res[1], res[2]);
+    }
+    return s.rule;
+}
+
+// Places the selection of `rule` in index order: Lidx/Lval[pos] for pos < k, the values read from E (`e`,
+// rows of d.lde). Ballots per slot give each warp's counts of greater keys and ties (16 bits each, packed);
+// warp 0 turns the table of (slot, warp) counts into exclusive prefix sums in index order (slot-major:
+// natural index = slot * THREADS + warp * 32 + lane). `table` holds kMaxElemsPerThread * THREADS / 32 words.
+// Starts after a barrier that ended every read of `table`; ends with a barrier.
+template <int THREADS>
+__device__ __forceinline__ void block_place_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n,
+                                                 const cm::TopkRule& rule, const cm::ChunkDims& d, const float* e,
+                                                 uint32_t* table, uint32_t* Lidx, float* Lval) {
+    constexpr int kWarps = THREADS / 32, kEntries = kMaxElemsPerThread * kWarps, kPerLane = kEntries / 32;
+    static_assert(kEntries % 32 == 0, "table entries must split evenly over a warp");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < kMaxElemsPerThread; r++) {
+        if (uint32_t(r * THREADS) >= n) break;
+        const uint32_t i = threadIdx.x + uint32_t(r * THREADS);
+        const uint32_t g = __ballot_sync(0xffffffffu, i < n && cm::topk_greater(rule, keys[r]));
+        const uint32_t t = __ballot_sync(0xffffffffu, i < n && cm::topk_tie(rule, keys[r]));
+        if (lane == 0) table[r * kWarps + warp] = uint32_t(__popc(g)) | (uint32_t(__popc(t)) << 16);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t v[kPerLane], sum = 0;
+#pragma unroll
+        for (int j = 0; j < kPerLane; j++) {
+            const int entry = kPerLane * lane + j;  // written above iff its slot holds indices
+            v[j] = uint32_t((entry / kWarps) * THREADS) < n ? table[entry] : 0u;
+            sum += v[j];
+        }
+        uint32_t incl = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        uint32_t run = incl - sum;
+#pragma unroll
+        for (int j = 0; j < kPerLane; j++) {
+            table[kPerLane * lane + j] = run;
+            run += v[j];
+        }
+    }
+    __syncthreads();
+    const uint32_t lower = (1u << lane) - 1u;
+#pragma unroll
+    for (int r = 0; r < kMaxElemsPerThread; r++) {
+        if (uint32_t(r * THREADS) >= n) break;
+        const uint32_t i = threadIdx.x + uint32_t(r * THREADS);
+        const bool greater = i < n && cm::topk_greater(rule, keys[r]);
+        const bool tie = i < n && !greater && cm::topk_tie(rule, keys[r]);
+        const uint32_t g = __ballot_sync(0xffffffffu, greater);
+        const uint32_t t = __ballot_sync(0xffffffffu, tie);
+        if (!greater && !tie) continue;
+        const uint32_t before = table[r * kWarps + warp];
+        const uint32_t gb = (before & 0xffffu) + uint32_t(__popc(g & lower));
+        const uint32_t tb = (before >> 16) + uint32_t(__popc(t & lower));
+        int pos = -1;
+        if (greater) pos = int(gb + min(tb, rule.need));
+        else if (tb < rule.need) pos = int(gb + tb);
+        if (pos >= 0) {
+            Lidx[pos] = i;
+            Lval[pos] = e[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)];
+        }
+    }
+    __syncthreads();
 }
 
 // Runs one or two cm::MatmulJobs with 4 x 4 register tiles (see the file comment). No barrier inside.
@@ -266,15 +366,20 @@ struct CompressArgs {
     SmemLayout L;
 };
 
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) demo_compress_kernel(const CompressArgs a) {
+// FIXED = 64: every chunk of the launch is 64 x 64 and every size below is a compile-time constant (divisions
+// become shifts, loops unroll); FIXED = 0: any chunk shape, sizes read from the tensor table. The 64 x 64
+// kernel is held to 64 registers so 4 blocks share an SM (53 KB of shared memory each); ptxas spills ~12
+// floats of it to L1.
+template <int THREADS, int FIXED>
+__global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(const CompressArgs a) {
+    static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     extern __shared__ float4 smem4[];
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;
     const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
     const uint64_t c = gchunk - ct.chunk_offset;
-    const cm::ChunkDims d = cm::make_dims(int(ct.n1), int(ct.n2));
+    const cm::ChunkDims d = FIXED ? cm::make_dims(FIXED, FIXED) : cm::make_dims(int(ct.n1), int(ct.n2));
     const uint64_t origin = cm::chunk_origin(ct, c);
     const uint64_t cols = ct.cols;
     float* P = sm + a.L.P;
@@ -282,14 +387,13 @@ __global__ void __launch_bounds__(THREADS) demo_compress_kernel(const CompressAr
     float* B = sm + a.L.B;
     uint32_t* Lidx = reinterpret_cast<uint32_t*>(sm + a.L.Lidx);
     float* Lval = sm + a.L.Lval;
-    uint32_t* gmask = reinterpret_cast<uint32_t*>(sm + a.L.masks);
-    uint32_t* tmask = gmask + THREADS;
+    uint32_t* hist = reinterpret_cast<uint32_t*>(sm + a.L.masks);  // radix histograms, then the placement table
     int* segs = reinterpret_cast<int*>(sm + a.L.segs);
-    uint32_t* red = reinterpret_cast<uint32_t*>(sm + a.L.scratch);
-    uint32_t* scan = red + 64;
-    float* misc = reinterpret_cast<float*>(scan + 36);
+    uint32_t* scan = reinterpret_cast<uint32_t*>(sm + a.L.scratch);
+    uint32_t* res = scan + 36;
+    float* misc = reinterpret_cast<float*>(scan + 40);
 
-    // folded bases -> shared (float4: table offsets and sizes are multiples of 4); masks cleared
+    // folded bases -> shared (float4: table offsets and sizes are multiples of 4); histograms cleared
     const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
     float* fold1 = B;
     float* fold2 = B + f1;
@@ -298,8 +402,8 @@ __global__ void __launch_bounds__(THREADS) demo_compress_kernel(const CompressAr
         const float4* s2 = reinterpret_cast<const float4*>(a.folded + ct.fold2);
         for (int i = tid; i < f1 / 4; i += THREADS) reinterpret_cast<float4*>(fold1)[i] = s1[i];
         for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
-        gmask[tid] = 0u;
-        tmask[tid] = 0u;
+        hist[tid] = 0u;
+        hist[THREADS + tid] = 0u;
     }
 
     // 1-2: read momentum and gradient once; momentum update; fold rows into FX (P). Thread owns the row pairs
@@ -359,60 +463,16 @@ __global__ void __launch_bounds__(THREADS) demo_compress_kernel(const CompressAr
     run_jobs<THREADS>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
 
-    // 6: top-k. Keys of natural indices i = tid + r * THREADS (invalid slots: key 0, never counted since
-    // every searched threshold is >= 1, and never marked).
+    // 6: top-k (radix select), placed in index order into the list. Keys of natural indices tid + r * THREADS.
     const uint32_t n = uint32_t(d.elems), k = ct.k;
     uint32_t keys[kMaxElemsPerThread];
-    uint32_t local_max = 0;
 #pragma unroll
     for (int r = 0; r < kMaxElemsPerThread; r++) {
         const uint32_t i = uint32_t(tid + r * THREADS);
-        keys[r] = i < n ? cm::magnitude_key(Q[(i / ct.n2) * d.lde + i % ct.n2]) : 0u;
-        local_max = max(local_max, keys[r]);
+        keys[r] = i < n ? cm::magnitude_key(Q[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)]) : 0u;
     }
-    int parity = 0;
-    cm::TopkSearch search = cm::topk_search_init(block_max<THREADS>(local_max, red, parity), n);
-    while (cm::topk_search_active(search, k)) {
-        const uint32_t mid = cm::topk_search_mid(search);
-        uint32_t cnt = 0;
-#pragma unroll
-        for (int r = 0; r < kMaxElemsPerThread; r++) cnt += keys[r] >= mid ? 1u : 0u;
-        cm::topk_search_update(search, mid, block_count<THREADS>(cnt, red, parity), k);
-    }
-    const cm::TopkRule rule = cm::topk_rule(search, k);
-#pragma unroll
-    for (int r = 0; r < kMaxElemsPerThread; r++) {
-        const uint32_t i = uint32_t(tid + r * THREADS);
-        if (i >= n) continue;
-        if (cm::topk_greater(rule, keys[r])) atomicOr(gmask + (i >> 5), 1u << (i & 31));
-        else if (cm::topk_tie(rule, keys[r])) atomicOr(tmask + (i >> 5), 1u << (i & 31));
-    }
-    __syncthreads();
-    {  // compaction in index order: thread tid owns mask word tid (natural indices 32 tid .. 32 tid + 31)
-        const uint32_t gw = gmask[tid], tw = tmask[tid];
-        uint32_t total = 0;
-        const uint32_t before = block_exclusive_scan<THREADS>(__popc(gw) | (uint32_t(__popc(tw)) << 16), scan, &total);
-        uint32_t gb = before & 0xffffu, tb = before >> 16;
-        uint32_t bits = gw | tw;
-        while (bits) {
-            const int bit = __ffs(bits) - 1;
-            bits &= bits - 1;
-            const uint32_t i = uint32_t(tid) * 32u + uint32_t(bit);
-            int pos = -1;
-            if ((gw >> bit) & 1u) {
-                pos = int(gb + min(tb, rule.need));
-                gb++;
-            } else {
-                if (tb < rule.need) pos = int(gb + tb);
-                tb++;
-            }
-            if (pos >= 0) {
-                Lidx[pos] = i;
-                Lval[pos] = Q[(i / ct.n2) * d.lde + i % ct.n2];
-            }
-        }
-    }
-    __syncthreads();
+    const cm::TopkRule rule = block_radix_select<THREADS>(keys, n, k, hist, res);
+    block_place_topk<THREADS>(keys, n, rule, d, Q, hist, Lidx, Lval);
 
     // 7-8: quantize and pack
     float scale = 0.0f;
@@ -469,15 +529,16 @@ struct ApplyArgs {
     SmemLayout L;
 };
 
-template <int THREADS>
+template <int THREADS, int FIXED>  // FIXED as demo_compress_kernel
 __global__ void __launch_bounds__(THREADS) demo_apply_kernel(const ApplyArgs a) {
+    static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     extern __shared__ float4 smem4[];
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;
     const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
     const uint64_t c = gchunk - ct.chunk_offset;
-    const cm::ChunkDims d = cm::make_dims(int(ct.n1), int(ct.n2));
+    const cm::ChunkDims d = FIXED ? cm::make_dims(FIXED, FIXED) : cm::make_dims(int(ct.n1), int(ct.n2));
     const uint64_t origin = cm::chunk_origin(ct, c);
     float* P = sm + a.L.P;
     float* Q = sm + a.L.Q;  // sums, then dec
@@ -487,7 +548,7 @@ __global__ void __launch_bounds__(THREADS) demo_apply_kernel(const ApplyArgs a) 
     float* Lval = sm + a.L.Lval;
     uint32_t* touched = reinterpret_cast<uint32_t*>(sm + a.L.masks);
     int* segs = reinterpret_cast<int*>(sm + a.L.segs);
-    uint32_t* scan = reinterpret_cast<uint32_t*>(sm + a.L.scratch) + 64;
+    uint32_t* scan = reinterpret_cast<uint32_t*>(sm + a.L.scratch);
     const uint32_t n = uint32_t(d.elems), k = ct.k;
 
     for (uint32_t i = tid; i < n; i += THREADS) {
@@ -584,31 +645,38 @@ __global__ void demo_round_params_kernel(llmc::floatX* params, const float* mast
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Device copies of a plan's tables (pointers into memory the caller owns).
+// Device copies of a plan's tables (pointers into memory the caller owns). `tensors` is cm::launch_tables'
+// order: the fixed_tensors tensors of 64 x 64 chunks (fixed_chunks chunks), then the general ones.
 struct DeviceTables {
     const cm::ChunkTensor* tensors = nullptr;
-    int num_tensors = 0;
+    int fixed_tensors = 0, general_tensors = 0;
+    uint64_t fixed_chunks = 0, general_chunks = 0;
     const float* folded = nullptr;
     const float* natural = nullptr;
-    uint64_t total_chunks = 0;
 };
+inline DeviceTables device_tables(const cm::LaunchTables& lt, const cm::ChunkTensor* tensors, const float* folded,
+                                  const float* natural) {
+    return DeviceTables{tensors, lt.fixed_tensors, static_cast<int>(lt.tensors.size()) - lt.fixed_tensors,
+                        lt.fixed_chunks, lt.general_chunks, folded, natural};
+}
 
 // Device copies of a plan's tables in their own buffers (checkers and tests; CudaDemo keeps them in its arena).
 struct OwnedDeviceTables {
+    cm::LaunchTables order;
     llmc::DeviceBuffer<cm::ChunkTensor> tensors;
     llmc::DeviceBuffer<float> folded, natural;
     DeviceTables view;
     explicit OwnedDeviceTables(const cm::PlanTables& pt)
-        : tensors(pt.tensors.size(), "DeMo tensor table"), folded(pt.bases.folded.size(), "DeMo bases"),
-          natural(pt.bases.natural.size(), "DeMo bases") {
-        tensors.upload(pt.tensors);
+        : order(cm::launch_tables(pt)), tensors(order.tensors.size(), "DeMo tensor table"),
+          folded(pt.bases.folded.size(), "DeMo bases"), natural(pt.bases.natural.size(), "DeMo bases") {
+        tensors.upload(order.tensors);
         folded.upload(pt.bases.folded);
         natural.upload(pt.bases.natural);
-        view = DeviceTables{tensors.data(), static_cast<int>(pt.tensors.size()), folded.data(), natural.data(),
-                            pt.plan.total_chunks};
+        view = device_tables(order, tensors.data(), folded.data(), natural.data());
     }
 };
 
+#ifdef __CUDACC__  // the launches (dev/cuda/block_emulator.h runs the kernels above on the CPU without them)
 // Sets the dynamic shared memory limits of the kernels for `kc` (once per configuration) and checks the
 // device can hold them.
 inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
@@ -622,7 +690,7 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
                    std::to_string(kc.world) + " ranks; this GPU allows " + std::to_string(optin) +
                    " (lower --demo_chunk or --demo_topk)");
     // The limits only grow (per kernel and device), so optimizers of different configurations can coexist.
-    static int raised[4][64] = {};
+    static int raised[6][64] = {};
     auto raise = [device](int slot, const void* kernel, size_t bytes) {
         int& have = raised[slot][device & 63];
         if (int(bytes) <= have) return;
@@ -630,24 +698,36 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
         have = int(bytes);
     };
     if (kc.threads == 256) {
-        raise(0, reinterpret_cast<const void*>(demo_compress_kernel<256>), kc.compress.bytes());
-        raise(1, reinterpret_cast<const void*>(demo_apply_kernel<256>), kc.apply.bytes());
+        raise(0, reinterpret_cast<const void*>(demo_compress_kernel<256, 0>), kc.compress.bytes());
+        raise(1, reinterpret_cast<const void*>(demo_apply_kernel<256, 0>), kc.apply.bytes());
+        raise(2, reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk>), kc.compress.bytes());
+        raise(3, reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk>), kc.apply.bytes());
     } else {
-        raise(2, reinterpret_cast<const void*>(demo_compress_kernel<1024>), kc.compress.bytes());
-        raise(3, reinterpret_cast<const void*>(demo_apply_kernel<1024>), kc.apply.bytes());
+        raise(4, reinterpret_cast<const void*>(demo_compress_kernel<1024, 0>), kc.compress.bytes());
+        raise(5, reinterpret_cast<const void*>(demo_apply_kernel<1024, 0>), kc.apply.bytes());
     }
 }
 
-// Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero).
+// Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero). One launch per
+// group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels).
 inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
                             uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
-    if (t.total_chunks == 0) return;
-    LLMC_CHECK(t.total_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
-    const CompressArgs args{t.tensors, t.num_tensors, t.folded, t.natural, momentum, grads, bucket, p, kc.compress};
-    const dim3 grid(static_cast<unsigned>(t.total_chunks));
-    if (kc.threads == 256) demo_compress_kernel<256><<<grid, 256, kc.compress.bytes(), stream>>>(args);
-    else demo_compress_kernel<1024><<<grid, 1024, kc.compress.bytes(), stream>>>(args);
-    CUDA_CHECK_LAUNCH();
+    LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
+    LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
+    if (t.fixed_chunks) {
+        const CompressArgs args{t.tensors, t.fixed_tensors, t.folded, t.natural, momentum, grads, bucket, p, kc.compress};
+        demo_compress_kernel<256, cm::kFixedChunk>
+            <<<static_cast<unsigned>(t.fixed_chunks), 256, kc.compress.bytes(), stream>>>(args);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (t.general_chunks) {
+        const CompressArgs args{t.tensors + t.fixed_tensors, t.general_tensors, t.folded, t.natural, momentum, grads,
+                                bucket, p, kc.compress};
+        const dim3 grid(static_cast<unsigned>(t.general_chunks));
+        if (kc.threads == 256) demo_compress_kernel<256, 0><<<grid, 256, kc.compress.bytes(), stream>>>(args);
+        else demo_compress_kernel<1024, 0><<<grid, 1024, kc.compress.bytes(), stream>>>(args);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 // Apply p.world buckets (back to back, p.bucket_bytes each) to the master weights and params. `error` (2 words,
@@ -655,15 +735,27 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
 inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
                          llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
                          uint32_t* error, cudaStream_t stream) {
-    if (t.total_chunks == 0) return;
     LLMC_CHECK(p.world == kc.world, "DeMo apply: launch configured for " + std::to_string(kc.world) + " ranks, got " +
                                         std::to_string(p.world));
-    const ApplyArgs args{t.tensors, t.num_tensors, t.natural, buckets, master, params, p, seed, stochastic, error, kc.apply};
-    const dim3 grid(static_cast<unsigned>(t.total_chunks));
-    if (kc.threads == 256) demo_apply_kernel<256><<<grid, 256, kc.apply.bytes(), stream>>>(args);
-    else demo_apply_kernel<1024><<<grid, 1024, kc.apply.bytes(), stream>>>(args);
-    CUDA_CHECK_LAUNCH();
+    LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
+    LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
+    if (t.fixed_chunks) {
+        const ApplyArgs args{t.tensors, t.fixed_tensors, t.natural, buckets, master, params, p, seed, stochastic, error,
+                             kc.apply};
+        demo_apply_kernel<256, cm::kFixedChunk><<<static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream>>>(args);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (t.general_chunks) {
+        const ApplyArgs args{t.tensors + t.fixed_tensors, t.general_tensors, t.natural, buckets, master, params, p, seed,
+                             stochastic, error, kc.apply};
+        const dim3 grid(static_cast<unsigned>(t.general_chunks));
+        if (kc.threads == 256) demo_apply_kernel<256, 0><<<grid, 256, kc.apply.bytes(), stream>>>(args);
+        else demo_apply_kernel<1024, 0><<<grid, 1024, kc.apply.bytes(), stream>>>(args);
+        CUDA_CHECK_LAUNCH();
+    }
 }
+
+#endif  // __CUDACC__
 
 // Bytes a compress launch moves through DRAM (momentum read + write, gradient read, bucket write), for GB/s.
 inline double compress_dram_bytes(const ModelPlan& plan, size_t bucket_bytes) {

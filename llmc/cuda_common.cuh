@@ -478,6 +478,7 @@ inline int grid_stride_blocks(size_t n, int block_size) {
     return static_cast<int>(std::min<size_t>(ceil_div<size_t>(n, size_t(block_size)), 65535u * 4u));
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // dst = round_to_nearest(src), on the device.
 inline void convert_to_floatX(floatX* dst, const float* src, size_t n, cudaStream_t stream) {
     if (n == 0) return;
@@ -489,6 +490,8 @@ inline void convert_to_float(float* dst, const floatX* src, size_t n, cudaStream
     convert_floatX_to_float_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(dst, src, n);
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 // Host helpers for tests and checkers.
 inline std::vector<floatX> host_to_floatX(const std::vector<float>& v) {
@@ -566,6 +569,7 @@ __global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float*
     }
 }
 
+#ifdef __CUDACC__
 // `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats.
 template <int NV, typename F>
 void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream) {
@@ -579,5 +583,7 @@ void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F
     column_reduce_stage2_kernel<NV><<<ceil_div(cols, 256), 256, 0, stream>>>(outs, scratch, splits, cols);
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

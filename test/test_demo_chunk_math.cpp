@@ -219,6 +219,66 @@ TEST(topk_search_matches_cpu_selection) {
     EXPECT_EQ(mismatches, 0);
 }
 
+// The radix select of the kernels (histogram rounds over 8-bit digits) picks the CPU's select_topk set too, on
+// the same kinds of keys plus whole 64 x 64 chunks and keys that share long prefixes (exact counts reached
+// after 1, 2, 3 or 4 digits, ties on the last one), in at most 4 rounds.
+TEST(radix_select_matches_cpu_selection) {
+    llmc::Rng rng(11);
+    demo::TopkScratch scratch;
+    int checked = 0, mismatches = 0, rounds_seen[5] = {0, 0, 0, 0, 0};
+    for (int trial = 0; trial < 1200; trial++) {
+        const size_t n = trial % 3 == 0 ? 4096 : 1 + rng.next_u64() % 300;
+        const size_t k = trial % 7 == 0 ? n : 1 + rng.next_u64() % std::min<size_t>(n, trial % 2 ? 40 : n);
+        std::vector<float> v(n);
+        const int mode = trial % 7;
+        const uint32_t base = 0x3c000000u + uint32_t(rng.next_u64() % 0x1000000u);
+        for (size_t i = 0; i < n; i++) {
+            const double x = rng.normal();
+            if (mode == 0) v[i] = static_cast<float>(x);
+            else if (mode == 1) v[i] = static_cast<float>(std::round(x * 2.0) / 2.0);
+            else if (mode == 2) v[i] = 0.0f;
+            else if (mode == 3) v[i] = (i % 3 == 0) ? -1.0f : 1.0f;
+            else if (mode == 4) v[i] = (i == n / 2) ? std::nanf("") : static_cast<float>(x);
+            else {  // bit patterns sharing the top 1-3 bytes, varying low bits only
+                const int free_bits = mode == 5 ? 8 : 16;
+                const uint32_t bits = base + uint32_t(rng.next_u64() % (1u << free_bits));
+                float f;
+                std::memcpy(&f, &bits, 4);
+                v[i] = (i & 1) ? -f : f;
+            }
+        }
+        std::vector<uint32_t> cpu(k);
+        demo::select_topk(v, k, cpu.data(), scratch);
+        std::vector<uint32_t> keys(n);
+        for (size_t i = 0; i < n; i++) keys[i] = cm::magnitude_key(v[i]);
+        cm::RadixSelect s = cm::radix_select_init(uint32_t(n), uint32_t(k));
+        int rounds = 0;
+        while (!s.done) {
+            uint32_t hist[256] = {};
+            for (uint32_t key : keys)
+                if (cm::radix_counts(s, key)) hist[cm::radix_digit(s, key)]++;
+            uint32_t above = 0;
+            const uint32_t digit = cm::radix_pick(hist, s.need, &above);
+            cm::radix_select_step(s, digit, above, hist[digit]);
+            rounds++;
+        }
+        EXPECT(rounds <= 4);
+        rounds_seen[rounds]++;
+        std::vector<uint32_t> mine;
+        uint32_t ties = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (cm::topk_greater(s.rule, keys[i])) mine.push_back(i);
+            else if (cm::topk_tie(s.rule, keys[i]) && ties++ < s.rule.need) mine.push_back(i);
+        }
+        checked++;
+        if (mine != cpu) mismatches++;
+    }
+    std::printf("  radix top-k: %d selections compared with select_topk, %d differ; rounds 0/1/2/3/4: %d/%d/%d/%d/%d\n",
+                checked, mismatches, rounds_seen[0], rounds_seen[1], rounds_seen[2], rounds_seen[3], rounds_seen[4]);
+    EXPECT_EQ(mismatches, 0);
+    for (int r = 1; r <= 4; r++) EXPECT(rounds_seen[r] > 0);  // every exit of the search was exercised
+}
+
 TEST(wire_helpers_round_trip) {
     std::vector<uint8_t> buf(4096, 0);
     auto or_word = [](uint8_t* w, uint32_t bits) { cm::store_u32(w, cm::load_u32(w) | bits); };

@@ -1,0 +1,352 @@
+// Runs CUDA kernel code on the CPU, one thread block at a time, so kernels can be tested on machines without
+// a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
+// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync) are cooperative barriers, and shared memory is a
+// host array filled with a poison pattern (NaN bytes) before every block, as the GPU leaves it undefined.
+//
+// What it proves: the kernel's indexing, its shared-memory protocol and its arithmetic (g++ compiles the same
+// source; fp32 operations round as on the GPU except denormals, which the GPU flushes under --use_fast_math).
+// What it checks on the way: a barrier reached by only part of the block or of a warp (divergent
+// __syncthreads, or warp intrinsics under divergence) is a deadlock and aborts the run with a message; fibers
+// run in a configurable order between barriers (forward, reverse, or shuffled with a seed), so a missing barrier
+// shows up as a difference between orders. What it cannot show: speed, and races inside one barrier interval
+// that the fixed interleaving hides.
+//
+// Use: include this header BEFORE the kernel sources (it provides threadIdx, blockIdx, the intrinsics and the
+// min/max overloads device code calls), define the dynamic shared memory array the kernels declare with
+// EMU_DEFINE_SHARED(ns, name), then emu::run_block(threads, block_index, order, [&] { kernel<...>(args); }).
+// Compile with -I/usr/local/cuda/include -Wno-attributes (the __device__-style attributes are ignored by g++).
+#pragma once
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace emu {
+
+struct Dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+
+enum class Order { Forward, Reverse, Shuffled };
+
+// Fiber switching. On x86-64 a stack switch that saves only the callee-saved registers and the FP control
+// words (glibc's swapcontext also saves the signal mask: two system calls per switch, ~20x slower); elsewhere
+// ucontext.
+#if defined(__x86_64__)
+extern "C" void emu_switch_stack(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl emu_switch_stack
+    .type emu_switch_stack, @function
+emu_switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch_stack, .-emu_switch_stack
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+struct Context {
+    void* sp = nullptr;
+};
+// A context that starts `entry` (which must never return) on the given stack.
+inline void make_context(Context& c, std::vector<char>& stack, void (*entry)()) {
+    auto top = reinterpret_cast<uintptr_t>(stack.data() + stack.size()) & ~uintptr_t{15};
+    auto* sp = reinterpret_cast<uint64_t*>(top);
+    *--sp = 0;                                    // entry starts with rsp = 8 mod 16, as after a call
+    *--sp = reinterpret_cast<uint64_t>(entry);    // "return address" of the first switch
+    for (int r = 0; r < 6; r++) *--sp = 0;        // rbp rbx r12 r13 r14 r15
+    *--sp = 0x0000037f00001f80ull;                // mxcsr (low word), x87 control word (high word)
+    c.sp = sp;
+}
+inline void switch_context(Context& from, Context& to) { emu_switch_stack(&from.sp, to.sp); }
+#else
+struct Context {
+    ucontext_t uc;
+};
+inline void make_context(Context& c, std::vector<char>& stack, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack.data();
+    c.uc.uc_stack.ss_size = stack.size();
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+// The block being run (one at a time).
+struct BlockState {
+    enum class Wait { None, Block, Warp, Done };
+    struct Fiber {
+        Context ctx;
+        Wait wait = Wait::None;
+    };
+    int threads = 0;
+    std::vector<Fiber> fibers;
+    Context scheduler;
+    int current = -1;
+    std::function<void()> body;
+    uint64_t slots[32][32];  // per warp: one 64-bit exchange word per lane
+};
+
+inline BlockState*& active_block() {
+    static BlockState* b = nullptr;
+    return b;
+}
+inline Dim3& thread_index() {
+    static Dim3 d;
+    return d;
+}
+inline Dim3& block_index() {
+    static Dim3 d;
+    return d;
+}
+inline Dim3& block_dim() {
+    static Dim3 d;
+    return d;
+}
+inline Dim3& grid_dim() {
+    static Dim3 d;
+    return d;
+}
+
+[[noreturn]] inline void fail(const char* what) {
+    std::fprintf(stderr, "block emulator: %s (block %u)\n", what, block_index().x);
+    std::abort();
+}
+
+// Parks the current fiber at a barrier of the given kind and returns when the scheduler releases it.
+inline void wait_at(BlockState::Wait kind) {
+    BlockState* b = active_block();
+    if (!b || b->current < 0) fail("barrier or warp intrinsic outside emu::run_block");
+    BlockState::Fiber& f = b->fibers[size_t(b->current)];
+    f.wait = kind;
+    switch_context(f.ctx, b->scheduler);
+}
+
+inline void fiber_entry() {
+    BlockState* b = active_block();
+    b->body();
+    b->fibers[size_t(b->current)].wait = BlockState::Wait::Done;
+    switch_context(b->fibers[size_t(b->current)].ctx, b->scheduler);
+    fail("a finished thread was resumed");
+}
+
+// Runs `body` as one thread block of `threads` threads (a multiple of 32, at most 1024) with blockIdx.x = block.
+inline void run_block(int threads, unsigned block, unsigned grid, Order order, uint32_t seed,
+                      const std::function<void()>& body) {
+    if (threads <= 0 || threads % 32 != 0 || threads > 1024) fail("threads must be a multiple of 32, at most 1024");
+    BlockState b;
+    b.threads = threads;
+    b.body = body;
+    b.fibers.resize(size_t(threads));
+    active_block() = &b;
+    block_index() = Dim3{block, 0, 0};
+    block_dim() = Dim3{unsigned(threads), 1, 1};
+    grid_dim() = Dim3{grid, 1, 1};
+    static std::vector<std::vector<char>> stacks;  // reused by every block (kernel frames are small)
+    if (stacks.size() < size_t(threads)) stacks.resize(size_t(threads));
+    for (int t = 0; t < threads; t++) {
+        if (stacks[size_t(t)].empty()) stacks[size_t(t)].resize(64 * 1024);
+        make_context(b.fibers[size_t(t)].ctx, stacks[size_t(t)], fiber_entry);
+    }
+    std::vector<int> sequence(static_cast<size_t>(threads));
+    std::iota(sequence.begin(), sequence.end(), 0);
+    if (order == Order::Reverse) std::reverse(sequence.begin(), sequence.end());
+    std::mt19937 rng(seed ^ (block * 2654435761u));
+    using Wait = BlockState::Wait;
+    for (;;) {
+        if (order == Order::Shuffled) std::shuffle(sequence.begin(), sequence.end(), rng);
+        bool ran = false;
+        for (int t : sequence) {
+            BlockState::Fiber& f = b.fibers[size_t(t)];
+            if (f.wait != Wait::None) continue;
+            b.current = t;
+            thread_index() = Dim3{unsigned(t), 0, 0};
+            switch_context(b.scheduler, f.ctx);
+            ran = true;
+        }
+        b.current = -1;
+        // release complete barriers
+        int done = 0, at_block = 0;
+        for (const BlockState::Fiber& f : b.fibers) {
+            done += f.wait == Wait::Done;
+            at_block += f.wait == Wait::Block;
+        }
+        if (done == threads) break;
+        bool released = false;
+        if (at_block == threads) {
+            for (BlockState::Fiber& f : b.fibers) f.wait = Wait::None;
+            released = true;
+        } else {
+            for (int w = 0; w < threads / 32; w++) {
+                bool all = true;
+                for (int l = 0; l < 32; l++) all = all && b.fibers[size_t(32 * w + l)].wait == Wait::Warp;
+                if (all) {
+                    for (int l = 0; l < 32; l++) b.fibers[size_t(32 * w + l)].wait = Wait::None;
+                    released = true;
+                }
+            }
+        }
+        if (!ran && !released) {
+            if (at_block + done == threads)
+                fail("__syncthreads not reached by every thread (some exited or diverged)");
+            fail("deadlock: threads wait at different barriers (divergent __syncthreads or warp intrinsic)");
+        }
+    }
+    active_block() = nullptr;
+}
+
+inline int lane() { return int(thread_index().x & 31u); }
+inline uint64_t* warp_slots() { return active_block()->slots[thread_index().x >> 5]; }
+inline void check_full(unsigned mask) {
+    if (mask != 0xffffffffu) fail("only full-warp masks are emulated");
+}
+template <class T>
+uint64_t to_word(T v) {
+    static_assert(sizeof(T) <= 8, "exchange words are 64-bit");
+    uint64_t w = 0;
+    std::memcpy(&w, &v, sizeof(T));
+    return w;
+}
+template <class T>
+T from_word(uint64_t w) {
+    T v;
+    std::memcpy(&v, &w, sizeof(T));
+    return v;
+}
+// Every lane publishes a word, then reads lane src(lane)'s word.
+template <class T, class Src>
+T exchange(T v, Src src) {
+    uint64_t* s = warp_slots();
+    s[lane()] = to_word(v);
+    wait_at(BlockState::Wait::Warp);
+    const int from = src(lane());
+    const T r = from_word<T>(s[from]);
+    wait_at(BlockState::Wait::Warp);
+    return r;
+}
+template <class T, class Op>
+T reduce(T v, Op op) {
+    uint64_t* s = warp_slots();
+    s[lane()] = to_word(v);
+    wait_at(BlockState::Wait::Warp);
+    T r = from_word<T>(s[0]);
+    for (int l = 1; l < 32; l++) r = op(r, from_word<T>(s[l]));
+    wait_at(BlockState::Wait::Warp);
+    return r;
+}
+
+}  // namespace emu
+
+// ---- the CUDA names device code uses ------------------------------------------------------------------------
+#define threadIdx (::emu::thread_index())
+#define blockIdx (::emu::block_index())
+#define blockDim (::emu::block_dim())
+#define gridDim (::emu::grid_dim())
+
+#define __launch_bounds__(...)
+
+#define EMU_DEFINE_SHARED(ns, name) \
+    namespace ns {                  \
+    float4 name[(228 * 1024) / sizeof(float4)];  \
+    }
+#define EMU_SHARED_BYTES (228 * 1024)
+
+inline void __syncthreads() { emu::wait_at(emu::BlockState::Wait::Block); }
+
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta) {
+    emu::check_full(mask);
+    return emu::exchange(v, [delta](int l) { return l >= int(delta) ? l - int(delta) : l; });
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta) {
+    emu::check_full(mask);
+    return emu::exchange(v, [delta](int l) { return l + int(delta) < 32 ? l + int(delta) : l; });
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    emu::check_full(mask);
+    return emu::exchange(v, [lane_mask](int l) { return (l ^ lane_mask) & 31; });
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src) {
+    emu::check_full(mask);
+    return emu::exchange(v, [src](int) { return src & 31; });
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    emu::check_full(mask);
+    uint64_t* s = emu::warp_slots();
+    s[emu::lane()] = pred ? 1u : 0u;
+    emu::wait_at(emu::BlockState::Wait::Warp);
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++) r |= unsigned(s[l] & 1u) << l;
+    emu::wait_at(emu::BlockState::Wait::Warp);
+    return r;
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+    emu::check_full(mask);
+    return emu::reduce(v, [](unsigned a, unsigned b) { return a + b; });
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+    emu::check_full(mask);
+    return emu::reduce(v, [](unsigned a, unsigned b) { return a > b ? a : b; });
+}
+
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+template <class T>
+T __ldg(const T* p) {
+    return *p;
+}
+// One OS thread runs every fiber, so read-modify-write needs no atomicity.
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+inline unsigned atomicOr(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old | v;
+    return old;
+}
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = std::min(old, v);
+    return old;
+}
+template <class T>
+T min(T a, T b) {
+    return b < a ? b : a;
+}
+template <class T>
+T max(T a, T b) {
+    return a < b ? b : a;
+}

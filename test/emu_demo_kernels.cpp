@@ -1,0 +1,262 @@
+// The CUDA DeMo kernels (demo/demo_kernels.cuh) run on the CPU through dev/cuda/block_emulator.h, against the
+// host reference of the same per-chunk math (demo::cm::compress_plan_host / apply_plan_host), on every plan
+// and option the GPU checkers use that is small enough to emulate: awkward shapes mixing 64 x 64 chunks (the
+// kernels specialized with constant sizes) with 1 x 64, 64 x 1, 1 x 1, 48 x 50 ... chunks (the general
+// kernels), fp32 / bf16 / sign values, smallest / packed12 indices, lr / EMA momentum, alpha 1 / 0.2 / 0.5,
+// k = 3, 5, 7, 32 and every coefficient, --demo_chunk 16 and 96 (1024-thread kernels), 1 and 3 ranks, and
+// corrupt buckets. Compress: every bucket byte and every momentum bit equal. Apply: every master weight bit
+// equal, the bf16 copy equal to nearest / stochastic rounding of it, error flags and the first bad rank.
+// The fibers of a block run in forward, reverse and shuffled orders; results must not depend on the order
+// (a missing barrier would show here). This runs the kernels' own code, so CI proves their indexing, shared
+// memory protocol and arithmetic without a GPU; speed still needs one (make gpu-check).
+// Built only where the CUDA headers exist (the Makefile's emu rule), with g++.
+#include "dev/cuda/block_emulator.h"
+// block_emulator.h first: the kernels below see its threadIdx, intrinsics and min/max.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "demo/demo_kernels.cuh"
+#include "llmc/gpt2_layout.h"
+#include "llmc/kernel_math.h"
+#include "llmc/rng.h"
+#include "test/testing.h"
+
+EMU_DEFINE_SHARED(demo, smem4)
+
+namespace {
+
+using llmc::DemoIndexEncoding;
+using llmc::DemoMomentum;
+using llmc::DemoValueEncoding;
+using llmc::OptimizerConfig;
+using llmc::ParamLayout;
+namespace cm = demo::cm;
+namespace km = llmc::km;
+
+OptimizerConfig config(DemoValueEncoding v, DemoIndexEncoding i, DemoMomentum m, float alpha, int topk, int chunk = 64) {
+    OptimizerConfig c;
+    c.weight_decay = 0.1f;
+    c.grad_clip = 1.0f;
+    c.demo.values = v;
+    c.demo.indices = i;
+    c.demo.momentum = m;
+    c.demo.feedback_alpha = alpha;
+    c.demo.topk = topk;
+    c.demo.chunk = chunk;
+    return c;
+}
+
+cm::PlanTables tables_for(const OptimizerConfig& cfg, const ParamLayout& layout) {
+    std::vector<uint8_t> decays;
+    const demo::ModelPlan plan = cm::plan_for_layout(cfg, layout, &decays);
+    return cm::make_plan_tables(plan, demo::WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
+}
+
+std::vector<float> random_floats(size_t n, float scale, uint64_t seed) {
+    llmc::Rng rng(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(rng.normal() * scale);
+    return v;
+}
+
+// One launch as launch_compress / launch_apply make it: the 64 x 64 group with the fixed kernel, then the rest.
+template <class FixedKernel, class GeneralKernel, class Args>
+void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, size_t smem_bytes, emu::Order order,
+                      Args args, FixedKernel fixed, GeneralKernel general) {
+    EXPECT(smem_bytes <= EMU_SHARED_BYTES);
+    auto run_group = [&](int first, int count, uint64_t chunks, int threads, auto kernel) {
+        Args a = args;
+        a.tensors = lt.tensors.data() + first;
+        a.num_tensors = count;
+        for (uint64_t b = 0; b < chunks; b++) {
+            std::memset(demo::smem4, 0xff, smem_bytes);  // NaN everywhere: shared memory starts undefined
+            emu::run_block(threads, unsigned(b), unsigned(chunks), order, 99, [&] { kernel(a); });
+        }
+    };
+    if (lt.fixed_chunks) run_group(0, lt.fixed_tensors, lt.fixed_chunks, 256, fixed);
+    if (lt.general_chunks)
+        run_group(lt.fixed_tensors, int(lt.tensors.size()) - lt.fixed_tensors, lt.general_chunks, kc.threads, general);
+}
+
+std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<float>& momentum,
+                                        const std::vector<float>& grads, const cm::CompressParams& cp, emu::Order order) {
+    const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
+    const cm::LaunchTables lt = cm::launch_tables(pt);
+    std::vector<uint8_t> bucket(pt.bucket_bytes, 0);
+    std::memcpy(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes);
+    const demo::CompressArgs args{nullptr, 0, pt.bases.folded.data(), pt.bases.natural.data(), momentum.data(),
+                                  grads.data(), bucket.data(), cp, kc.compress};
+    auto fixed = [](const demo::CompressArgs& a) { demo::demo_compress_kernel<256, cm::kFixedChunk>(a); };
+    auto general = [&kc](const demo::CompressArgs& a) {
+        if (kc.threads == 256) demo::demo_compress_kernel<256, 0>(a);
+        else demo::demo_compress_kernel<1024, 0>(a);
+    };
+    emulate_launches(kc, lt, kc.compress.bytes(), order, args, fixed, general);
+    std::vector<std::byte> out(bucket.size());
+    std::memcpy(out.data(), bucket.data(), bucket.size());
+    return out;
+}
+
+struct ApplyOut {
+    std::vector<float> master;
+    std::vector<llmc::floatX> params;
+    uint32_t error[2];
+};
+ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<std::byte>& buckets,
+                       const std::vector<float>& master0, const cm::ApplyParams& ap, uint32_t seed, bool stochastic,
+                       emu::Order order) {
+    const demo::KernelConfig kc = demo::make_kernel_config(pt, world);
+    const cm::LaunchTables lt = cm::launch_tables(pt);
+    ApplyOut out{master0, std::vector<llmc::floatX>(master0.size()), {0u, UINT32_MAX}};
+    const demo::ApplyArgs args{nullptr, 0, pt.bases.natural.data(), reinterpret_cast<const uint8_t*>(buckets.data()),
+                               out.master.data(), out.params.data(), ap, seed, stochastic, out.error, kc.apply};
+    auto fixed = [](const demo::ApplyArgs& a) { demo::demo_apply_kernel<256, cm::kFixedChunk>(a); };
+    auto general = [&kc](const demo::ApplyArgs& a) {
+        if (kc.threads == 256) demo::demo_apply_kernel<256, 0>(a);
+        else demo::demo_apply_kernel<1024, 0>(a);
+    };
+    emulate_launches(kc, lt, kc.apply.bytes(), order, args, fixed, general);
+    return out;
+}
+
+const char* order_name(emu::Order o) {
+    return o == emu::Order::Forward ? "forward" : o == emu::Order::Reverse ? "reverse" : "shuffled";
+}
+
+// Compress, then apply the resulting bucket with (world - 1) more ranks' buckets from the host reference.
+void check_case(const std::string& name, const ParamLayout& layout, const OptimizerConfig& cfg, uint64_t seed,
+                emu::Order order, int world = 1) {
+    const cm::PlanTables pt = tables_for(cfg, layout);
+    const size_t n = layout.num_params;
+    const std::vector<float> m0 = random_floats(n, 1e-3f, seed), grads = random_floats(n, 1.0f, seed + 1);
+    const cm::CompressParams cp = cm::compress_params(cfg, 6e-4f, 0.75f);
+    const cm::LaunchTables lt = cm::launch_tables(pt);
+
+    std::vector<float> m_emu = m0, m_ref = m0;
+    const std::vector<std::byte> b_emu = emulate_compress(pt, m_emu, grads, cp, order);
+    std::vector<std::byte> b_ref;
+    cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);
+    size_t byte_diffs = b_emu.size() == b_ref.size() ? 0 : SIZE_MAX, mom_diffs = 0;
+    for (size_t i = 0; byte_diffs != SIZE_MAX && i < b_ref.size(); i++) byte_diffs += b_emu[i] != b_ref[i];
+    for (size_t i = 0; i < n; i++) mom_diffs += km::float_to_bits(m_emu[i]) != km::float_to_bits(m_ref[i]);
+    std::printf("  %s [%s]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes and "
+                "%zu momentum values differ",
+                name.c_str(), order_name(order), pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
+                (unsigned long long)lt.general_chunks, demo::make_kernel_config(pt, 1).threads, byte_diffs, mom_diffs);
+    EXPECT_EQ(byte_diffs, size_t{0});
+    EXPECT_EQ(mom_diffs, size_t{0});
+
+    std::vector<std::byte> all = b_emu;
+    for (int r = 1; r < world; r++) {
+        std::vector<float> m = random_floats(n, 1e-3f, seed + 10 + r), g = random_floats(n, 1.0f, seed + 20 + r);
+        std::vector<std::byte> b;
+        cm::compress_plan_host(pt, m.data(), g.data(), cp, b);
+        all.insert(all.end(), b.begin(), b.end());
+    }
+    const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, world, pt.bucket_bytes);
+    const std::vector<float> p0 = random_floats(n, 0.02f, seed + 2);
+    std::vector<float> p_ref = p0;
+    const uint32_t err_ref = cm::apply_plan_host(pt, all.data(), p_ref.data(), ap);
+    EXPECT_EQ(err_ref, 0u);
+    for (const bool stochastic : {true, false}) {
+        const uint32_t sr_seed = 0x5eed0000u + uint32_t(seed);
+        const ApplyOut a = emulate_apply(pt, world, all, p0, ap, sr_seed, stochastic, order);
+        size_t master_diffs = 0, param_diffs = 0;
+        for (size_t i = 0; i < n; i++) {
+            master_diffs += km::float_to_bits(a.master[i]) != km::float_to_bits(p_ref[i]);
+            const uint32_t want = llmc::kFloatXIsFloat ? km::float_to_bits(a.master[i])
+                                  : stochastic ? km::bf16_bits_stochastic(a.master[i], km::element_noise(i, sr_seed))
+                                               : km::bf16_bits_rne(a.master[i]);
+            param_diffs += llmc::storage_bits(a.params[i]) != want;
+        }
+        if (stochastic) std::printf("; apply (%d rank(s)) %zu master weights and %zu params differ\n", world, master_diffs, param_diffs);
+        EXPECT_EQ(a.error[0], 0u);
+        EXPECT_EQ(master_diffs, size_t{0});
+        EXPECT_EQ(param_diffs, size_t{0});
+    }
+}
+
+// The GPU checkers' mixed plan, with [67] for their [67,67] (1 x 1 chunks too, 67 of them instead of 4489).
+const std::vector<std::vector<size_t>> kMixed = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {128, 192},
+                                                 {67, 64}, {64, 67}, {67}};  // primes: 1x64, 64x1, 1x1 chunks
+
+TEST(compress_and_apply_match_host_reference) {
+    const auto fp32 = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+    const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
+    const auto sign = config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
+    const ParamLayout mixed = ParamLayout::of_shapes(kMixed);
+    check_case("mixed fp32/smallest/lr/k32", mixed, fp32, 10, emu::Order::Forward);
+    check_case("mixed bf16/packed12/ema/a0.2/k5", mixed, bf16, 20, emu::Order::Forward, 3);
+    check_case("mixed sign/smallest/lr/k3", mixed, sign, 30, emu::Order::Forward);
+    check_case("mixed, --demo_chunk 16 topk 7 packed12", mixed,
+               config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16), 40,
+               emu::Order::Forward);
+    check_case("[96,50] topk 4096 (every coefficient)", ParamLayout::of_shapes({{96, 50}, {7}}),
+               config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), 50,
+               emu::Order::Forward);
+}
+
+// Ties: a momentum of equal magnitudes makes every chunk's top-k a tie decided by index, and zero momentum with
+// zero gradient makes every coefficient 0 (the sign scale 0 path).
+TEST(ties_and_zeros_match_host_reference) {
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 128}, {64}});
+    const auto cfg = config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 9);
+    const cm::PlanTables pt = tables_for(cfg, layout);
+    const size_t n = layout.num_params;
+    for (int mode = 0; mode < 2; mode++) {
+        std::vector<float> m(n, 0.0f), g(n, 0.0f);
+        if (mode == 0)
+            for (size_t i = 0; i < n; i++) g[i] = (i % 5 == 0) ? 1.0f : 0.0f;  // DCT of a comb: many equal |E|
+        std::vector<float> m_emu = m, m_ref = m;
+        const cm::CompressParams cp = cm::compress_params(cfg, 1e-3f, 1.0f);
+        const std::vector<std::byte> b_emu = emulate_compress(pt, m_emu, g, cp, emu::Order::Reverse);
+        std::vector<std::byte> b_ref;
+        cm::compress_plan_host(pt, m_ref.data(), g.data(), cp, b_ref);
+        EXPECT(b_emu == b_ref);
+        EXPECT(std::memcmp(m_emu.data(), m_ref.data(), n * sizeof(float)) == 0);
+    }
+}
+
+// The result does not depend on the order the block's threads run between barriers.
+TEST(results_independent_of_thread_order) {
+    const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {64, 67}, {7}});
+    check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Reverse, 2);
+    check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Shuffled, 2);
+}
+
+// --demo_chunk 96: uneven chunks and the 1024-thread kernels.
+TEST(chunk96_1024_threads_match_host_reference) {
+    check_case("[192,288]+[384], --demo_chunk 96 topk 32", ParamLayout::of_shapes({{192, 288}, {384}, {3, 5}}),
+               config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), 70,
+               emu::Order::Forward, 2);
+}
+
+// Corrupt buckets: an index outside its chunk (rank 1) and a repeated index (rank 0) set the flags.
+TEST(apply_flags_corrupt_buckets) {
+    const auto cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
+    const ParamLayout layout = ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
+    const cm::PlanTables pt = tables_for(cfg, layout);
+    const size_t n = layout.num_params;
+    std::vector<float> delta(n, 0.0f), grads = random_floats(n, 1.0f, 5);
+    std::vector<std::byte> bucket;
+    cm::compress_plan_host(pt, delta.data(), grads.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
+    const std::vector<float> p0 = random_floats(n, 0.02f, 6);
+    const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 2, pt.bucket_bytes);
+    const uint8_t* first = reinterpret_cast<uint8_t*>(bucket.data()) + pt.tensors[0].indices_off;
+    std::vector<std::byte> two = bucket;
+    two.insert(two.end(), bucket.begin(), bucket.end());
+    cm::store_u16(reinterpret_cast<uint8_t*>(two.data()) + pt.bucket_bytes + pt.tensors[0].indices_off + 2, 48 * 50);
+    ApplyOut a = emulate_apply(pt, 2, two, p0, ap, 1, false, emu::Order::Forward);
+    EXPECT((a.error[0] & cm::kErrIndexRange) && a.error[1] == 1);
+    two = bucket;
+    two.insert(two.end(), bucket.begin(), bucket.end());
+    cm::store_u16(reinterpret_cast<uint8_t*>(two.data()) + pt.tensors[0].indices_off + 2, cm::load_u16(first));
+    a = emulate_apply(pt, 2, two, p0, ap, 1, false, emu::Order::Forward);
+    EXPECT((a.error[0] & cm::kErrNotAscending) && a.error[1] == 0);
+}
+
+}  // namespace
+
+TEST_MAIN()
