@@ -97,11 +97,13 @@ $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS)
 
-# The CUDA DeMo kernels run on the CPU by dev/cuda/block_emulator.h: a host test that needs only the CUDA
-# headers (g++, no GPU, no CUDA libraries), part of `all` wherever the toolkit is installed.
+# CUDA kernels run on the CPU by dev/cuda/block_emulator.h: host tests (test/emu_<name>.cpp ->
+# build/test/test_<name>_emu) that need only the CUDA headers (g++, no GPU, no CUDA libraries), part of `all`
+# wherever the toolkit is installed.
 CUDA_INCLUDE ?= $(dir $(NVCC))../include
-EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(BUILD)/test/test_demo_kernels_emu)
-$(BUILD)/test/test_demo_kernels_emu: test/emu_demo_kernels.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
+EMU_SRCS := $(wildcard test/emu_*.cpp)
+EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
+$(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(LIB) -o $@ $(LDLIBS)
 

@@ -214,8 +214,8 @@ DEMO_HD MatmulJob decode_job(const ChunkDims& d, const float* AS, const float* T
 }
 
 // A TJ x TC register tile of a job: rows j0..j0+TJ-1 (A already offset by j0: `a` = A + j0), columns whose
-// offsets c*ics are in `cofs`. The device loads the TJ = 4 values of A as one float4 (lda and j0 multiples of 4,
-// A 16-byte aligned).
+// offsets c*ics are in `cofs`. The device loads the TJ values of A as TJ / 4 float4 (lda and j0 multiples of
+// 4, A 16-byte aligned).
 template <int TJ, int TC>
 DEMO_HD void mm_tile(const float* a, int lda, const float* in, int irs, const int (&cofs)[TC], int K,
                      float (&acc)[TJ][TC]) {
@@ -225,12 +225,15 @@ DEMO_HD void mm_tile(const float* a, int lda, const float* in, int irs, const in
     for (int r = 0; r < K; r++) {
         float av[TJ];
 #ifdef __CUDA_ARCH__
-        if constexpr (TJ == 4) {
-            const float4 v = *reinterpret_cast<const float4*>(a + r * lda);
-            av[0] = v.x;
-            av[1] = v.y;
-            av[2] = v.z;
-            av[3] = v.w;
+        if constexpr (TJ % 4 == 0) {
+#pragma unroll
+            for (int q = 0; q < TJ; q += 4) {
+                const float4 v = *reinterpret_cast<const float4*>(a + r * lda + q);
+                av[q] = v.x;
+                av[q + 1] = v.y;
+                av[q + 2] = v.z;
+                av[q + 3] = v.w;
+            }
         } else
 #endif
         {
@@ -341,11 +344,12 @@ DEMO_HD RadixSelect radix_select_init(uint32_t n, uint32_t k) {
 // Whether `key` takes part in the current round, and its digit there.
 DEMO_HD bool radix_counts(const RadixSelect& s, uint32_t key) { return ((key >> s.shift) >> 8) == s.prefix; }
 DEMO_HD uint32_t radix_digit(const RadixSelect& s, uint32_t key) { return (key >> s.shift) & 255u; }
-// The digit of the round: the largest D with above(D) < need, above(D) = sum of hist[d] over d > D; returns D
-// and sets *above. `hist` holds 256 counts (the GPU picks the same D with a warp-wide suffix scan).
-DEMO_HD uint32_t radix_pick(const uint32_t* hist, uint32_t need, uint32_t* above) {
+// The bin holding the need-th largest key: the largest D with above(D) < need, above(D) = sum of hist[d] over
+// d > D, for a histogram of `bins` counts; returns D and sets *above (the GPU picks the same D with a
+// warp-wide suffix scan). radix_pick: the digit of a RadixSelect round (256 bins).
+DEMO_HD uint32_t pick_bin(const uint32_t* hist, int bins, uint32_t need, uint32_t* above) {
     uint32_t acc = 0;
-    for (int d = 255; d > 0; d--) {
+    for (int d = bins - 1; d > 0; d--) {
         if (acc + hist[d] >= need) {
             *above = acc;
             return uint32_t(d);
@@ -355,6 +359,36 @@ DEMO_HD uint32_t radix_pick(const uint32_t* hist, uint32_t need, uint32_t* above
     *above = acc;
     return 0u;
 }
+
+DEMO_HD uint32_t radix_pick(const uint32_t* hist, uint32_t need, uint32_t* above) { return pick_bin(hist, 256, need, above); }
+// The kernels' fast path to the same rule: one histogram of the top 11 bits of every key (exponent and 3
+// mantissa bits: bins 1/16 to 1/8 of a binade wide), the bin B holding the k-th largest key, then an exact
+// selection among the few keys in B (the candidates). Keys above B are selected; when B holds more than
+// kMaxTopkCandidates keys (heavy ties, zeros) the kernels fall back to RadixSelect.
+inline constexpr int kCoarseBits = 11, kCoarseBins = 1 << kCoarseBits;
+inline constexpr uint32_t kMaxTopkCandidates = 64;
+DEMO_HD uint32_t coarse_bin(uint32_t key) { return key >> (31 - kCoarseBits); }
+// The rule once the need-th largest candidate is known: key v, g candidates above it, t equal to it (itself
+// included); `need` = k minus the keys in bins above B.
+DEMO_HD TopkRule topk_rule_at(uint32_t v, uint32_t g, uint32_t t, uint32_t need) {
+    TopkRule r;
+    if (g + t == need) {  // keys >= v number exactly k
+        r.above = v;
+        r.tie_key = 0;
+        r.need = 0;
+        r.ties = false;
+    } else {
+        r.above = v + 1u;
+        r.tie_key = v;
+        r.need = need - g;
+        r.ties = true;
+    }
+    return r;
+}
+// Candidate j is the need-th largest (with multiplicity) when g_j < need <= g_j + t_j, g_j / t_j its counts of
+// candidates above / equal; every candidate with that key qualifies.
+DEMO_HD bool is_rank_holder(uint32_t g, uint32_t t, uint32_t need) { return g < need && need <= g + t; }
+
 // Ends a round: digit D was picked with `above` keys above it and `in_digit` keys on it.
 DEMO_HD void radix_select_step(RadixSelect& s, uint32_t digit, uint32_t above, uint32_t in_digit) {
     s.need -= above;

@@ -7,9 +7,11 @@
 //  - demo_compress_kernel: reads the chunk's momentum and fp32 gradient once (each thread keeps the updated
 //    momentum of its elements in registers), momentum update (clip scale, lr-scaled or EMA), 2-D DCT-II as
 //    two folded passes (the DCT-II symmetry halves the multiply-adds) over shared memory with the bases in
-//    shared memory, top-k by |E| (cm::RadixSelect: at most 4 shared-memory histogram rounds over 8-bit digits
-//    of the fp32 bits of |E|; ties to the lower index), placement of the selection in index order (warp
-//    ballots and one scan of per-warp counts), value quantization (fp32 / bf16 RNE / sign with the per-chunk
+//    shared memory, top-k by |E| (ties to the lower index; block_select_topk: one shared-memory histogram of
+//    the top 11 bits of |E|'s fp32 bits, then an exact ranking among the few keys of the k-th largest's bin;
+//    cm::RadixSelect, at most 4 histogram rounds over 8-bit digits, when that bin is crowded by ties),
+//    placement of the selection in index order (warp ballots and one scan of per-warp counts), value
+//    quantization (fp32 / bf16 RNE / sign with the per-chunk
 //    mean |v| summed in double in index order), packing into the bucket at codec.h's offsets (bit-packed
 //    parts with atomicOr into a zeroed bucket; the host writes the 32-byte header once), sparse decode of the
 //    transmitted (dequantized) values and the error feedback, and ONE write of the momentum. Top-k,
@@ -25,7 +27,8 @@
 //
 // Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
 // output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16
-// consecutive lanes read consecutive columns: no bank conflicts). Chunks up to 64 x 64 use 256 threads,
+// consecutive lanes read consecutive columns: no bank conflicts); 8 x 2 tiles for 64 x 64 chunks (run_jobs).
+// Chunks up to 64 x 64 use 256 threads,
 // up to 128 x 128 1024 threads (every thread owns at most 8 row pairs / 16 elements of the chunk). A chunk and
 // its scratch live in shared memory: 96 x 96 fits an H100 (227 KiB per block), 128 x 128 (~262 KiB) does not
 // and is refused at setup by prepare_kernels with a message naming --demo_chunk.
@@ -51,7 +54,7 @@ struct SmemLayout {
 
 inline constexpr int kMaxPairsPerThread = 8;   // compress: row pairs (2 elements) owned per thread
 inline constexpr int kMaxElemsPerThread = 16;  // keys / apply elements per thread
-inline constexpr uint32_t kScratchWords = 36 + 4 + 4;  // block scan (33), radix result (3), a broadcast float
+inline constexpr uint32_t kScratchWords = 36 + 12 + 4;  // block scan (33), top-k results (12), a broadcast float
 
 struct KernelConfig {
     int threads = 256;
@@ -75,7 +78,7 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
         LLMC_CHECK(size_t(d.he1) * d.n2 <= kMaxPairsPerThread * T && size_t(d.elems) <= kMaxElemsPerThread * T,
                    "DeMo: chunk " + std::to_string(d.n1) + "x" + std::to_string(d.n2) + " too large for the kernels");
         const size_t R = std::min<size_t>(ct.k, ct.n1);
-        cP = std::max({cP, size_t(d.n1) * d.ldx, size_t(d.n1) * d.ldf, R * d.ldt});
+        cP = std::max({cP, size_t(d.n1) * d.ldx, size_t(d.n1) * d.ldf, R * d.ldt, size_t(cm::kCoarseBins)});
         cQ = std::max({cQ, size_t(d.n1) * d.ldz, size_t(d.n1) * d.lde});
         cB = std::max({cB, size_t(cm::folded_basis_floats(d.n1) + cm::folded_basis_floats(d.n2)), R * d.ldas});
         cL = std::max<size_t>(cL, ct.k);
@@ -208,49 +211,45 @@ __device__ __forceinline__ cm::TopkRule block_radix_select(const uint32_t (&keys
     return s.rule;
 }
 
-// Places the selection of `rule` in index order: Lidx/Lval[pos] for pos < k, the values read from E (`e`,
-// rows of d.lde). Ballots per slot give each warp's counts of greater keys and ties (16 bits each, packed);
-// warp 0 turns the table of (slot, warp) counts into exclusive prefix sums in index order (slot-major:
-// natural index = slot * THREADS + warp * 32 + lane). `table` holds kMaxElemsPerThread * THREADS / 32 words.
-// Starts after a barrier that ended every read of `table`; ends with a barrier.
+// Placement of the selection in index order. The table holds, per (slot r, warp) in index order (natural index
+// = r * THREADS + warp * 32 + lane), the counts of selected keys: greater in the low 16 bits, ties in the high
+// 16. Warp 0 turns it into exclusive prefix sums (a warp-wide call: warp 0 only); then every thread places
+// its selected keys: Lidx/Lval[pos] for pos < k, the values read from E (`e`, rows of d.lde).
 template <int THREADS>
-__device__ __forceinline__ void block_place_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n,
+inline constexpr int kTableEntries = kMaxElemsPerThread * (THREADS / 32);
+
+template <int THREADS>
+__device__ __forceinline__ void warp_scan_table(uint32_t* table, uint32_t n) {
+    constexpr int kWarps = THREADS / 32, kPerLane = kTableEntries<THREADS> / 32;
+    static_assert(kTableEntries<THREADS> % 32 == 0, "table entries must split evenly over a warp");
+    const int lane = threadIdx.x & 31;
+    uint32_t v[kPerLane], sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; j++) {
+        const int entry = kPerLane * lane + j;  // entries of slots without indices were never written
+        v[j] = uint32_t((entry / kWarps) * THREADS) < n ? table[entry] : 0u;
+        sum += v[j];
+    }
+    uint32_t incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    uint32_t run = incl - sum;
+#pragma unroll
+    for (int j = 0; j < kPerLane; j++) {
+        table[kPerLane * lane + j] = run;
+        run += v[j];
+    }
+}
+
+template <int THREADS>
+__device__ __forceinline__ void place_from_table(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n,
                                                  const cm::TopkRule& rule, const cm::ChunkDims& d, const float* e,
-                                                 uint32_t* table, uint32_t* Lidx, float* Lval) {
-    constexpr int kWarps = THREADS / 32, kEntries = kMaxElemsPerThread * kWarps, kPerLane = kEntries / 32;
-    static_assert(kEntries % 32 == 0, "table entries must split evenly over a warp");
+                                                 const uint32_t* table, uint32_t* Lidx, float* Lval) {
+    constexpr int kWarps = THREADS / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int r = 0; r < kMaxElemsPerThread; r++) {
-        if (uint32_t(r * THREADS) >= n) break;
-        const uint32_t i = threadIdx.x + uint32_t(r * THREADS);
-        const uint32_t g = __ballot_sync(0xffffffffu, i < n && cm::topk_greater(rule, keys[r]));
-        const uint32_t t = __ballot_sync(0xffffffffu, i < n && cm::topk_tie(rule, keys[r]));
-        if (lane == 0) table[r * kWarps + warp] = uint32_t(__popc(g)) | (uint32_t(__popc(t)) << 16);
-    }
-    __syncthreads();
-    if (warp == 0) {
-        uint32_t v[kPerLane], sum = 0;
-#pragma unroll
-        for (int j = 0; j < kPerLane; j++) {
-            const int entry = kPerLane * lane + j;  // written above iff its slot holds indices
-            v[j] = uint32_t((entry / kWarps) * THREADS) < n ? table[entry] : 0u;
-            sum += v[j];
-        }
-        uint32_t incl = sum;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += y;
-        }
-        uint32_t run = incl - sum;
-#pragma unroll
-        for (int j = 0; j < kPerLane; j++) {
-            table[kPerLane * lane + j] = run;
-            run += v[j];
-        }
-    }
-    __syncthreads();
     const uint32_t lower = (1u << lane) - 1u;
 #pragma unroll
     for (int r = 0; r < kMaxElemsPerThread; r++) {
@@ -272,40 +271,208 @@ __device__ __forceinline__ void block_place_topk(const uint32_t (&keys)[kMaxElem
             Lval[pos] = e[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)];
         }
     }
+}
+
+// The general placement: counts by ballots, scan, place. Starts after a barrier that ended every read of
+// `table`; ends with a barrier.
+template <int THREADS>
+__device__ __forceinline__ void block_place_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n,
+                                                 const cm::TopkRule& rule, const cm::ChunkDims& d, const float* e,
+                                                 uint32_t* table, uint32_t* Lidx, float* Lval) {
+    constexpr int kWarps = THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < kMaxElemsPerThread; r++) {
+        if (uint32_t(r * THREADS) >= n) break;
+        const uint32_t i = threadIdx.x + uint32_t(r * THREADS);
+        const uint32_t g = __ballot_sync(0xffffffffu, i < n && cm::topk_greater(rule, keys[r]));
+        const uint32_t t = __ballot_sync(0xffffffffu, i < n && cm::topk_tie(rule, keys[r]));
+        if (lane == 0) table[r * kWarps + warp] = uint32_t(__popc(g)) | (uint32_t(__popc(t)) << 16);
+    }
+    __syncthreads();
+    if (warp == 0) warp_scan_table<THREADS>(table, n);
+    __syncthreads();
+    place_from_table<THREADS>(keys, n, rule, d, e, table, Lidx, Lval);
     __syncthreads();
 }
 
-// Runs one or two cm::MatmulJobs with 4 x 4 register tiles (see the file comment). No barrier inside.
+// Shared words of block_select_topk beyond the chunk buffers.
+struct TopkShared {
+    uint32_t* coarse;  // cm::kCoarseBins words (any contents: zeroed here)
+    uint32_t* small;   // zeroed: the placement table, then 2 * cm::kMaxTopkCandidates words of candidates;
+                       // RadixSelect's two histograms (512 words) on the fallback path
+    uint32_t* res;     // 12 words, res[6] zeroed (the candidate count)
+};
+
+// Step 6 whole: the top-k of the block's keys placed in index order into Lidx/Lval (k entries). Fast path
+// (cm::coarse_bin): one histogram of the top 11 bits of every key, warp 0 finds the bin B of the k-th largest
+// (a REDUX per 64-bin group, then a scan inside the group); keys above B are selected and counted into the
+// placement table by ballots while the keys in B (the candidates, at most cm::kMaxTopkCandidates) are
+// listed; warp 0 ranks the candidates against each other, adds theirs to the table and scans it; every thread
+// places its keys. 6 barriers. When B holds more candidates (heavy ties or zeros) or k >= n: RadixSelect and
+// the general placement. Starts after a barrier that ended the writes of E and every use of `coarse`; ends
+// with a barrier.
 template <int THREADS>
+__device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n, uint32_t k,
+                                                  const cm::ChunkDims& d, const float* e, const TopkShared& sh,
+                                                  uint32_t* Lidx, float* Lval) {
+    constexpr int kWarps = THREADS / 32, kBins = cm::kCoarseBins, kGroup = kBins / 32;
+    static_assert(kGroup == 64, "the bin search below gives each lane two bins of a 64-bin group");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint32_t* table = sh.small;
+    uint32_t* cand = sh.small + kTableEntries<THREADS>;  // (key, index) pairs
+    uint32_t* res = sh.res;
+    if (k < n) {
+        for (int b = tid; b < kBins; b += THREADS) sh.coarse[b] = 0u;
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < kMaxElemsPerThread; r++) {
+            const uint32_t i = uint32_t(tid + r * THREADS);
+            if (i < n) atomicAdd(sh.coarse + cm::coarse_bin(keys[r]), 1u);
+        }
+        __syncthreads();
+        if (warp == 0) {
+            // group g = bins [kBins - 64 (g + 1), kBins - 64 g): group sums in descending order, lane g holds S_g
+            uint32_t S = 0;
+            for (int g = 0; g < 32; g++) {
+                const int lo = kBins - kGroup * (g + 1);
+                const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
+                if (lane == g) S = tot;
+            }
+            uint32_t incl = S;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            const uint32_t cross = __ballot_sync(0xffffffffu, incl - S < k && k <= incl);
+            const int G = __ffs(int(cross)) - 1;  // one lane: the counts reach k inside its group
+            const uint32_t group_above = __shfl_sync(0xffffffffu, incl - S, G);
+            // inside group G, bins descending from top: lane l holds top - 2l and top - 2l - 1
+            const int top = kBins - 1 - kGroup * G;
+            const uint32_t h0 = sh.coarse[top - 2 * lane], h1 = sh.coarse[top - 2 * lane - 1];
+            uint32_t pin = h0 + h1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t y = __shfl_up_sync(0xffffffffu, pin, o);
+                if (lane >= o) pin += y;
+            }
+            const uint32_t above = group_above + pin - h0 - h1;
+            if (above < k && k <= above + h0) {
+                res[3] = uint32_t(top - 2 * lane);
+                res[4] = above;
+                res[5] = h0;
+            } else if (above + h0 < k && k <= above + h0 + h1) {
+                res[3] = uint32_t(top - 2 * lane - 1);
+                res[4] = above + h0;
+                res[5] = h1;
+            }
+        }
+        __syncthreads();
+        const uint32_t B = res[3], need = k - res[4], C = res[5];
+        const bool whole_bin = C == need;  // every key of B is selected
+        if (whole_bin || C <= cm::kMaxTopkCandidates) {
+#pragma unroll
+            for (int r = 0; r < kMaxElemsPerThread; r++) {
+                if (uint32_t(r * THREADS) >= n) break;
+                const uint32_t i = uint32_t(tid + r * THREADS);
+                const uint32_t bin = cm::coarse_bin(keys[r]);
+                const uint32_t g = __ballot_sync(0xffffffffu, i < n && (bin > B || (whole_bin && bin == B)));
+                if (lane == 0) table[r * kWarps + warp] = uint32_t(__popc(g));
+                if (i < n && !whole_bin && bin == B) {
+                    const uint32_t slot = atomicAdd(res + 6, 1u);
+                    cand[2 * slot] = keys[r];
+                    cand[2 * slot + 1] = i;
+                }
+            }
+            __syncthreads();
+            if (warp == 0) {
+                cm::TopkRule rule;
+                if (whole_bin) {
+                    rule = cm::topk_rule_at(B << (31 - cm::kCoarseBits), 0u, need, need);
+                } else {
+                    // lane owns candidates lane and lane + 32: counts of candidates above and equal
+                    uint32_t g0 = 0, t0 = 0, g1 = 0, t1 = 0;
+                    const uint32_t c0 = lane < int(C) ? cand[2 * lane] : 0u;
+                    const uint32_t c1 = lane + 32 < int(C) ? cand[2 * (lane + 32)] : 0u;
+                    for (uint32_t j = 0; j < C; j++) {
+                        const uint32_t kj = cand[2 * j];
+                        g0 += kj > c0;
+                        t0 += kj == c0;
+                        g1 += kj > c1;
+                        t1 += kj == c1;
+                    }
+                    const bool hold0 = lane < int(C) && cm::is_rank_holder(g0, t0, need);
+                    const bool hold1 = lane + 32 < int(C) && cm::is_rank_holder(g1, t1, need);
+                    const int H = __ffs(int(__ballot_sync(0xffffffffu, hold0 || hold1))) - 1;
+                    const uint32_t v = __shfl_sync(0xffffffffu, hold0 ? c0 : c1, H);
+                    const uint32_t gv = __shfl_sync(0xffffffffu, hold0 ? g0 : g1, H);
+                    const uint32_t tv = __shfl_sync(0xffffffffu, hold0 ? t0 : t1, H);
+                    rule = cm::topk_rule_at(v, gv, tv, need);
+                    for (uint32_t j = uint32_t(lane); j < C; j += 32) {  // the candidates' part of the table
+                        const uint32_t key = cand[2 * j], i = cand[2 * j + 1];
+                        const uint32_t entry = (i / THREADS) * kWarps + (i % THREADS) / 32;
+                        if (cm::topk_greater(rule, key)) atomicAdd(table + entry, 1u);
+                        else if (cm::topk_tie(rule, key)) atomicAdd(table + entry, 1u << 16);
+                    }
+                    __syncwarp();
+                }
+                warp_scan_table<THREADS>(table, n);
+                if (lane == 0) {
+                    res[8] = rule.above;
+                    res[9] = rule.tie_key;
+                    res[10] = rule.need;
+                    res[11] = rule.ties ? 1u : 0u;
+                }
+            }
+            __syncthreads();
+            const cm::TopkRule rule{res[8], res[9], res[10], res[11] != 0u};
+            place_from_table<THREADS>(keys, n, rule, d, e, table, Lidx, Lval);
+            __syncthreads();
+            return;
+        }
+    }
+    const cm::TopkRule rule = block_radix_select<THREADS>(keys, n, k, sh.small, res);
+    block_place_topk<THREADS>(keys, n, rule, d, e, sh.small, Lidx, Lval);
+}
+
+// Runs one or two cm::MatmulJobs with TJ x TC register tiles (see the file comment): TJ consecutive output
+// rows (A read as TJ / 4 float4, the same for all lanes of a tile row) by TC columns 64 / TC apart (64 / TC
+// consecutive lanes read consecutive columns). 4 x 4 in general; 8 x 2 for 64 x 64 chunks, where every
+// tile is full (J is a multiple of 8): per 16 multiply-adds a warp then reads 4 shared-memory wavefronts
+// instead of 5. No barrier inside.
+template <int THREADS, int TJ = 4, int TC = 4>
 __device__ __forceinline__ void run_jobs(const cm::MatmulJob& j0, const cm::MatmulJob& j1, int njobs) {
-    auto tiles = [](const cm::MatmulJob& j) { return ((j.J + 3) / 4) * ((j.C + 63) / 64) * 16; };
+    static_assert(TJ % 4 == 0 && 64 % TC == 0, "tiles: rows in float4s, columns spread over a 64-column group");
+    constexpr int kLanes = 64 / TC;  // lanes across one 64-column group
+    auto tiles = [](const cm::MatmulJob& j) { return ((j.J + TJ - 1) / TJ) * ((j.C + 63) / 64) * kLanes; };
     const int count0 = tiles(j0);
     const int total = count0 + (njobs > 1 ? tiles(j1) : 0);
     for (int id = threadIdx.x; id < total; id += THREADS) {
         const bool second = id >= count0;
         const cm::MatmulJob jb = second ? j1 : j0;
         const int local = second ? id - count0 : id;
-        const int lc = local & 15, rest = local >> 4;
+        const int lc = local % kLanes, rest = local / kLanes;
         const int ncg = (jb.C + 63) / 64;
         const int cg = rest % ncg, tr = rest / ncg;
         const int c_first = cg * 64 + lc;
         if (c_first >= jb.C) continue;
-        int cofs[4];
+        int cofs[TC];
 #pragma unroll
-        for (int b = 0; b < 4; b++) cofs[b] = min(c_first + 16 * b, jb.C - 1) * jb.ics;
-        float acc[4][4];
+        for (int b = 0; b < TC; b++) cofs[b] = min(c_first + kLanes * b, jb.C - 1) * jb.ics;
+        float acc[TJ][TC];
 #pragma unroll
-        for (int q = 0; q < 4; q++)
+        for (int q = 0; q < TJ; q++)
 #pragma unroll
-            for (int b = 0; b < 4; b++) acc[q][b] = 0.0f;
-        const int j_first = 4 * tr;
-        cm::mm_tile<4, 4>(jb.A + j_first, jb.lda, jb.In, jb.irs, cofs, jb.K, acc);
+            for (int b = 0; b < TC; b++) acc[q][b] = 0.0f;
+        const int j_first = TJ * tr;
+        cm::mm_tile<TJ, TC>(jb.A + j_first, jb.lda, jb.In, jb.irs, cofs, jb.K, acc);
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < TJ; q++) {
             if (j_first + q >= jb.J) break;
 #pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int c = c_first + 16 * b;
+            for (int b = 0; b < TC; b++) {
+                const int c = c_first + kLanes * b;
                 if (c < jb.C) jb.out[(j_first + q) * jb.ors + c * jb.ocs] = acc[q][b];
             }
         }
@@ -314,7 +481,7 @@ __device__ __forceinline__ void run_jobs(const cm::MatmulJob& j0, const cm::Matm
 
 // Step 9 on the ascending list (Lidx, Lval)[0, count): dec (n1 x lde, in `dec`) = C1^T S C2. Uses T (n2-wide
 // rows) and AS (ldas-wide rows) scratch and segs (2 n1 + 1 ints). Starts and ends with all threads in step.
-template <int THREADS>
+template <int THREADS, int TJ = 4, int TC = 4>
 __device__ __forceinline__ void decode_list(const cm::ChunkDims& d, const float* __restrict__ c1,
                                             const float* __restrict__ c2, const uint32_t* Lidx, const float* Lval,
                                             int count, float* T, float* AS, float* dec, int* segs, uint32_t* scan) {
@@ -349,7 +516,7 @@ __device__ __forceinline__ void decode_list(const cm::ChunkDims& d, const float*
     }
     __syncthreads();
     const cm::MatmulJob job = cm::decode_job(d, AS, T, rows, dec);
-    run_jobs<THREADS>(job, job, 1);
+    run_jobs<THREADS, TJ, TC>(job, job, 1);
     __syncthreads();
 }
 
@@ -373,6 +540,7 @@ struct CompressArgs {
 template <int THREADS, int FIXED>
 __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(const CompressArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
+    constexpr int kTileJ = FIXED == 64 ? 8 : 4, kTileC = FIXED == 64 ? 2 : 4;  // see run_jobs
     extern __shared__ float4 smem4[];
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -391,7 +559,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
     int* segs = reinterpret_cast<int*>(sm + a.L.segs);
     uint32_t* scan = reinterpret_cast<uint32_t*>(sm + a.L.scratch);
     uint32_t* res = scan + 36;
-    float* misc = reinterpret_cast<float*>(scan + 40);
+    float* misc = reinterpret_cast<float*>(scan + 48);
 
     // folded bases -> shared (float4: table offsets and sizes are multiples of 4); histograms cleared
     const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
@@ -404,6 +572,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
         for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
         hist[tid] = 0u;
         hist[THREADS + tid] = 0u;
+        if (tid < 12) res[tid] = 0u;
     }
 
     // 1-2: read momentum and gradient once; momentum update; fold rows into FX (P). Thread owns the row pairs
@@ -449,7 +618,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
     __syncthreads();
 
     // 3: pass 1 (along rows): FX (P) -> Z (Q)
-    run_jobs<THREADS>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
+    run_jobs<THREADS, kTileJ, kTileC>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
     __syncthreads();
     // 4: fold columns: Z (Q) -> FZ (P)
     for (int q = tid; q < d.n1 * d.he2; q += THREADS) {
@@ -460,7 +629,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
     }
     __syncthreads();
     // 5: pass 2 (along columns): FZ (P) -> E (Q)
-    run_jobs<THREADS>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
+    run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
 
     // 6: top-k (radix select), placed in index order into the list. Keys of natural indices tid + r * THREADS.
@@ -471,8 +640,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
         const uint32_t i = uint32_t(tid + r * THREADS);
         keys[r] = i < n ? cm::magnitude_key(Q[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)]) : 0u;
     }
-    const cm::TopkRule rule = block_radix_select<THREADS>(keys, n, k, hist, res);
-    block_place_topk<THREADS>(keys, n, rule, d, Q, hist, Lidx, Lval);
+    block_select_topk<THREADS>(keys, n, k, d, Q, TopkShared{reinterpret_cast<uint32_t*>(P), hist, res}, Lidx, Lval);
 
     // 7-8: quantize and pack
     float scale = 0.0f;
@@ -499,7 +667,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
     __syncthreads();
 
     // 9: decode what was sent (T in P, gathered C1 rows in B, dec in Q)
-    decode_list<THREADS>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B, Q, segs, scan);
+    decode_list<THREADS, kTileJ, kTileC>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B, Q, segs, scan);
 
     // 10: error feedback, the one write of the momentum
 #pragma unroll
@@ -532,6 +700,7 @@ struct ApplyArgs {
 template <int THREADS, int FIXED>  // FIXED as demo_compress_kernel
 __global__ void __launch_bounds__(THREADS) demo_apply_kernel(const ApplyArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
+    constexpr int kTileJ = FIXED == 64 ? 8 : 4, kTileC = FIXED == 64 ? 2 : 4;  // see run_jobs
     extern __shared__ float4 smem4[];
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -617,7 +786,7 @@ __global__ void __launch_bounds__(THREADS) demo_apply_kernel(const ApplyArgs a) 
         }
     }
     __syncthreads();
-    decode_list<THREADS>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P, B, Q, segs, scan);
+    decode_list<THREADS, kTileJ, kTileC>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P, B, Q, segs, scan);
 
     // update the master weights and the floatX copy
     const bool decays = a.p.apply_wd && ct.decays;

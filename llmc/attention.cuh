@@ -199,6 +199,7 @@ inline void launch_permute(size_t elems, int HS, std::initializer_list<const voi
 
 inline size_t attention_scratch_elems(int B, int T, int NH) { return size_t(B) * NH * T * T; }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (B,T,C) <- attention of inp (B,T,3C, the qkv projection; CLOBBERED: reused as scratch).
 // Keeps qkvr (3 x (B,NH,T,HS): q, k, v) and att (B,NH,T,T) for the backward. preatt: attention_scratch_elems.
 inline void attention_forward(const CudaEnv& env, floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* inp,
@@ -272,5 +273,7 @@ inline void attention_backward(const CudaEnv& env, floatX* dinp, floatX* dqkvr, 
         else permute_qkv_backward_kernel<1><<<blocks, kAttentionBlock, 0, st>>>(dinp, dq, dk, dv, B, T, NH, HS);
     });
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

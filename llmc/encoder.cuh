@@ -37,6 +37,7 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
     }
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (B,T,C) = wte[inp] + wpe[0..T), inp (B,T) token ids on the device.
 inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
                             cudaStream_t stream) {
@@ -51,6 +52,8 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     }
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 // Host-built schedule for the wte gradient: positions grouped by token. Device layout (ints):
 // [bucket_token x nb][bucket_start x (nb+1)][positions x BT].
@@ -125,6 +128,7 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int
     dwpe[idx] += acc;
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // dwte += scatter of dout by token (using `plan`, already uploaded to `plan_device`), dwpe += sum over b of dout.
 inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const EncoderBackwardPlan& plan,
                              const int* plan_device, int B, int T, int C, cudaStream_t stream) {
@@ -142,5 +146,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const
     encoder_backward_wpe_kernel<<<ceil_div(T * C, 256), 256, 0, stream>>>(dwpe, dout, B, T, C);
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -49,6 +49,7 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     }
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // logits (N, Vp) -> losses (N); with write_dlogits the logits become d(loss)/d(logits) scaled by dloss.
 // targets (N) on the device; an out-of-range target gives a NaN loss (and no one-hot term).
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
@@ -60,5 +61,7 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
         fused_classifier_kernel<false><<<N, kClassifierBlock, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -42,6 +42,7 @@ __global__ void gelu_backward_inplace_kernel(floatX* dinout, const floatX* inp, 
     }
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out = gelu(inp), n elements (out may equal inp).
 inline void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
     if (n == 0) return;
@@ -65,5 +66,7 @@ inline void gelu_backward_inplace(floatX* dinout, const floatX* inp, size_t n, c
     }
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

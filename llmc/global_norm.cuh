@@ -33,6 +33,7 @@ __global__ void norm_squared_final_kernel(double* out, const float* partials, in
 // Scratch for global_norm_squared: kNormBlocks floats + one double (as floats, 8-byte aligned).
 inline constexpr size_t kNormScratchFloats = kNormBlocks + 2;
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // Enqueues the sum of squares of g[0..n) into *out_device (a double inside `scratch`, returned).
 inline double* global_norm_squared_async(float* scratch, const float* g, size_t n, cudaStream_t stream) {
     double* out = reinterpret_cast<double*>(scratch + kNormBlocks);  // kNormBlocks is even: 8-byte aligned
@@ -51,6 +52,8 @@ inline double global_norm(float* scratch, const float* g, size_t n, cudaStream_t
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return std::sqrt(host);
 }
+
+#endif  // __CUDACC__
 
 // CPU mirror of the exact reduction order (for the checker): same grid, same per-thread order; the block and
 // final trees are reproduced by the same butterfly pattern.

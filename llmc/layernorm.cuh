@@ -51,6 +51,7 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean_out, float* rs
     }
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (N,C) = layernorm(inp); mean, rstd (N) may be nullptr (inference).
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
                               const floatX* bias, int N, int C, cudaStream_t stream) {
@@ -72,16 +73,22 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     CUDA_CHECK_LAUNCH();
 }
 
+#endif  // __CUDACC__
+
 // Elementwise residual add (no LayerNorm): out = a + b.
 __global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         out[i] = from_float<floatX>(to_float(a[i]) + to_float(b[i]));
 }
+
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 inline void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t n, cudaStream_t stream) {
     if (n == 0) return;
     residual_forward_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(out, a, b, n);
     CUDA_CHECK_LAUNCH();
 }
+
+#endif  // __CUDACC__
 
 __global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
                                                const floatX* weight, const float* mean, const float* rstd, int N,
@@ -171,6 +178,7 @@ struct LayerNormParamGrad {
 
 inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_reduce_scratch_floats(N, C, 2); }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // dinp (N,C) += dx; dweight, dbias (C, fp32) += parameter gradients. dinp must not alias dout.
 // scratch: layernorm_backward_scratch_floats(N, C) floats.
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
@@ -191,5 +199,7 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
     column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
                      stream);
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -194,6 +194,7 @@ inline bool matmul_epilogue_ok(const void* out, const floatX* bias, const floatX
     return aligned16(out);
 }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be nullptr).
 // With pre_gelu: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu); fused as a cuBLASLt epilogue when
 // fuse_gelu (and alignment allows), otherwise by gelu_forward.
@@ -214,6 +215,8 @@ inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, c
     if (pre_gelu) gelu_forward(out, pre_gelu, size_t(N) * OC, env.stream);
 }
 
+#endif  // __CUDACC__
+
 struct BiasGrad {
     const floatX* dout;
     int OC;
@@ -222,6 +225,7 @@ struct BiasGrad {
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }
 
+#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // Given dout (N,OC) of out = inp (N,C) @ weight (OC,C)^T + bias:
 //   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
 //   dweight (OC,C, fp32) += dout^T @ inp     (accumulated: gradient accumulation over micro-steps)
@@ -232,5 +236,7 @@ inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, fl
     if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
     if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
 }
+
+#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -120,6 +120,37 @@ ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<st
     return out;
 }
 
+// Which path of block_select_topk each chunk takes (decided here from the host reference's keys with the
+// same rule as the kernel): k >= n, the coarse bin taken whole, candidates ranked, or the RadixSelect fallback.
+struct TopkPaths {
+    int all = 0, whole = 0, ranked = 0, fallback = 0;
+};
+TopkPaths g_paths;  // summed over every case; the last test checks each path ran
+
+void count_topk_paths(const cm::PlanTables& pt, std::vector<float> m, const std::vector<float>& grads,
+                      const cm::CompressParams& cp) {
+    std::vector<uint8_t> bucket(pt.bucket_bytes, 0);
+    cm::ChunkScratch s;
+    for (size_t t = 0; t < pt.tensors.size(); t++) {
+        const cm::ChunkTensor& ct = pt.tensors[t];
+        for (uint64_t c = 0; c < pt.plan.tensors[t].num_chunks; c++) {
+            cm::compress_chunk_host(pt, ct, c, m.data(), grads.data(), cp, bucket.data(), s);
+            const uint32_t n = uint32_t(s.keys.size()), k = ct.k;
+            if (k >= n) {
+                g_paths.all++;
+                continue;
+            }
+            std::vector<uint32_t> hist(cm::kCoarseBins, 0);
+            for (uint32_t key : s.keys) hist[cm::coarse_bin(key)]++;
+            uint32_t above = 0;
+            const uint32_t B = cm::pick_bin(hist.data(), cm::kCoarseBins, k, &above);
+            if (hist[B] == k - above) g_paths.whole++;
+            else if (hist[B] <= cm::kMaxTopkCandidates) g_paths.ranked++;
+            else g_paths.fallback++;
+        }
+    }
+}
+
 const char* order_name(emu::Order o) {
     return o == emu::Order::Forward ? "forward" : o == emu::Order::Reverse ? "reverse" : "shuffled";
 }
@@ -134,6 +165,7 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     const cm::LaunchTables lt = cm::launch_tables(pt);
 
     std::vector<float> m_emu = m0, m_ref = m0;
+    count_topk_paths(pt, m0, grads, cp);
     const std::vector<std::byte> b_emu = emulate_compress(pt, m_emu, grads, cp, order);
     std::vector<std::byte> b_ref;
     cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);
@@ -210,6 +242,7 @@ TEST(ties_and_zeros_match_host_reference) {
             for (size_t i = 0; i < n; i++) g[i] = (i % 5 == 0) ? 1.0f : 0.0f;  // DCT of a comb: many equal |E|
         std::vector<float> m_emu = m, m_ref = m;
         const cm::CompressParams cp = cm::compress_params(cfg, 1e-3f, 1.0f);
+        count_topk_paths(pt, m, g, cp);
         const std::vector<std::byte> b_emu = emulate_compress(pt, m_emu, g, cp, emu::Order::Reverse);
         std::vector<std::byte> b_ref;
         cm::compress_plan_host(pt, m_ref.data(), g.data(), cp, b_ref);
@@ -255,6 +288,14 @@ TEST(apply_flags_corrupt_buckets) {
     cm::store_u16(reinterpret_cast<uint8_t*>(two.data()) + pt.tensors[0].indices_off + 2, cm::load_u16(first));
     a = emulate_apply(pt, 2, two, p0, ap, 1, false, emu::Order::Forward);
     EXPECT((a.error[0] & cm::kErrNotAscending) && a.error[1] == 0);
+}
+
+// Every path of the kernels' top-k ran in the cases above (the counts come from the host's view of the same
+// chunks, so a path the data never reaches would go unnoticed without this).
+TEST(every_topk_path_exercised) {
+    std::printf("  top-k paths over all compress cases: k >= n %d, coarse bin whole %d, candidates ranked %d, "
+                "radix fallback %d\n", g_paths.all, g_paths.whole, g_paths.ranked, g_paths.fallback);
+    EXPECT(g_paths.all > 0 && g_paths.whole > 0 && g_paths.ranked > 0 && g_paths.fallback > 0);
 }
 
 }  // namespace

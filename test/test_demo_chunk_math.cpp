@@ -279,6 +279,72 @@ TEST(radix_select_matches_cpu_selection) {
     for (int r = 1; r <= 4; r++) EXPECT(rounds_seen[r] > 0);  // every exit of the search was exercised
 }
 
+// The kernels' fast path (one histogram of cm::coarse_bin, exact ranking among the keys of the k-th largest's
+// bin) gives the CPU's select_topk set whenever it applies (that bin is taken whole, or holds at most
+// kMaxTopkCandidates keys); the rest falls back to RadixSelect (tested above). All three outcomes occur.
+TEST(coarse_topk_matches_cpu_selection) {
+    llmc::Rng rng(13);
+    demo::TopkScratch scratch;
+    int checked = 0, mismatches = 0, whole = 0, ranked = 0, fallback = 0;
+    for (int trial = 0; trial < 1500; trial++) {
+        const size_t n = trial % 2 ? 4096 : 64 + rng.next_u64() % 2000;
+        const size_t k = trial % 3 == 0 ? 1 + rng.next_u64() % 64 : 32;
+        std::vector<float> v(n);
+        const int mode = trial % 6;
+        for (size_t i = 0; i < n; i++) {
+            const double x = rng.normal();
+            if (mode <= 2) v[i] = static_cast<float>(x * std::exp(rng.normal()));  // heavy-tailed magnitudes
+            else if (mode == 3) v[i] = static_cast<float>(std::round(x * 8.0) / 8.0);  // ties
+            else if (mode == 4) v[i] = (i % 7 == 0) ? static_cast<float>(x) : 0.0f;  // mostly zeros
+            else v[i] = 1.0f + static_cast<float>(i % 97) * 1e-4f;                   // one narrow bin
+        }
+        std::vector<uint32_t> keys(n);
+        for (size_t i = 0; i < n; i++) keys[i] = cm::magnitude_key(v[i]);
+        std::vector<uint32_t> hist(cm::kCoarseBins, 0);
+        for (uint32_t key : keys) hist[cm::coarse_bin(key)]++;
+        uint32_t above = 0;
+        const uint32_t B = cm::pick_bin(hist.data(), cm::kCoarseBins, uint32_t(k), &above);
+        const uint32_t need = uint32_t(k) - above, C = hist[B];
+        cm::TopkRule rule;
+        if (C == need) {
+            rule = cm::topk_rule_at(B << (31 - cm::kCoarseBits), 0, need, need);
+            whole++;
+        } else if (C <= cm::kMaxTopkCandidates) {
+            std::vector<uint32_t> cand;
+            for (uint32_t key : keys)
+                if (cm::coarse_bin(key) == B) cand.push_back(key);
+            EXPECT_EQ(uint32_t(cand.size()), C);
+            int holders = 0;
+            for (uint32_t c : cand) {
+                uint32_t g = 0, t = 0;
+                for (uint32_t o : cand) g += o > c, t += o == c;
+                if (cm::is_rank_holder(g, t, need)) {
+                    rule = cm::topk_rule_at(c, g, t, need);
+                    holders++;
+                }
+            }
+            EXPECT(holders >= 1);
+            ranked++;
+        } else {
+            fallback++;
+            continue;
+        }
+        std::vector<uint32_t> cpu(k), mine;
+        demo::select_topk(v, k, cpu.data(), scratch);
+        uint32_t ties = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (cm::topk_greater(rule, keys[i])) mine.push_back(i);
+            else if (cm::topk_tie(rule, keys[i]) && ties++ < rule.need) mine.push_back(i);
+        }
+        checked++;
+        if (mine != cpu) mismatches++;
+    }
+    std::printf("  coarse top-k: %d selections compared with select_topk, %d differ; bin taken whole %d, "
+                "candidates ranked %d, fallback %d\n", checked, mismatches, whole, ranked, fallback);
+    EXPECT_EQ(mismatches, 0);
+    EXPECT(whole > 0 && ranked > 0 && fallback > 0);
+}
+
 TEST(wire_helpers_round_trip) {
     std::vector<uint8_t> buf(4096, 0);
     auto or_word = [](uint8_t* w, uint32_t bits) { cm::store_u32(w, cm::load_u32(w) | bits); };

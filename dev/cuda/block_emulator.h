@@ -1,7 +1,8 @@
 // Runs CUDA kernel code on the CPU, one thread block at a time, so kernels can be tested on machines without
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
-// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync) are cooperative barriers, and shared memory is a
-// host array filled with a poison pattern (NaN bytes) before every block, as the GPU leaves it undefined.
+// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp) are cooperative barriers, and shared
+// memory is a host array filled with a poison pattern (NaN bytes) before every block, as the GPU leaves it
+// undefined.
 //
 // What it proves: the kernel's indexing, its shared-memory protocol and its arithmetic (g++ compiles the same
 // source; fp32 operations round as on the GPU except denormals, which the GPU flushes under --use_fast_math).
@@ -13,7 +14,12 @@
 //
 // Use: include this header BEFORE the kernel sources (it provides threadIdx, blockIdx, the intrinsics and the
 // min/max overloads device code calls), define the dynamic shared memory array the kernels declare with
-// EMU_DEFINE_SHARED(ns, name), then emu::run_block(threads, block_index, order, [&] { kernel<...>(args); }).
+// EMU_DEFINE_SHARED(ns, name), then emu::run_block(threads, block_index, grid, order, seed, [&] { kernel(args); })
+// for each block of a 1-D launch, or run_block(Dim3 block, Dim3 index, Dim3 grid, ...) for 2-D/3-D blocks and
+// grids (thread t of the block is x = t % bx, y = t / bx % by, z = t / (bx by), and warps are 32 consecutive t,
+// as on the GPU). Static `__shared__` arrays declared inside kernels become one array for the whole block
+// (`__shared__` is redefined below); unlike the dynamic array they start at zero and keep the previous block's
+// contents rather than poison, so a read before the first write there goes unnoticed.
 // Compile with -I/usr/local/cuda/include -Wno-attributes (the __device__-style attributes are ignored by g++).
 #pragma once
 #include <cuda_runtime.h>
@@ -109,8 +115,9 @@ struct BlockState {
     };
     int threads = 0;
     std::vector<Fiber> fibers;
+    std::vector<Dim3> index;  // threadIdx of each linear thread id
     Context scheduler;
-    int current = -1;
+    int current = -1;  // linear thread id of the running fiber
     std::function<void()> body;
     uint64_t slots[32][32];  // per warp: one 64-bit exchange word per lane
 };
@@ -137,7 +144,8 @@ inline Dim3& grid_dim() {
 }
 
 [[noreturn]] inline void fail(const char* what) {
-    std::fprintf(stderr, "block emulator: %s (block %u)\n", what, block_index().x);
+    const Dim3 b = block_index();
+    std::fprintf(stderr, "block emulator: %s (block %u,%u,%u)\n", what, b.x, b.y, b.z);
     std::abort();
 }
 
@@ -158,18 +166,24 @@ inline void fiber_entry() {
     fail("a finished thread was resumed");
 }
 
-// Runs `body` as one thread block of `threads` threads (a multiple of 32, at most 1024) with blockIdx.x = block.
-inline void run_block(int threads, unsigned block, unsigned grid, Order order, uint32_t seed,
-                      const std::function<void()>& body) {
-    if (threads <= 0 || threads % 32 != 0 || threads > 1024) fail("threads must be a multiple of 32, at most 1024");
+// Runs `body` as the thread block `block` (blockIdx) of a grid of `grid` blocks (gridDim), with `dim` threads
+// (blockDim; their product a multiple of 32, at most 1024: the kernels here use full warps).
+inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t seed, const std::function<void()>& body) {
+    const uint64_t count = uint64_t(dim.x) * dim.y * dim.z;
+    if (count == 0 || count % 32 != 0 || count > 1024) fail("threads must be a multiple of 32, at most 1024");
+    if (block.x >= grid.x || block.y >= grid.y || block.z >= grid.z) fail("block index outside the grid");
+    const int threads = int(count);
     BlockState b;
     b.threads = threads;
     b.body = body;
     b.fibers.resize(size_t(threads));
+    b.index.resize(size_t(threads));
+    for (int t = 0; t < threads; t++)
+        b.index[size_t(t)] = Dim3{unsigned(t) % dim.x, unsigned(t) / dim.x % dim.y, unsigned(t) / (dim.x * dim.y)};
     active_block() = &b;
-    block_index() = Dim3{block, 0, 0};
-    block_dim() = Dim3{unsigned(threads), 1, 1};
-    grid_dim() = Dim3{grid, 1, 1};
+    block_index() = block;
+    block_dim() = dim;
+    grid_dim() = grid;
     static std::vector<std::vector<char>> stacks;  // reused by every block (kernel frames are small)
     if (stacks.size() < size_t(threads)) stacks.resize(size_t(threads));
     for (int t = 0; t < threads; t++) {
@@ -179,7 +193,7 @@ inline void run_block(int threads, unsigned block, unsigned grid, Order order, u
     std::vector<int> sequence(static_cast<size_t>(threads));
     std::iota(sequence.begin(), sequence.end(), 0);
     if (order == Order::Reverse) std::reverse(sequence.begin(), sequence.end());
-    std::mt19937 rng(seed ^ (block * 2654435761u));
+    std::mt19937 rng(seed ^ ((block.x + grid.x * (block.y + grid.y * block.z)) * 2654435761u));
     using Wait = BlockState::Wait;
     for (;;) {
         if (order == Order::Shuffled) std::shuffle(sequence.begin(), sequence.end(), rng);
@@ -188,7 +202,7 @@ inline void run_block(int threads, unsigned block, unsigned grid, Order order, u
             BlockState::Fiber& f = b.fibers[size_t(t)];
             if (f.wait != Wait::None) continue;
             b.current = t;
-            thread_index() = Dim3{unsigned(t), 0, 0};
+            thread_index() = b.index[size_t(t)];
             switch_context(b.scheduler, f.ctx);
             ran = true;
         }
@@ -223,8 +237,15 @@ inline void run_block(int threads, unsigned block, unsigned grid, Order order, u
     active_block() = nullptr;
 }
 
-inline int lane() { return int(thread_index().x & 31u); }
-inline uint64_t* warp_slots() { return active_block()->slots[thread_index().x >> 5]; }
+// A 1-D block: `threads` threads, blockIdx.x = block of a 1-D grid of `grid` blocks.
+inline void run_block(int threads, unsigned block, unsigned grid, Order order, uint32_t seed,
+                      const std::function<void()>& body) {
+    run_block(Dim3{unsigned(threads), 1, 1}, Dim3{block, 0, 0}, Dim3{grid, 1, 1}, order, seed, body);
+}
+
+// Warps are consecutive linear thread ids (threadIdx.x fastest), whatever the block's shape.
+inline int lane() { return active_block()->current & 31; }
+inline uint64_t* warp_slots() { return active_block()->slots[active_block()->current >> 5]; }
 inline void check_full(unsigned mask) {
     if (mask != 0xffffffffu) fail("only full-warp masks are emulated");
 }
@@ -273,13 +294,28 @@ T reduce(T v, Op op) {
 
 #define __launch_bounds__(...)
 
-#define EMU_DEFINE_SHARED(ns, name) \
-    namespace ns {                  \
-    float4 name[(228 * 1024) / sizeof(float4)];  \
+// Shared memory must be one object per block, not one per fiber: `__shared__` becomes thread_local, which at
+// block scope means static storage (one copy; every fiber runs on the calling OS thread) and, unlike `static`,
+// also accepts the `extern __shared__` declaration of the dynamic array, defined thread_local to match.
+// The dynamic initializer is needed: g++ 12 calls the TLS init function of a block-scope
+// `extern thread_local T a[]` without checking that it exists, and only a dynamic initializer makes it exist.
+#undef __shared__
+#define __shared__ thread_local
+namespace emu {
+[[gnu::noinline]] inline float4 shared_init() { return float4{0.0f, 0.0f, 0.0f, 0.0f}; }
+}  // namespace emu
+#define EMU_DEFINE_SHARED(ns, name)                                                         \
+    namespace ns {                                                                          \
+    thread_local float4 name[(228 * 1024) / sizeof(float4)] = {::emu::shared_init()};       \
     }
 #define EMU_SHARED_BYTES (228 * 1024)
 
 inline void __syncthreads() { emu::wait_at(emu::BlockState::Wait::Block); }
+// A barrier of the warp (full mask only, as the warp intrinsics).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu::check_full(mask);
+    emu::wait_at(emu::BlockState::Wait::Warp);
+}
 
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta) {

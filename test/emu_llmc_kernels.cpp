@@ -1,0 +1,847 @@
+// The GPT-2 CUDA kernels of llmc/*.cuh run on the CPU through dev/cuda/block_emulator.h, each against its own
+// straightforward host reference (plain loops, in double, written from the maths and not from the kernel):
+// encoder forward / backward (wte by the token-bucket plan, wpe), LayerNorm forward (plain and fused with the
+// residual add), the residual add, the LayerNorm dinp backward (scalar and 128-bit kernels), the deterministic
+// column reduction of cuda_common.cuh (LayerNorm dweight/dbias, matmul dbias), GELU forward / backward, the
+// attention permutes and the causal softmax forward / backward (scalar and 128-bit), the fused classifier, AdamW
+// and the parameter rounding (nearest and stochastic), the global norm (partial and final kernels) and the bias
+// add of matmul.cuh. Every kernel is launched as its host wrapper launches it (grid, block, template arguments,
+// scalar or 128-bit path) at small GPT-2-like shapes, odd sizes included, and grid-stride kernels also on a grid
+// too small to cover the data. Kernels whose results are promised deterministic (encoder backward, LayerNorm,
+// column reduction, norms, softmax, classifier) must also give the same bits when the threads of every block
+// run in another order between barriers. So CI checks the kernels' indexing, shared memory and reductions
+// without a GPU (dev/cuda/<name>.cu checks them on one, with speed). Built with g++ by the Makefile's emu rule.
+//
+// Tolerances: a value stored as floatX (bf16) is correctly rounded, so within 2^-8 of the exact value relative
+// (kRound); fp32 results and the fp32 arithmetic before a rounding are held to ~1e-5 relative, with an absolute
+// floor where a result cancels (stated per check). Copies, the residual add and the rounding of parameters are
+// compared bit for bit.
+
+// g++ (not nvcc) warns that layernorm_backward_dinp_vec_kernel may read registers it did not load: its second
+// pass skips exactly the slices the first one skipped. The warning points into cuda_bf16.hpp, so it is off for
+// the whole file.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "dev/cuda/block_emulator.h"
+// block_emulator.h first: the kernels below see its threadIdx, intrinsics and min/max.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "llmc/adamw.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/cuda_common.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/fused_classifier.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/global_norm.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+#include "test/testing.h"
+
+namespace {
+
+using emu::Dim3;
+using emu::Order;
+using llmc::floatX;
+namespace km = llmc::km;
+
+constexpr double kRound = llmc::kFloatXIsFloat ? 1e-5 : 1.0 / 256 + 1e-5;
+constexpr int kVec = llmc::x128::size;
+
+// ---- launching -------------------------------------------------------------------------------------------
+// Every block of a grid, in order (the blocks of a grid are independent, so their order does not matter).
+void launch(Dim3 grid, Dim3 block, Order order, const std::function<void()>& kernel) {
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) emu::run_block(block, Dim3{x, y, z}, grid, order, 1234, kernel);
+}
+void launch(unsigned grid, unsigned block, Order order, const std::function<void()>& kernel) {
+    launch(Dim3{grid, 1, 1}, Dim3{block, 1, 1}, order, kernel);
+}
+
+// ---- data ------------------------------------------------------------------------------------------------
+std::vector<float> random_floats(size_t n, float scale, uint32_t seed, float offset = 0.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (float& x : v) x = offset + scale * d(rng);
+    return v;
+}
+// Values exactly representable in floatX (what a kernel reads), as floats for the references.
+std::vector<float> random_floatX_values(size_t n, float scale, uint32_t seed, float offset = 0.0f) {
+    return llmc::round_to_floatX(random_floats(n, scale, seed, offset));
+}
+std::vector<floatX> fx(const std::vector<float>& v) { return llmc::host_to_floatX(v); }
+std::vector<float> fl(const std::vector<floatX>& v) { return llmc::host_from_floatX(v); }
+std::vector<int> random_ints(size_t n, int range, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int> v(n);
+    for (int& x : v) x = int(rng() % uint32_t(range));
+    return v;
+}
+
+// ---- comparisons -----------------------------------------------------------------------------------------
+// |got - ref| <= atol + rtol |ref| for every element (NaN fails); prints one line with the largest errors.
+void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& ref, double atol,
+                  double rtol) {
+    EXPECT_EQ(got.size(), ref.size());
+    double max_abs = 0.0, max_rel = 0.0;
+    size_t bad = 0, first_bad = 0;
+    for (size_t i = 0; i < got.size() && i < ref.size(); i++) {
+        const double err = std::fabs(double(got[i]) - ref[i]);
+        if (!(err <= atol + rtol * std::fabs(ref[i]))) {
+            if (bad++ == 0) first_bad = i;
+        }
+        if (!(err <= max_abs)) max_abs = std::isnan(err) ? INFINITY : err;
+        if (std::fabs(ref[i]) > atol && err / std::fabs(ref[i]) > max_rel) max_rel = err / std::fabs(ref[i]);
+    }
+    std::printf("  %-52s max_abs %.2e max_rel %.2e  (atol %.0e rtol %.1e, n=%zu)%s\n", what.c_str(), max_abs, max_rel,
+                atol, rtol, got.size(), bad ? "  FAIL" : "");
+    if (bad)
+        std::printf("    %zu out of tolerance, first at %zu: got %.8g want %.8g\n", bad, first_bad, double(got[first_bad]),
+                    ref[first_bad]);
+    EXPECT_EQ(bad, size_t{0});
+}
+std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+template <class T>
+size_t bit_diffs(const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return SIZE_MAX;
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    return n;
+}
+// Bit-for-bit equality (copies, exact arithmetic, or the same computation in another thread order).
+template <class T>
+void expect_same_bits(const std::string& what, const std::vector<T>& got, const std::vector<T>& want) {
+    const size_t d = bit_diffs(got, want);
+    std::printf("  %-52s %zu of %zu values differ (bit for bit)%s\n", what.c_str(), d == SIZE_MAX ? got.size() : d,
+                want.size(), d ? "  FAIL" : "");
+    EXPECT_EQ(d, size_t{0});
+}
+// A double reference of an exact sum of floatX values as the kernel stores it: rounded to fp32 (as the fp32 add
+// rounds the same exact sum), then to floatX by the host's rounding (kernel_math.h), for bit-exact checks.
+std::vector<floatX> rounded(const std::vector<double>& v) {
+    std::vector<floatX> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) llmc::host_store(&out[i], float(v[i]));
+    return out;
+}
+
+// =========================================================================================================
+// Encoder
+TEST(encoder_forward) {
+    struct Shape {
+        int B, T, C, V;
+    };
+    for (const Shape s : {Shape{2, 16, 96, 50}, Shape{2, 9, 37, 11}}) {
+        const int B = s.B, T = s.T, C = s.C;
+        const std::vector<int> tokens = random_ints(size_t(B) * T, s.V, 1);
+        const auto wte = random_floatX_values(size_t(s.V) * C, 0.5f, 2), wpe = random_floatX_values(size_t(T) * C, 0.5f, 3);
+        std::vector<double> ref(size_t(B) * T * C);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < C; c++)
+                    ref[(size_t(b) * T + t) * C + c] =
+                        double(wte[size_t(tokens[size_t(b) * T + t]) * C + c]) + wpe[size_t(t) * C + c];
+        const std::vector<floatX> wte_x = fx(wte), wpe_x = fx(wpe);
+        std::vector<floatX> out(ref.size());
+        const size_t total = ref.size();
+        // encoder_forward's choice: 128-bit when C % 8 == 0 and the buffers are aligned
+        const bool vec = C % kVec == 0 && llmc::aligned16(out.data()) && llmc::aligned16(wte_x.data()) &&
+                         llmc::aligned16(wpe_x.data());
+        if (vec)
+            launch(unsigned(llmc::ceil_div<size_t>(total / kVec, 256)), 256, Order::Forward, [&] {
+                llmc::encoder_forward_kernel<true>(out.data(), tokens.data(), wte_x.data(), wpe_x.data(), B, T, C);
+            });
+        else
+            launch(unsigned(llmc::ceil_div<size_t>(total, 256)), 256, Order::Forward, [&] {
+                llmc::encoder_forward_kernel<false>(out.data(), tokens.data(), wte_x.data(), wpe_x.data(), B, T, C);
+            });
+        const std::string label = std::string(vec ? "128-bit" : "scalar") + " (B=" + std::to_string(B) +
+                                  ",T=" + std::to_string(T) + ",C=" + std::to_string(C) + ")";
+        // one rounding of an exact sum: equal to the correctly rounded reference
+        expect_same_bits("encoder_forward " + label + " = round(wte+wpe)", out, rounded(ref));
+    }
+}
+
+// dwte by buckets of equal tokens (encoder_backward_wte_kernel, 2-D grid), dwpe by a sum over the batch.
+void check_encoder_backward(int B, int T, int C, int V, int token_range) {
+    const int BT = B * T;
+    const std::vector<int> tokens = random_ints(size_t(BT), token_range, uint32_t(C));
+    const auto dout = random_floatX_values(size_t(BT) * C, 1.0f, 4);
+    const auto dwte0 = random_floats(size_t(V) * C, 0.1f, 5), dwpe0 = random_floats(size_t(T) * C, 0.1f, 6);
+    std::vector<double> ref_dwte = to_double(dwte0), ref_dwpe = to_double(dwpe0);
+    for (int bt = 0; bt < BT; bt++)
+        for (int c = 0; c < C; c++) {
+            ref_dwte[size_t(tokens[size_t(bt)]) * C + c] += dout[size_t(bt) * C + c];
+            ref_dwpe[size_t(bt % T) * C + c] += dout[size_t(bt) * C + c];
+        }
+    llmc::EncoderBackwardPlan plan;
+    plan.build(tokens.data(), BT);
+    const std::vector<floatX> dout_x = fx(dout);
+    const bool vec = C % kVec == 0 && llmc::aligned16(dout_x.data());
+    const std::string label = std::string(vec ? "128-bit" : "scalar") + " (B=" + std::to_string(B) + ",T=" +
+                              std::to_string(T) + ",C=" + std::to_string(C) + ", " + std::to_string(plan.num_buckets) +
+                              " buckets)";
+    std::vector<float> dwte[2], dwpe[2];
+    const Order orders[2] = {Order::Forward, Order::Reverse};
+    for (int run = 0; run < 2; run++) {
+        dwte[run] = dwte0;
+        dwpe[run] = dwpe0;
+        float* dw = dwte[run].data();
+        // as encoder_backward launches them
+        if (vec) {
+            const Dim3 grid{unsigned(plan.num_buckets), unsigned(llmc::ceil_div(C / kVec, llmc::kEncoderBwdBlock)), 1};
+            launch(grid, Dim3{llmc::kEncoderBwdBlock, 1, 1}, orders[run], [&] {
+                llmc::encoder_backward_wte_kernel<kVec>(dw, plan.packed.data(), plan.num_buckets, dout_x.data(), C);
+            });
+        } else {
+            const Dim3 grid{unsigned(plan.num_buckets), unsigned(llmc::ceil_div(C, llmc::kEncoderBwdBlock)), 1};
+            launch(grid, Dim3{llmc::kEncoderBwdBlock, 1, 1}, orders[run], [&] {
+                llmc::encoder_backward_wte_kernel<1>(dw, plan.packed.data(), plan.num_buckets, dout_x.data(), C);
+            });
+        }
+        float* dp = dwpe[run].data();
+        launch(unsigned(llmc::ceil_div(T * C, 256)), 256, orders[run],
+               [&] { llmc::encoder_backward_wpe_kernel(dp, dout_x.data(), B, T, C); });
+    }
+    // fp32 sums of up to BT terms of size ~1 onto ~0.1
+    expect_close("encoder_backward_wte " + label, dwte[0], ref_dwte, 1e-5, 1e-5);
+    expect_close("encoder_backward_wpe (B=" + std::to_string(B) + ",T=" + std::to_string(T) + ",C=" + std::to_string(C) + ")",
+                 dwpe[0], ref_dwpe, 1e-5, 1e-5);
+    expect_same_bits("  wte, wpe gradients: forward vs reverse thread order", dwte[0], dwte[1]);
+    EXPECT_EQ(bit_diffs(dwpe[0], dwpe[1]), size_t{0});
+}
+
+TEST(encoder_backward) {
+    check_encoder_backward(2, 16, 1040, 40, 24);  // 128-bit, C / 8 = 130 > 128: two blocks along y
+    check_encoder_backward(2, 9, 203, 13, 7);     // scalar (odd C), two blocks along y, big buckets
+}
+
+// =========================================================================================================
+// LayerNorm
+struct LnRef {
+    std::vector<double> out, mean, rstd;
+};
+// torch.nn.LayerNorm (biased variance, eps 1e-5), in double.
+LnRef layernorm_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b, int N, int C) {
+    LnRef r{std::vector<double>(size_t(N) * C), std::vector<double>(size_t(N)), std::vector<double>(size_t(N))};
+    for (int n = 0; n < N; n++) {
+        const float* row = &x[size_t(n) * C];
+        double mean = 0.0, var = 0.0;
+        for (int c = 0; c < C; c++) mean += row[c];
+        mean /= C;
+        for (int c = 0; c < C; c++) var += (row[c] - mean) * (row[c] - mean);
+        var /= C;
+        const double rstd = 1.0 / std::sqrt(var + 1e-5);
+        for (int c = 0; c < C; c++) r.out[size_t(n) * C + c] = (row[c] - mean) * rstd * w[size_t(c)] + b[size_t(c)];
+        r.mean[size_t(n)] = mean;
+        r.rstd[size_t(n)] = rstd;
+    }
+    return r;
+}
+
+void check_layernorm_forward(int N, int C) {
+    const std::string label = "(N=" + std::to_string(N) + ",C=" + std::to_string(C) + ")";
+    const auto a = random_floatX_values(size_t(N) * C, 1.0f, 11, 0.3f), b = random_floatX_values(size_t(N) * C, 0.5f, 12);
+    const auto w = random_floatX_values(size_t(C), 0.2f, 13, 1.0f), bias = random_floatX_values(size_t(C), 0.1f, 14);
+    const std::vector<floatX> a_x = fx(a), b_x = fx(b), w_x = fx(w), bias_x = fx(bias);
+    const unsigned blocks = unsigned(llmc::ceil_div(N, llmc::kLayerNormBlock / llmc::kWarpSize));
+
+    // layernorm_forward
+    const LnRef ref = layernorm_ref(a, w, bias, N, C);
+    std::vector<floatX> out[2];
+    std::vector<float> mean[2], rstd[2];
+    const Order orders[2] = {Order::Forward, Order::Shuffled};
+    for (int run = 0; run < 2; run++) {
+        out[run].assign(size_t(N) * C, floatX{});
+        mean[run].assign(size_t(N), 0.0f);
+        rstd[run].assign(size_t(N), 0.0f);
+        launch(blocks, llmc::kLayerNormBlock, orders[run], [&] {
+            llmc::layernorm_forward_kernel<false>(out[run].data(), mean[run].data(), rstd[run].data(), nullptr,
+                                                  a_x.data(), nullptr, w_x.data(), bias_x.data(), N, C);
+        });
+    }
+    // out ~ O(1) rounded once; fp32 statistics; the absolute floor covers outputs that cancel to ~0
+    expect_close("layernorm_forward out " + label, fl(out[0]), ref.out, 1e-5, kRound);
+    expect_close("layernorm_forward mean " + label, mean[0], ref.mean, 1e-6, 1e-5);
+    expect_close("layernorm_forward rstd " + label, rstd[0], ref.rstd, 1e-6, 1e-5);
+    expect_same_bits("  out: forward vs shuffled thread order", out[0], out[1]);
+    EXPECT_EQ(bit_diffs(mean[0], mean[1]) + bit_diffs(rstd[0], rstd[1]), size_t{0});
+
+    // fused_residual_layernorm_forward: residual = round(a + b), then its LayerNorm
+    std::vector<double> sum(size_t(N) * C);
+    for (size_t i = 0; i < sum.size(); i++) sum[i] = double(a[i]) + b[i];
+    const std::vector<floatX> resid_want = rounded(sum);
+    const LnRef rref = layernorm_ref(fl(resid_want), w, bias, N, C);
+    std::vector<floatX> resid(size_t(N) * C), rout(size_t(N) * C);
+    std::vector<float> rmean(static_cast<size_t>(N)), rrstd(static_cast<size_t>(N));
+    launch(blocks, llmc::kLayerNormBlock, Order::Reverse, [&] {
+        llmc::layernorm_forward_kernel<true>(rout.data(), rmean.data(), rrstd.data(), resid.data(), a_x.data(), b_x.data(),
+                                             w_x.data(), bias_x.data(), N, C);
+    });
+    expect_same_bits("fused residual " + label + " = round(a+b)", resid, resid_want);
+    expect_close("fused residual layernorm out " + label, fl(rout), rref.out, 1e-5, kRound);
+    expect_close("fused residual layernorm mean " + label, rmean, rref.mean, 1e-6, 1e-5);
+    expect_close("fused residual layernorm rstd " + label, rrstd, rref.rstd, 1e-6, 1e-5);
+}
+
+TEST(layernorm_forward) {
+    check_layernorm_forward(26, 96);   // 26 rows: the last block of 8 warps has 2 rows
+    check_layernorm_forward(19, 37);   // odd C: lanes 5..31 take one element fewer
+    check_layernorm_forward(10, 200);  // 6 or 7 elements per lane
+}
+
+TEST(residual_forward) {
+    const size_t n = 2 * 13 * 37;
+    const auto a = random_floatX_values(n, 1.0f, 21), b = random_floatX_values(n, 1.0f, 22);
+    std::vector<double> sum(n);
+    for (size_t i = 0; i < n; i++) sum[i] = double(a[i]) + b[i];
+    const std::vector<floatX> a_x = fx(a), b_x = fx(b), want = rounded(sum);
+    // the wrapper's grid, then a grid of 2 blocks (the grid-stride loop)
+    for (const unsigned grid : {unsigned(llmc::grid_stride_blocks(n, 256)), 2u}) {
+        std::vector<floatX> out(n);
+        launch(grid, 256, Order::Forward, [&] { llmc::residual_forward_kernel(out.data(), a_x.data(), b_x.data(), n); });
+        expect_same_bits("residual_forward (n=" + std::to_string(n) + ", " + std::to_string(grid) + " blocks)", out, want);
+    }
+}
+
+// dinp += dx of a LayerNorm with the given (fp32) statistics, in double.
+std::vector<double> layernorm_dinp_ref(const std::vector<float>& dinp0, const std::vector<float>& dout,
+                                       const std::vector<float>& x, const std::vector<float>& w,
+                                       const std::vector<float>& mean, const std::vector<float>& rstd, int N, int C) {
+    std::vector<double> out = to_double(dinp0);
+    for (int n = 0; n < N; n++) {
+        const size_t o = size_t(n) * C;
+        double sd = 0.0, sdn = 0.0;
+        for (int c = 0; c < C; c++) {
+            const double norm = (double(x[o + c]) - mean[size_t(n)]) * rstd[size_t(n)];
+            const double dnorm = double(w[size_t(c)]) * dout[o + c];
+            sd += dnorm;
+            sdn += dnorm * norm;
+        }
+        for (int c = 0; c < C; c++) {
+            const double norm = (double(x[o + c]) - mean[size_t(n)]) * rstd[size_t(n)];
+            const double dnorm = double(w[size_t(c)]) * dout[o + c];
+            out[o + c] += (dnorm - sd / C - norm * (sdn / C)) * rstd[size_t(n)];
+        }
+    }
+    return out;
+}
+
+struct LnBackwardData {
+    int N, C;
+    std::vector<float> x, w, dout, dinp0, mean, rstd;
+    std::vector<floatX> x_x, w_x, dout_x;
+    LnBackwardData(int n, int c) : N(n), C(c) {
+        x = random_floatX_values(size_t(N) * C, 1.0f, 31, 0.3f);
+        w = random_floatX_values(size_t(C), 0.2f, 32, 1.0f);
+        dout = random_floatX_values(size_t(N) * C, 1.0f, 33);
+        dinp0 = random_floatX_values(size_t(N) * C, 0.5f, 34);
+        const LnRef r = layernorm_ref(x, w, std::vector<float>(size_t(C), 0.0f), N, C);
+        mean.assign(r.mean.begin(), r.mean.end());
+        rstd.assign(r.rstd.begin(), r.rstd.end());
+        x_x = fx(x);
+        w_x = fx(w);
+        dout_x = fx(dout);
+    }
+};
+
+// The dinp kernel layernorm_backward picks for this C (VECS x128 slices per lane, or 0: scalar), run in `order`.
+std::vector<floatX> run_layernorm_dinp(const LnBackwardData& d, int vecs, Order order) {
+    std::vector<floatX> dinp = fx(d.dinp0);
+    const unsigned blocks = unsigned(llmc::ceil_div(d.N, llmc::kLayerNormBlock / llmc::kWarpSize));
+    launch(blocks, llmc::kLayerNormBlock, order, [&] {
+        const auto args = std::make_tuple(dinp.data(), d.dout_x.data(), d.x_x.data(), d.w_x.data(), d.mean.data(),
+                                          d.rstd.data(), d.N, d.C);
+        switch (vecs) {
+            case 1: std::apply(llmc::layernorm_backward_dinp_vec_kernel<1>, args); break;
+            case 2: std::apply(llmc::layernorm_backward_dinp_vec_kernel<2>, args); break;
+            case 3: std::apply(llmc::layernorm_backward_dinp_vec_kernel<3>, args); break;
+            case 4: std::apply(llmc::layernorm_backward_dinp_vec_kernel<4>, args); break;
+            case 8: std::apply(llmc::layernorm_backward_dinp_vec_kernel<8>, args); break;
+            default: std::apply(llmc::layernorm_backward_dinp_kernel, args); break;
+        }
+    });
+    return dinp;
+}
+
+TEST(layernorm_backward_dinp) {
+    // scalar (odd C); 128-bit with 1, 2, 3, 4 and 8 slices per lane (C = 200: lanes 25..31 idle)
+    for (const int C : {37, 96, 200, 320, 520, 776, 1032}) {
+        const LnBackwardData d(19, C);
+        // layernorm_backward's choice
+        const int lane_vecs = llmc::ceil_div(C, llmc::kWarpSize * kVec);
+        const bool vec = C % kVec == 0 && llmc::aligned16(d.dout_x.data()) && llmc::aligned16(d.x_x.data()) &&
+                         llmc::aligned16(d.w_x.data());
+        const int vecs = !vec ? 0 : lane_vecs <= 4 ? lane_vecs : lane_vecs <= 8 ? 8 : 0;
+        const std::vector<double> ref = layernorm_dinp_ref(d.dinp0, d.dout, d.x, d.w, d.mean, d.rstd, d.N, C);
+        const std::string label = (vecs ? "layernorm_backward_dinp_vec_kernel<" + std::to_string(vecs) + ">"
+                                        : std::string("layernorm_backward_dinp_kernel")) +
+                                  " (N=" + std::to_string(d.N) + ",C=" + std::to_string(C) + ")";
+        const std::vector<floatX> a = run_layernorm_dinp(d, vecs, Order::Forward);
+        // dx ~ rstd * O(1) added to dinp ~ 0.5 and rounded; fp32 row sums before it
+        expect_close(label, fl(a), ref, 2e-5, kRound);
+        expect_same_bits("  forward vs shuffled thread order", run_layernorm_dinp(d, vecs, Order::Shuffled), a);
+        if (vecs) {  // the scalar kernel on the same rows (it takes any C)
+            expect_close("layernorm_backward_dinp_kernel (N=" + std::to_string(d.N) + ",C=" + std::to_string(C) + ")",
+                         fl(run_layernorm_dinp(d, 0, Order::Reverse)), ref, 2e-5, kRound);
+        }
+    }
+}
+
+// column_reduce: stage 1 on a (ceil(cols/32), splits) grid of (32, 8) blocks, stage 2 adds the splits in order.
+template <int NV, class F>
+void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Order order) {
+    const int splits = llmc::ceil_div(rows, llmc::kColumnReduceRowsPerSplit);
+    std::vector<float> scratch(llmc::column_reduce_scratch_floats(rows, cols, NV), NAN);
+    const Dim3 grid{unsigned(llmc::ceil_div(cols, llmc::kWarpSize)), unsigned(splits), 1};
+    const Dim3 block{unsigned(llmc::kWarpSize), unsigned(llmc::kColumnReduceThreadsY), 1};
+    launch(grid, block, order, [&] { llmc::column_reduce_stage1_kernel<NV>(scratch.data(), rows, cols, f); });
+    launch(unsigned(llmc::ceil_div(cols, 256)), 256, order,
+           [&] { llmc::column_reduce_stage2_kernel<NV>(outs, scratch.data(), splits, cols); });
+}
+
+TEST(column_reduce_layernorm_and_bias_grads) {
+    struct Shape {
+        int N, C;
+    };
+    for (const Shape s : {Shape{600, 96}, Shape{300, 37}, Shape{77, 40}}) {  // 3, 2 and 1 row splits
+        const LnBackwardData d(s.N, s.C);
+        const int N = s.N, C = s.C;
+        const std::string label = "(rows=" + std::to_string(N) + ",cols=" + std::to_string(C) + ")";
+        const auto dw0 = random_floats(size_t(C), 0.1f, 35), db0 = random_floats(size_t(C), 0.1f, 36);
+        std::vector<double> ref_dw = to_double(dw0), ref_db = to_double(db0);
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < C; c++) {
+                const size_t i = size_t(r) * C + c;
+                ref_dw[size_t(c)] += double(d.dout[i]) * ((double(d.x[i]) - d.mean[size_t(r)]) * d.rstd[size_t(r)]);
+                ref_db[size_t(c)] += d.dout[i];
+            }
+        const llmc::LayerNormParamGrad f{d.dout_x.data(), d.x_x.data(), d.mean.data(), d.rstd.data(), C};
+        std::vector<float> dw[2], db[2];
+        const Order orders[2] = {Order::Forward, Order::Reverse};
+        for (int run = 0; run < 2; run++) {
+            dw[run] = dw0;
+            db[run] = db0;
+            run_column_reduce<2>(llmc::ColumnOutputs<2>{{dw[run].data(), db[run].data()}}, N, C, f, orders[run]);
+        }
+        // fp32 sums of N terms ~1 (dweight, dbias of layernorm_backward)
+        expect_close("column_reduce<2> LayerNorm dweight " + label, dw[0], ref_dw, 1e-4, 1e-5);
+        expect_close("column_reduce<2> LayerNorm dbias " + label, db[0], ref_db, 1e-4, 1e-5);
+        expect_same_bits("  forward vs reverse thread order", dw[0], dw[1]);
+        EXPECT_EQ(bit_diffs(db[0], db[1]), size_t{0});
+
+        // matmul_backward's bias gradient (NV = 1), and a skipped output (nullptr) stays untouched
+        std::vector<float> dbias = db0;
+        run_column_reduce<1>(llmc::ColumnOutputs<1>{{dbias.data()}}, N, C, llmc::BiasGrad{d.dout_x.data(), C},
+                             Order::Shuffled);
+        expect_close("column_reduce<1> matmul dbias " + label, dbias, ref_db, 1e-4, 1e-5);
+        EXPECT_EQ(bit_diffs(dbias, db[0]), size_t{0});  // the same sums in the same order
+        std::vector<float> only_db = db0;
+        run_column_reduce<2>(llmc::ColumnOutputs<2>{{nullptr, only_db.data()}}, N, C, f, Order::Forward);
+        EXPECT_EQ(bit_diffs(only_db, db[0]), size_t{0});
+    }
+}
+
+// =========================================================================================================
+// GELU (tanh approximation), in double
+double gelu_ref(double x) {
+    const double s = std::sqrt(2.0 / M_PI);
+    return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad_ref(double x) {
+    const double s = std::sqrt(2.0 / M_PI), u = s * (x + 0.044715 * x * x * x), th = std::tanh(u);
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+TEST(gelu_forward_and_backward) {
+    for (const size_t n : {size_t(2 * 16 * 4 * 96), size_t(1001)}) {
+        const auto x = random_floatX_values(n, 2.0f, 41), d = random_floatX_values(n, 1.0f, 42);
+        std::vector<double> ref_y(n), ref_dx(n);
+        for (size_t i = 0; i < n; i++) {
+            ref_y[i] = gelu_ref(x[i]);
+            ref_dx[i] = d[i] * gelu_grad_ref(x[i]);
+        }
+        const std::vector<floatX> x_x = fx(x);
+        const bool vec = n % kVec == 0 && llmc::aligned16(x_x.data());  // gelu_forward / gelu_backward_inplace
+        const unsigned wrapper_grid = unsigned(llmc::grid_stride_blocks(vec ? n / kVec : n, 256));
+        for (const unsigned grid : {wrapper_grid, 1u}) {
+            const std::string label = std::string(vec ? "128-bit" : "scalar") + " (n=" + std::to_string(n) + ", " +
+                                      std::to_string(grid) + " blocks)";
+            std::vector<floatX> y(n), dd = fx(d);
+            launch(grid, 256, Order::Forward, [&] {
+                if (vec) llmc::gelu_forward_kernel<true>(y.data(), x_x.data(), n);
+                else llmc::gelu_forward_kernel<false>(y.data(), x_x.data(), n);
+            });
+            launch(grid, 256, Order::Forward, [&] {
+                if (vec) llmc::gelu_backward_inplace_kernel<true>(dd.data(), x_x.data(), n);
+                else llmc::gelu_backward_inplace_kernel<false>(dd.data(), x_x.data(), n);
+            });
+            // fp32 tanhf: ~1e-7 absolute where gelu(x) ~ 0 for x << 0 (cancellation in 1 + tanh); the derivative's
+            // terms (~2, times |d| up to ~4) cancel there too
+            expect_close("gelu_forward " + label, fl(y), ref_y, 1e-6, kRound);
+            expect_close("gelu_backward_inplace " + label, fl(dd), ref_dx, 3e-6, kRound);
+        }
+    }
+}
+
+// =========================================================================================================
+// Attention: the permutes (copies) and the causal softmax
+TEST(attention_permutes) {
+    struct Shape {
+        int B, T, C, NH;
+    };
+    for (const Shape s : {Shape{2, 16, 64, 4}, Shape{2, 9, 48, 4}, Shape{1, 5, 24, 3}}) {  // HS 16, 12, 8
+        const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
+        const size_t btc = size_t(B) * T * C;
+        const std::vector<floatX> qkv = fx(random_floatX_values(3 * btc, 1.0f, 51));
+        // reference layouts: qkv (B,T,3,NH,HS), q/k/v (B,NH,T,HS), y (B,T,NH,HS)
+        auto qkv_at = [&](int b, int t, int which, int h, int e) { return ((size_t(b) * T + t) * 3 + which) * C + size_t(h) * HS + e; };
+        auto head_at = [&](int b, int h, int t, int e) { return ((size_t(b) * NH + h) * T + t) * HS + e; };
+        auto y_at = [&](int b, int t, int h, int e) { return (size_t(b) * T + t) * C + size_t(h) * HS + e; };
+        std::vector<floatX> want_q(btc), want_k(btc), want_v(btc), want_y(btc);
+        const std::vector<floatX> heads = fx(random_floatX_values(btc, 1.0f, 52));
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++)
+                    for (int e = 0; e < HS; e++) {
+                        want_q[head_at(b, h, t, e)] = qkv[qkv_at(b, t, 0, h, e)];
+                        want_k[head_at(b, h, t, e)] = qkv[qkv_at(b, t, 1, h, e)];
+                        want_v[head_at(b, h, t, e)] = qkv[qkv_at(b, t, 2, h, e)];
+                        want_y[y_at(b, t, h, e)] = heads[head_at(b, h, t, e)];
+                    }
+        std::vector<floatX> q(btc), k(btc), v(btc), y(btc), back_qkv(3 * btc), back_heads(btc);
+        // launch_permute: 128-bit copies when HS % 8 == 0 and every buffer is aligned
+        const bool vec = HS % kVec == 0 && llmc::aligned16(q.data()) && llmc::aligned16(qkv.data());
+        const unsigned blocks = unsigned(llmc::ceil_div<size_t>(btc / (vec ? kVec : 1), llmc::kAttentionBlock));
+        auto run = [&](auto kernel_vec, auto kernel_scalar) {
+            launch(blocks, llmc::kAttentionBlock, Order::Forward, [&] { vec ? kernel_vec() : kernel_scalar(); });
+        };
+        run([&] { llmc::permute_qkv_kernel<kVec>(q.data(), k.data(), v.data(), qkv.data(), B, T, NH, HS); },
+            [&] { llmc::permute_qkv_kernel<1>(q.data(), k.data(), v.data(), qkv.data(), B, T, NH, HS); });
+        run([&] { llmc::permute_qkv_backward_kernel<kVec>(back_qkv.data(), q.data(), k.data(), v.data(), B, T, NH, HS); },
+            [&] { llmc::permute_qkv_backward_kernel<1>(back_qkv.data(), q.data(), k.data(), v.data(), B, T, NH, HS); });
+        run([&] { llmc::unpermute_kernel<kVec>(y.data(), heads.data(), B, T, NH, HS); },
+            [&] { llmc::unpermute_kernel<1>(y.data(), heads.data(), B, T, NH, HS); });
+        run([&] { llmc::unpermute_backward_kernel<kVec>(back_heads.data(), y.data(), B, T, NH, HS); },
+            [&] { llmc::unpermute_backward_kernel<1>(back_heads.data(), y.data(), B, T, NH, HS); });
+        const std::string label = std::string(vec ? "128-bit" : "scalar") + " (B=" + std::to_string(B) + ",T=" +
+                                  std::to_string(T) + ",C=" + std::to_string(C) + ",NH=" + std::to_string(NH) + ")";
+        std::vector<floatX> got_qkv = q;
+        got_qkv.insert(got_qkv.end(), k.begin(), k.end());
+        got_qkv.insert(got_qkv.end(), v.begin(), v.end());
+        std::vector<floatX> want_qkv = want_q;
+        want_qkv.insert(want_qkv.end(), want_k.begin(), want_k.end());
+        want_qkv.insert(want_qkv.end(), want_v.begin(), want_v.end());
+        expect_same_bits("permute_qkv " + label, got_qkv, want_qkv);
+        expect_same_bits("permute_qkv_backward " + label + " (the inverse)", back_qkv, qkv);
+        expect_same_bits("unpermute " + label, y, want_y);
+        expect_same_bits("unpermute_backward " + label + " (the inverse)", back_heads, heads);
+    }
+}
+
+// att[j] = softmax over j <= t of scale * preatt[j], 0 above the diagonal; rows (b, h, t) of length T.
+std::vector<double> causal_softmax_ref(const std::vector<float>& pre, double scale, int rows, int T) {
+    std::vector<double> att(size_t(rows) * T, 0.0);
+    for (int r = 0; r < rows; r++) {
+        const int t = r % T;
+        const float* x = &pre[size_t(r) * T];
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j <= t; j++) mx = std::max(mx, scale * x[j]);
+        for (int j = 0; j <= t; j++) sum += std::exp(scale * x[j] - mx);
+        for (int j = 0; j <= t; j++) att[size_t(r) * T + j] = std::exp(scale * x[j] - mx) / sum;
+    }
+    return att;
+}
+// d preatt = scale * att * (datt - sum_{j<=t} att_j datt_j), 0 above the diagonal.
+std::vector<double> causal_softmax_backward_ref(const std::vector<float>& att, const std::vector<float>& datt,
+                                                double scale, int rows, int T) {
+    std::vector<double> d(size_t(rows) * T, 0.0);
+    for (int r = 0; r < rows; r++) {
+        const int t = r % T;
+        const size_t o = size_t(r) * T;
+        double dot = 0.0;
+        for (int j = 0; j <= t; j++) dot += double(att[o + j]) * datt[o + j];
+        for (int j = 0; j <= t; j++) d[o + j] = scale * att[o + j] * (datt[o + j] - dot);
+    }
+    return d;
+}
+
+// Entries above the diagonal (key > query) of (rows x T) rows that are not exact zeros.
+size_t masked_nonzero(const std::vector<floatX>& a, int rows, int T) {
+    size_t n = 0;
+    for (int r = 0; r < rows; r++)
+        for (int j = r % T + 1; j < T; j++) n += !(llmc::host_from_floatX(a[size_t(r) * T + j]) == 0.0f);
+    return n;
+}
+
+void check_causal_softmax(int B, int NH, int T, int HS) {
+    const int rows = B * NH * T;
+    const float scale = 1.0f / std::sqrt(float(HS));
+    const auto pre = random_floatX_values(size_t(rows) * T, 2.0f, uint32_t(52 + T));
+    const auto datt = random_floatX_values(size_t(rows) * T, 1.0f, uint32_t(53 + T));
+    const std::vector<floatX> pre_x = fx(pre), datt_x = fx(datt);
+    const std::vector<double> ref_att = causal_softmax_ref(pre, scale, rows, T);
+    const unsigned blocks = unsigned(llmc::ceil_div(rows, llmc::kAttentionBlock / llmc::kWarpSize));
+    const std::string shape = "(B=" + std::to_string(B) + ",NH=" + std::to_string(NH) + ",T=" + std::to_string(T) + ")";
+    // attention_forward / attention_backward: 128-bit rows when T % 8 == 0 and aligned; the scalar kernels take
+    // any T, so they run on the 128-bit shapes too
+    const bool vec = T % kVec == 0 && llmc::aligned16(pre_x.data()) && llmc::aligned16(datt_x.data());
+    for (const bool use_vec : vec ? std::vector<bool>{true, false} : std::vector<bool>{false}) {
+        const std::string fwd_name = use_vec ? "causal_softmax_forward_vec " : "causal_softmax_forward ";
+        const std::string bwd_name = use_vec ? "causal_softmax_backward_inplace_vec " : "causal_softmax_backward_inplace ";
+        std::vector<floatX> att[2];
+        const Order orders[2] = {Order::Forward, Order::Shuffled};
+        for (int run = 0; run < 2; run++) {
+            att[run].assign(size_t(rows) * T, llmc::host_to_floatX(NAN));  // every element must be written
+            launch(blocks, llmc::kAttentionBlock, orders[run], [&] {
+                if (use_vec) llmc::causal_softmax_forward_vec_kernel(att[run].data(), pre_x.data(), scale, rows, T);
+                else llmc::causal_softmax_forward_kernel(att[run].data(), pre_x.data(), scale, rows, T);
+            });
+        }
+        // probabilities rounded once; the masked entries exact zeros
+        expect_close(fwd_name + shape, fl(att[0]), ref_att, 1e-7, kRound);
+        expect_same_bits("  forward vs shuffled thread order", att[1], att[0]);
+        EXPECT_EQ(masked_nonzero(att[0], rows, T), size_t{0});
+
+        const std::vector<float> att_in = fl(att[0]);  // the backward reads the kept (rounded) probabilities
+        const std::vector<double> ref_d = causal_softmax_backward_ref(att_in, datt, scale, rows, T);
+        std::vector<floatX> d[2];
+        for (int run = 0; run < 2; run++) {
+            d[run] = datt_x;
+            launch(blocks, llmc::kAttentionBlock, orders[run], [&] {
+                if (use_vec) llmc::causal_softmax_backward_inplace_vec_kernel(d[run].data(), att[0].data(), scale, rows, T);
+                else llmc::causal_softmax_backward_inplace_kernel(d[run].data(), att[0].data(), scale, rows, T);
+            });
+        }
+        // fp32 dot over the row before the subtraction: ~1e-7 absolute where datt - dot cancels
+        expect_close(bwd_name + shape, fl(d[0]), ref_d, 1e-6, kRound);
+        expect_same_bits("  forward vs shuffled thread order", d[1], d[0]);
+        EXPECT_EQ(masked_nonzero(d[0], rows, T), size_t{0});
+    }
+}
+
+TEST(causal_softmax) {
+    check_causal_softmax(2, 4, 16, 16);  // 128-bit rows (and the scalar kernels on them)
+    check_causal_softmax(2, 2, 40, 24);  // 128-bit, 5 lanes busy
+    check_causal_softmax(1, 1, 264, 64);  // 128-bit, rows longer than one 256-element stretch
+    check_causal_softmax(2, 3, 37, 12);  // scalar: T not a multiple of 8, lanes wrap at 32
+    check_causal_softmax(1, 2, 9, 16);   // scalar
+}
+
+// =========================================================================================================
+// Fused classifier: losses and in-place dlogits over the first V of Vp columns
+void check_fused_classifier(int N, int V, int Vp) {
+    const auto logits = random_floatX_values(size_t(N) * Vp, 2.0f, uint32_t(61 + V));
+    std::vector<int> targets = random_ints(size_t(N), V, uint32_t(62 + V));
+    targets[0] = 0;
+    targets[1] = V - 1;
+    targets[2] = -1;  // out of range: NaN loss, no one-hot term
+    const float dloss = 1.0f / float(N);
+    std::vector<double> ref_loss(static_cast<size_t>(N)), ref_d(size_t(N) * Vp, 0.0);
+    for (int r = 0; r < N; r++) {
+        const float* x = &logits[size_t(r) * Vp];
+        double mx = -INFINITY, sum = 0.0;
+        for (int i = 0; i < V; i++) mx = std::max(mx, double(x[i]));
+        for (int i = 0; i < V; i++) sum += std::exp(x[i] - mx);
+        const int t = targets[size_t(r)];
+        ref_loss[size_t(r)] = t >= 0 ? std::log(sum) + mx - x[t] : NAN;
+        for (int i = 0; i < V; i++) ref_d[size_t(r) * Vp + i] = (std::exp(x[i] - mx) / sum - (i == t ? 1.0 : 0.0)) * dloss;
+    }
+    const std::string shape = "(N=" + std::to_string(N) + ",V=" + std::to_string(V) + ",Vp=" + std::to_string(Vp) + ")";
+    auto check_losses = [&](const std::string& what, const std::vector<float>& got) {
+        std::vector<float> valid;
+        std::vector<double> want;
+        bool nan_ok = true;
+        for (int r = 0; r < N; r++) {
+            if (std::isnan(ref_loss[size_t(r)])) nan_ok = nan_ok && std::isnan(got[size_t(r)]);
+            else {
+                valid.push_back(got[size_t(r)]);
+                want.push_back(ref_loss[size_t(r)]);
+            }
+        }
+        expect_close(what + shape, valid, want, 1e-5, 1e-5);  // fp32 log-sum-exp over V terms
+        EXPECT(nan_ok);
+    };
+    // evaluation (no gradient): losses, logits untouched
+    std::vector<floatX> x = fx(logits);
+    std::vector<float> losses(size_t(N), 0.0f);
+    launch(unsigned(N), llmc::kClassifierBlock, Order::Forward, [&] {
+        llmc::fused_classifier_kernel<false>(x.data(), losses.data(), targets.data(), dloss, V, Vp);
+    });
+    check_losses("fused_classifier<false> losses ", losses);
+    EXPECT_EQ(bit_diffs(x, fx(logits)), size_t{0});
+    // training: losses and dlogits, in two thread orders
+    std::vector<floatX> d[2];
+    std::vector<float> l[2];
+    const Order orders[2] = {Order::Forward, Order::Reverse};
+    for (int run = 0; run < 2; run++) {
+        d[run] = fx(logits);
+        l[run].assign(size_t(N), 0.0f);
+        launch(unsigned(N), llmc::kClassifierBlock, orders[run], [&] {
+            llmc::fused_classifier_kernel<true>(d[run].data(), l[run].data(), targets.data(), dloss, V, Vp);
+        });
+    }
+    check_losses("fused_classifier<true> losses ", l[0]);
+    // probabilities ~1/V times dloss, rounded once; padded columns exact zeros
+    expect_close("fused_classifier<true> dlogits " + shape, fl(d[0]), ref_d, 1e-6 * dloss, kRound);
+    expect_same_bits("  forward vs reverse thread order", d[1], d[0]);
+    size_t pad_nonzero = 0;
+    for (int r = 0; r < N; r++)
+        for (int i = V; i < Vp; i++) pad_nonzero += !(llmc::host_from_floatX(d[0][size_t(r) * Vp + i]) == 0.0f);
+    EXPECT_EQ(pad_nonzero, size_t{0});
+    EXPECT_EQ(bit_diffs(l[1], l[0]), size_t{0});
+}
+
+TEST(fused_classifier) {
+    check_fused_classifier(6, 50, 64);      // odd V, padded columns
+    check_fused_classifier(3, 1500, 1536);  // V > 1024: the block strides over the row
+}
+
+// =========================================================================================================
+// params[i] must be master[i] rounded to floatX: to nearest (bit-exact with the host's rounding), or
+// stochastically: one of the two bf16 neighbours of master[i], and exactly the one that element's noise (index
+// offset + i, seed) picks, so the noise index does not depend on the launch.
+void check_rounding(const std::string& what, const std::vector<floatX>& params, const std::vector<float>& master,
+                    bool stochastic, uint64_t offset, uint32_t seed) {
+    size_t differ = 0, outside = 0, ups = 0;
+    for (size_t i = 0; i < master.size(); i++) {
+        const uint32_t got = llmc::storage_bits(params[i]);
+        uint32_t want = llmc::storage_bits(llmc::host_to_floatX(master[i]));
+        if (stochastic && !llmc::kFloatXIsFloat) {
+            const uint32_t below = km::float_to_bits(master[i]) >> 16;  // truncation toward zero; +1: away from zero
+            outside += got != below && got != below + 1;
+            ups += got == below + 1;
+            want = km::bf16_bits_stochastic(master[i], km::element_noise(offset + i, seed));
+        }
+        differ += got != want;
+    }
+    std::printf("  %-52s %zu of %zu differ%s%s\n", what.c_str(), differ, master.size(),
+                stochastic ? (", " + std::to_string(outside) + " outside the two neighbours, " + std::to_string(ups) +
+                              " rounded up").c_str()
+                           : "",
+                differ || outside ? "  FAIL" : "");
+    EXPECT_EQ(differ, size_t{0});
+    EXPECT_EQ(outside, size_t{0});
+}
+
+// =========================================================================================================
+// AdamW (torch.optim.AdamW's update in double) and the floatX rounding of the master weights
+TEST(adamw_and_round_params) {
+    const size_t n = 3001;
+    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.7f;
+    const long long t = 3;
+    const auto master0 = random_floats(n, 0.5f, 71), grads = random_floats(n, 1.0f, 72);
+    const auto m0 = random_floats(n, 0.1f, 73);
+    std::vector<float> v0 = random_floats(n, 0.1f, 74);
+    for (float& x : v0) x = x * x;
+    for (const bool decays : {true, false}) {
+        std::vector<double> ref_p(n), ref_m(n), ref_v(n);
+        const double bc1 = 1.0 - std::pow(double(beta1), double(t)), bc2 = 1.0 - std::pow(double(beta2), double(t));
+        for (size_t i = 0; i < n; i++) {
+            const double g = double(grads[i]) * grad_scale;
+            double p = master0[i] * (decays ? 1.0 - double(lr) * wd : 1.0);
+            ref_m[i] = beta1 * double(m0[i]) + (1.0 - beta1) * g;
+            ref_v[i] = beta2 * double(v0[i]) + (1.0 - beta2) * g * g;
+            p -= lr * (ref_m[i] / bc1) / (std::sqrt(ref_v[i] / bc2) + eps);
+            ref_p[i] = p;
+        }
+        const km::AdamWParams h = km::adamw_params(lr, beta1, beta2, eps, wd, decays, t, grad_scale);
+        const uint64_t offset = 12345;  // the range's offset in the flat buffer: part of the rounding noise index
+        const uint32_t seed = llmc::adamw_step_seed(42, t);
+        std::vector<float> master_first;
+        for (const bool stochastic : {false, true}) {
+            for (const unsigned grid : {unsigned(llmc::grid_stride_blocks(n, 512)), 2u}) {  // adamw_update's, and small
+                std::vector<float> master = master0, m = m0, v = v0;
+                std::vector<floatX> params(n);
+                launch(grid, 512, Order::Forward, [&] {
+                    llmc::adamw_kernel(params.data(), master.data(), grads.data(), m.data(), v.data(), n, h, offset, seed,
+                                       stochastic);
+                });
+                const std::string label = std::string(decays ? "decay" : "no decay") + (stochastic ? ", stochastic" : "") +
+                                          " (n=" + std::to_string(n) + ", " + std::to_string(grid) + " blocks)";
+                if (!stochastic && grid != 2) {
+                    // fp32 update of ~0.5-sized weights by ~lr
+                    expect_close("adamw_kernel master " + label, master, ref_p, 1e-7, 1e-6);
+                    // m, v: fp32 sums of terms up to ~0.3 that may cancel
+                    expect_close("adamw_kernel m " + label, m, ref_m, 5e-8, 1e-6);
+                    expect_close("adamw_kernel v " + label, v, ref_v, 5e-8, 1e-6);
+                    master_first = master;
+                } else {
+                    EXPECT_EQ(bit_diffs(master, master_first), size_t{0});  // any grid, either rounding
+                }
+                check_rounding("adamw_kernel params " + label, params, master, stochastic, offset, seed);
+            }
+        }
+    }
+    // round_params_kernel (CudaAdamW::set_weights): noise index = position, no offset
+    const auto master = random_floats(n, 0.5f, 75);
+    for (const bool stochastic : {false, true}) {
+        std::vector<floatX> params(n);
+        launch(unsigned(llmc::grid_stride_blocks(n, 512)), 512, Order::Forward,
+               [&] { llmc::round_params_kernel(params.data(), master.data(), n, 99u, stochastic); });
+        check_rounding(std::string("round_params_kernel") + (stochastic ? " stochastic" : "") + " (n=" +
+                           std::to_string(n) + ")",
+                       params, master, stochastic, 0, 99u);
+    }
+}
+
+// =========================================================================================================
+// Global norm: norm_squared_partial_kernel on the fixed (kNormBlocks x kNormThreads) grid, then the final
+// kernel over the partials in double, as global_norm_squared_async launches them.
+TEST(global_norm) {
+    // 600001 > 1024 x 512: some threads take two elements; 1000: most threads idle
+    for (const size_t n : {size_t(600001), size_t(1000)}) {
+        const auto g = random_floats(n, 1e-3f, 81);
+        double ref = 0.0;
+        for (const float x : g) ref += double(x) * x;
+        std::vector<float> scratch[2];
+        double sumsq[2];
+        const Order orders[2] = {Order::Forward, Order::Reverse};
+        for (int run = 0; run < 2; run++) {
+            scratch[run].assign(llmc::kNormScratchFloats, NAN);
+            float* s = scratch[run].data();
+            double* out = reinterpret_cast<double*>(s + llmc::kNormBlocks);
+            launch(llmc::kNormBlocks, llmc::kNormThreads, orders[run],
+                   [&] { llmc::norm_squared_partial_kernel(s, g.data(), n); });
+            launch(1, 1024, orders[run], [&] { llmc::norm_squared_final_kernel(out, s, llmc::kNormBlocks); });
+            sumsq[run] = *out;
+        }
+        // fp32 squares summed in fp32 per block (512 threads, a tree), then in double: 1e-5 relative of the double
+        // sum; the host mirror of that order (global_norm.cuh, with the FMA nvcc contracts to) within 1e-6
+        const double mirror = llmc::global_norm_squared_host_mirror(g.data(), n);
+        const double rel = std::fabs(sumsq[0] - ref) / ref, rel_mirror = std::fabs(sumsq[0] - mirror) / mirror;
+        std::printf("  %-52s rel err %.2e vs double sum (rtol 1e-5), %.2e vs host mirror (rtol 1e-6)%s\n",
+                    ("norm_squared_partial + final kernels (n=" + std::to_string(n) + ")").c_str(), rel, rel_mirror,
+                    rel <= 1e-5 && rel_mirror <= 1e-6 ? "" : "  FAIL");
+        EXPECT(rel <= 1e-5);
+        EXPECT(rel_mirror <= 1e-6);
+        EXPECT_EQ(bit_diffs(scratch[0], scratch[1]), size_t{0});
+        expect_same_bits("  forward vs reverse thread order", std::vector<double>{sumsq[0]}, std::vector<double>{sumsq[1]});
+    }
+}
+
+// =========================================================================================================
+// matmul.cuh's bias add (when the bias cannot be a cuBLASLt epilogue): out (N, OC) += bias (OC)
+TEST(add_bias) {
+    const int N = 26, OC = 37;
+    const size_t total = size_t(N) * OC;
+    const auto out0 = random_floatX_values(total, 1.0f, 91), bias = random_floatX_values(size_t(OC), 1.0f, 92);
+    std::vector<double> sum(total);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < OC; c++) sum[size_t(r) * OC + c] = double(out0[size_t(r) * OC + c]) + bias[size_t(c)];
+    const std::vector<floatX> bias_x = fx(bias), want = rounded(sum);
+    for (const unsigned grid : {unsigned(llmc::grid_stride_blocks(total, 256)), 2u}) {  // matmul_forward's, and small
+        std::vector<floatX> out = fx(out0);
+        launch(grid, 256, Order::Forward, [&] { llmc::add_bias_kernel(out.data(), bias_x.data(), size_t(N), OC); });
+        expect_same_bits("add_bias_kernel (N=26,OC=37, " + std::to_string(grid) + " blocks) = round(out+bias)", out, want);
+    }
+}
+
+}  // namespace
+
+TEST_MAIN()
