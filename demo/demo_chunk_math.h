@@ -810,6 +810,30 @@ inline PlanTables make_plan_tables(const ModelPlan& plan, WireFormat format, con
     return pt;
 }
 
+// The tables of a model's DeMo plan under `cfg` (plan_for_layout, then make_plan_tables).
+inline PlanTables plan_tables(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout) {
+    std::vector<uint8_t> decays;
+    const ModelPlan plan = plan_for_layout(cfg, layout, &decays);
+    return make_plan_tables(plan, WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
+}
+
+// A DeMo OptimizerConfig with the given wire and momentum options, weight decay 0.1 and clipping at 1: how the
+// tests and GPU checkers write their cases.
+inline llmc::OptimizerConfig demo_config(llmc::DemoValueEncoding values, llmc::DemoIndexEncoding indices,
+                                         llmc::DemoMomentum momentum = llmc::DemoMomentum::lr_scaled,
+                                         float alpha = 1.0f, int topk = 32, int chunk = 64, float weight_decay = 0.1f) {
+    llmc::OptimizerConfig c;
+    c.weight_decay = weight_decay;
+    c.grad_clip = 1.0f;
+    c.demo.values = values;
+    c.demo.indices = indices;
+    c.demo.momentum = momentum;
+    c.demo.feedback_alpha = alpha;
+    c.demo.topk = topk;
+    c.demo.chunk = chunk;
+    return c;
+}
+
 // The tensor table as the kernels get it, in two launch groups: tensors with 64 x 64 chunks first (when the
 // plan's chunks are all at most 64 x 64 they get a kernel compiled with every chunk size a constant), then every
 // other shape (the kernel for any shape). chunk_offset counts from the start of the tensor's group, so a

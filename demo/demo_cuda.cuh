@@ -45,9 +45,7 @@ public:
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
           stochastic_(stochastic_rounding && !llmc::kFloatXIsFloat), seed_(seed) {
         cm::validate_options(config_);
-        std::vector<uint8_t> decays;
-        const ModelPlan plan = cm::plan_for_layout(config_, layout, &decays);
-        tables_ = cm::make_plan_tables(plan, WireFormat{config_.demo.values, config_.demo.indices}, decays);
+        tables_ = cm::plan_tables(config_, layout);
         world_ = transport.world_size();
         LLMC_CHECK(world_ >= 1, "DeMo: transport reports no ranks");
         kernels_ = make_kernel_config(tables_, world_);

@@ -34,25 +34,6 @@ using llmc::ParamLayout;
 namespace cm = demo::cm;
 namespace km = llmc::km;
 
-OptimizerConfig config(DemoValueEncoding v, DemoIndexEncoding i, DemoMomentum m, float alpha, int topk, int chunk = 64) {
-    OptimizerConfig c;
-    c.weight_decay = 0.1f;
-    c.grad_clip = 1.0f;
-    c.demo.values = v;
-    c.demo.indices = i;
-    c.demo.momentum = m;
-    c.demo.feedback_alpha = alpha;
-    c.demo.topk = topk;
-    c.demo.chunk = chunk;
-    return c;
-}
-
-cm::PlanTables tables_for(const OptimizerConfig& cfg, const ParamLayout& layout) {
-    std::vector<uint8_t> decays;
-    const demo::ModelPlan plan = cm::plan_for_layout(cfg, layout, &decays);
-    return cm::make_plan_tables(plan, demo::WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
-}
-
 std::vector<float> random_floats(size_t n, float scale, uint64_t seed) {
     llmc::Rng rng(seed);
     std::vector<float> v(n);
@@ -158,7 +139,7 @@ const char* order_name(emu::Order o) {
 // Compress, then apply the resulting bucket with (world - 1) more ranks' buckets from the host reference.
 void check_case(const std::string& name, const ParamLayout& layout, const OptimizerConfig& cfg, uint64_t seed,
                 emu::Order order, int world = 1) {
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     const std::vector<float> m0 = random_floats(n, 1e-3f, seed), grads = random_floats(n, 1.0f, seed + 1);
     const cm::CompressParams cp = cm::compress_params(cfg, 6e-4f, 0.75f);
@@ -214,18 +195,18 @@ const std::vector<std::vector<size_t>> kMixed = {{96, 50}, {7}, {128, 64}, {50, 
                                                  {67, 64}, {64, 67}, {67}};  // primes: 1x64, 64x1, 1x1 chunks
 
 TEST(compress_and_apply_match_host_reference) {
-    const auto fp32 = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
-    const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
-    const auto sign = config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
+    const auto fp32 = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+    const auto bf16 = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
+    const auto sign = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
     const ParamLayout mixed = ParamLayout::of_shapes(kMixed);
     check_case("mixed fp32/smallest/lr/k32", mixed, fp32, 10, emu::Order::Forward);
     check_case("mixed bf16/packed12/ema/a0.2/k5", mixed, bf16, 20, emu::Order::Forward, 3);
     check_case("mixed sign/smallest/lr/k3", mixed, sign, 30, emu::Order::Forward);
     check_case("mixed, --demo_chunk 16 topk 7 packed12", mixed,
-               config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16), 40,
+               cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16), 40,
                emu::Order::Forward);
     check_case("[96,50] topk 4096 (every coefficient)", ParamLayout::of_shapes({{96, 50}, {7}}),
-               config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), 50,
+               cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), 50,
                emu::Order::Forward);
 }
 
@@ -233,8 +214,8 @@ TEST(compress_and_apply_match_host_reference) {
 // zero gradient makes every coefficient 0 (the sign scale 0 path).
 TEST(ties_and_zeros_match_host_reference) {
     const ParamLayout layout = ParamLayout::of_shapes({{128, 128}, {64}});
-    const auto cfg = config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 9);
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const auto cfg = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 9);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     for (int mode = 0; mode < 2; mode++) {
         std::vector<float> m(n, 0.0f), g(n, 0.0f);
@@ -253,7 +234,7 @@ TEST(ties_and_zeros_match_host_reference) {
 
 // The result does not depend on the order the block's threads run between barriers.
 TEST(results_independent_of_thread_order) {
-    const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+    const auto bf16 = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
     const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {64, 67}, {7}});
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Reverse, 2);
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Shuffled, 2);
@@ -262,15 +243,15 @@ TEST(results_independent_of_thread_order) {
 // --demo_chunk 96: uneven chunks and the 1024-thread kernels.
 TEST(chunk96_1024_threads_match_host_reference) {
     check_case("[192,288]+[384], --demo_chunk 96 topk 32", ParamLayout::of_shapes({{192, 288}, {384}, {3, 5}}),
-               config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), 70,
+               cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), 70,
                emu::Order::Forward, 2);
 }
 
 // Corrupt buckets: an index outside its chunk (rank 1) and a repeated index (rank 0) set the flags.
 TEST(apply_flags_corrupt_buckets) {
-    const auto cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
     const ParamLayout layout = ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = random_floats(n, 1.0f, 5);
     std::vector<std::byte> bucket;

@@ -44,12 +44,6 @@ std::vector<float> random_vector(size_t n, uint64_t seed, double scale) {
     return v;
 }
 
-cm::PlanTables tables_for(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout) {
-    std::vector<uint8_t> decays;
-    const demo::ModelPlan plan = cm::plan_for_layout(cfg, layout, &decays);
-    return cm::make_plan_tables(plan, demo::WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
-}
-
 // Sets the CPU optimizer's momentum through its state blob (written by the canonical writer).
 void set_cpu_momentum(demo::DemoOptimizer& opt, const cm::PlanTables& pt, const std::vector<float>& m) {
     llmc::ByteWriter w;
@@ -73,25 +67,11 @@ struct Case {
     llmc::OptimizerConfig cfg;
 };
 
-llmc::OptimizerConfig config(DemoValueEncoding v, DemoIndexEncoding i, DemoMomentum m, float alpha, int topk,
-                             int chunk = 64, float wd = 0.1f) {
-    llmc::OptimizerConfig c;
-    c.weight_decay = wd;
-    c.grad_clip = 1.0f;
-    c.demo.values = v;
-    c.demo.indices = i;
-    c.demo.momentum = m;
-    c.demo.feedback_alpha = alpha;
-    c.demo.topk = topk;
-    c.demo.chunk = chunk;
-    return c;
-}
-
 std::vector<Case> cases() {
-    const auto fp32 = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
-    const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
-    const auto sign = config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
-    const auto small = config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16);
+    const auto fp32 = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+    const auto bf16 = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
+    const auto sign = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
+    const auto small = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16);
     const std::vector<std::vector<size_t>> mixed = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}};
     std::vector<Case> out;
     for (const auto& [label, cfg] : {std::pair{"fp32/u16/lr/a1/k32", fp32}, std::pair{"bf16/p12/ema/a.2/k5", bf16},
@@ -172,6 +152,17 @@ TEST(register_tiles_do_not_change_values) {
     EXPECT(std::memcmp(out1.data(), out4.data(), out1.size() * sizeof(float)) == 0);
 }
 
+// The indices a top-k rule selects, ascending: keys >= above, then the first `need` ties.
+std::vector<uint32_t> selected_by(const cm::TopkRule& rule, const std::vector<uint32_t>& keys) {
+    std::vector<uint32_t> out;
+    uint32_t ties = 0;
+    for (uint32_t i = 0; i < uint32_t(keys.size()); i++) {
+        if (cm::topk_greater(rule, keys[i])) out.push_back(i);
+        else if (cm::topk_tie(rule, keys[i]) && ties++ < rule.need) out.push_back(i);
+    }
+    return out;
+}
+
 // The binary-search top-k picks exactly the CPU's select_topk set, also with heavy ties, zeros and NaN.
 TEST(topk_search_matches_cpu_selection) {
     llmc::Rng rng(7);
@@ -206,12 +197,7 @@ TEST(topk_search_matches_cpu_selection) {
         }
         EXPECT(steps <= 32);
         const cm::TopkRule rule = cm::topk_rule(s, uint32_t(k));
-        std::vector<uint32_t> mine;
-        uint32_t ties = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (cm::topk_greater(rule, keys[i])) mine.push_back(i);
-            else if (cm::topk_tie(rule, keys[i]) && ties++ < rule.need) mine.push_back(i);
-        }
+        const std::vector<uint32_t> mine = selected_by(rule, keys);
         checked++;
         if (mine != cpu) mismatches++;
     }
@@ -264,12 +250,7 @@ TEST(radix_select_matches_cpu_selection) {
         }
         EXPECT(rounds <= 4);
         rounds_seen[rounds]++;
-        std::vector<uint32_t> mine;
-        uint32_t ties = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (cm::topk_greater(s.rule, keys[i])) mine.push_back(i);
-            else if (cm::topk_tie(s.rule, keys[i]) && ties++ < s.rule.need) mine.push_back(i);
-        }
+        const std::vector<uint32_t> mine = selected_by(s.rule, keys);
         checked++;
         if (mine != cpu) mismatches++;
     }
@@ -329,13 +310,9 @@ TEST(coarse_topk_matches_cpu_selection) {
             fallback++;
             continue;
         }
-        std::vector<uint32_t> cpu(k), mine;
+        std::vector<uint32_t> cpu(k);
         demo::select_topk(v, k, cpu.data(), scratch);
-        uint32_t ties = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (cm::topk_greater(rule, keys[i])) mine.push_back(i);
-            else if (cm::topk_tie(rule, keys[i]) && ties++ < rule.need) mine.push_back(i);
-        }
+        const std::vector<uint32_t> mine = selected_by(rule, keys);
         checked++;
         if (mine != cpu) mismatches++;
     }
@@ -368,9 +345,9 @@ TEST(wire_helpers_round_trip) {
 
 TEST(header_state_and_bucket_checks_match_cpu) {
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}, {7}, {128, 64}});
-    for (const auto& cfg : {config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
-                            config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 1.0f, 32)}) {
-        const cm::PlanTables pt = tables_for(cfg, layout);
+    for (const auto& cfg : {cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
+                            cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 1.0f, 32)}) {
+        const cm::PlanTables pt = cm::plan_tables(cfg, layout);
         llmc::LocalTransport transport;
         demo::DemoOptimizer opt(cfg, layout, transport);
         std::vector<float> p = random_vector(layout.num_params, 11, 0.02), g = random_vector(layout.num_params, 12, 1.0);
@@ -392,7 +369,7 @@ TEST(header_state_and_bucket_checks_match_cpu) {
         // a state of another topk: the same message as the CPU's load_state
         llmc::OptimizerConfig other = cfg;
         other.demo.topk = 6;
-        const cm::PlanTables pt2 = tables_for(other, layout);
+        const cm::PlanTables pt2 = cm::plan_tables(other, layout);
         std::vector<float> dummy;
         demo::DemoOptimizer opt2(other, layout, transport);
         EXPECT_EQ(error_of([&] { llmc::ByteReader rr(wc.bytes(), "s"); cm::read_state(rr, pt2.plan, dummy); }),
@@ -422,7 +399,7 @@ TEST(compress_matches_cpu_optimizer) {
     int failures = 0;
     for (const Case& cs : cases()) {
         const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(cs.shapes);
-        const cm::PlanTables pt = tables_for(cs.cfg, layout);
+        const cm::PlanTables pt = cm::plan_tables(cs.cfg, layout);
         const size_t n = layout.num_params;
         for (int from_random = 0; from_random < 2; from_random++) {
             llmc::LocalTransport transport;
@@ -454,10 +431,10 @@ TEST(compress_matches_cpu_optimizer) {
 
 // Ties: a tensor whose momentum and gradient are zero has E == 0 everywhere; both pick the first k indices.
 TEST(compress_ties_match_cpu_optimizer) {
-    for (const auto& cfg : {config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
-                            config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 1.0f, 5)}) {
+    for (const auto& cfg : {cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                            cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 1.0f, 5)}) {
         const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{64, 64}, {96, 50}, {7}});
-        const cm::PlanTables pt = tables_for(cfg, layout);
+        const cm::PlanTables pt = cm::plan_tables(cfg, layout);
         const size_t n = layout.num_params, zeros = 64 * 64;
         std::vector<float> m0 = random_vector(n, 500, 1e-3), grads = random_vector(n, 501, 1.0);
         std::fill(m0.begin(), m0.begin() + zeros, 0.0f);
@@ -490,7 +467,7 @@ TEST(apply_matches_cpu_optimizer) {
     int failures = 0;
     for (const Case& cs : cases()) {
         const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(cs.shapes);
-        const cm::PlanTables pt = tables_for(cs.cfg, layout);
+        const cm::PlanTables pt = cm::plan_tables(cs.cfg, layout);
         const size_t n = layout.num_params;
         for (int world : {1, 3}) {
             llmc::LocalTransport transport;
@@ -526,9 +503,9 @@ TEST(apply_matches_cpu_optimizer) {
 
 // Canonical compress + apply bucket round trip, and corrupt buckets raise the error flags.
 TEST(apply_flags_corrupt_buckets) {
-    const auto cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = random_vector(n, 9, 1.0), p = random_vector(n, 10, 0.02);
     std::vector<std::byte> bucket;

@@ -27,22 +27,6 @@ ParamLayout d12_layout(int layers) {
     return ParamLayout::gpt2(mc);
 }
 
-OptimizerConfig config(DemoValueEncoding v, DemoIndexEncoding i, int topk) {
-    OptimizerConfig c;
-    c.weight_decay = 0.1f;
-    c.grad_clip = 1.0f;
-    c.demo.values = v;
-    c.demo.indices = i;
-    c.demo.topk = topk;
-    return c;
-}
-
-cm::PlanTables tables_for(const OptimizerConfig& cfg, const ParamLayout& layout) {
-    std::vector<uint8_t> decays;
-    const demo::ModelPlan plan = cm::plan_for_layout(cfg, layout, &decays);
-    return cm::make_plan_tables(plan, demo::WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
-}
-
 struct GpuApplyResult {
     std::vector<float> master;
     std::vector<floatX> params;
@@ -73,7 +57,7 @@ GpuApplyResult gpu_apply(CudaEnv& env, const cm::PlanTables& pt, int world, cons
 
 void check_case(CudaEnv& env, check::Checker& ck, const std::string& name, const ParamLayout& layout,
                 const OptimizerConfig& cfg, int world, uint32_t seed) {
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     const float lr = 1e-3f;
     const std::vector<float> p0 = check::random_floats(n, 0.02f, seed);
@@ -132,9 +116,9 @@ void check_case(CudaEnv& env, check::Checker& ck, const std::string& name, const
 }
 
 void check_corrupt(CudaEnv& env, check::Checker& ck) {
-    const OptimizerConfig cfg = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, 4);
+    const OptimizerConfig cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
     const ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = check::random_floats(n, 1.0f, 5);
     std::vector<std::byte> bucket;
@@ -163,7 +147,7 @@ __global__ void fill_kernel(float* x, size_t n, uint32_t seed, float scale) {
 
 void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int world, const char* label) {
     const ParamLayout layout = d12_layout(12);
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     // one bucket from the GPU compress, used for every rank
     const demo::KernelConfig kc1 = demo::make_kernel_config(pt, 1);
@@ -199,9 +183,9 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int 
 
 int main() {
     return check::run_checker("demo_apply", [](CudaEnv& env, check::Checker& ck) {
-        const auto fp32 = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, 32);
-        const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, 5);
-        const auto sign = config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, 3);
+        const auto fp32 = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+        const auto bf16 = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5);
+        const auto sign = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
         const std::vector<std::vector<size_t>> mixed = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {128, 192},
                                                         {67, 64}, {64, 67}, {67, 67}};  // primes: 1x64, 64x1, 1x1 chunks
         uint32_t seed = 1000;

@@ -30,25 +30,6 @@ ParamLayout d12_layout(int layers) {
     return ParamLayout::gpt2(mc);
 }
 
-OptimizerConfig config(DemoValueEncoding v, DemoIndexEncoding i, DemoMomentum m, float alpha, int topk, int chunk = 64) {
-    OptimizerConfig c;
-    c.weight_decay = 0.1f;
-    c.grad_clip = 1.0f;
-    c.demo.values = v;
-    c.demo.indices = i;
-    c.demo.momentum = m;
-    c.demo.feedback_alpha = alpha;
-    c.demo.topk = topk;
-    c.demo.chunk = chunk;
-    return c;
-}
-
-cm::PlanTables tables_for(const OptimizerConfig& cfg, const ParamLayout& layout) {
-    std::vector<uint8_t> decays;
-    const demo::ModelPlan plan = cm::plan_for_layout(cfg, layout, &decays);
-    return cm::make_plan_tables(plan, demo::WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
-}
-
 // Runs the kernel once: momentum in/out, returns the bucket.
 std::vector<std::byte> gpu_compress(CudaEnv& env, const cm::PlanTables& pt, std::vector<float>& momentum,
                                     const std::vector<float>& grads, const cm::CompressParams& cp) {
@@ -70,7 +51,7 @@ std::vector<std::byte> gpu_compress(CudaEnv& env, const cm::PlanTables& pt, std:
 
 void check_case(CudaEnv& env, check::Checker& ck, const std::string& name, const ParamLayout& layout,
                 const OptimizerConfig& cfg, uint32_t seed) {
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     const std::vector<float> m0 = check::random_floats(n, 1e-3f, seed);
     const std::vector<float> grads = check::random_floats(n, 1.0f, seed + 1);
@@ -120,7 +101,7 @@ __global__ void fill_kernel(float* x, size_t n, uint32_t seed, float scale) {
 
 void time_d12(CudaEnv& env, const OptimizerConfig& cfg, const char* label) {
     const ParamLayout layout = d12_layout(12);
-    const cm::PlanTables pt = tables_for(cfg, layout);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
     demo::prepare_kernels(kc, pt.plan);
     demo::OwnedDeviceTables tables(pt);
@@ -153,9 +134,9 @@ void time_d12(CudaEnv& env, const OptimizerConfig& cfg, const char* label) {
 
 int main() {
     return check::run_checker("demo_compress", [](CudaEnv& env, check::Checker& ck) {
-        const auto fp32 = config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
-        const auto bf16 = config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
-        const auto sign = config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
+        const auto fp32 = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32);
+        const auto bf16 = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5);
+        const auto sign = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3);
         const std::vector<std::vector<size_t>> mixed = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {128, 192},
                                                         {67, 64}, {64, 67}, {67, 67}};  // primes: 1x64, 64x1, 1x1 chunks
         uint32_t seed = 10;
@@ -165,13 +146,13 @@ int main() {
             check_case(env, ck, std::string("d12 shapes (2 layers) ") + label, d12_layout(2), cfg, seed += 10);
         }
         check_case(env, ck, "mixed, --demo_chunk 16 topk 7 packed12", llmc::ParamLayout::of_shapes(mixed),
-                   config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16), seed += 10);
+                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.5f, 7, 16), seed += 10);
         // --demo_chunk 128 keeps a 128x128 chunk, its bases and scratch in shared memory (~262 KiB), more than an
         // H100's 227 KiB: it must be refused with the message that says what to lower. --demo_chunk 96 (uneven
         // 96/64 chunks) fits and runs the 1024-thread kernels.
         try {
             check_case(env, ck, "[256,384]+[384], --demo_chunk 128 (1024 threads) topk 64", llmc::ParamLayout::of_shapes({{256, 384}, {384}, {3, 5}}),
-                       config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 64, 128), seed);
+                       cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 64, 128), seed);
         } catch (const llmc::Error& e) {
             const std::string what = e.what();
             ck.expect(what.find("shared memory") != std::string::npos && what.find("lower --demo_chunk") != std::string::npos,
@@ -180,9 +161,9 @@ int main() {
         }
         seed += 10;
         check_case(env, ck, "[256,384]+[384], --demo_chunk 96 (1024 threads) topk 32", llmc::ParamLayout::of_shapes({{256, 384}, {384}, {3, 5}}),
-                   config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), seed += 10);
+                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), seed += 10);
         check_case(env, ck, "[96,50] topk 4096 (every coefficient)", llmc::ParamLayout::of_shapes({{96, 50}, {7}}),
-                   config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), seed += 10);
+                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), seed += 10);
         time_d12(env, fp32, "fp32 k32");
         time_d12(env, bf16, "bf16+packed12 k5");
         time_d12(env, sign, "sign k3");
