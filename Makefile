@@ -46,6 +46,13 @@ BENCH_BINS := $(BENCH_SRCS:dev/bench/%.cpp=$(BUILD)/bench/%)
 CUDA_TEST_SRCS := $(wildcard dev/cuda/*.cu test/gpu_*.cu)
 CUDA_BINS := $(foreach s,$(CUDA_TEST_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 
+# CUDA kernels run on the CPU by dev/cuda/block_emulator.h: host tests (test/emu_<name>.cpp ->
+# build/test/test_<name>_emu) that need only the CUDA headers (g++, no GPU, no CUDA libraries), part of `all`
+# wherever the toolkit is installed.
+CUDA_INCLUDE ?= $(dir $(NVCC))../include
+EMU_SRCS := $(wildcard test/emu_*.cpp)
+EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
+
 .PHONY: all test bench gpu-check clean cuda
 all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS)
 
@@ -97,12 +104,7 @@ $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS)
 
-# CUDA kernels run on the CPU by dev/cuda/block_emulator.h: host tests (test/emu_<name>.cpp ->
-# build/test/test_<name>_emu) that need only the CUDA headers (g++, no GPU, no CUDA libraries), part of `all`
-# wherever the toolkit is installed.
-CUDA_INCLUDE ?= $(dir $(NVCC))../include
-EMU_SRCS := $(wildcard test/emu_*.cpp)
-EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
+# The emulated-kernel tests (EMU_BINS above).
 $(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(LIB) -o $@ $(LDLIBS)
