@@ -35,7 +35,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <map>
 #include <string>
+#include <utility>
 
 #include "demo/demo_chunk_math.h"
 #include "llmc/cuda_common.cuh"
@@ -61,6 +63,37 @@ struct KernelConfig {
     SmemLayout compress, apply;
     int world = 1;
 };
+
+// Tunings of the 64 x 64 kernels. Launches use tuning 0; the kernel lab (dev/cuda/demo_compress.cu and
+// demo_apply.cu) times every one, so one GPU run decides between them. Every tuning gives the same bits.
+struct KernelTuning {
+    int min_blocks;      // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
+    int tile_j, tile_c;  // run_jobs register tile
+    bool coarse_topk;    // compress: block_select_topk's histogram fast path (false: RadixSelect only)
+};
+inline constexpr KernelTuning kTunings[] = {
+    {4, 8, 2, true},   // 0: what launches use
+    {3, 8, 2, true},   // 1: up to 85 registers, 3 blocks per SM (uncapped, ptxas takes 118: 2 blocks)
+    {4, 4, 4, true},   // 2: 4 x 4 tiles
+    {4, 8, 2, false},  // 3: RadixSelect only
+};
+inline constexpr int kNumTunings = 4;
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true};  // the kernels for any chunk shape
+inline const char* tuning_name(int t) {
+    static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k", "85-register cap",
+                                                   "4x4 tiles", "RadixSelect top-k only"};
+    return names[t];
+}
+
+// Calls f(std::integral_constant<int, T>{}) for every tuning T (the kernel lab's loop over instantiations).
+template <class F, int... T>
+void for_each_tuning(F&& f, std::integer_sequence<int, T...>) {
+    (f(std::integral_constant<int, T>{}), ...);
+}
+template <class F>
+void for_each_tuning(F&& f) {
+    for_each_tuning(f, std::make_integer_sequence<int, kNumTunings>{});
+}
 
 inline uint32_t words4(size_t v) { return static_cast<uint32_t>((v + 3) & ~size_t{3}); }
 
@@ -312,7 +345,7 @@ struct TopkShared {
 // places its keys. 6 barriers. When B holds more candidates (heavy ties or zeros) or k >= n: RadixSelect and
 // the general placement. Starts after a barrier that ended the writes of E and every use of `coarse`; ends
 // with a barrier.
-template <int THREADS>
+template <int THREADS, bool COARSE = true>
 __device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n, uint32_t k,
                                                   const cm::ChunkDims& d, const float* e, const TopkShared& sh,
                                                   uint32_t* Lidx, float* Lval) {
@@ -322,7 +355,7 @@ __device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxEle
     uint32_t* table = sh.small;
     uint32_t* cand = sh.small + kTableEntries<THREADS>;  // (key, index) pairs
     uint32_t* res = sh.res;
-    if (k < n) {
+    if (COARSE && k < n) {
         for (int b = tid; b < kBins; b += THREADS) sh.coarse[b] = 0u;
         __syncthreads();
 #pragma unroll
@@ -534,13 +567,14 @@ struct CompressArgs {
 };
 
 // FIXED = 64: every chunk of the launch is 64 x 64 and every size below is a compile-time constant (divisions
-// become shifts, loops unroll); FIXED = 0: any chunk shape, sizes read from the tensor table. The 64 x 64
-// kernel is held to 64 registers so 4 blocks share an SM (53 KB of shared memory each); ptxas spills ~12
-// floats of it to L1.
-template <int THREADS, int FIXED>
-__global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(const CompressArgs a) {
+// become shifts, loops unroll); FIXED = 0: any chunk shape, sizes read from the tensor table. TUNE picks the
+// 64 x 64 kernel's tuning (kTunings): tuning 0 holds it to 64 registers so 4 blocks share an SM (53 KB of
+// shared memory each; ptxas spills ~14 floats to L1).
+template <int THREADS, int FIXED, int TUNE = 0>
+__global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1) demo_compress_kernel(const CompressArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
-    constexpr int kTileJ = FIXED == 64 ? 8 : 4, kTileC = FIXED == 64 ? 2 : 4;  // see run_jobs
+    constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
+    constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
     extern __shared__ float4 smem4[];
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -640,7 +674,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? 4 : 1) demo_compress_kernel(c
         const uint32_t i = uint32_t(tid + r * THREADS);
         keys[r] = i < n ? cm::magnitude_key(Q[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)]) : 0u;
     }
-    block_select_topk<THREADS>(keys, n, k, d, Q, TopkShared{reinterpret_cast<uint32_t*>(P), hist, res}, Lidx, Lval);
+    block_select_topk<THREADS, kTune.coarse_topk>(keys, n, k, d, Q, TopkShared{reinterpret_cast<uint32_t*>(P), hist, res},
+                                                  Lidx, Lval);
 
     // 7-8: quantize and pack
     float scale = 0.0f;
@@ -697,10 +732,11 @@ struct ApplyArgs {
     SmemLayout L;
 };
 
-template <int THREADS, int FIXED>  // FIXED as demo_compress_kernel
-__global__ void __launch_bounds__(THREADS) demo_apply_kernel(const ApplyArgs a) {
+template <int THREADS, int FIXED, int TUNE = 0>  // FIXED and TUNE as demo_compress_kernel
+__global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1) demo_apply_kernel(const ApplyArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
-    constexpr int kTileJ = FIXED == 64 ? 8 : 4, kTileC = FIXED == 64 ? 2 : 4;  // see run_jobs
+    constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
+    constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
     extern __shared__ float4 smem4[];
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -846,8 +882,27 @@ struct OwnedDeviceTables {
 };
 
 #ifdef __CUDACC__  // the launches (dev/cuda/block_emulator.h runs the kernels above on the CPU without them)
-// Sets the dynamic shared memory limits of the kernels for `kc` (once per configuration) and checks the
-// device can hold them.
+// Raises a kernel's dynamic shared memory limit on the current device to `bytes`. Limits only grow, so
+// optimizers of different configurations can coexist.
+inline void raise_smem_limit(const void* kernel, size_t bytes) {
+    static std::map<std::pair<const void*, int>, size_t> raised;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    size_t& have = raised[{kernel, device}];
+    if (bytes <= have) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    have = bytes;
+}
+
+// The 64 x 64 kernels of tuning TUNE (prepare_kernels does tuning 0).
+template <int TUNE>
+inline void prepare_tuning(const KernelConfig& kc) {
+    if (kc.threads != 256) return;
+    raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>), kc.compress.bytes());
+    raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, TUNE>), kc.apply.bytes());
+}
+
+// Sets the dynamic shared memory limits of the kernels for `kc` and checks the device can hold them.
 inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
     int device = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -858,34 +913,26 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
                    std::to_string(plan.chunk) + " / --demo_topk " + std::to_string(plan.topk) + " with " +
                    std::to_string(kc.world) + " ranks; this GPU allows " + std::to_string(optin) +
                    " (lower --demo_chunk or --demo_topk)");
-    // The limits only grow (per kernel and device), so optimizers of different configurations can coexist.
-    static int raised[6][64] = {};
-    auto raise = [device](int slot, const void* kernel, size_t bytes) {
-        int& have = raised[slot][device & 63];
-        if (int(bytes) <= have) return;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-        have = int(bytes);
-    };
     if (kc.threads == 256) {
-        raise(0, reinterpret_cast<const void*>(demo_compress_kernel<256, 0>), kc.compress.bytes());
-        raise(1, reinterpret_cast<const void*>(demo_apply_kernel<256, 0>), kc.apply.bytes());
-        raise(2, reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk>), kc.compress.bytes());
-        raise(3, reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk>), kc.apply.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, 0>), kc.compress.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, 0>), kc.apply.bytes());
+        prepare_tuning<0>(kc);
     } else {
-        raise(4, reinterpret_cast<const void*>(demo_compress_kernel<1024, 0>), kc.compress.bytes());
-        raise(5, reinterpret_cast<const void*>(demo_apply_kernel<1024, 0>), kc.apply.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<1024, 0>), kc.compress.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<1024, 0>), kc.apply.bytes());
     }
 }
 
 // Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero). One launch per
-// group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels).
+// group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels). TUNE: see kTunings.
+template <int TUNE = 0>
 inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
                             uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
     LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
     if (t.fixed_chunks) {
         const CompressArgs args{t.tensors, t.fixed_tensors, t.folded, t.natural, momentum, grads, bucket, p, kc.compress};
-        demo_compress_kernel<256, cm::kFixedChunk>
+        demo_compress_kernel<256, cm::kFixedChunk, TUNE>
             <<<static_cast<unsigned>(t.fixed_chunks), 256, kc.compress.bytes(), stream>>>(args);
         CUDA_CHECK_LAUNCH();
     }
@@ -901,6 +948,7 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
 
 // Apply p.world buckets (back to back, p.bucket_bytes each) to the master weights and params. `error` (2 words,
 // device) must hold {0, UINT32_MAX} before the launch.
+template <int TUNE = 0>
 inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
                          llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
                          uint32_t* error, cudaStream_t stream) {
@@ -911,7 +959,8 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
     if (t.fixed_chunks) {
         const ApplyArgs args{t.tensors, t.fixed_tensors, t.natural, buckets, master, params, p, seed, stochastic, error,
                              kc.apply};
-        demo_apply_kernel<256, cm::kFixedChunk><<<static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream>>>(args);
+        demo_apply_kernel<256, cm::kFixedChunk, TUNE>
+            <<<static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream>>>(args);
         CUDA_CHECK_LAUNCH();
     }
     if (t.general_chunks) {

@@ -60,6 +60,7 @@ void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, 
         run_group(lt.fixed_tensors, int(lt.tensors.size()) - lt.fixed_tensors, lt.general_chunks, kc.threads, general);
 }
 
+template <int TUNE = 0>
 std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<float>& momentum,
                                         const std::vector<float>& grads, const cm::CompressParams& cp, emu::Order order) {
     const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
@@ -68,7 +69,7 @@ std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<fl
     std::memcpy(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes);
     const demo::CompressArgs args{nullptr, 0, pt.bases.folded.data(), pt.bases.natural.data(), momentum.data(),
                                   grads.data(), bucket.data(), cp, kc.compress};
-    auto fixed = [](const demo::CompressArgs& a) { demo::demo_compress_kernel<256, cm::kFixedChunk>(a); };
+    auto fixed = [](const demo::CompressArgs& a) { demo::demo_compress_kernel<256, cm::kFixedChunk, TUNE>(a); };
     auto general = [&kc](const demo::CompressArgs& a) {
         if (kc.threads == 256) demo::demo_compress_kernel<256, 0>(a);
         else demo::demo_compress_kernel<1024, 0>(a);
@@ -84,6 +85,7 @@ struct ApplyOut {
     std::vector<llmc::floatX> params;
     uint32_t error[2];
 };
+template <int TUNE = 0>
 ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<std::byte>& buckets,
                        const std::vector<float>& master0, const cm::ApplyParams& ap, uint32_t seed, bool stochastic,
                        emu::Order order) {
@@ -92,7 +94,7 @@ ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<st
     ApplyOut out{master0, std::vector<llmc::floatX>(master0.size()), {0u, UINT32_MAX}};
     const demo::ApplyArgs args{nullptr, 0, pt.bases.natural.data(), reinterpret_cast<const uint8_t*>(buckets.data()),
                                out.master.data(), out.params.data(), ap, seed, stochastic, out.error, kc.apply};
-    auto fixed = [](const demo::ApplyArgs& a) { demo::demo_apply_kernel<256, cm::kFixedChunk>(a); };
+    auto fixed = [](const demo::ApplyArgs& a) { demo::demo_apply_kernel<256, cm::kFixedChunk, TUNE>(a); };
     auto general = [&kc](const demo::ApplyArgs& a) {
         if (kc.threads == 256) demo::demo_apply_kernel<256, 0>(a);
         else demo::demo_apply_kernel<1024, 0>(a);
@@ -137,6 +139,8 @@ const char* order_name(emu::Order o) {
 }
 
 // Compress, then apply the resulting bucket with (world - 1) more ranks' buckets from the host reference.
+// TUNE: the tuning of the 64 x 64 kernels (demo::kTunings).
+template <int TUNE = 0>
 void check_case(const std::string& name, const ParamLayout& layout, const OptimizerConfig& cfg, uint64_t seed,
                 emu::Order order, int world = 1) {
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
@@ -147,15 +151,15 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
 
     std::vector<float> m_emu = m0, m_ref = m0;
     count_topk_paths(pt, m0, grads, cp);
-    const std::vector<std::byte> b_emu = emulate_compress(pt, m_emu, grads, cp, order);
+    const std::vector<std::byte> b_emu = emulate_compress<TUNE>(pt, m_emu, grads, cp, order);
     std::vector<std::byte> b_ref;
     cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);
     size_t byte_diffs = b_emu.size() == b_ref.size() ? 0 : SIZE_MAX, mom_diffs = 0;
     for (size_t i = 0; byte_diffs != SIZE_MAX && i < b_ref.size(); i++) byte_diffs += b_emu[i] != b_ref[i];
     for (size_t i = 0; i < n; i++) mom_diffs += km::float_to_bits(m_emu[i]) != km::float_to_bits(m_ref[i]);
-    std::printf("  %s [%s]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes and "
+    std::printf("  %s [%s, tuning %d]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes and "
                 "%zu momentum values differ",
-                name.c_str(), order_name(order), pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
+                name.c_str(), order_name(order), TUNE, pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
                 (unsigned long long)lt.general_chunks, demo::make_kernel_config(pt, 1).threads, byte_diffs, mom_diffs);
     EXPECT_EQ(byte_diffs, size_t{0});
     EXPECT_EQ(mom_diffs, size_t{0});
@@ -174,7 +178,7 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     EXPECT_EQ(err_ref, 0u);
     for (const bool stochastic : {true, false}) {
         const uint32_t sr_seed = 0x5eed0000u + uint32_t(seed);
-        const ApplyOut a = emulate_apply(pt, world, all, p0, ap, sr_seed, stochastic, order);
+        const ApplyOut a = emulate_apply<TUNE>(pt, world, all, p0, ap, sr_seed, stochastic, order);
         size_t master_diffs = 0, param_diffs = 0;
         for (size_t i = 0; i < n; i++) {
             master_diffs += km::float_to_bits(a.master[i]) != km::float_to_bits(p_ref[i]);
@@ -238,6 +242,18 @@ TEST(results_independent_of_thread_order) {
     const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {64, 67}, {7}});
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Reverse, 2);
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Shuffled, 2);
+}
+
+// Every tuning of the 64 x 64 kernels (demo::kTunings: register cap, tile shape, top-k path) gives the host
+// reference's bits too, on the mixed plan and on tied chunks (where tuning 3 and the fallback meet).
+TEST(every_tuning_matches_host_reference) {
+    const auto sign = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.5f, 9);
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {64, 67}, {7}});
+    demo::for_each_tuning([&](auto tune) {
+        constexpr int T = decltype(tune)::value;
+        check_case<T>(std::string("small mixed sign/packed12/ema/k9, ") + demo::tuning_name(T), layout, sign, 80 + T,
+                      emu::Order::Shuffled, 2);
+    });
 }
 
 // --demo_chunk 96: uneven chunks and the 1024-thread kernels.

@@ -7,8 +7,9 @@
 //  2. against DemoOptimizer::apply on the same buckets (demo::cm::compare_apply: parameters bit-equal except
 //     where the decoded update is within rounding of zero, checked with an fp64 decode);
 //  3. corrupt buckets (an index outside its chunk, a repeated index) raise the error flags.
-// Timing: the full d12 (124M parameters) apply of 8 ranks' buckets, GB/s of the bytes it must move (buckets
-// read, master read + write, floatX write). Exit 0 PASS, 1 FAIL, 77 SKIP.
+// Timing: the full d12 (124M parameters) apply of 1 and 8 ranks' buckets, GB/s of the bytes it must move
+// (buckets read, master read + write, floatX write), for every tuning of the 64 x 64 kernel that apply
+// distinguishes (demo::kTunings), each checked bit-identical to the tuning the trainer uses. Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
 #include "demo/demo_cuda.cuh"
@@ -168,15 +169,35 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int 
     for (int r = 1; r < world; r++)
         CUDA_CHECK(cudaMemcpyAsync(buckets.data() + size_t(r) * pt.bucket_bytes, buckets.data(), pt.bucket_bytes,
                                    cudaMemcpyDeviceToDevice, env.stream));
-    err.upload(std::vector<uint32_t>{0u, UINT32_MAX});
     const cm::ApplyParams ap = cm::apply_params(cfg, 6e-4f, world, pt.bucket_bytes);
-    const float ms = check::time_ms(env.stream, 10, [&] {
-        demo::launch_apply(kc, tables.view, buckets.data(), master.data(), params.data(), ap, 42, true, err.data(), env.stream);
+    DeviceBuffer<float> master0(n, "master");
+    CUDA_CHECK(cudaMemcpyAsync(master0.data(), master.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
+    std::vector<float> master_t0;
+    // every tuning of the 64 x 64 kernel that apply distinguishes (the top-k choice is compress's), checked
+    // bit-identical to tuning 0 from the same master weights, then timed
+    demo::for_each_tuning([&](auto tune) {
+        constexpr int T = decltype(tune)::value;
+        constexpr demo::KernelTuning t = demo::kTunings[T], t0 = demo::kTunings[0];
+        if constexpr (T > 0 && t.min_blocks == t0.min_blocks && t.tile_j == t0.tile_j && t.tile_c == t0.tile_c) return;
+        demo::prepare_tuning<T>(kc);
+        CUDA_CHECK(cudaMemcpyAsync(master.data(), master0.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
+        err.upload(std::vector<uint32_t>{0u, UINT32_MAX});
+        demo::launch_apply<T>(kc, tables.view, buckets.data(), master.data(), params.data(), ap, 42, true, err.data(),
+                              env.stream);
+        env.sync();
+        if (T == 0) master_t0 = master.download();
+        else
+            ck.expect(master.download() == master_t0, "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) +
+                                                           " gives tuning 0's master weights");
+        const float ms = check::time_ms(env.stream, 10, [&] {
+            demo::launch_apply<T>(kc, tables.view, buckets.data(), master.data(), params.data(), ap, 42, true, err.data(),
+                                  env.stream);
+        });
+        char name[128];
+        std::snprintf(name, sizeof name, "demo_apply d12 %s W=%d [tuning %d: %s]", label, world, T, demo::tuning_name(T));
+        check::report_bandwidth(name, ms, demo::apply_dram_bytes(pt.plan, pt.bucket_bytes, world));
+        ck.expect(err.download()[0] == 0, std::string(name) + ": no error flags");
     });
-    char name[96];
-    std::snprintf(name, sizeof name, "demo_apply d12 %s W=%d", label, world);
-    check::report_bandwidth(name, ms, demo::apply_dram_bytes(pt.plan, pt.bucket_bytes, world));
-    ck.expect(err.download()[0] == 0, std::string(name) + ": no error flags");
 }
 
 }  // namespace
