@@ -1,8 +1,8 @@
 // Runs CUDA kernel code on the CPU, one thread block at a time, so kernels can be tested on machines without
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
-// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp) are cooperative barriers, and shared
-// memory is a host array filled with a poison pattern (NaN bytes) before every block, as the GPU leaves it
-// undefined.
+// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp) are cooperative barriers, and dynamic
+// shared memory is a host array (EMU_DEFINE_SHARED) that a test should fill with a poison pattern (e.g. 0xff
+// bytes: NaN) before every block, as the GPU leaves it undefined (test/emu_demo_kernels.cpp does).
 //
 // What it proves: the kernel's indexing, its shared-memory protocol and its arithmetic (g++ compiles the same
 // source; fp32 operations round as on the GPU except denormals, which the GPU flushes under --use_fast_math).
