@@ -346,7 +346,7 @@ DEMO_HD bool radix_counts(const RadixSelect& s, uint32_t key) { return ((key >> 
 DEMO_HD uint32_t radix_digit(const RadixSelect& s, uint32_t key) { return (key >> s.shift) & 255u; }
 // The bin holding the need-th largest key: the largest D with above(D) < need, above(D) = sum of hist[d] over
 // d > D, for a histogram of `bins` counts; returns D and sets *above (the GPU picks the same D with a
-// warp-wide suffix scan). radix_pick: the digit of a RadixSelect round (256 bins).
+// warp-wide suffix scan). A RadixSelect round picks its digit over 256 bins.
 DEMO_HD uint32_t pick_bin(const uint32_t* hist, int bins, uint32_t need, uint32_t* above) {
     uint32_t acc = 0;
     for (int d = bins - 1; d > 0; d--) {
@@ -360,7 +360,6 @@ DEMO_HD uint32_t pick_bin(const uint32_t* hist, int bins, uint32_t need, uint32_
     return 0u;
 }
 
-DEMO_HD uint32_t radix_pick(const uint32_t* hist, uint32_t need, uint32_t* above) { return pick_bin(hist, 256, need, above); }
 // The kernels' fast path to the same rule: one histogram of the top 11 bits of every key (exponent and 3
 // mantissa bits: bins 1/16 to 1/8 of a binade wide), the bin B holding the k-th largest key, then an exact
 // selection among the few keys in B (the candidates). Keys above B are selected; when B holds more than

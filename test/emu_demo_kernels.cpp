@@ -34,13 +34,6 @@ using llmc::ParamLayout;
 namespace cm = demo::cm;
 namespace km = llmc::km;
 
-std::vector<float> random_floats(size_t n, float scale, uint64_t seed) {
-    llmc::Rng rng(seed);
-    std::vector<float> v(n);
-    for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-    return v;
-}
-
 // One launch as launch_compress / launch_apply make it: the 64 x 64 group with the fixed kernel, then the rest.
 template <class FixedKernel, class GeneralKernel, class Args>
 void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, size_t smem_bytes, emu::Order order,
@@ -145,7 +138,7 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
                 emu::Order order, int world = 1) {
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
-    const std::vector<float> m0 = random_floats(n, 1e-3f, seed), grads = random_floats(n, 1.0f, seed + 1);
+    const std::vector<float> m0 = testing::random_normal(n, seed, 1e-3f), grads = testing::random_normal(n, seed + 1, 1.0f);
     const cm::CompressParams cp = cm::compress_params(cfg, 6e-4f, 0.75f);
     const cm::LaunchTables lt = cm::launch_tables(pt);
 
@@ -166,13 +159,13 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
 
     std::vector<std::byte> all = b_emu;
     for (int r = 1; r < world; r++) {
-        std::vector<float> m = random_floats(n, 1e-3f, seed + 10 + r), g = random_floats(n, 1.0f, seed + 20 + r);
+        std::vector<float> m = testing::random_normal(n, seed + 10 + r, 1e-3f), g = testing::random_normal(n, seed + 20 + r, 1.0f);
         std::vector<std::byte> b;
         cm::compress_plan_host(pt, m.data(), g.data(), cp, b);
         all.insert(all.end(), b.begin(), b.end());
     }
     const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, world, pt.bucket_bytes);
-    const std::vector<float> p0 = random_floats(n, 0.02f, seed + 2);
+    const std::vector<float> p0 = testing::random_normal(n, seed + 2, 0.02f);
     std::vector<float> p_ref = p0;
     const uint32_t err_ref = cm::apply_plan_host(pt, all.data(), p_ref.data(), ap);
     EXPECT_EQ(err_ref, 0u);
@@ -269,10 +262,10 @@ TEST(apply_flags_corrupt_buckets) {
     const ParamLayout layout = ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
-    std::vector<float> delta(n, 0.0f), grads = random_floats(n, 1.0f, 5);
+    std::vector<float> delta(n, 0.0f), grads = testing::random_normal(n, 5, 1.0f);
     std::vector<std::byte> bucket;
     cm::compress_plan_host(pt, delta.data(), grads.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
-    const std::vector<float> p0 = random_floats(n, 0.02f, 6);
+    const std::vector<float> p0 = testing::random_normal(n, 6, 0.02f);
     const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 2, pt.bucket_bytes);
     const uint8_t* first = reinterpret_cast<uint8_t*>(bucket.data()) + pt.tensors[0].indices_off;
     std::vector<std::byte> two = bucket;

@@ -37,13 +37,6 @@ using llmc::DemoMomentum;
 using llmc::DemoValueEncoding;
 namespace cm = demo::cm;
 
-std::vector<float> random_vector(size_t n, uint64_t seed, double scale) {
-    llmc::Rng rng(seed);
-    std::vector<float> v(n);
-    for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-    return v;
-}
-
 // Sets the CPU optimizer's momentum through its state blob (written by the canonical writer).
 void set_cpu_momentum(demo::DemoOptimizer& opt, const cm::PlanTables& pt, const std::vector<float>& m) {
     llmc::ByteWriter w;
@@ -135,7 +128,7 @@ TEST(folded_bases_hold_cpu_basis_values) {
 // The kernels use 4 x 4 register tiles with strided columns; the host reference 1 x 1 tiles. Same values.
 TEST(register_tiles_do_not_change_values) {
     const int K = 37, J = 13, C = 50, lda = 16, irs = 53;
-    const std::vector<float> A = random_vector(size_t(K) * lda, 1, 1.0), In = random_vector(size_t(K) * irs, 2, 1.0);
+    const std::vector<float> A = testing::random_normal(size_t(K) * lda, 1, 1.0), In = testing::random_normal(size_t(K) * irs, 2, 1.0);
     std::vector<float> out1(size_t(J) * C), out4(size_t(J) * C, 0.0f);
     cm::MatmulJob jb{A.data(), lda, In.data(), irs, 1, K, J, C, out1.data(), C, 1};
     cm::run_job_host(jb);
@@ -244,7 +237,7 @@ TEST(radix_select_matches_cpu_selection) {
             for (uint32_t key : keys)
                 if (cm::radix_counts(s, key)) hist[cm::radix_digit(s, key)]++;
             uint32_t above = 0;
-            const uint32_t digit = cm::radix_pick(hist, s.need, &above);
+            const uint32_t digit = cm::pick_bin(hist, 256, s.need, &above);
             cm::radix_select_step(s, digit, above, hist[digit]);
             rounds++;
         }
@@ -350,7 +343,7 @@ TEST(header_state_and_bucket_checks_match_cpu) {
         const cm::PlanTables pt = cm::plan_tables(cfg, layout);
         llmc::LocalTransport transport;
         demo::DemoOptimizer opt(cfg, layout, transport);
-        std::vector<float> p = random_vector(layout.num_params, 11, 0.02), g = random_vector(layout.num_params, 12, 1.0);
+        std::vector<float> p = testing::random_normal(layout.num_params, 11, 0.02), g = testing::random_normal(layout.num_params, 12, 1.0);
         std::vector<std::byte> bucket;
         llmc::StepTimings tm;
         opt.compress(p, g, 1e-3f, bucket, tm);
@@ -404,10 +397,10 @@ TEST(compress_matches_cpu_optimizer) {
         for (int from_random = 0; from_random < 2; from_random++) {
             llmc::LocalTransport transport;
             demo::DemoOptimizer opt(cs.cfg, layout, transport);
-            const std::vector<float> m0 = from_random ? random_vector(n, 100, 1e-3) : std::vector<float>(n, 0.0f);
+            const std::vector<float> m0 = from_random ? testing::random_normal(n, 100, 1e-3) : std::vector<float>(n, 0.0f);
             if (from_random) set_cpu_momentum(opt, pt, m0);
-            std::vector<float> params = random_vector(n, 101, 0.02);
-            std::vector<float> grads = random_vector(n, 102, 1.0);
+            std::vector<float> params = testing::random_normal(n, 101, 0.02);
+            std::vector<float> grads = testing::random_normal(n, 102, 1.0);
             // clip the gradient as step() would; the canonical compress multiplies by the same scale
             std::vector<float> clipped = grads;
             const double norm = llmc::clip_grad_norm(clipped, cs.cfg.grad_clip);
@@ -436,13 +429,13 @@ TEST(compress_ties_match_cpu_optimizer) {
         const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{64, 64}, {96, 50}, {7}});
         const cm::PlanTables pt = cm::plan_tables(cfg, layout);
         const size_t n = layout.num_params, zeros = 64 * 64;
-        std::vector<float> m0 = random_vector(n, 500, 1e-3), grads = random_vector(n, 501, 1.0);
+        std::vector<float> m0 = testing::random_normal(n, 500, 1e-3), grads = testing::random_normal(n, 501, 1.0);
         std::fill(m0.begin(), m0.begin() + zeros, 0.0f);
         std::fill(grads.begin(), grads.begin() + zeros, 0.0f);
         llmc::LocalTransport transport;
         demo::DemoOptimizer opt(cfg, layout, transport);
         set_cpu_momentum(opt, pt, m0);
-        std::vector<float> params = random_vector(n, 502, 0.02);
+        std::vector<float> params = testing::random_normal(n, 502, 0.02);
         std::vector<std::byte> cpu_bucket, mine_bucket;
         llmc::StepTimings tm;
         opt.compress(params, grads, 1e-3f, cpu_bucket, tm);  // no clipping: clip scale 1
@@ -471,7 +464,7 @@ TEST(apply_matches_cpu_optimizer) {
         const size_t n = layout.num_params;
         for (int world : {1, 3}) {
             llmc::LocalTransport transport;
-            const std::vector<float> p0 = random_vector(n, 200, 0.02);
+            const std::vector<float> p0 = testing::random_normal(n, 200, 0.02);
             std::vector<float> p_cpu = p0;
             std::vector<std::byte> all;
             std::vector<size_t> offsets{0};
@@ -480,8 +473,8 @@ TEST(apply_matches_cpu_optimizer) {
             std::unique_ptr<demo::DemoOptimizer> rank0;
             for (int r = 0; r < world; r++) {
                 auto opt = std::make_unique<demo::DemoOptimizer>(cs.cfg, layout, transport);
-                set_cpu_momentum(*opt, pt, random_vector(n, 300 + r, 1e-3));
-                std::vector<float> g = random_vector(n, 400 + r, 1.0), p = p0;
+                set_cpu_momentum(*opt, pt, testing::random_normal(n, 300 + r, 1e-3));
+                std::vector<float> g = testing::random_normal(n, 400 + r, 1.0), p = p0;
                 std::vector<std::byte> b;
                 opt->compress(r == 0 ? p_cpu : p, g, lr, b, tm);  // rank 0's compress applies the weight decay
                 all.insert(all.end(), b.begin(), b.end());
@@ -507,7 +500,7 @@ TEST(apply_flags_corrupt_buckets) {
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
-    std::vector<float> delta(n, 0.0f), grads = random_vector(n, 9, 1.0), p = random_vector(n, 10, 0.02);
+    std::vector<float> delta(n, 0.0f), grads = testing::random_normal(n, 9, 1.0), p = testing::random_normal(n, 10, 0.02);
     std::vector<std::byte> bucket;
     cm::compress_plan_host(pt, delta.data(), grads.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
     const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 1, pt.bucket_bytes);

@@ -28,13 +28,6 @@ using llmc::DemoValueEncoding;
 // A layout of arbitrary named shapes, back to back (the optimizer only needs names, shapes and offsets).
 const std::vector<std::vector<size_t>> kShapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}};
 
-std::vector<float> random_vector(size_t n, uint64_t seed, double scale) {
-    llmc::Rng rng(seed);
-    std::vector<float> v(n);
-    for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-    return v;
-}
-
 bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -158,9 +151,9 @@ TEST(step_equals_compress_allgather_apply) {
     cfg.grad_clip = 1.0f;
     llmc::LocalTransport t1, t2;
     demo::DemoOptimizer a(cfg, layout, t1), b(cfg, layout, t2);
-    std::vector<float> pa = random_vector(layout.num_params, 1, 0.02), pb = pa;
+    std::vector<float> pa = testing::random_normal(layout.num_params, 1, 0.02), pb = pa;
     for (int s = 0; s < 3; s++) {
-        std::vector<float> ga = random_vector(layout.num_params, 100 + s, 1.0), gb = ga;
+        std::vector<float> ga = testing::random_normal(layout.num_params, 100 + s, 1.0), gb = ga;
         const llmc::StepResult r = a.step(pa, ga, 1e-3f);
         EXPECT(r.grad_norm > 1.0);  // clipping was active
         EXPECT(r.seconds.transform > 0.0 && r.seconds.topk > 0.0 && r.seconds.apply > 0.0);
@@ -182,10 +175,10 @@ TEST(identical_ranks_equal_one_rank) {
     // 4 ranks must reproduce 1 rank bit for bit.
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     const llmc::OptimizerConfig cfg = default_config();
-    const std::vector<float> p0 = random_vector(layout.num_params, 2, 0.02);
+    const std::vector<float> p0 = testing::random_normal(layout.num_params, 2, 0.02);
     std::vector<std::vector<std::vector<float>>> g1, g4;
     for (int s = 0; s < 3; s++) {
-        const std::vector<float> g = random_vector(layout.num_params, 200 + s, 1.0);
+        const std::vector<float> g = testing::random_normal(layout.num_params, 200 + s, 1.0);
         g1.push_back({g});
         g4.push_back({g, g, g, g});
     }
@@ -200,10 +193,10 @@ TEST(bit_identical_across_runs_and_thread_counts) {
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config();
     cfg.demo.values = DemoValueEncoding::bf16;
-    const std::vector<float> p0 = random_vector(layout.num_params, 4, 0.02);
+    const std::vector<float> p0 = testing::random_normal(layout.num_params, 4, 0.02);
     std::vector<std::vector<std::vector<float>>> grads;
     for (int s = 0; s < 2; s++)
-        grads.push_back({random_vector(layout.num_params, 300 + s, 1.0), random_vector(layout.num_params, 400 + s, 1.0)});
+        grads.push_back({testing::random_normal(layout.num_params, 300 + s, 1.0), testing::random_normal(layout.num_params, 400 + s, 1.0)});
     const std::vector<float> lrs = {1e-3f, 2e-3f};
     const int threads = omp_get_max_threads();
     const SimResult a = simulate(cfg, layout, p0, grads, lrs);
@@ -240,9 +233,9 @@ TEST(state_round_trip_and_rejection) {
     const llmc::OptimizerConfig cfg = default_config();
     llmc::LocalTransport transport;
     demo::DemoOptimizer a(cfg, layout, transport);
-    std::vector<float> pa = random_vector(layout.num_params, 5, 0.02);
+    std::vector<float> pa = testing::random_normal(layout.num_params, 5, 0.02);
     for (int s = 0; s < 2; s++) {
-        std::vector<float> g = random_vector(layout.num_params, 500 + s, 1.0);
+        std::vector<float> g = testing::random_normal(layout.num_params, 500 + s, 1.0);
         a.step(pa, g, 1e-3f);
     }
     llmc::ByteWriter w;
@@ -252,7 +245,7 @@ TEST(state_round_trip_and_rejection) {
     b.load_state(r);
     EXPECT(r.at_end());
     EXPECT(bit_equal(a.momentum(), std::vector<float>(b.momentum().begin(), b.momentum().end())));
-    std::vector<float> pb = pa, ga = random_vector(layout.num_params, 600, 1.0), gb = ga;
+    std::vector<float> pb = pa, ga = testing::random_normal(layout.num_params, 600, 1.0), gb = ga;
     a.step(pa, ga, 1e-3f);
     b.step(pb, gb, 1e-3f);
     EXPECT(bit_equal(pa, pb));
@@ -291,7 +284,7 @@ TEST(apply_rejects_foreign_buckets) {
     other_cfg.demo.topk = 5;
     llmc::LocalTransport transport;
     demo::DemoOptimizer mine(cfg, layout, transport), theirs(other_cfg, layout, transport);
-    std::vector<float> p = random_vector(layout.num_params, 6, 0.02), g = random_vector(layout.num_params, 7, 1.0);
+    std::vector<float> p = testing::random_normal(layout.num_params, 6, 0.02), g = testing::random_normal(layout.num_params, 7, 1.0);
     std::vector<std::byte> a, b;
     llmc::StepTimings tm;
     mine.compress(p, g, 1e-3f, a, tm);
@@ -316,8 +309,8 @@ TEST(runs_on_a_gpt2_layout) {
     llmc::OptimizerConfig cfg;  // defaults: topk 32, chunk 64
     llmc::LocalTransport transport;
     demo::DemoOptimizer opt(cfg, layout, transport);
-    std::vector<float> p = random_vector(layout.num_params, 8, 0.02), before = p;
-    std::vector<float> g = random_vector(layout.num_params, 9, 1.0);
+    std::vector<float> p = testing::random_normal(layout.num_params, 8, 0.02), before = p;
+    std::vector<float> g = testing::random_normal(layout.num_params, 9, 1.0);
     opt.step(p, g, 1e-3f);
     size_t moved = 0;
     for (size_t i = 0; i < p.size(); i++) {
@@ -397,12 +390,12 @@ struct CaseData {
 CaseData case_data(const RefCase& c, size_t case_index) {
     CaseData d;
     d.layout = llmc::ParamLayout::of_shapes(kShapes);
-    d.params0 = random_vector(d.layout.num_params, 1000 + case_index, 0.02);
+    d.params0 = testing::random_normal(d.layout.num_params, 1000 + case_index, 0.02);
     for (size_t s = 0; s < c.steps; s++) {
         d.lrs.push_back(static_cast<float>(1e-3 * (1 + (s % 3))));
         std::vector<std::vector<float>> per_rank;
         for (size_t r = 0; r < c.ranks; r++) {
-            std::vector<float> g = random_vector(d.layout.num_params, 10000 * case_index + 100 * s + r, 1.0);
+            std::vector<float> g = testing::random_normal(d.layout.num_params, 10000 * case_index + 100 * s + r, 1.0);
             for (size_t t = 0; t < d.layout.tensors.size(); t++) {
                 const auto& tt = d.layout.tensors[t];
                 const float scale = static_cast<float>(std::pow(0.3, static_cast<double>(t)));

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "llmc/rng.h"
+
 namespace testing {
 
 struct Registry {
@@ -22,6 +24,14 @@ struct Registry {
 struct Register {
     Register(const char* name, std::function<void()> fn) { Registry::get().tests.emplace_back(name, std::move(fn)); }
 };
+
+// n floats drawn from N(0, scale^2) by llmc::Rng(seed): the tests' random tensors.
+inline std::vector<float> random_normal(size_t n, uint64_t seed, double scale) {
+    llmc::Rng rng(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(rng.normal() * scale);
+    return v;
+}
 
 inline void report_failure(const char* file, int line, const std::string& what) {
     std::fprintf(stderr, "  FAILED %s:%d: %s\n", file, line, what.c_str());
