@@ -13,7 +13,9 @@
 //   mpirun -np 8 ./train_gpt --optimizer adamw          8 GPUs, AdamW-DDP (NCCL all-reduce)
 // Environment knobs (GPU-only, not in the shared config schema): LLMC_STOCHASTIC_ROUNDING=0 rounds the bf16
 // parameters to nearest instead of stochastically; LLMC_GELU_FUSION=0/1 forces the cuBLASLt GELU epilogue
-// off/on (default: on for sm_90+); LLMC_TRANSPORT=mpi moves gradients and DeMo buckets through pinned host
+// off/on (default: on for sm_90+); LLMC_ATTENTION=flash runs llmc/flash_attention.cuh (tensor-core tiles, no
+// T x T matrices in memory; bf16 build, head size 64) instead of the default cuBLASLt + softmax attention;
+// LLMC_TRANSPORT=mpi moves gradients and DeMo buckets through pinned host
 // memory and the MPI transport instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
 // LLMC_PROFILE_STEP=N brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off` or
 // `nsys profile --capture-range=cudaProfilerApi`.
@@ -103,6 +105,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     record["_run"]["precision"] = kFloatXName;
     record["_run"]["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
     record["_run"]["gelu_fusion"] = model.gelu_fusion();
+    record["_run"]["attention"] = model.attention_name();
     write_run_record(cfg.out_dir, record);
 }
 
@@ -182,10 +185,11 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, cfg.optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
-                    "%llu groups/epoch | activations %.0f MiB\n",
+                    "%llu groups/epoch | activations %.0f MiB (%s attention)\n",
                     cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),
                     static_cast<unsigned long long>(train_loader.total_tokens()),
-                    static_cast<unsigned long long>(train_loader.groups_per_epoch()), model.activation_bytes() / 1048576.0);
+                    static_cast<unsigned long long>(train_loader.groups_per_epoch()), model.activation_bytes() / 1048576.0,
+                    model.attention_name());
     }
 
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};

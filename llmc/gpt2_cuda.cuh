@@ -9,6 +9,11 @@
 //               (B, T) given at construction; smaller batches (sampling, B=1) reuse the same buffers.
 // The fp32 master weights and optimizer state belong to the DeviceOptimizer (optimizer_cuda.cuh).
 //
+// Attention: llmc/attention.cuh (cuBLASLt products and a softmax over the stored B x NH x T x T matrices, as
+// llm.c without cuDNN) by default; LLMC_ATTENTION=flash selects llmc/flash_attention.cuh (tensor-core tiles,
+// online softmax, only a log-sum-exp per row kept: bf16 build, head size 64), which drops those matrices from
+// the activations (12 x 400 MB for GPT-2 124M at B=16, T=1024).
+//
 // Precision: activations and parameters floatX (bf16 by default), every reduction and accumulation in fp32,
 // gradients fp32. Deterministic: no atomics anywhere (bucketed encoder backward, column reductions for bias and
 // LayerNorm gradients), so the same inputs give bit-identical gradients on the same GPU.
@@ -21,6 +26,7 @@
 #include "llmc/attention.cuh"
 #include "llmc/cuda_common.cuh"
 #include "llmc/encoder.cuh"
+#include "llmc/flash_attention.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/gpt2_layout.h"
@@ -43,6 +49,7 @@ public:
                        std::to_string(C) + " heads=" + std::to_string(config.num_heads));
         if (const char* s = std::getenv("LLMC_GELU_FUSION")) gelu_fusion_ = std::atoi(s) != 0;
         else gelu_fusion_ = env.props.major >= 9;  // as llm.c: the epilogue pays off on Hopper
+        flash_attention_ = attention_from_env(C, config.num_heads);
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -61,6 +68,8 @@ public:
     float* grads() { return grads_; }
     size_t activation_bytes() const { return act_mem_.bytes(); }
     bool gelu_fusion() const { return gelu_fusion_; }
+    bool flash_attention() const { return flash_attention_; }
+    const char* attention_name() const { return flash_attention_ ? "flash" : "matmul"; }
     int max_batch() const { return max_B_; }
     int max_seq() const { return max_T_; }
 
@@ -132,8 +141,9 @@ private:
         floatX *encoded;                       // (N, C)
         floatX *ln1;                           // (L, N, C)
         float *ln1_mean, *ln1_rstd;            // (L, N)
-        floatX *qkvr;                          // (L, 3, N, C) q, k, v permuted per head
-        floatX *att;                           // (L, B, NH, T, T)
+        floatX *qkvr;                          // (L, 3, N, C) q, k, v permuted per head; flash: (L, N, 3C) qkv
+        floatX *att;                           // (L, B, NH, T, T); flash: none
+        float *lse;                            // flash: (L, B, NH, T) log-sum-exp per attention row
         floatX *atty;                          // (L, N, C)
         floatX *residual2;                     // (L, N, C)
         floatX *ln2;                           // (L, N, C)
@@ -145,23 +155,37 @@ private:
         float *lnf_mean, *lnf_rstd;            // (N)
         floatX *logits;                        // (N, Vp); dlogits after a training forward
         float *losses;                         // (N)
-        floatX *qkv;                           // (N, 3C) forward scratch (clobbered by attention)
+        floatX *qkv;                           // (N, 3C) forward scratch (clobbered by attention); flash: none
         floatX *btc;                           // (N, C) forward scratch: projection outputs
-        floatX *preatt;                        // (B, NH, T, T) forward preatt / backward datt
+        floatX *preatt;                        // (B, NH, T, T) forward preatt / backward datt; flash: none
         floatX *dresidual;                     // (N, C) gradient of the residual stream
         floatX *dbtc;                          // (N, C)
         floatX *dbt4c;                         // (N, 4C) dfch, then dqkv
-        floatX *dqkvr;                         // (3, N, C)
-        floatX *dy;                            // (N, C) attention backward scratch
+        floatX *dqkvr;                         // (3, N, C); flash: none
+        floatX *dy;                            // (N, C) attention backward scratch; flash: none
+        float *delta;                          // flash: (B, NH, T) rowsum(dy * y)
         float *fscratch;                       // column-reduction partials
         int *inputs, *targets;                 // (N)
         int *encoder_plan;                     // EncoderBackwardPlan::device_ints(N)
     };
 
+    // LLMC_ATTENTION=flash|matmul (default matmul); flash where this build and model cannot run it is an error.
+    static bool attention_from_env(int C, int NH) {
+        const char* s = std::getenv("LLMC_ATTENTION");
+        const std::string choice = s ? s : "matmul";
+        LLMC_CHECK(choice == "flash" || choice == "matmul", "LLMC_ATTENTION must be flash or matmul; got '" + choice + "'");
+        if (choice == "matmul") return false;
+        const std::string why = flash_attention_unsupported(C, NH);
+        LLMC_CHECK(why.empty(), "LLMC_ATTENTION=flash: " + why + "; unset LLMC_ATTENTION to use the matmul attention");
+        return true;
+    }
+
     void plan_activations() {
         const size_t L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const size_t N = size_t(max_B_) * max_T_, Vp = config_.padded_vocab_size;
-        const size_t att = size_t(max_B_) * NH * max_T_ * max_T_;
+        const size_t att = flash_attention_ ? 0 : size_t(max_B_) * NH * max_T_ * max_T_;
+        const size_t matmul_only = flash_attention_ ? 0 : 1;  // buffers only the matmul attention uses
+        const size_t flash_only = flash_attention_ ? 1 : 0;
         n_cap_ = N;
         att_cap_ = att;
         auto& m = act_mem_;
@@ -171,6 +195,7 @@ private:
         m.add(&a_.ln1_rstd, L * N);
         m.add(&a_.qkvr, L * 3 * N * C);
         m.add(&a_.att, L * att);
+        m.add(&a_.lse, flash_only * L * N * NH);
         m.add(&a_.atty, L * N * C);
         m.add(&a_.residual2, L * N * C);
         m.add(&a_.ln2, L * N * C);
@@ -184,14 +209,15 @@ private:
         m.add(&a_.lnf_rstd, N);
         m.add(&a_.logits, N * Vp);
         m.add(&a_.losses, N);
-        m.add(&a_.qkv, N * 3 * C);
+        m.add(&a_.qkv, matmul_only * N * 3 * C);
         m.add(&a_.btc, N * C);
         m.add(&a_.preatt, att);
         m.add(&a_.dresidual, N * C);
         m.add(&a_.dbtc, N * C);
         m.add(&a_.dbt4c, N * 4 * C);
-        m.add(&a_.dqkvr, 3 * N * C);
-        m.add(&a_.dy, N * C);
+        m.add(&a_.dqkvr, matmul_only * 3 * N * C);
+        m.add(&a_.dy, matmul_only * N * C);
+        m.add(&a_.delta, flash_only * N * NH);
         const int Ni = static_cast<int>(N), Ci = static_cast<int>(C);
         size_t fs = layernorm_backward_scratch_floats(Ni, Ci);
         for (int oc : {3 * Ci, Ci, 4 * Ci}) fs = std::max(fs, matmul_backward_scratch_floats(Ni, oc));
@@ -206,6 +232,7 @@ private:
     // Per-layer slices of the activations (strides use the capacity, so any B*T <= capacity fits).
     floatX* lslice(floatX* base, int l, size_t per_token) const { return base + size_t(l) * n_cap_ * per_token; }
     float* lstat(float* base, int l) const { return base + size_t(l) * n_cap_; }
+    float* lse_slice(int l) const { return a_.lse + size_t(l) * n_cap_ * config_.num_heads; }
 
     void run_forward(const int* inputs, const int* targets, int B, int T, bool write_dlogits, float loss_scale) {
         LLMC_CHECK(B > 0 && T > 0 && B <= max_B_ && T <= max_T_ && size_t(B) * T <= n_cap_,
@@ -237,8 +264,13 @@ private:
             floatX* fch_gelu = lslice(a_.fch_gelu, l, 4 * C);
             floatX* residual3 = lslice(a_.residual3, l, C);
 
-            matmul_forward(env_, a_.qkv, ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
-            attention_forward(env_, atty, qkvr, att, a_.preatt, a_.qkv, B, T, C, NH);
+            if (flash_attention_) {  // qkv stays in the layer's qkvr slice for the backward
+                matmul_forward(env_, qkvr, ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
+                flash_attention_forward(env_, atty, lse_slice(l), qkvr, B, T, C, NH);
+            } else {
+                matmul_forward(env_, a_.qkv, ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
+                attention_forward(env_, atty, qkvr, att, a_.preatt, a_.qkv, B, T, C, NH);
+            }
             matmul_forward(env_, a_.btc, atty, layer(p, ParamKind::attprojw, l), layer(p, ParamKind::attprojb, l), N, C, C);
             fused_residual_layernorm_forward(residual2, ln2, lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), residual,
                                              a_.btc, layer(p, ParamKind::ln2w, l), layer(p, ParamKind::ln2b, l), N, C, s);
@@ -297,7 +329,10 @@ private:
             // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), layer(g, ParamKind::attprojb, l), fs,
                             a_.dresidual, atty, layer(p, ParamKind::attprojw, l), N, C, C);
-            attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
+            if (flash_attention_)
+                flash_attention_backward(env_, a_.dbt4c, a_.delta, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH);
+            else
+                attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
                             layer(p, ParamKind::qkvw, l), N, C, 3 * C);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
@@ -323,6 +358,7 @@ private:
     int max_B_, max_T_;
     size_t n_cap_ = 0, att_cap_ = 0;
     bool gelu_fusion_ = false;
+    bool flash_attention_ = false;
     DeviceArena param_mem_, grad_mem_, act_mem_;
     floatX* params_ = nullptr;
     float* grads_ = nullptr;

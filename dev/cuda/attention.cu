@@ -1,24 +1,45 @@
-// Checker for llmc/attention.cuh: causal attention forward (output and the kept softmax probabilities) and
-// backward (d qkv) against a CPU implementation per head in double, on a GPT-2 head layout (C=768, 12 heads)
-// and the tiny test model's (C=64, 4 heads, T=32); then timing at B=8, T=1024.
-// bf16 builds round preatt/att/datt to bf16 between the steps: a preatt of size ~2 rounded to bf16 moves its
-// probability by up to ~1%, so each output is checked against a bound proportional to the magnitude of the
-// terms it sums (sum of |att * v| for out, the like for the gradients), not to the output's own size, which
-// can cancel to near zero. Exit 0 PASS, 1 FAIL, 77 SKIP.
+// Checker for llmc/attention.cuh (the cuBLAS + softmax path) and llmc/flash_attention.cuh: causal attention
+// forward and backward against one CPU implementation per head in double, on a GPT-2 head layout (C=768,
+// 12 heads), the tiny test model's (C=64, 4 heads, T=32), head size 12 with T=37, and head size 64 with T=200.
+//   matmul path: forward out and the kept softmax probabilities, backward d qkv.
+//   flash (bf16 build, head size 64; other shapes print why they are skipped): forward out, the log-sum-exp
+//   (base 2, max abs error 1e-3), backward d qkv from the flash forward's out and lse, and a second backward
+//   that must give the same bits (no atomics, so nothing may depend on block order). T=200 is not a multiple
+//   of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
+//   element a kernel never writes fails.
+// Then timing (median of several runs) of both paths at B=8 and B=16, T=1024, C=768, and flash / matmul.
+// bf16 builds round preatt/att/datt (flash: P and dS) to bf16 between the steps: a preatt of size ~2 rounded
+// to bf16 moves its probability by up to ~1%, so each output is checked against a bound proportional to the
+// magnitude of the terms it sums (sum of |att * v| for out, the like for the gradients), not to the output's
+// own size, which can cancel to near zero. Exit 0 PASS, 1 FAIL, 77 SKIP.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
 #include "dev/cuda/common.h"
 #include "llmc/attention.cuh"
+#include "llmc/flash_attention.cuh"
 
 using namespace llmc;
 
-static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, int NH) {
-    const std::string label = "(B=" + std::to_string(B) + ",T=" + std::to_string(T) + ",C=" + std::to_string(C) +
-                              ",NH=" + std::to_string(NH) + ")";
+// The CPU reference (double, stored as float) of one shape, with for each output the sum of the absolute
+// values of the terms it adds up (the bound of compare_bound).
+struct Reference {
+    std::vector<float> out, att, lse, dqkv;  // lse (B*NH, T) in base 2, as flash_attention_forward writes it
+    std::vector<float> mag_out, mag_dqkv;
+};
+
+static Reference reference(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C,
+                           int NH) {
     const int HS = C / NH;
     const double scale = 1.0 / std::sqrt(double(HS));
-    const auto qkv = check::random_floatX_values(size_t(B) * T * 3 * C, 1.0f, 31);
-    const auto dout = check::random_floatX_values(size_t(B) * T * C, 1.0f, 32);
-    std::vector<float> ref_out(size_t(B) * T * C), ref_att(size_t(B) * NH * T * T, 0.0f), ref_dqkv(qkv.size(), 0.0f);
-    std::vector<float> mag_out(ref_out.size(), 0.0f), mag_dqkv(qkv.size(), 0.0f);  // sums of |terms|
+    Reference r;
+    r.out.assign(size_t(B) * T * C, 0.0f);
+    r.att.assign(size_t(B) * NH * T * T, 0.0f);
+    r.lse.assign(size_t(B) * NH * T, 0.0f);
+    r.dqkv.assign(qkv.size(), 0.0f);
+    r.mag_out.assign(r.out.size(), 0.0f);
+    r.mag_dqkv.assign(qkv.size(), 0.0f);
 
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
@@ -36,20 +57,21 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, i
                 double sum = 0;
                 for (int u = 0; u <= t; u++) sum += (att[size_t(t) * T + u] = std::exp(att[size_t(t) * T + u] - mx));
                 for (int u = 0; u <= t; u++) att[size_t(t) * T + u] /= sum;
-                for (int u = 0; u < T; u++) ref_att[((size_t(b) * NH + h) * T + t) * T + u] = float(att[size_t(t) * T + u]);
+                r.lse[(size_t(b) * NH + h) * T + t] = float((mx + std::log(sum)) / std::log(2.0));
+                for (int u = 0; u < T; u++) r.att[((size_t(b) * NH + h) * T + t) * T + u] = float(att[size_t(t) * T + u]);
                 for (int d = 0; d < HS; d++) {
                     double y = 0, m = 0;
                     for (int u = 0; u <= t; u++) {
                         y += att[size_t(t) * T + u] * at(u, 2, d);
                         m += att[size_t(t) * T + u] * std::fabs(at(u, 2, d));
                     }
-                    ref_out[(size_t(b) * T + t) * C + h * HS + d] = float(y);
-                    mag_out[(size_t(b) * T + t) * C + h * HS + d] = float(m);
+                    r.out[(size_t(b) * T + t) * C + h * HS + d] = float(y);
+                    r.mag_out[(size_t(b) * T + t) * C + h * HS + d] = float(m);
                 }
             }
             // backward
-            auto dq = [&](int t, int which, int d) -> float& { return ref_dqkv[(size_t(b) * T + t) * 3 * C + which * C + h * HS + d]; };
-            auto mq = [&](int t, int which, int d) -> float& { return mag_dqkv[(size_t(b) * T + t) * 3 * C + which * C + h * HS + d]; };
+            auto dq = [&](int t, int which, int d) -> float& { return r.dqkv[(size_t(b) * T + t) * 3 * C + which * C + h * HS + d]; };
+            auto mq = [&](int t, int which, int d) -> float& { return r.mag_dqkv[(size_t(b) * T + t) * 3 * C + which * C + h * HS + d]; };
             std::vector<double> datt_mag(T);
             for (int t = 0; t < T; t++) {
                 const float* dy = &dout[(size_t(b) * T + t) * C + h * HS];
@@ -81,6 +103,68 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, i
                 }
             }
         }
+    return r;
+}
+
+// The q, k and v parts of a (B, T, 3C) gradient compared separately (different scales).
+static void compare_dqkv(check::Checker& ck, const std::string& prefix, const std::string& label,
+                         const std::vector<float>& g, const Reference& ref, int B, int T, int C, float factor) {
+    for (int which = 0; which < 3; which++) {
+        std::vector<float> gw, rw, mw;
+        for (size_t bt = 0; bt < size_t(B) * T; bt++)
+            for (int c = 0; c < C; c++) {
+                gw.push_back(g[bt * 3 * C + which * C + c]);
+                rw.push_back(ref.dqkv[bt * 3 * C + which * C + c]);
+                mw.push_back(ref.mag_dqkv[bt * 3 * C + which * C + c]);
+            }
+        const char* names[3] = {"dq ", "dk ", "dv "};
+        ck.compare_bound(prefix + names[which] + label, gw, rw, mw, factor);
+    }
+}
+
+// Flash attention on the same inputs as the matmul path, against the same reference.
+static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, const std::vector<float>& qkv,
+                        const std::vector<float>& dout, int B, int T, int C, int NH, const std::string& label,
+                        float factor) {
+    const std::string why = flash_attention_unsupported(C, NH);
+    if (!why.empty()) {
+        std::printf("  flash %s skipped: %s\n", label.c_str(), why.c_str());
+        return;
+    }
+    auto d_qkv = check::to_device_floatX(qkv);  // a fresh copy: attention_forward clobbered the first
+    auto d_dout = check::to_device_floatX(dout);
+    const size_t btc = size_t(B) * T * C, rows = flash_attention_lse_floats(B, T, NH);
+    DeviceBuffer<floatX> out(btc), dqkv(3 * btc), dqkv2(3 * btc);
+    DeviceBuffer<float> lse(rows), delta(rows);
+    // All-ones bits are NaN in bf16 and fp32: an element no kernel writes fails its comparison. The second
+    // backward's buffer starts as zeros, so an unwritten element also breaks the bit-identical check.
+    CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), env.stream));
+    CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xff, lse.bytes(), env.stream));
+    CUDA_CHECK(cudaMemsetAsync(dqkv.data(), 0xff, dqkv.bytes(), env.stream));
+    CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0, dqkv2.bytes(), env.stream));
+    flash_attention_forward(env, out.data(), lse.data(), d_qkv.data(), B, T, C, NH);
+    env.sync();
+    ck.compare_bound("flash forward out " + label, check::from_device_floatX(out), ref.out, ref.mag_out, factor);
+    ck.compare("flash forward lse " + label, check::from_device(lse), ref.lse, 1e-3f, 0.0f);
+    auto backward = [&](DeviceBuffer<floatX>& g) {
+        flash_attention_backward(env, g.data(), delta.data(), d_dout.data(), out.data(), d_qkv.data(), lse.data(), B,
+                                 T, C, NH);
+        env.sync();
+    };
+    backward(dqkv);
+    compare_dqkv(ck, "flash backward ", label, check::from_device_floatX(dqkv), ref, B, T, C, 2 * factor);
+    backward(dqkv2);
+    const auto g1 = dqkv.download(), g2 = dqkv2.download();
+    ck.expect(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(floatX)) == 0,
+              "flash backward bit-identical on rerun " + label);
+}
+
+static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, int NH) {
+    const std::string label = "(B=" + std::to_string(B) + ",T=" + std::to_string(T) + ",C=" + std::to_string(C) +
+                              ",NH=" + std::to_string(NH) + ")";
+    const auto qkv = check::random_floatX_values(size_t(B) * T * 3 * C, 1.0f, 31);
+    const auto dout = check::random_floatX_values(size_t(B) * T * C, 1.0f, 32);
+    const Reference ref = reference(qkv, dout, B, T, C, NH);
 
     auto d_qkv = check::to_device_floatX(qkv);
     auto d_dout = check::to_device_floatX(dout);
@@ -91,45 +175,83 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, i
     attention_forward(env, out.data(), qkvr.data(), att.data(), preatt.data(), d_qkv.data(), B, T, C, NH);
     env.sync();
     const float factor = kFloatXIsFloat ? 1e-4f : 2e-2f;
-    ck.compare_bound("forward out " + label, check::from_device_floatX(out), ref_out, mag_out, factor);
-    ck.compare("forward att " + label, check::from_device_floatX(att), ref_att, 1e-3f);
+    ck.compare_bound("forward out " + label, check::from_device_floatX(out), ref.out, ref.mag_out, factor);
+    ck.compare("forward att " + label, check::from_device_floatX(att), ref.att, 1e-3f);
     attention_backward(env, dinp.data(), dqkvr.data(), datt.data(), dy.data(), d_dout.data(), qkvr.data(), att.data(), B, T, C, NH);
     env.sync();
-    const auto g = check::from_device_floatX(dinp);
-    // compare q, k, v gradients separately (different scales)
-    for (int which = 0; which < 3; which++) {
-        std::vector<float> gw, rw, mw;
-        for (size_t bt = 0; bt < size_t(B) * T; bt++)
-            for (int c = 0; c < C; c++) {
-                gw.push_back(g[bt * 3 * C + which * C + c]);
-                rw.push_back(ref_dqkv[bt * 3 * C + which * C + c]);
-                mw.push_back(mag_dqkv[bt * 3 * C + which * C + c]);
-            }
-        const char* names[3] = {"backward dq ", "backward dk ", "backward dv "};
-        ck.compare_bound(names[which] + label, gw, rw, mw, 2 * factor);
+    compare_dqkv(ck, "backward ", label, check::from_device_floatX(dinp), ref, B, T, C, 2 * factor);
+    check_flash(env, ck, ref, qkv, dout, B, T, C, NH, label, factor);
+}
+
+// Median of 7 samples of check::time_ms (a warm-up and 3 timed runs each): a slow sample (clocks ramping,
+// another process on the GPU) moves an average but not the median.
+template <typename F>
+static float median_ms(cudaStream_t stream, F&& f) {
+    std::array<float, 7> ms;
+    for (float& m : ms) m = check::time_ms(stream, 3, f);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+// Times both paths at one shape (zero inputs: the kernels' work does not depend on the values).
+static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
+    const std::string shape = "(B=" + std::to_string(B) + ",T=" + std::to_string(T) + ")";
+    const int HS = C / NH;
+    const size_t btc = size_t(B) * T * C;
+    float mm_fwd = 0.0f, mm_bwd = 0.0f;
+    {  // scoped: frees the three B x NH x T x T buffers before flash allocates
+        DeviceBuffer<floatX> qkv(3 * btc), out(btc), qkvr(3 * btc), att(attention_scratch_elems(B, T, NH)),
+            preatt(attention_scratch_elems(B, T, NH)), dinp(3 * btc), dqkvr(3 * btc),
+            datt(attention_scratch_elems(B, T, NH)), dy(btc);
+        CUDA_CHECK(cudaMemsetAsync(qkv.data(), 0, qkv.bytes(), env.stream));
+        CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.bytes(), env.stream));
+        const double flops = 4.0 * B * NH * double(T) * T * HS;  // two full-square matmuls (causal half wasted)
+        mm_fwd = median_ms(env.stream, [&] {
+            attention_forward(env, out.data(), qkvr.data(), att.data(), preatt.data(), qkv.data(), B, T, C, NH);
+        });
+        check::report_flops(("attention_forward " + shape).c_str(), mm_fwd, flops);
+        mm_bwd = median_ms(env.stream, [&] {
+            attention_backward(env, dinp.data(), dqkvr.data(), datt.data(), dy.data(), out.data(), qkvr.data(),
+                               att.data(), B, T, C, NH);
+        });
+        check::report_flops(("attention_backward " + shape).c_str(), mm_bwd, 2 * flops);
     }
+    const std::string why = flash_attention_unsupported(C, NH);
+    if (!why.empty()) {
+        std::printf("flash timing %s skipped: %s\n", shape.c_str(), why.c_str());
+        return;
+    }
+    const size_t rows = flash_attention_lse_floats(B, T, NH);
+    DeviceBuffer<floatX> qkv(3 * btc), out(btc), dout(btc), dqkv(3 * btc);
+    DeviceBuffer<float> lse(rows), delta(rows);
+    CUDA_CHECK(cudaMemsetAsync(qkv.data(), 0, qkv.bytes(), env.stream));
+    CUDA_CHECK(cudaMemsetAsync(dout.data(), 0, dout.bytes(), env.stream));
+    const double flops = 2 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * HS;  // two matmuls, causal half only
+    const float fwd = median_ms(env.stream, [&] {
+        flash_attention_forward(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    });
+    check::report_flops(("flash_forward " + shape).c_str(), fwd, flops);
+    // out and lse now hold the forward's results, as a training step's backward would see them
+    const float bwd = median_ms(env.stream, [&] {
+        flash_attention_backward(env, dqkv.data(), delta.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
+                                 C, NH);
+    });
+    check::report_flops(("flash_backward " + shape).c_str(), bwd, 2.5 * flops);
+    std::printf("TIME %-32s fwd %.3f  bwd %.3f  (time ratio; speedup fwd %.2fx, bwd %.2fx)\n",
+                ("flash / matmul " + shape).c_str(), fwd / mm_fwd, bwd / mm_bwd, mm_fwd / fwd, mm_bwd / bwd);
 }
 
 int main() {
     return check::run_checker("attention", [](CudaEnv& env, check::Checker& ck) {
         check_shape(env, ck, 2, 256, 768, 12);
-        check_shape(env, ck, 4, 32, 64, 4);  // the tiny reference model
-        check_shape(env, ck, 2, 37, 48, 4);  // head size 12, T 37: the scalar (non-128-bit) kernels
-        const int B = 8, T = 1024, C = 768, NH = 12;
-        const size_t btc = size_t(B) * T * C;
-        DeviceBuffer<floatX> qkv(3 * btc), out(btc), qkvr(3 * btc), att(attention_scratch_elems(B, T, NH)),
-            preatt(attention_scratch_elems(B, T, NH)), dinp(3 * btc), dqkvr(3 * btc), datt(attention_scratch_elems(B, T, NH)),
-            dy(btc);
-        CUDA_CHECK(cudaMemset(qkv.data(), 0, qkv.bytes()));
-        CUDA_CHECK(cudaMemset(out.data(), 0, out.bytes()));
-        const double flops = 4.0 * B * NH * double(T) * T * (C / NH);  // two full-square matmuls (causal half wasted)
-        const float f = check::time_ms(env.stream, 10, [&] {
-            attention_forward(env, out.data(), qkvr.data(), att.data(), preatt.data(), qkv.data(), B, T, C, NH);
-        });
-        check::report_flops("attention_forward (B=8,T=1024)", f, flops);
-        const float b = check::time_ms(env.stream, 10, [&] {
-            attention_backward(env, dinp.data(), dqkvr.data(), datt.data(), dy.data(), out.data(), qkvr.data(), att.data(), B, T, C, NH);
-        });
-        check::report_flops("attention_backward (B=8,T=1024)", b, 2 * flops);
+        check_shape(env, ck, 4, 32, 64, 4);    // the tiny reference model
+        check_shape(env, ck, 2, 37, 48, 4);    // head size 12, T 37: the scalar (non-128-bit) kernels
+        check_shape(env, ck, 2, 200, 128, 2);  // head size 64, T 200: flash's last 64-row tile is partial
+        std::printf("timing: median of 7 x (mean of 3 runs). TFLOP/s counts: matmul path the full T x T squares it\n"
+                    "multiplies (fwd 2 matmuls x 2*B*NH*T*T*HS, bwd 2x fwd); flash the causal half (fwd 2 matmuls x\n"
+                    "2*B*NH*T(T+1)/2*HS, bwd 2.5x fwd: the algorithm's S, dP, dV, dK, dQ products, though the\n"
+                    "kernels run seven, recomputing S and dP for dQ)\n");
+        time_shape(env, 8, 1024, 768, 12);
+        time_shape(env, 16, 1024, 768, 12);
     });
 }

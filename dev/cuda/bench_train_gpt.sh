@@ -3,7 +3,8 @@
 # GPU, AdamW-DDP and DeMo (top-k 32) at the same batch. Prints, per optimizer, the median step time over the
 # steps after warm-up, tokens/s and MFU (llm.c's estimate: 6N + 6LCT flops per token against the GPU's dense
 # bf16 peak, so the figures compare with llm.c's printout), the optimizer's own time per step, and DeMo's step
-# time relative to AdamW's (issue target: within 5%). When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it
+# time relative to AdamW's (issue target: within 5%). Then both again with LLMC_ATTENTION=flash
+# (llmc/flash_attention.cuh) instead of the default cuBLASLt + softmax attention. When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it
 # runs that too, at the same batch and data, for a same-GPU baseline.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
 # Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
@@ -41,22 +42,34 @@ print(f"STEPMS {label} {ms:.4f}")
 EOF
 }
 
-run_ours() {  # run_ours <optimizer> [flags]
-  local opt=$1; shift
-  rm -rf "$out/$opt"
-  ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps "$STEPS" --optimizer "$opt" \
-    --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 10 --out_dir "$out/$opt" "$@" \
-    >"$out/$opt.log" 2>&1 || { echo "bench_train_gpt: train_gpt --optimizer $opt failed:"; tail -5 "$out/$opt.log"; return 1; }
-  summarize "train_gpt $opt" "$out/$opt/metrics.jsonl" | tee -a "$out/summary.txt"
+run_ours() {  # run_ours <attention: matmul|flash> <optimizer> [flags]; label "<optimizer>" or "<optimizer>-flash"
+  local attention=$1 opt=$2; shift 2
+  local label=$opt
+  [[ $attention == flash ]] && label=$opt-flash
+  rm -rf "${out:?}/$label"
+  LLMC_ATTENTION=$attention ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps "$STEPS" \
+    --optimizer "$opt" --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 10 \
+    --out_dir "$out/$label" "$@" >"$out/$label.log" 2>&1 ||
+    { echo "bench_train_gpt: train_gpt $label failed:"; tail -5 "$out/$label.log"; return 1; }
+  summarize "train_gpt $label" "$out/$label/metrics.jsonl" | tee -a "$out/summary.txt"
+  grep -o 'activations [0-9]* MiB' "$out/$label.log" | head -1 | sed "s/^/MEMORY train_gpt $label: /"
+}
+ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
+  local a b
+  a=$(awk -v l="$1" '$1 == "STEPMS" && $3 == l {print $4}' "$out/summary.txt")
+  b=$(awk -v l="$2" '$1 == "STEPMS" && $3 == l {print $4}' "$out/summary.txt")
+  awk -v a="$a" -v b="$b" -v w="$3" 'BEGIN { printf "RESULT %s = %.4f (%+.1f%%)\n", w, b / a, 100 * (b / a - 1) }'
 }
 
 : >"$out/summary.txt"
 nvidia-smi -L
-run_ours adamw
-run_ours demo --demo_topk 32
-a=$(awk '/^STEPMS train_gpt adamw/ {print $4}' "$out/summary.txt")
-d=$(awk '/^STEPMS train_gpt demo/ {print $4}' "$out/summary.txt")
-awk -v a="$a" -v d="$d" 'BEGIN { printf "RESULT DeMo step / AdamW step = %.4f (%+.1f%%; target within +5%%)\n", d / a, 100 * (d / a - 1) }'
+run_ours matmul adamw
+run_ours matmul demo --demo_topk 32
+ratio adamw demo "DeMo step / AdamW step (target within +5%)"
+run_ours flash adamw
+run_ours flash demo --demo_topk 32
+ratio adamw-flash demo-flash "DeMo step / AdamW step, flash attention (target within +5%)"
+ratio adamw adamw-flash "AdamW step with flash attention / with matmul attention"
 
 if [[ -n ${LLMC_UPSTREAM:-} && -x $LLMC_UPSTREAM ]]; then
   # llm.c's own trainer (train_gpt2cu, bf16, no cuDNN) on the same shards: d12 from scratch, same B and T, no

@@ -1,8 +1,9 @@
 // Runs CUDA kernel code on the CPU, one thread block at a time, so kernels can be tested on machines without
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
-// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp) are cooperative barriers, and dynamic
-// shared memory is a host array (EMU_DEFINE_SHARED) that a test should fill with a poison pattern (e.g. 0xff
-// bytes: NaN) before every block, as the GPU leaves it undefined (test/emu_demo_kernels.cpp does).
+// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp, and mma.sync m16n8k16 bf16 and
+// ldmatrix, which kernels reach through wrappers that test LLMC_BLOCK_EMULATOR) are cooperative barriers, and
+// dynamic shared memory is a host array (EMU_DEFINE_SHARED) that a test should fill with a poison pattern (e.g.
+// 0xff bytes: NaN) before every block, as the GPU leaves it undefined (test/emu_demo_kernels.cpp does).
 //
 // What it proves: the kernel's indexing, its shared-memory protocol and its arithmetic (g++ compiles the same
 // source; fp32 operations round as on the GPU except denormals, which the GPU flushes under --use_fast_math).
@@ -120,6 +121,7 @@ struct BlockState {
     int current = -1;  // linear thread id of the running fiber
     std::function<void()> body;
     uint64_t slots[32][32];  // per warp: one 64-bit exchange word per lane
+    uint32_t mma[32][32][6];  // per warp: each lane's A and B fragment registers of an emulated mma.sync
 };
 
 inline BlockState*& active_block() {
@@ -284,7 +286,70 @@ T reduce(T v, Op op) {
     return r;
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling lane: d += A * B, where the warp's 32
+// lanes hold A (16 x 16) and B (16 x 8) as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16 with
+// floating point type"; g = lane / 4, t = lane % 4): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..],
+// a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..][g]; d[0..1] = D[g][2t..2t+1],
+// d[2..3] = D[g+8][2t..] (the low half of each register is the lower column / row). The products of bf16
+// values are exact in double and summed there, then added to d once: the hardware's internal order and
+// precision are unspecified, so tests hold results to a tolerance, not to bits.
+inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    BlockState* b = active_block();
+    uint32_t(*w)[6] = b->mma[b->current >> 5];
+    const int me = lane();
+    for (int i = 0; i < 4; i++) w[me][i] = a[i];
+    w[me][4] = b0;
+    w[me][5] = b1;
+    wait_at(BlockState::Wait::Warp);
+    auto half = [](uint32_t reg, int hi) {
+        const uint32_t bits = (hi ? reg >> 16 : reg & 0xffffu) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof(f));
+        return double(f);
+    };
+    auto A = [&](int r, int k) {  // the lane and register that hold A[r][k]
+        const int reg = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+        return half(w[(r % 8) * 4 + (k % 8) / 2][reg], k & 1);
+    };
+    auto B = [&](int k, int n) { return half(w[n * 4 + (k % 8) / 2][k >= 8 ? 5 : 4], k & 1); };
+    const int g = me / 4, t = me % 4;
+    double sum[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + (i & 1);
+        for (int k = 0; k < 16; k++) sum[i] += A(r, k) * B(k, n);
+    }
+    wait_at(BlockState::Wait::Warp);
+    for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 for the calling lane: lanes 8i..8i+7 give the addresses of
+// rows 0..7 of matrix i (8 consecutive 16-bit elements each); register i of lane l receives, without .trans,
+// elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix i, and with .trans (column-major) elements
+// (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4); the first in the low half (PTX ISA, "Warp-level matrix load
+// instruction: ldmatrix").
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+    uint64_t* s = warp_slots();
+    const int me = lane();
+    s[me] = reinterpret_cast<uintptr_t>(row);
+    wait_at(BlockState::Wait::Warp);
+    auto element = [&](int matrix, int rr, int c) {
+        uint16_t v;
+        std::memcpy(&v, reinterpret_cast<const uint16_t*>(uintptr_t(s[8 * matrix + rr])) + c, sizeof(v));
+        return uint32_t(v);
+    };
+    const int g = me / 4, t = me % 4;
+    for (int i = 0; i < 4; i++) {
+        const uint32_t lo = trans ? element(i, 2 * t, g) : element(i, g, 2 * t);
+        const uint32_t hi = trans ? element(i, 2 * t + 1, g) : element(i, g, 2 * t + 1);
+        r[i] = lo | (hi << 16);
+    }
+    wait_at(BlockState::Wait::Warp);
+}
+
 }  // namespace emu
+
+// Kernel headers test this to route warp-level matrix instructions (mma.sync) to the emulation above.
+#define LLMC_BLOCK_EMULATOR 1
 
 // ---- the CUDA names device code uses ------------------------------------------------------------------------
 #define threadIdx (::emu::thread_index())

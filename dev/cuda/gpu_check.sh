@@ -3,8 +3,9 @@
 # prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings).
 # With ./train_gpt and data/default present it also runs the trainer's determinism and resume check
 # (dev/cuda/check_train_gpt_resume.sh) and the end-to-end benchmark (dev/cuda/bench_train_gpt.sh).
-# The GPU tests' PyTorch reference (build/reference/tiny) is generated first if missing and a python3 with
-# torch is found.
+# The GPU tests' PyTorch references (build/reference/tiny; build/reference/hs64, a head size of 64 for the
+# flash attention run of gpu_test_gpt2 with LLMC_ATTENTION=flash) are generated first if missing and a python3
+# with torch is found.
 # Without a GPU (no nvidia-smi, or it lists no device) it prints "no CUDA device: GPU checks skipped" and exits
 # 0. Otherwise it exits 1 when any binary failed. Full logs: build/cuda-logs/<name>.log.
 # Each binary gets GPU_CHECK_TIMEOUT seconds (default 180); a hang counts as a failure.
@@ -34,16 +35,21 @@ logdir=build/cuda-logs
 mkdir -p "$logdir"
 nvidia-smi -L
 echo
-if [[ ! -f build/reference/tiny/state.bin ]]; then
+reference() {  # reference <name> <gpt2_reference.py flags...>: build/reference/<name> unless it exists
+  local name=$1; shift
+  [[ -f build/reference/$name/state.bin ]] && return
   for py in /usr/bin/python3 python3; do
     if "$py" -c 'import torch, numpy' 2>/dev/null; then
-      echo "generating build/reference/tiny with $py (PyTorch reference)"
-      "$py" dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny \
-        >"$logdir/reference.log" 2>&1 || echo "reference generation failed: see $logdir/reference.log"
-      break
+      echo "generating build/reference/$name with $py (PyTorch reference)"
+      "$py" dev/reference/gpt2_reference.py "$@" --out-dir "build/reference/$name" \
+        >"$logdir/reference-$name.log" 2>&1 || echo "reference generation failed: see $logdir/reference-$name.log"
+      return
     fi
   done
-fi
+}
+reference tiny --config tiny --batch 4 --seq 32
+# two heads of 64 and T = 96: one full and one partial 64-row flash tile
+reference hs64 --config tiny --channels 128 --heads 2 --max-seq-len 128 --batch 4 --seq 96
 passed=0; failed=0; skipped=0; failed_names=()
 declare -a rows timings
 for bin in "${bins[@]}"; do
@@ -65,6 +71,20 @@ for bin in "${bins[@]}"; do
     grep -E 'FAIL|error|TIMEOUT' "$log" | head -n 20 | sed 's/^/    /'
   fi
 done
+
+# Flash attention in the whole model against PyTorch (the binary above ran the default matmul attention).
+if [[ -x build/cuda/gpu_test_gpt2 && ( -z "$filter" || "gpu_test_gpt2_flash" == *"$filter"* ) ]]; then
+  start=$(date +%s.%N)
+  LLMC_ATTENTION=flash timeout "${GPU_CHECK_TIMEOUT:-180}" build/cuda/gpu_test_gpt2 build/reference/hs64 \
+    >"$logdir/gpu_test_gpt2_flash.log" 2>&1; rc=$?
+  secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
+  elif [[ $rc -eq 77 ]]; then status=SKIP; skipped=$((skipped+1))
+  else status=FAIL; failed=$((failed+1)); failed_names+=(gpu_test_gpt2_flash)
+    grep -E 'FAIL|error' "$logdir/gpu_test_gpt2_flash.log" | head -n 20 | sed 's/^/    /'
+  fi
+  rows+=("$(printf '%-22s %-5s %7ss' gpu_test_gpt2_flash "$status" "$secs")")
+fi
 
 # The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
 if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
@@ -90,7 +110,7 @@ echo
 bench_rc=0
 if [[ -z "$filter" && -x ./train_gpt ]] && ls data/default/default_train_*.bin >/dev/null 2>&1; then
   echo "end-to-end benchmark (dev/cuda/bench_train_gpt.sh):"
-  dev/cuda/bench_train_gpt.sh | grep '^RESULT' | sed 's/^RESULT /  /'; bench_rc=${PIPESTATUS[0]}
+  dev/cuda/bench_train_gpt.sh | grep -E '^(RESULT|MEMORY) ' | sed -E 's/^(RESULT|MEMORY) /  /'; bench_rc=${PIPESTATUS[0]}
   echo
 fi
 [[ $failed -gt 0 ]] && echo "failed: ${failed_names[*]}"

@@ -1,0 +1,275 @@
+// The flash attention kernels of llmc/flash_attention.cuh run on the CPU through dev/cuda/block_emulator.h
+// (which emulates mma.sync m16n8k16 and ldmatrix from the PTX ISA's fragment tables) against a double-precision reference of
+// causal softmax attention written from the definition: y_t = sum_{j<=t} p_tj v_j with p = softmax_j(q_t.k_j / 8),
+// the log-sum-exp per row, and the backward dq, dk, dv for a random dy (dp_tj = dy_t.v_j,
+// ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8, dk_j = sum_t ds_tj q_t / 8,
+// dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the 64-row tile, batch and heads
+// above one. The kernels are deterministic by construction (no atomics), so every block order gives the same
+// bits.
+//
+// Tolerances: the kernels round P and dS to bf16 for the tensor-core products (relative 2^-9 per term) and
+// store y, dq, dk, dv in bf16, so each output tensor is held to max |err| <= 1.5e-2 x max |ref| and to an RMS
+// error <= 5e-3 x RMS of the reference; lse (fp32, computed from fp32 logits) to 2e-4 absolute. A wrong fragment
+// layout, mask or tile index gives errors of the order of the values themselves.
+#include "dev/cuda/block_emulator.h"
+// block_emulator.h first: the kernels below see its threadIdx, intrinsics and the mma emulation.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/flash_attention.cuh"
+#include "test/testing.h"
+
+EMU_DEFINE_SHARED(llmc::flash, flash_smem)
+
+namespace {
+
+using emu::Dim3;
+using emu::Order;
+using llmc::flash::bf16;
+namespace flash = llmc::flash;
+
+constexpr int HS = flash::kHeadSize;
+
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = __float2bfloat16_rn(v[i]);
+    return out;
+}
+std::vector<float> to_float(const std::vector<bf16>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = __bfloat162float(v[i]);
+    return out;
+}
+
+// Every block of the grid; dynamic shared memory poisoned (0xff bytes: bf16 and fp32 NaN) before each, as the
+// GPU leaves it undefined: a fragment read from a tile row that was never staged shows up as NaN.
+void launch(Dim3 grid, Order order, const std::function<void()>& kernel) {
+    for (unsigned y = 0; y < grid.y; y++)
+        for (unsigned x = 0; x < grid.x; x++) {
+            std::memset(flash::flash_smem, 0xff, EMU_SHARED_BYTES);
+            emu::run_block(Dim3{flash::kThreads, 1, 1}, Dim3{x, y, 0}, grid, order, 99, kernel);
+        }
+}
+
+// Relative error of a whole tensor against its reference: max and RMS, each over the reference's max / RMS.
+void expect_tensor_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& ref) {
+    EXPECT_EQ(got.size(), ref.size());
+    double max_err = 0, max_ref = 0, se = 0, sr = 0;
+    for (size_t i = 0; i < got.size() && i < ref.size(); i++) {
+        const double e = std::fabs(double(got[i]) - ref[i]);
+        max_err = std::isnan(e) ? INFINITY : std::max(max_err, e);
+        max_ref = std::max(max_ref, std::fabs(ref[i]));
+        se += e * e;
+        sr += ref[i] * ref[i];
+    }
+    const double rel_max = max_err / max_ref, rel_rms = std::sqrt(se / sr);
+    const bool ok = rel_max <= 1.5e-2 && rel_rms <= 5e-3;
+    std::printf("  %-34s max err %.2e (%.2e of max |ref| %.3g), rms err %.2e of rms ref%s\n", what.c_str(), max_err,
+                rel_max, max_ref, rel_rms, ok ? "" : "  FAIL");
+    EXPECT(ok);
+}
+
+struct Reference {
+    std::vector<double> y, lse, dqkv;
+};
+
+// Causal attention of qkv (B, T, 3, NH, HS) in double; lse in base 2.
+Reference reference(const std::vector<float>& qkv, const std::vector<float>& dy, int B, int T, int NH) {
+    const int C = NH * HS;
+    const double scale = 1.0 / std::sqrt(double(HS));
+    Reference r;
+    r.y.assign(size_t(B) * T * C, 0.0);
+    r.lse.assign(size_t(B) * NH * T, 0.0);
+    r.dqkv.assign(size_t(B) * T * 3 * C, 0.0);
+    auto at = [&](int b, int t, int part, int h) { return (size_t(b) * T + t) * 3 * C + size_t(part) * C + size_t(h) * HS; };
+    std::vector<double> p(T), dp(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double mx = -INFINITY;
+                for (int j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (int d = 0; d < HS; d++) s += double(qkv[at(b, t, 0, h) + d]) * qkv[at(b, j, 1, h) + d];
+                    p[j] = s * scale;
+                    mx = std::max(mx, p[j]);
+                }
+                double sum = 0;
+                for (int j = 0; j <= t; j++) sum += std::exp(p[j] - mx);
+                r.lse[(size_t(b) * NH + h) * T + t] = (mx + std::log(sum)) / std::log(2.0);
+                for (int j = 0; j <= t; j++) p[j] = std::exp(p[j] - mx) / sum;
+                const size_t yo = (size_t(b) * T + t) * C + size_t(h) * HS;
+                for (int j = 0; j <= t; j++)
+                    for (int d = 0; d < HS; d++) r.y[yo + d] += p[j] * qkv[at(b, j, 2, h) + d];
+                // backward of row t
+                double pdp = 0;
+                for (int j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (int d = 0; d < HS; d++) s += double(dy[yo + d]) * qkv[at(b, j, 2, h) + d];
+                    dp[j] = s;
+                    pdp += p[j] * s;
+                }
+                for (int j = 0; j <= t; j++) {
+                    const double ds = p[j] * (dp[j] - pdp);
+                    for (int d = 0; d < HS; d++) {
+                        r.dqkv[at(b, t, 0, h) + d] += scale * ds * qkv[at(b, j, 1, h) + d];
+                        r.dqkv[at(b, j, 1, h) + d] += scale * ds * qkv[at(b, t, 0, h) + d];
+                        r.dqkv[at(b, j, 2, h) + d] += p[j] * dy[yo + d];
+                    }
+                }
+            }
+    return r;
+}
+
+struct Result {
+    std::vector<bf16> y, dqkv;
+    std::vector<float> lse, delta;
+};
+
+// The kernels as flash_attention_forward / flash_attention_backward launch them.
+Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int T, int NH, Order order) {
+    const int C = NH * HS;
+    const size_t rows = llmc::flash_attention_lse_floats(B, T, NH);
+    Result r;
+    r.y.assign(size_t(B) * T * C, __float2bfloat16_rn(NAN));
+    r.dqkv.assign(size_t(B) * T * 3 * C, __float2bfloat16_rn(NAN));
+    r.lse.assign(rows, NAN);
+    r.delta.assign(rows, NAN);
+    const Dim3 grid{unsigned((T + flash::kTile - 1) / flash::kTile), unsigned(B * NH), 1};
+    const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
+    launch(grid, order, [&] { flash::flash_attention_forward_kernel(r.y.data(), r.lse.data(), qkv.data(), T, NH, sl2); });
+    const unsigned dblocks = unsigned((rows + 255) / 256);
+    for (unsigned x = 0; x < dblocks; x++)
+        emu::run_block(256, x, dblocks, order, 7,
+                       [&] { flash::flash_attention_delta_kernel(r.delta.data(), dy.data(), r.y.data(), B, T, NH); });
+    launch(grid, order, [&] {
+        flash::flash_attention_backward_kv_kernel(r.dqkv.data(), qkv.data(), dy.data(), r.lse.data(), r.delta.data(), T,
+                                                  NH, sl2, sc);
+    });
+    launch(grid, order, [&] {
+        flash::flash_attention_backward_q_kernel(r.dqkv.data(), qkv.data(), dy.data(), r.lse.data(), r.delta.data(), T, NH,
+                                                 sl2, sc);
+    });
+    return r;
+}
+
+void check_flash(int B, int T, int NH, uint64_t seed) {
+    std::printf("  B=%d T=%d NH=%d HS=%d\n", B, T, NH, HS);
+    const int C = NH * HS;
+    // q, k ~ N(0, 1.5^2): logits q.k / 8 of standard deviation ~1.1, so softmax rows are neither flat nor one-hot.
+    std::vector<float> qkv = testing::random_normal(size_t(B) * T * 3 * C, seed, 1.5);
+    std::vector<float> dy = testing::random_normal(size_t(B) * T * C, seed + 1, 1.0);
+    const std::vector<bf16> qkv_b = to_bf16(qkv), dy_b = to_bf16(dy);
+    qkv = to_float(qkv_b);  // the reference sees exactly the kernels' inputs
+    dy = to_float(dy_b);
+    const Reference ref = reference(qkv, dy, B, T, NH);
+    const Result got = run(qkv_b, dy_b, B, T, NH, Order::Forward);
+
+    expect_tensor_close("y (forward)", to_float(got.y), ref.y);
+    double lse_err = 0;
+    for (size_t i = 0; i < ref.lse.size(); i++) lse_err = std::max(lse_err, std::fabs(double(got.lse[i]) - ref.lse[i]));
+    std::printf("  %-34s max err %.2e%s\n", "lse (base 2)", lse_err, lse_err <= 2e-4 ? "" : "  FAIL");
+    EXPECT(lse_err <= 2e-4);
+    // dq, dk, dv separately: each has its own scale and its own kernel
+    const std::vector<float> dqkv = to_float(got.dqkv);
+    for (int part = 0; part < 3; part++) {
+        std::vector<float> g;
+        std::vector<double> r;
+        for (size_t row = 0; row < size_t(B) * T; row++)
+            for (int c = 0; c < C; c++) {
+                g.push_back(dqkv[row * 3 * C + size_t(part) * C + c]);
+                r.push_back(ref.dqkv[row * 3 * C + size_t(part) * C + c]);
+            }
+        expect_tensor_close(std::string("d") + "qkv"[part] + " (backward)", g, r);
+    }
+
+    for (Order order : {Order::Reverse, Order::Shuffled}) {
+        const Result again = run(qkv_b, dy_b, B, T, NH, order);
+        const bool same = std::memcmp(again.y.data(), got.y.data(), got.y.size() * sizeof(bf16)) == 0 &&
+                          std::memcmp(again.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)) == 0 &&
+                          std::memcmp(again.dqkv.data(), got.dqkv.data(), got.dqkv.size() * sizeof(bf16)) == 0;
+        std::printf("  %-34s %s\n", order == Order::Reverse ? "reverse thread order" : "shuffled thread order",
+                    same ? "same bits" : "DIFFERENT BITS  FAIL");
+        EXPECT(same);
+    }
+}
+
+TEST(flash_attention_one_tile) { check_flash(1, 64, 2, 11); }
+TEST(flash_attention_partial_tiles) { check_flash(2, 100, 1, 12); }
+TEST(flash_attention_four_tiles) { check_flash(1, 229, 2, 13); }
+
+TEST(flash_attention_support) {
+    EXPECT(llmc::flash_attention_unsupported(768, 12).empty() == !llmc::kFloatXIsFloat);
+    EXPECT(!llmc::flash_attention_unsupported(768, 6).empty());  // head size 128
+    EXPECT(llmc::flash_attention_unsupported(768, 6).find("head size 64") != std::string::npos ||
+           llmc::kFloatXIsFloat);
+}
+
+// The emulated mma.sync itself, against a plain 16 x 8 x 16 product of the matrices the fragments encode.
+TEST(emulated_mma_layout) {
+    std::vector<float> A = testing::random_normal(16 * 16, 5, 1.0), Bm = testing::random_normal(16 * 8, 6, 1.0);
+    A = to_float(to_bf16(A));
+    Bm = to_float(to_bf16(Bm));
+    std::vector<float> D(16 * 8, 0.0f);
+    emu::run_block(32, 0, 1, Order::Shuffled, 3, [&] {
+        const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+        auto a = [&](int r, int c) { return A[size_t(r) * 16 + c]; };
+        auto b = [&](int r, int c) { return Bm[size_t(r) * 8 + c]; };
+        const uint32_t af[4] = {flash::pack_bf16x2(a(g, 2 * t), a(g, 2 * t + 1)),
+                                flash::pack_bf16x2(a(g + 8, 2 * t), a(g + 8, 2 * t + 1)),
+                                flash::pack_bf16x2(a(g, 2 * t + 8), a(g, 2 * t + 9)),
+                                flash::pack_bf16x2(a(g + 8, 2 * t + 8), a(g + 8, 2 * t + 9))};
+        float d[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+        flash::mma_16816(d, af, flash::pack_bf16x2(b(2 * t, g), b(2 * t + 1, g)),
+                         flash::pack_bf16x2(b(2 * t + 8, g), b(2 * t + 9, g)));
+        D[size_t(g) * 8 + 2 * t] = d[0] - 1.0f;
+        D[size_t(g) * 8 + 2 * t + 1] = d[1] - 2.0f;
+        D[size_t(g + 8) * 8 + 2 * t] = d[2] - 3.0f;
+        D[size_t(g + 8) * 8 + 2 * t + 1] = d[3] - 4.0f;
+    });
+    double err = 0;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8; c++) {
+            double s = 0;
+            for (int k = 0; k < 16; k++) s += double(A[size_t(r) * 16 + k]) * Bm[size_t(k) * 8 + c];
+            err = std::max(err, std::fabs(s - D[size_t(r) * 8 + c]));
+        }
+    std::printf("  emulated mma vs plain product: max err %.2e\n", err);
+    EXPECT(err < 1e-5);
+}
+
+// The emulated ldmatrix (plain and .trans) against the fragment each lane must hold: A fragments of a
+// row-major 16 x 16 tile, and the B fragments for a tile whose rows are k (read transposed).
+TEST(emulated_ldmatrix_layout) {
+    std::vector<bf16> tile(size_t(16) * flash::kPitch);
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < flash::kPitch; c++) tile[size_t(r) * flash::kPitch + c] = __float2bfloat16_rn(float(r * 16 + c % 16));
+    auto at = [&](int r, int c) { return float(r * 16 + c); };  // exact in bf16 (< 256)
+    int bad = 0;
+    emu::run_block(32, 0, 1, Order::Shuffled, 4, [&] {
+        const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+        uint32_t a[4], b[4];
+        flash::load_a(a, tile.data(), 0, 0, lane);
+        const float want_a[4][2] = {{at(g, 2 * t), at(g, 2 * t + 1)},
+                                    {at(g + 8, 2 * t), at(g + 8, 2 * t + 1)},
+                                    {at(g, 2 * t + 8), at(g, 2 * t + 9)},
+                                    {at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9)}};
+        // B[k][n] = tile[k][n] for n-tiles 0 and 1: b0 = B[2t..2t+1][g], b1 = B[2t+8..][g], then n + 8
+        flash::ldmatrix_x4<true>(b, tile.data() + (lane & 15) * flash::kPitch + (lane >> 4) * 8);
+        const float want_b[4][2] = {{at(2 * t, g), at(2 * t + 1, g)},
+                                    {at(2 * t + 8, g), at(2 * t + 9, g)},
+                                    {at(2 * t, g + 8), at(2 * t + 1, g + 8)},
+                                    {at(2 * t + 8, g + 8), at(2 * t + 9, g + 8)}};
+        for (int i = 0; i < 4; i++) {
+            bad += flash::bf16_lo(a[i]) != want_a[i][0] || flash::bf16_hi(a[i]) != want_a[i][1];
+            bad += flash::bf16_lo(b[i]) != want_b[i][0] || flash::bf16_hi(b[i]) != want_b[i][1];
+        }
+    });
+    std::printf("  ldmatrix fragments: %d of 256 registers wrong\n", bad);
+    EXPECT_EQ(bad, 0);
+}
+
+}  // namespace
+
+TEST_MAIN()
