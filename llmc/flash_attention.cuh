@@ -15,7 +15,7 @@
 // Blocks are 4 warps; each warp owns 16 rows of the block's 64-row tile (its operand fragments stay in
 // registers) and walks the other operand in 64-row tiles staged in shared memory by cp.async, double-buffered
 // so the next tile loads while the tensor cores work on the current one. Registers are capped for 4, 2 and 3
-// resident blocks per SM (forward, dK/dV, dQ; ptxas spills 24 bytes in the forward at that cap). Staged rows are padded to 72 bf16
+// resident blocks per SM (forward, dK/dV, dQ; ptxas spills 32 bytes in the forward at that cap). Staged rows are padded to 72 bf16
 // (144 bytes): the 8 row addresses of each ldmatrix phase fall in 8 different 4-bank groups. Tiles are kept
 // row-major as in global memory; operands needed transposed (V in P V, dO in dV, Q in dK, K in dQ) are read
 // with ldmatrix.trans. Tiles below the diagonal are full; the diagonal tile masks key > query. Heavy tiles
@@ -198,6 +198,42 @@ __device__ __forceinline__ void warp_product_acc(float (&acc)[kNT][4], const flo
     }
 }
 
+// The rows of the (batch, head) of this block (blockIdx.y = b * NH + h): q, k, v in the qkv tensor (row stride
+// 3C), row 0 of the head in (B, T, C) tensors (y, dy) and in (B * NH, T) ones (lse, delta).
+struct Head {
+    int C;
+    size_t stride;
+    const bf16 *q, *k, *v;
+    size_t y_offset, row_offset;
+};
+__device__ __forceinline__ Head head_of_block(const bf16* qkv, int T, int NH) {
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    Head hd;
+    hd.C = NH * kHeadSize;
+    hd.stride = 3 * size_t(hd.C);
+    hd.q = qkv + size_t(b) * T * hd.stride + size_t(h) * kHeadSize;
+    hd.k = hd.q + hd.C;
+    hd.v = hd.q + 2 * hd.C;
+    hd.y_offset = size_t(b) * T * hd.C + size_t(h) * kHeadSize;
+    hd.row_offset = size_t(bh) * T;
+    return hd;
+}
+
+// Top of each step over the streamed tiles: starts copying the next tile into the other buffer (when `more`;
+// that buffer was freed by the barrier that ended the previous step), waits for the current one, and makes it
+// visible to the whole block.
+template <class StageNext>
+__device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_next) {
+    if (more) {
+        stage_next();
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // ---- kernels ---------------------------------------------------------------------------------------------------
 // grid (query tiles, B * NH), kThreads threads, kForwardSmem bytes. out (B, T, NH * 64); lse (B * NH, T) holds
 // max + log2(sum) of the base-2 logits x = q.k * scale * log2(e).
@@ -210,33 +246,23 @@ __global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf
     auto sV = [&](int buf) { return sQ + (2 + 2 * buf) * kTileElems; };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const int C = NH * kHeadSize;
-    const size_t stride = 3 * size_t(C);
-    const bf16* q = qkv + size_t(b) * T * stride + size_t(h) * kHeadSize;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
+    const Head hd = head_of_block(qkv, T, NH);
     const int q0 = qtile * kTile;
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
 
-    stage_tile(sQ, q, stride, q0, T);
-    stage_tile(sK(0), k, stride, 0, T);
-    stage_tile(sV(0), v, stride, 0, T);
+    stage_tile(sQ, hd.q, hd.stride, q0, T);
+    stage_tile(sK(0), hd.k, hd.stride, 0, T);
+    stage_tile(sV(0), hd.v, hd.stride, 0, T);
     cp_async_commit();
     uint32_t qa[kKT][4];
     float o[kNT][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share of the row sums
     for (int kt = 0; kt <= qtile; kt++) {
         const int buf = kt & 1;
-        if (kt < qtile) {  // next tile into the other buffer, freed by the barrier that ended the last iteration
-            stage_tile(sK(buf ^ 1), k, stride, (kt + 1) * kTile, T);
-            stage_tile(sV(buf ^ 1), v, stride, (kt + 1) * kTile, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        current_tile_ready(kt < qtile, [&] {
+            stage_tile(sK(buf ^ 1), hd.k, hd.stride, (kt + 1) * kTile, T);
+            stage_tile(sV(buf ^ 1), hd.v, hd.stride, (kt + 1) * kTile, T);
+        });
         if (kt == 0)
 #pragma unroll
             for (int kk = 0; kk < kKT; kk++) load_a(qa[kk], sQ, warp * 16, kk * 16, lane);
@@ -273,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf
         warp_product_acc(o, s, sV(buf), lane);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
-    bf16* y = out + size_t(b) * T * C + size_t(h) * kHeadSize;
+    bf16* y = out + hd.y_offset;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -282,9 +308,9 @@ __global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf
         const float inv = 1.0f / l[r];
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++)
-            *reinterpret_cast<uint32_t*>(y + size_t(row[r]) * C + nt * 8 + 2 * t) =
+            *reinterpret_cast<uint32_t*>(y + size_t(row[r]) * hd.C + nt * 8 + 2 * t) =
                 pack_bf16x2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
-        if (t == 0) lse[size_t(bh) * T + row[r]] = m[r] + log2f(l[r]);
+        if (t == 0) lse[hd.row_offset + row[r]] = m[r] + log2f(l[r]);
     }
 }
 
@@ -326,24 +352,19 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
     auto sD = [&](int buf) { return rows + (2 * buf + 1) * kTile; };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int ktile = blockIdx.x;  // low key tiles see the most query tiles: first
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const int C = NH * kHeadSize;
-    const size_t stride = 3 * size_t(C);
-    const bf16* q = qkv + size_t(b) * T * stride + size_t(h) * kHeadSize;
-    const bf16* dy = dout + size_t(b) * T * C + size_t(h) * kHeadSize;
-    const float* lse_bh = lse + size_t(bh) * T;
-    const float* delta_bh = delta + size_t(bh) * T;
+    const Head hd = head_of_block(qkv, T, NH);
+    const bf16* dy = dout + hd.y_offset;
     const int k0 = ktile * kTile;
     const int key[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
     const int tiles = (T + kTile - 1) / kTile;
 
-    stage_tile(sK, q + C, stride, k0, T);
-    stage_tile(sV, q + 2 * C, stride, k0, T);
+    stage_tile(sK, hd.k, hd.stride, k0, T);
+    stage_tile(sV, hd.v, hd.stride, k0, T);
     auto stage_query_tile = [&](int qt, int buf) {
-        stage_tile(sQ(buf), q, stride, qt * kTile, T);
-        stage_tile(sdO(buf), dy, C, qt * kTile, T);
-        stage_row_floats(sL(buf), lse_bh, qt * kTile, T);
-        stage_row_floats(sD(buf), delta_bh, qt * kTile, T);
+        stage_tile(sQ(buf), hd.q, hd.stride, qt * kTile, T);
+        stage_tile(sdO(buf), dy, hd.C, qt * kTile, T);
+        stage_row_floats(sL(buf), lse + hd.row_offset, qt * kTile, T);
+        stage_row_floats(sD(buf), delta + hd.row_offset, qt * kTile, T);
     };
     stage_query_tile(ktile, 0);
     cp_async_commit();
@@ -351,14 +372,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
     float dk[kNT][4] = {}, dv[kNT][4] = {};
     for (int qt = ktile; qt < tiles; qt++) {
         const int buf = (qt - ktile) & 1, q0 = qt * kTile;
-        if (qt + 1 < tiles) {
-            stage_query_tile(qt + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        current_tile_ready(qt + 1 < tiles, [&] { stage_query_tile(qt + 1, buf ^ 1); });
         if (qt == ktile)
 #pragma unroll
             for (int kk = 0; kk < kKT; kk++) {
@@ -387,15 +401,15 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
         warp_product_acc(dk, ds, sQ(buf), lane);
         __syncthreads();
     }
-    bf16* dkey = dqkv + size_t(b) * T * stride + size_t(h) * kHeadSize + C;
+    bf16* dkey = dqkv + (hd.k - qkv);  // dqkv has qkv's layout
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (key[r] >= T) continue;
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++) {
-            bf16* dst = dkey + size_t(key[r]) * stride + nt * 8 + 2 * t;
+            bf16* dst = dkey + size_t(key[r]) * hd.stride + nt * 8 + 2 * t;
             *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(dk[nt][2 * r] * scale, dk[nt][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dst + C) = pack_bf16x2(dv[nt][2 * r], dv[nt][2 * r + 1]);
+            *reinterpret_cast<uint32_t*>(dst + hd.C) = pack_bf16x2(dv[nt][2 * r], dv[nt][2 * r + 1]);
         }
     }
 }
@@ -414,40 +428,30 @@ __global__ void __launch_bounds__(kThreads, 3) flash_attention_backward_q_kernel
     auto sV = [&](int buf) { return sQ + (3 + 2 * buf) * kTileElems; };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const int C = NH * kHeadSize;
-    const size_t stride = 3 * size_t(C);
-    const bf16* q = qkv + size_t(b) * T * stride + size_t(h) * kHeadSize;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    const bf16* dy = dout + size_t(b) * T * C + size_t(h) * kHeadSize;
+    const Head hd = head_of_block(qkv, T, NH);
+    const bf16* dy = dout + hd.y_offset;
     const int q0 = qtile * kTile;
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
     float L[2], D[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        L[r] = row[r] < T ? lse[size_t(bh) * T + row[r]] : INFINITY;  // exp2(x - inf) = 0: no probability
-        D[r] = row[r] < T ? delta[size_t(bh) * T + row[r]] : 0.0f;
+        L[r] = row[r] < T ? lse[hd.row_offset + row[r]] : INFINITY;  // exp2(x - inf) = 0: no probability
+        D[r] = row[r] < T ? delta[hd.row_offset + row[r]] : 0.0f;
     }
 
-    stage_tile(sQ, q, stride, q0, T);
-    stage_tile(sdO, dy, C, q0, T);
-    stage_tile(sK(0), k, stride, 0, T);
-    stage_tile(sV(0), v, stride, 0, T);
+    stage_tile(sQ, hd.q, hd.stride, q0, T);
+    stage_tile(sdO, dy, hd.C, q0, T);
+    stage_tile(sK(0), hd.k, hd.stride, 0, T);
+    stage_tile(sV(0), hd.v, hd.stride, 0, T);
     cp_async_commit();
     uint32_t qa[kKT][4], da[kKT][4];
     float dq[kNT][4] = {};
     for (int kt = 0; kt <= qtile; kt++) {
         const int buf = kt & 1;
-        if (kt < qtile) {
-            stage_tile(sK(buf ^ 1), k, stride, (kt + 1) * kTile, T);
-            stage_tile(sV(buf ^ 1), v, stride, (kt + 1) * kTile, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        current_tile_ready(kt < qtile, [&] {
+            stage_tile(sK(buf ^ 1), hd.k, hd.stride, (kt + 1) * kTile, T);
+            stage_tile(sV(buf ^ 1), hd.v, hd.stride, (kt + 1) * kTile, T);
+        });
         if (kt == 0)
 #pragma unroll
             for (int kk = 0; kk < kKT; kk++) {
@@ -473,13 +477,13 @@ __global__ void __launch_bounds__(kThreads, 3) flash_attention_backward_q_kernel
         warp_product_acc(dq, ds, sK(buf), lane);
         __syncthreads();
     }
-    bf16* dquery = dqkv + size_t(b) * T * stride + size_t(h) * kHeadSize;
+    bf16* dquery = dqkv + (hd.q - qkv);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (row[r] >= T) continue;
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++)
-            *reinterpret_cast<uint32_t*>(dquery + size_t(row[r]) * stride + nt * 8 + 2 * t) =
+            *reinterpret_cast<uint32_t*>(dquery + size_t(row[r]) * hd.stride + nt * 8 + 2 * t) =
                 pack_bf16x2(dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale);
     }
 }
