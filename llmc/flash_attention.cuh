@@ -15,11 +15,11 @@
 // Blocks are 4 warps; each warp owns 16 rows of the block's 64-row tile (its operand fragments stay in
 // registers) and walks the other operand in 64-row tiles staged in shared memory by cp.async, double-buffered
 // so the next tile loads while the tensor cores work on the current one. Registers are capped for 4, 2 and 3
-// resident blocks per SM (forward, dK/dV, dQ; ptxas spills 32 bytes in the forward at that cap). Staged rows are padded to 72 bf16
-// (144 bytes): the 8 row addresses of each ldmatrix phase fall in 8 different 4-bank groups. Tiles are kept
-// row-major as in global memory; operands needed transposed (V in P V, dO in dV, Q in dK, K in dQ) are read
-// with ldmatrix.trans. Tiles below the diagonal are full; the diagonal tile masks key > query. Heavy tiles
-// (most work under the causal mask) are launched first.
+// resident blocks per SM (forward, dK/dV, dQ; ptxas spills 32 bytes in the forward at that cap). Staged rows
+// are padded to 72 bf16 (144 bytes): the 8 row addresses of each ldmatrix phase fall in 8 different 4-bank
+// groups. Tiles are kept row-major as in global memory; operands needed transposed (V in P V, dO in dV, Q in
+// dK, K in dQ) are read with ldmatrix.trans. Tiles below the diagonal are full; the diagonal tile masks
+// key > query. Heavy tiles (most work under the causal mask) are launched first.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), g = lane / 4,
 // t = lane % 4: A (16 x 16, row-major) a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 2t+8..),
