@@ -218,20 +218,13 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (step == profile_step) CUDA_CHECK(cudaProfilerStop());
         reporter.report(step, t0, loss, lr, result, transport, state);
 
-        const bool last = step + 1 == cfg.steps;
-        if (val_loader && (last || (cfg.val_every > 0 && (step + 1) % cfg.val_every == 0))) {
-            const double val_loss = evaluate_loss(model, *val_loader, cfg, transport);
-            if (main_rank) {
-                log->log_val(step + 1, val_loss, state.tokens);
-                std::printf("step %d: val loss %.4f\n", step + 1, val_loss);
-            }
-        }
-        if (tokenizer && (cfg.sample_every > 0 && ((step + 1) % cfg.sample_every == 0 || last))) {
-            const std::string text = sample_text(model, cfg, *tokenizer, sample_rng);
-            log->log_sample(step + 1, text);
-            std::printf("sample at step %d:\n%s\n---\n", step + 1, text.c_str());
-        }
-        if (last || (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0)) {
+        const StepDuties due = step_duties(cfg, step);
+        run_step_evaluations(due, step, model, val_loader.get(), cfg, transport, log.get(), state.tokens,
+                             [&]() -> std::optional<std::string> {
+                                 if (!tokenizer) return std::nullopt;
+                                 return sample_text(model, cfg, *tokenizer, sample_rng);
+                             });
+        if (due.checkpoint) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
             // The checkpoint holds the fp32 master weights: the same llm.c file the CPU trainer writes.

@@ -4,6 +4,7 @@
 // the validation loss, the sampling rule, per-step metrics and the fatal-error exit. Keeping them here means
 // the two trainers differ only where the model and the optimizer run.
 #pragma once
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -84,6 +85,40 @@ double evaluate_loss(Model& model, DataLoader& loader, const TrainConfig& cfg, T
 
 // Draws the next token from the first vocab_size logits at temperature 1 (softmax sampled by inverse CDF).
 int sample_token(std::span<const float> logits, int vocab_size, Rng& rng);
+
+// What the end of optimizer step `step` (0-based) owes, from the config's cadences: the last step always
+// validates, samples (when sampling is on) and checkpoints.
+struct StepDuties {
+    bool validate = false, sample = false, checkpoint = false;
+};
+inline StepDuties step_duties(const TrainConfig& cfg, int step) {
+    const bool last = step + 1 == cfg.steps;
+    auto every = [&](int n) { return n > 0 && (step + 1) % n == 0; };
+    return {last || every(cfg.val_every), cfg.sample_every > 0 && (last || every(cfg.sample_every)),
+            last || every(cfg.checkpoint_every)};
+}
+
+// The validation pass (every rank; val_loader may be null: no validation data) and the text sample (where
+// sample_text is given: rank 0) that a step owes, logged to `log` (rank 0; null elsewhere) and printed.
+// Both trainers end their steps with this; the checkpoint, which differs between them, follows it.
+template <class Model, class SampleText>
+void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoader* val_loader,
+                          const TrainConfig& cfg, Transport& transport, MetricsLog* log, int64_t tokens,
+                          SampleText&& sample_text) {
+    if (due.validate && val_loader) {
+        const double val_loss = evaluate_loss(model, *val_loader, cfg, transport);
+        if (log) {
+            log->log_val(step + 1, val_loss, tokens);
+            std::printf("step %d: val loss %.4f\n", step + 1, val_loss);
+        }
+    }
+    if (due.sample && log) {
+        if (const std::optional<std::string> text = sample_text()) {
+            log->log_sample(step + 1, *text);
+            std::printf("sample at step %d:\n%s\n---\n", step + 1, text->c_str());
+        }
+    }
+}
 
 // Turns one finished optimizer step into metrics, identically in both trainers: averages loss and gradient
 // norm over the ranks, advances the training state's step, token and byte counts, estimates the ETA (the
