@@ -130,6 +130,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (main_rank) print_dry_run_report(cfg, world);
         return 0;
     }
+    (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION fails here, before any GPU work
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through

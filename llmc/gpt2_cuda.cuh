@@ -35,6 +35,18 @@
 
 namespace llmc {
 
+// LLMC_ATTENTION=flash|matmul (default matmul): true for flash. A bad value, or flash where this build or model
+// cannot run it, is an error; train_gpt checks it before any GPU work.
+inline bool flash_attention_from_env(const ModelConfig& config) {
+    const char* s = std::getenv("LLMC_ATTENTION");
+    const std::string choice = s ? s : "matmul";
+    LLMC_CHECK(choice == "flash" || choice == "matmul", "LLMC_ATTENTION must be flash or matmul; got '" + choice + "'");
+    if (choice == "matmul") return false;
+    const std::string why = flash_attention_unsupported(config.channels, config.num_heads);
+    LLMC_CHECK(why.empty(), "LLMC_ATTENTION=flash: " + why + "; unset LLMC_ATTENTION to use the matmul attention");
+    return true;
+}
+
 class GPT2Cuda {
 public:
     // max_B, max_T: the largest micro-batch forward/forward_backward will see (T <= max_seq_len).
@@ -49,7 +61,7 @@ public:
                        std::to_string(C) + " heads=" + std::to_string(config.num_heads));
         if (const char* s = std::getenv("LLMC_GELU_FUSION")) gelu_fusion_ = std::atoi(s) != 0;
         else gelu_fusion_ = env.props.major >= 9;  // as llm.c: the epilogue pays off on Hopper
-        flash_attention_ = attention_from_env(C, config.num_heads);
+        flash_attention_ = flash_attention_from_env(config);
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -168,17 +180,6 @@ private:
         int *inputs, *targets;                 // (N)
         int *encoder_plan;                     // EncoderBackwardPlan::device_ints(N)
     };
-
-    // LLMC_ATTENTION=flash|matmul (default matmul); flash where this build and model cannot run it is an error.
-    static bool attention_from_env(int C, int NH) {
-        const char* s = std::getenv("LLMC_ATTENTION");
-        const std::string choice = s ? s : "matmul";
-        LLMC_CHECK(choice == "flash" || choice == "matmul", "LLMC_ATTENTION must be flash or matmul; got '" + choice + "'");
-        if (choice == "matmul") return false;
-        const std::string why = flash_attention_unsupported(C, NH);
-        LLMC_CHECK(why.empty(), "LLMC_ATTENTION=flash: " + why + "; unset LLMC_ATTENTION to use the matmul attention");
-        return true;
-    }
 
     void plan_activations() {
         const size_t L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
