@@ -111,12 +111,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
 }
 
 // Asynchronous global -> shared copies of BYTES (4 or 16), zero-filled when !valid (the source is not read).
-// The emulator copies at once; its commit and wait are no-ops.
+// The emulator performs them only at the issuing thread's wait (dev/cuda/block_emulator.h).
 template <int BYTES>
 __device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
 #if defined(LLMC_BLOCK_EMULATOR)
-    if (valid) memcpy(dst, src, BYTES);
-    else memset(dst, 0, BYTES);
+    emu::cp_async(dst, src, BYTES, valid);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     if constexpr (BYTES == 16)
@@ -127,14 +126,18 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid)
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if !defined(LLMC_BLOCK_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LLMC_BLOCK_EMULATOR)
+    emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 // Waits until at most PENDING of this thread's committed groups are still in flight.
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
-#if !defined(LLMC_BLOCK_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LLMC_BLOCK_EMULATOR)
+    emu::cp_async_wait(PENDING);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 #endif
 }

@@ -128,7 +128,10 @@ void count_topk_paths(const cm::PlanTables& pt, std::vector<float> m, const std:
 }
 
 const char* order_name(emu::Order o) {
-    return o == emu::Order::Forward ? "forward" : o == emu::Order::Reverse ? "reverse" : "shuffled";
+    return o == emu::Order::Forward    ? "forward"
+           : o == emu::Order::Reverse  ? "reverse"
+           : o == emu::Order::Shuffled ? "shuffled"
+                                       : "one warp at a time";
 }
 
 // Compress, then apply the resulting bucket with (world - 1) more ranks' buckets from the host reference.
@@ -235,6 +238,7 @@ TEST(results_independent_of_thread_order) {
     const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {64, 67}, {7}});
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Reverse, 2);
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::Shuffled, 2);
+    check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::WarpSerial, 2);
 }
 
 // Every tuning of the 64 x 64 kernels (demo::kTunings: register cap, tile shape, top-k path) gives the host

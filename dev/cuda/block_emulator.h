@@ -1,7 +1,8 @@
 // Runs CUDA kernel code on the CPU, one thread block at a time, so kernels can be tested on machines without
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
 // intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp, and mma.sync m16n8k16 bf16 and
-// ldmatrix, which kernels reach through wrappers that test LLMC_BLOCK_EMULATOR) are cooperative barriers, and
+// ldmatrix, which kernels reach through wrappers that test LLMC_BLOCK_EMULATOR; cp.async copies are deferred to
+// the issuing thread's wait, as late as the hardware may perform them) are cooperative barriers, and
 // dynamic shared memory is a host array (EMU_DEFINE_SHARED) that a test should fill with a poison pattern (e.g.
 // 0xff bytes: NaN) before every block, as the GPU leaves it undefined (test/emu_demo_kernels.cpp does).
 //
@@ -9,7 +10,8 @@
 // source; fp32 operations round as on the GPU except denormals, which the GPU flushes under --use_fast_math).
 // What it checks on the way: a barrier reached by only part of the block or of a warp (divergent
 // __syncthreads, or warp intrinsics under divergence) is a deadlock and aborts the run with a message; fibers
-// run in a configurable order between barriers (forward, reverse, or shuffled with a seed), so a missing barrier
+// run in a configurable order between barriers (forward, reverse, shuffled with a seed, or one warp at a time:
+// Order below), so a missing barrier
 // shows up as a difference between orders. What it cannot show: speed, and races inside one barrier interval
 // that the fixed interleaving hides.
 //
@@ -42,7 +44,13 @@ struct Dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
 
-enum class Order { Forward, Reverse, Shuffled };
+// Forward / Reverse: every runnable thread runs to its next barrier in each round, in thread order or reversed.
+// Shuffled: each round a random subset of the warps that can run (at least one) runs, its threads in random
+// order, so warps also drift apart across warp barriers. WarpSerial: only the lowest warp that can run does,
+// through its warp barriers, until it waits at __syncthreads or ends. The last two make a warp read what other
+// warps were to write before they wrote it when a __syncthreads is missing; in the first two any barrier hides
+// that, since all threads reach it in the same round.
+enum class Order { Forward, Reverse, Shuffled, WarpSerial };
 
 // Fiber switching. On x86-64 a stack switch that saves only the callee-saved registers and the FP control
 // words (glibc's swapcontext also saves the signal mask: two system calls per switch, ~20x slower); elsewhere
@@ -110,9 +118,17 @@ inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &
 // The block being run (one at a time).
 struct BlockState {
     enum class Wait { None, Block, Warp, Done };
+    // An asynchronous global -> shared copy (cp.async) issued by a thread and not yet performed.
+    struct AsyncCopy {
+        void* dst;
+        const void* src;  // null: zero-fill
+        size_t bytes;
+    };
     struct Fiber {
         Context ctx;
         Wait wait = Wait::None;
+        std::vector<std::vector<AsyncCopy>> copy_groups;  // committed groups, oldest first
+        std::vector<AsyncCopy> open_group;                // issued since the last commit
     };
     int threads = 0;
     std::vector<Fiber> fibers;
@@ -200,9 +216,30 @@ inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t see
     for (;;) {
         if (order == Order::Shuffled) std::shuffle(sequence.begin(), sequence.end(), rng);
         bool ran = false;
+        // which warps run this round (all but for WarpSerial and Shuffled)
+        std::vector<char> runs(size_t(threads / 32), 1);
+        if (order == Order::WarpSerial || order == Order::Shuffled) {
+            std::vector<int> ready;
+            for (int w = 0; w < threads / 32; w++)
+                for (int l = 0; l < 32; l++)
+                    if (b.fibers[size_t(32 * w + l)].wait == Wait::None) {
+                        ready.push_back(w);
+                        break;
+                    }
+            std::fill(runs.begin(), runs.end(), 0);
+            if (!ready.empty()) {
+                if (order == Order::WarpSerial) {
+                    runs[size_t(ready.front())] = 1;
+                } else {
+                    bool any = false;
+                    for (int w : ready) any |= (runs[size_t(w)] = char(rng() & 1)) != 0;
+                    if (!any) runs[size_t(ready[rng() % ready.size()])] = 1;
+                }
+            }
+        }
         for (int t : sequence) {
             BlockState::Fiber& f = b.fibers[size_t(t)];
-            if (f.wait != Wait::None) continue;
+            if (f.wait != Wait::None || !runs[size_t(t / 32)]) continue;
             b.current = t;
             thread_index() = b.index[size_t(t)];
             switch_context(b.scheduler, f.ctx);
@@ -320,6 +357,35 @@ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0
     }
     wait_at(BlockState::Wait::Warp);
     for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
+}
+
+// cp.async: a copy is only recorded when issued and is performed when the issuing thread waits for its group
+// (cp.async.wait_group), so a kernel that reads a staged tile before waiting for it, or without the barrier that
+// publishes the other threads' copies, reads the poisoned shared memory instead. Copies still pending when a
+// thread exits are dropped (the kernel never waited for them).
+inline BlockState::Fiber& current_fiber() {
+    BlockState* b = active_block();
+    if (!b || b->current < 0) fail("cp.async outside emu::run_block");
+    return b->fibers[size_t(b->current)];
+}
+inline void cp_async(void* dst, const void* src, size_t bytes, bool valid) {
+    current_fiber().open_group.push_back({dst, valid ? src : nullptr, bytes});
+}
+inline void cp_async_commit() {
+    BlockState::Fiber& f = current_fiber();
+    f.copy_groups.push_back(std::move(f.open_group));
+    f.open_group.clear();
+}
+// cp.async.wait_group pending: performs all but the newest `pending` committed groups.
+inline void cp_async_wait(int pending) {
+    BlockState::Fiber& f = current_fiber();
+    while (f.copy_groups.size() > size_t(pending)) {
+        for (const BlockState::AsyncCopy& c : f.copy_groups.front()) {
+            if (c.src) std::memcpy(c.dst, c.src, c.bytes);
+            else std::memset(c.dst, 0, c.bytes);
+        }
+        f.copy_groups.erase(f.copy_groups.begin());
+    }
 }
 
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 for the calling lane: lanes 8i..8i+7 give the addresses of
