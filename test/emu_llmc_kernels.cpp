@@ -3,9 +3,9 @@
 // encoder forward / backward (wte by the token-bucket plan, wpe), LayerNorm forward (plain and fused with the
 // residual add), the residual add, the LayerNorm dinp backward (scalar and 128-bit kernels), the deterministic
 // column reduction of cuda_common.cuh (LayerNorm dweight/dbias, matmul dbias), GELU forward / backward, the
-// attention permutes and the causal softmax forward / backward (scalar and 128-bit), the fused classifier, AdamW
-// and the parameter rounding (nearest and stochastic), the global norm (partial and final kernels) and the bias
-// add of matmul.cuh. Every kernel is launched as its host wrapper launches it (grid, block, template arguments,
+// attention permutes and the causal softmax forward / backward (scalar and 128-bit), the fused classifier
+// (scalar and 128-bit), AdamW and the parameter rounding (nearest and stochastic), the global norm (partial and
+// final kernels) and the bias add of matmul.cuh. Every kernel is launched as its host wrapper launches it (grid, block, template arguments,
 // scalar or 128-bit path) at small GPT-2-like shapes, odd sizes included, and grid-stride kernels also on a grid
 // too small to cover the data. Kernels whose results are promised deterministic (encoder backward, LayerNorm,
 // column reduction, norms, softmax, classifier) must also give the same bits when the threads of every block
@@ -667,39 +667,52 @@ void check_fused_classifier(int N, int V, int Vp) {
         expect_close(what + shape, valid, want, 1e-5, 1e-5);  // fp32 log-sum-exp over V terms
         EXPECT(nan_ok);
     };
-    // evaluation (no gradient): losses, logits untouched
+    // The scalar kernel always; the 128-bit one where fused_classifier would launch it.
     std::vector<floatX> x = fx(logits);
-    std::vector<float> losses(size_t(N), 0.0f);
-    launch(unsigned(N), llmc::kClassifierBlock, Order::Forward, [&] {
-        llmc::fused_classifier_kernel<false>(x.data(), losses.data(), targets.data(), dloss, V, Vp);
-    });
-    check_losses("fused_classifier<false> losses ", losses);
-    EXPECT_EQ(bit_diffs(x, fx(logits)), size_t{0});
-    // training: losses and dlogits, in two thread orders
-    std::vector<floatX> d[2];
-    std::vector<float> l[2];
-    const Order orders[2] = {Order::Forward, Order::Reverse};
-    for (int run = 0; run < 2; run++) {
-        d[run] = fx(logits);
-        l[run].assign(size_t(N), 0.0f);
-        launch(unsigned(N), llmc::kClassifierBlock, orders[run], [&] {
-            llmc::fused_classifier_kernel<true>(d[run].data(), l[run].data(), targets.data(), dloss, V, Vp);
-        });
+    std::vector<int> widths = {1};
+    if (llmc::fused_classifier_vec(x.data(), Vp) > 1) widths.push_back(kVec);
+    for (int vec : widths) {
+        const std::string name = vec > 1 ? "fused_classifier (128-bit)" : "fused_classifier (scalar)";
+        auto kernel = [&](bool grad, floatX* lg, float* ls) {
+            if (grad && vec > 1) llmc::fused_classifier_kernel<true, kVec>(lg, ls, targets.data(), dloss, V, Vp);
+            else if (grad) llmc::fused_classifier_kernel<true, 1>(lg, ls, targets.data(), dloss, V, Vp);
+            else if (vec > 1) llmc::fused_classifier_kernel<false, kVec>(lg, ls, targets.data(), dloss, V, Vp);
+            else llmc::fused_classifier_kernel<false, 1>(lg, ls, targets.data(), dloss, V, Vp);
+        };
+        // evaluation (no gradient): losses, logits untouched
+        std::vector<float> losses(size_t(N), 0.0f);
+        x = fx(logits);
+        launch(unsigned(N), llmc::kClassifierBlock, Order::Forward, [&] { kernel(false, x.data(), losses.data()); });
+        check_losses(name + " eval losses ", losses);
+        EXPECT_EQ(bit_diffs(x, fx(logits)), size_t{0});
+        // training: losses and dlogits, in three thread orders
+        std::vector<floatX> d[3];
+        std::vector<float> l[3];
+        const Order orders[3] = {Order::Forward, Order::Reverse, Order::WarpSerial};
+        for (int run = 0; run < 3; run++) {
+            d[run] = fx(logits);
+            l[run].assign(size_t(N), 0.0f);
+            launch(unsigned(N), llmc::kClassifierBlock, orders[run], [&] { kernel(true, d[run].data(), l[run].data()); });
+        }
+        check_losses(name + " losses ", l[0]);
+        // probabilities ~1/V times dloss, rounded once; padded columns exact zeros
+        expect_close(name + " dlogits " + shape, fl(d[0]), ref_d, 1e-6 * dloss, kRound);
+        expect_same_bits("  forward vs reverse thread order", d[1], d[0]);
+        expect_same_bits("  forward vs one warp at a time", d[2], d[0]);
+        size_t pad_nonzero = 0;
+        for (int r = 0; r < N; r++)
+            for (int i = V; i < Vp; i++) pad_nonzero += !(llmc::host_from_floatX(d[0][size_t(r) * Vp + i]) == 0.0f);
+        EXPECT_EQ(pad_nonzero, size_t{0});
+        EXPECT_EQ(bit_diffs(l[1], l[0]), size_t{0});
+        EXPECT_EQ(bit_diffs(l[2], l[0]), size_t{0});
     }
-    check_losses("fused_classifier<true> losses ", l[0]);
-    // probabilities ~1/V times dloss, rounded once; padded columns exact zeros
-    expect_close("fused_classifier<true> dlogits " + shape, fl(d[0]), ref_d, 1e-6 * dloss, kRound);
-    expect_same_bits("  forward vs reverse thread order", d[1], d[0]);
-    size_t pad_nonzero = 0;
-    for (int r = 0; r < N; r++)
-        for (int i = V; i < Vp; i++) pad_nonzero += !(llmc::host_from_floatX(d[0][size_t(r) * Vp + i]) == 0.0f);
-    EXPECT_EQ(pad_nonzero, size_t{0});
-    EXPECT_EQ(bit_diffs(l[1], l[0]), size_t{0});
 }
 
 TEST(fused_classifier) {
-    check_fused_classifier(6, 50, 64);      // odd V, padded columns
-    check_fused_classifier(3, 1500, 1536);  // V > 1024: the block strides over the row
+    check_fused_classifier(6, 50, 64);       // odd V, padded columns
+    check_fused_classifier(3, 1500, 1536);   // V > 1024: the block strides over the row
+    check_fused_classifier(3, 9000, 9008);   // 128-bit: more than one 8192-column stride, a partial last chunk
+    check_fused_classifier(4, 37, 44);       // Vp not a multiple of 8: scalar only
 }
 
 // =========================================================================================================
