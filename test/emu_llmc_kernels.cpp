@@ -244,12 +244,30 @@ LnRef layernorm_ref(const std::vector<float>& x, const std::vector<float>& w, co
     return r;
 }
 
-void check_layernorm_forward(int N, int C) {
-    const std::string label = "(N=" + std::to_string(N) + ",C=" + std::to_string(C) + ")";
+// layernorm_forward_kernel<kResidual, vecs> (vecs: 0 scalar, or x128 slices per lane), as the wrappers launch it.
+template <bool kResidual>
+void run_layernorm_forward(int vecs, floatX* out, float* mean, float* rstd, floatX* residual, const floatX* inp1,
+                           const floatX* inp2, const floatX* w, const floatX* b, int N, int C, Order order) {
+    const unsigned blocks = unsigned(llmc::ceil_div(N, llmc::kLayerNormBlock / llmc::kWarpSize));
+    launch(blocks, llmc::kLayerNormBlock, order, [&] {
+        const auto args = std::make_tuple(out, mean, rstd, residual, inp1, inp2, w, b, N, C);
+        switch (vecs) {
+            case 1: std::apply(llmc::layernorm_forward_kernel<kResidual, 1>, args); break;
+            case 2: std::apply(llmc::layernorm_forward_kernel<kResidual, 2>, args); break;
+            case 3: std::apply(llmc::layernorm_forward_kernel<kResidual, 3>, args); break;
+            case 4: std::apply(llmc::layernorm_forward_kernel<kResidual, 4>, args); break;
+            case 8: std::apply(llmc::layernorm_forward_kernel<kResidual, 8>, args); break;
+            default: std::apply(llmc::layernorm_forward_kernel<kResidual, 0>, args); break;
+        }
+    });
+}
+
+void check_layernorm_forward(int N, int C, int vecs) {
+    const std::string label = "(N=" + std::to_string(N) + ",C=" + std::to_string(C) + ", " +
+                              (vecs ? std::to_string(vecs) + " x128 per lane)" : std::string("scalar)"));
     const auto a = random_floatX_values(size_t(N) * C, 1.0f, 11, 0.3f), b = random_floatX_values(size_t(N) * C, 0.5f, 12);
     const auto w = random_floatX_values(size_t(C), 0.2f, 13, 1.0f), bias = random_floatX_values(size_t(C), 0.1f, 14);
     const std::vector<floatX> a_x = fx(a), b_x = fx(b), w_x = fx(w), bias_x = fx(bias);
-    const unsigned blocks = unsigned(llmc::ceil_div(N, llmc::kLayerNormBlock / llmc::kWarpSize));
 
     // layernorm_forward
     const LnRef ref = layernorm_ref(a, w, bias, N, C);
@@ -260,10 +278,8 @@ void check_layernorm_forward(int N, int C) {
         out[run].assign(size_t(N) * C, floatX{});
         mean[run].assign(size_t(N), 0.0f);
         rstd[run].assign(size_t(N), 0.0f);
-        launch(blocks, llmc::kLayerNormBlock, orders[run], [&] {
-            llmc::layernorm_forward_kernel<false>(out[run].data(), mean[run].data(), rstd[run].data(), nullptr,
-                                                  a_x.data(), nullptr, w_x.data(), bias_x.data(), N, C);
-        });
+        run_layernorm_forward<false>(vecs, out[run].data(), mean[run].data(), rstd[run].data(), nullptr, a_x.data(),
+                                     nullptr, w_x.data(), bias_x.data(), N, C, orders[run]);
     }
     // out ~ O(1) rounded once; fp32 statistics; the absolute floor covers outputs that cancel to ~0
     expect_close("layernorm_forward out " + label, fl(out[0]), ref.out, 1e-5, kRound);
@@ -279,20 +295,27 @@ void check_layernorm_forward(int N, int C) {
     const LnRef rref = layernorm_ref(fl(resid_want), w, bias, N, C);
     std::vector<floatX> resid(size_t(N) * C), rout(size_t(N) * C);
     std::vector<float> rmean(static_cast<size_t>(N)), rrstd(static_cast<size_t>(N));
-    launch(blocks, llmc::kLayerNormBlock, Order::Reverse, [&] {
-        llmc::layernorm_forward_kernel<true>(rout.data(), rmean.data(), rrstd.data(), resid.data(), a_x.data(), b_x.data(),
-                                             w_x.data(), bias_x.data(), N, C);
-    });
+    run_layernorm_forward<true>(vecs, rout.data(), rmean.data(), rrstd.data(), resid.data(), a_x.data(), b_x.data(),
+                                w_x.data(), bias_x.data(), N, C, Order::Reverse);
     expect_same_bits("fused residual " + label + " = round(a+b)", resid, resid_want);
     expect_close("fused residual layernorm out " + label, fl(rout), rref.out, 1e-5, kRound);
     expect_close("fused residual layernorm mean " + label, rmean, rref.mean, 1e-6, 1e-5);
     expect_close("fused residual layernorm rstd " + label, rrstd, rref.rstd, 1e-6, 1e-5);
 }
 
+// The path the wrappers pick for C (the test buffers are 16-byte aligned when C allows), then the scalar one.
+void check_layernorm_forward(int N, int C) {
+    const int chosen = llmc::layernorm_lane_vecs(C, true);
+    for (const int vecs : chosen ? std::vector<int>{chosen, 0} : std::vector<int>{0})
+        check_layernorm_forward(N, C, vecs);
+}
+
 TEST(layernorm_forward) {
-    check_layernorm_forward(26, 96);   // 26 rows: the last block of 8 warps has 2 rows
-    check_layernorm_forward(19, 37);   // odd C: lanes 5..31 take one element fewer
-    check_layernorm_forward(10, 200);  // 6 or 7 elements per lane
+    check_layernorm_forward(26, 96);   // 26 rows: the last block of 8 warps has 2 rows; 128-bit: lanes 12..31 idle
+    check_layernorm_forward(19, 37);   // odd C: scalar only, lanes 5..31 take one element fewer
+    check_layernorm_forward(10, 200);  // 6 or 7 elements per lane; 128-bit: 25 lanes
+    check_layernorm_forward(9, 768);   // GPT-2 124M: 3 x128 slices per lane
+    check_layernorm_forward(5, 2056);  // 9 slices for some lanes: over the register path's 8, scalar only
 }
 
 TEST(residual_forward) {
@@ -374,10 +397,8 @@ TEST(layernorm_backward_dinp) {
     for (const int C : {37, 96, 200, 320, 520, 776, 1032}) {
         const LnBackwardData d(19, C);
         // layernorm_backward's choice
-        const int lane_vecs = llmc::ceil_div(C, llmc::kWarpSize * kVec);
-        const bool vec = C % kVec == 0 && llmc::aligned16(d.dout_x.data()) && llmc::aligned16(d.x_x.data()) &&
-                         llmc::aligned16(d.w_x.data());
-        const int vecs = !vec ? 0 : lane_vecs <= 4 ? lane_vecs : lane_vecs <= 8 ? 8 : 0;
+        const int vecs = llmc::layernorm_lane_vecs(
+            C, llmc::aligned16(d.dout_x.data()) && llmc::aligned16(d.x_x.data()) && llmc::aligned16(d.w_x.data()));
         const std::vector<double> ref = layernorm_dinp_ref(d.dinp0, d.dout, d.x, d.w, d.mean, d.rstd, d.N, C);
         const std::string label = (vecs ? "layernorm_backward_dinp_vec_kernel<" + std::to_string(vecs) + ">"
                                         : std::string("layernorm_backward_dinp_kernel")) +
