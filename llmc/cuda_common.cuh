@@ -509,10 +509,14 @@ inline std::vector<float> round_to_floatX(const std::vector<float>& v) { return 
 
 // ---------------------------------------------------------------------------------------------------------
 // Deterministic column reduction: out_k[c] += sum_r value_k(r, c) for a (rows x cols) grid and NV values per
-// element, produced by a functor `f(r, c, float (&vals)[NV])`. Stage 1: each block owns 32 columns and one split
-// of kColumnReduceRowsPerSplit rows; threads (x = column, y = 0..7) stride the rows, and the 8 partial sums per
-// column are added in order. Stage 2 adds the splits in order. The split size is a constant, so results do not
-// depend on the GPU. No atomics anywhere.
+// element, produced by a functor with `template <int VEC> void load(int r, int c, float (&vals)[NV][VEC]) const`
+// (the values of columns c .. c + VEC - 1 of row r) and `bool aligned() const` (its buffers allow 128-bit
+// loads). Stage 1: each block owns 32 x VEC columns and one split of kColumnReduceRowsPerSplit rows; threads
+// (x = column group, y = 0..7) stride the rows, and the 8 partial sums per column are added in order. Stage 2
+// adds the splits in order. VEC = x128::size (one 128-bit load per thread and row: a warp reads 512 contiguous
+// bytes of a row instead of 64) when cols and the buffers allow, else 1; every column's sums are the same
+// additions in the same order either way, so the two give the same bits. The split size is a constant, so
+// results do not depend on the GPU. No atomics anywhere.
 inline constexpr int kColumnReduceRowsPerSplit = 256;
 inline constexpr int kColumnReduceThreadsY = 8;
 
@@ -520,34 +524,48 @@ inline size_t column_reduce_scratch_floats(int rows, int cols, int nv) {
     return size_t(ceil_div(rows, kColumnReduceRowsPerSplit)) * size_t(nv) * size_t(cols);
 }
 
-template <int NV, typename F>
+// The VEC the launch uses for these columns and this functor.
+template <typename F>
+inline int column_reduce_vec(int cols, const F& f) {
+    return cols % x128::size == 0 && f.aligned() ? x128::size : 1;
+}
+
+template <int NV, int VEC, typename F>
 __global__ void column_reduce_stage1_kernel(float* partial, int rows, int cols, F f) {
-    __shared__ float shared[NV][kColumnReduceThreadsY][kWarpSize];
-    const int c = blockIdx.x * kWarpSize + threadIdx.x;
+    __shared__ float shared[NV][kColumnReduceThreadsY][VEC][kWarpSize];
+    const int c0 = (blockIdx.x * kWarpSize + threadIdx.x) * VEC;  // cols % VEC == 0
     const int split = blockIdx.y;
     const int r0 = split * kColumnReduceRowsPerSplit;
     const int r1 = min(rows, r0 + kColumnReduceRowsPerSplit);
-    float acc[NV];
+    float acc[NV][VEC];
 #pragma unroll
-    for (int k = 0; k < NV; k++) acc[k] = 0.0f;
-    if (c < cols) {
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+        for (int j = 0; j < VEC; j++) acc[k][j] = 0.0f;
+    if (c0 < cols) {
         for (int r = r0 + threadIdx.y; r < r1; r += kColumnReduceThreadsY) {
-            float vals[NV];
-            f(r, c, vals);
+            float vals[NV][VEC];
+            f.template load<VEC>(r, c0, vals);
 #pragma unroll
-            for (int k = 0; k < NV; k++) acc[k] += vals[k];
+            for (int k = 0; k < NV; k++)
+#pragma unroll
+                for (int j = 0; j < VEC; j++) acc[k][j] += vals[k][j];
         }
     }
 #pragma unroll
-    for (int k = 0; k < NV; k++) shared[k][threadIdx.y][threadIdx.x] = acc[k];
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
+    for (int k = 0; k < NV; k++)
 #pragma unroll
-        for (int k = 0; k < NV; k++) {
-            float s = 0.0f;
-            for (int y = 0; y < kColumnReduceThreadsY; y++) s += shared[k][y][threadIdx.x];
-            partial[(size_t(split) * NV + k) * cols + c] = s;
-        }
+        for (int j = 0; j < VEC; j++) shared[k][threadIdx.y][j][threadIdx.x] = acc[k][j];
+    __syncthreads();
+    if (threadIdx.y == 0 && c0 < cols) {
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int j = 0; j < VEC; j++) {
+                float s = 0.0f;
+                for (int y = 0; y < kColumnReduceThreadsY; y++) s += shared[k][y][j][threadIdx.x];
+                partial[(size_t(split) * NV + k) * cols + c0 + j] = s;
+            }
     }
 }
 
@@ -576,9 +594,11 @@ void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F
     if (rows <= 0 || cols <= 0) return;
     const int splits = ceil_div(rows, kColumnReduceRowsPerSplit);
     LLMC_CHECK(splits <= 65535, "column_reduce: too many rows");
-    const dim3 grid(ceil_div(cols, kWarpSize), splits);
+    const int vec = column_reduce_vec(cols, f);
+    const dim3 grid(ceil_div(cols, kWarpSize * vec), splits);
     const dim3 block(kWarpSize, kColumnReduceThreadsY);
-    column_reduce_stage1_kernel<NV><<<grid, block, 0, stream>>>(scratch, rows, cols, f);
+    if (vec > 1) column_reduce_stage1_kernel<NV, x128::size><<<grid, block, 0, stream>>>(scratch, rows, cols, f);
+    else column_reduce_stage1_kernel<NV, 1><<<grid, block, 0, stream>>>(scratch, rows, cols, f);
     CUDA_CHECK_LAUNCH();
     column_reduce_stage2_kernel<NV><<<ceil_div(cols, 256), 256, 0, stream>>>(outs, scratch, splits, cols);
     CUDA_CHECK_LAUNCH();

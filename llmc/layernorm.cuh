@@ -241,12 +241,25 @@ struct LayerNormParamGrad {
     const float* mean;
     const float* rstd;
     int C;
-    __device__ void operator()(int r, int c, float (&v)[2]) const {
+    template <int VEC>
+    __device__ void load(int r, int c, float (&v)[2][VEC]) const {
         const size_t i = size_t(r) * C + c;
-        const float d = to_float(dout[i]);
-        v[0] = d * ((to_float(inp[i]) - mean[r]) * rstd[r]);
-        v[1] = d;
+        const float m = mean[r], s = rstd[r];
+        if constexpr (VEC == 1) {
+            const float d = to_float(dout[i]);
+            v[0][0] = d * ((to_float(inp[i]) - m) * s);
+            v[1][0] = d;
+        } else {
+            static_assert(VEC == x128::size, "scalar or 128-bit");
+            const x128 d = load128(dout + i), x = load128(inp + i);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) {
+                v[0][j] = d.f(j) * ((x.f(j) - m) * s);
+                v[1][j] = d.f(j);
+            }
+        }
     }
+    bool aligned() const { return aligned16(dout) && aligned16(inp); }
 };
 
 inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_reduce_scratch_floats(N, C, 2); }

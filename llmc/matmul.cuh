@@ -220,7 +220,19 @@ inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, c
 struct BiasGrad {
     const floatX* dout;
     int OC;
-    __device__ void operator()(int r, int c, float (&v)[1]) const { v[0] = to_float(dout[size_t(r) * OC + c]); }
+    template <int VEC>
+    __device__ void load(int r, int c, float (&v)[1][VEC]) const {
+        const floatX* p = dout + size_t(r) * OC + c;
+        if constexpr (VEC == 1) {
+            v[0][0] = to_float(*p);
+        } else {
+            static_assert(VEC == x128::size, "scalar or 128-bit");
+            const x128 d = load128(p);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) v[0][j] = d.f(j);
+        }
+    }
+    bool aligned() const { return aligned16(dout); }
 };
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }

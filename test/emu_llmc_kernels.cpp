@@ -414,14 +414,18 @@ TEST(layernorm_backward_dinp) {
     }
 }
 
-// column_reduce: stage 1 on a (ceil(cols/32), splits) grid of (32, 8) blocks, stage 2 adds the splits in order.
+// column_reduce: stage 1 on a (ceil(cols/(32 vec)), splits) grid of (32, 8) blocks, stage 2 adds the splits in
+// order. vec: column_reduce's choice (column_reduce_vec), or 1 to force the scalar loads.
 template <int NV, class F>
-void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Order order) {
+void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Order order, int vec) {
     const int splits = llmc::ceil_div(rows, llmc::kColumnReduceRowsPerSplit);
     std::vector<float> scratch(llmc::column_reduce_scratch_floats(rows, cols, NV), NAN);
-    const Dim3 grid{unsigned(llmc::ceil_div(cols, llmc::kWarpSize)), unsigned(splits), 1};
+    const Dim3 grid{unsigned(llmc::ceil_div(cols, llmc::kWarpSize * vec)), unsigned(splits), 1};
     const Dim3 block{unsigned(llmc::kWarpSize), unsigned(llmc::kColumnReduceThreadsY), 1};
-    launch(grid, block, order, [&] { llmc::column_reduce_stage1_kernel<NV>(scratch.data(), rows, cols, f); });
+    launch(grid, block, order, [&] {
+        if (vec > 1) llmc::column_reduce_stage1_kernel<NV, kVec>(scratch.data(), rows, cols, f);
+        else llmc::column_reduce_stage1_kernel<NV, 1>(scratch.data(), rows, cols, f);
+    });
     launch(unsigned(llmc::ceil_div(cols, 256)), 256, order,
            [&] { llmc::column_reduce_stage2_kernel<NV>(outs, scratch.data(), splits, cols); });
 }
@@ -430,10 +434,11 @@ TEST(column_reduce_layernorm_and_bias_grads) {
     struct Shape {
         int N, C;
     };
-    for (const Shape s : {Shape{600, 96}, Shape{300, 37}, Shape{77, 40}}) {  // 3, 2 and 1 row splits
+    // 3, 2, 1 and 2 row splits; 128-bit loads where cols % 8 == 0 (264: a partial second block of columns)
+    for (const Shape s : {Shape{600, 96}, Shape{300, 37}, Shape{77, 40}, Shape{300, 264}}) {
         const LnBackwardData d(s.N, s.C);
         const int N = s.N, C = s.C;
-        const std::string label = "(rows=" + std::to_string(N) + ",cols=" + std::to_string(C) + ")";
+        std::string label = "(rows=" + std::to_string(N) + ",cols=" + std::to_string(C) + ")";
         const auto dw0 = random_floats(size_t(C), 0.1f, 35), db0 = random_floats(size_t(C), 0.1f, 36);
         std::vector<double> ref_dw = to_double(dw0), ref_db = to_double(db0);
         for (int r = 0; r < N; r++)
@@ -443,27 +448,37 @@ TEST(column_reduce_layernorm_and_bias_grads) {
                 ref_db[size_t(c)] += d.dout[i];
             }
         const llmc::LayerNormParamGrad f{d.dout_x.data(), d.x_x.data(), d.mean.data(), d.rstd.data(), C};
-        std::vector<float> dw[2], db[2];
-        const Order orders[2] = {Order::Forward, Order::Reverse};
-        for (int run = 0; run < 2; run++) {
+        const llmc::BiasGrad fb{d.dout_x.data(), C};
+        const int vec = llmc::column_reduce_vec(C, f);
+        EXPECT_EQ(llmc::column_reduce_vec(C, fb), vec);
+        label += vec > 1 ? " 128-bit" : " scalar";
+        std::vector<float> dw[3], db[3];
+        const Order orders[3] = {Order::Forward, Order::Reverse, Order::WarpSerial};
+        for (int run = 0; run < 3; run++) {
             dw[run] = dw0;
             db[run] = db0;
-            run_column_reduce<2>(llmc::ColumnOutputs<2>{{dw[run].data(), db[run].data()}}, N, C, f, orders[run]);
+            run_column_reduce<2>(llmc::ColumnOutputs<2>{{dw[run].data(), db[run].data()}}, N, C, f, orders[run], vec);
         }
         // fp32 sums of N terms ~1 (dweight, dbias of layernorm_backward)
         expect_close("column_reduce<2> LayerNorm dweight " + label, dw[0], ref_dw, 1e-4, 1e-5);
         expect_close("column_reduce<2> LayerNorm dbias " + label, db[0], ref_db, 1e-4, 1e-5);
         expect_same_bits("  forward vs reverse thread order", dw[0], dw[1]);
-        EXPECT_EQ(bit_diffs(db[0], db[1]), size_t{0});
+        expect_same_bits("  forward vs one warp at a time", dw[0], dw[2]);
+        EXPECT_EQ(bit_diffs(db[0], db[1]) + bit_diffs(db[0], db[2]), size_t{0});
+        if (vec > 1) {  // the scalar loads: the same additions in the same order
+            std::vector<float> dws = dw0, dbs = db0;
+            run_column_reduce<2>(llmc::ColumnOutputs<2>{{dws.data(), dbs.data()}}, N, C, f, Order::Shuffled, 1);
+            expect_same_bits("  128-bit vs scalar loads", dws, dw[0]);
+            EXPECT_EQ(bit_diffs(dbs, db[0]), size_t{0});
+        }
 
         // matmul_backward's bias gradient (NV = 1), and a skipped output (nullptr) stays untouched
         std::vector<float> dbias = db0;
-        run_column_reduce<1>(llmc::ColumnOutputs<1>{{dbias.data()}}, N, C, llmc::BiasGrad{d.dout_x.data(), C},
-                             Order::Shuffled);
+        run_column_reduce<1>(llmc::ColumnOutputs<1>{{dbias.data()}}, N, C, fb, Order::Shuffled, vec);
         expect_close("column_reduce<1> matmul dbias " + label, dbias, ref_db, 1e-4, 1e-5);
         EXPECT_EQ(bit_diffs(dbias, db[0]), size_t{0});  // the same sums in the same order
         std::vector<float> only_db = db0;
-        run_column_reduce<2>(llmc::ColumnOutputs<2>{{nullptr, only_db.data()}}, N, C, f, Order::Forward);
+        run_column_reduce<2>(llmc::ColumnOutputs<2>{{nullptr, only_db.data()}}, N, C, f, Order::Forward, vec);
         EXPECT_EQ(bit_diffs(only_db, db[0]), size_t{0});
     }
 }
