@@ -22,6 +22,7 @@
 #include "llmc/model_io.h"
 #include "llmc/transport.h"
 #include "test/testing.h"
+#include "test/torch_reference.h"
 
 namespace {
 
@@ -45,51 +46,6 @@ constexpr double kStepLossTolerance = 1e-4;  // relative, each of the 10 losses
 // off by ~5e-5 from the fp64 norm of its own gradients; ours accumulates in double.
 constexpr double kGradNormTolerance = 1e-3;
 
-constexpr int kStateMagic = 20240327;
-constexpr int kStateVersion = 2;
-
-struct DebugState {
-    int B = 0, T = 0, vocab_size = 0, padded_vocab_size = 0, steps = 0;
-    std::vector<int> inputs, targets;
-    std::vector<float> logits;
-    float loss = 0.0f;
-    std::vector<float> grads, losses, grad_norms;
-};
-
-DebugState read_debug_state(const std::string& path, size_t num_params) {
-    llmc::File file(path, "rb");
-    const size_t file_size = file.size();
-    int32_t h[256];
-    file.read_exact(h, sizeof(h), "debug state header");
-    LLMC_CHECK(h[0] == kStateMagic && h[1] == kStateVersion,
-               path + ": not a version-2 debug state (magic " + std::to_string(h[0]) + ", version " +
-                   std::to_string(h[1]) + ")");
-    DebugState s;
-    s.B = h[2];
-    s.T = h[3];
-    s.vocab_size = h[4];
-    s.padded_vocab_size = h[5];
-    s.steps = h[6];
-    LLMC_CHECK(s.B > 0 && s.T > 0 && s.vocab_size > 0 && s.padded_vocab_size >= s.vocab_size && s.steps >= 0,
-               path + ": bad debug state header");
-    const size_t N = size_t(s.B) * s.T;
-    const size_t expected = sizeof(h) + 4 * (2 * N + N * s.padded_vocab_size + 1 + num_params + 2 * size_t(s.steps));
-    LLMC_CHECK(file_size == expected, path + ": size " + std::to_string(file_size) + " bytes, expected " +
-                                          std::to_string(expected) + " for this model and header");
-    auto read = [&](auto& v, size_t n, const char* what) {
-        v.resize(n);
-        file.read_exact(v.data(), n * sizeof(v[0]), what);
-    };
-    read(s.inputs, N, "inputs");
-    read(s.targets, N, "targets");
-    read(s.logits, N * s.padded_vocab_size, "logits");
-    file.read_exact(&s.loss, sizeof(float), "loss");
-    read(s.grads, num_params, "gradients");
-    read(s.losses, s.steps, "step losses");
-    read(s.grad_norms, s.steps, "gradient norms");
-    return s;
-}
-
 double relative(double ours, double ref) { return std::fabs(ours - ref) / std::max(std::fabs(ref), 1e-30); }
 
 void compare_with_torch(const std::string& model_path, const std::string& state_path) {
@@ -97,7 +53,7 @@ void compare_with_torch(const std::string& model_path, const std::string& state_
     llmc::GPT2Cpu model(config);
     llmc::load_model(model_path, config, model.params());
     const llmc::ParamLayout& layout = model.layout();
-    const DebugState ref = read_debug_state(state_path, layout.num_params);
+    const torch_reference::State ref = torch_reference::read_state(state_path, layout.num_params);
     LLMC_CHECK(ref.vocab_size == config.vocab_size && ref.padded_vocab_size == config.padded_vocab_size,
                state_path + ": vocabulary sizes disagree with " + model_path);
     std::printf("  model %s, batch B=%d T=%d\n", config.describe().c_str(), ref.B, ref.T);

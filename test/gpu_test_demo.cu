@@ -25,41 +25,17 @@
 #include "llmc/gpt2_cuda.cuh"
 #include "llmc/model_io.h"
 #include "llmc/transport.h"
+#include "test/torch_reference.h"
 
 using namespace llmc;
 
 namespace {
 
-constexpr int kStateMagic = 20240327;
+using Batch = torch_reference::State;  // the reference batch (the rest of the state is unused here)
+using torch_reference::rel_l2;
+
 constexpr int kSteps = 10;
 constexpr float kLr = 1e-3f;
-
-struct Batch {
-    int B = 0, T = 0;
-    std::vector<int> x, y;
-};
-
-Batch read_batch(const std::string& path) {
-    File f(path, "rb");
-    int32_t h[256];
-    f.read_exact(h, sizeof(h), "state header");
-    LLMC_CHECK(h[0] == kStateMagic, path + ": bad magic " + std::to_string(h[0]));
-    LLMC_CHECK(h[1] == 2, path + ": unsupported state version " + std::to_string(h[1]));
-    Batch b;
-    b.B = h[2];
-    b.T = h[3];
-    b.x.resize(size_t(b.B) * b.T);
-    b.y.resize(size_t(b.B) * b.T);
-    f.read_exact(b.x.data(), b.x.size() * sizeof(int), "inputs");
-    f.read_exact(b.y.data(), b.y.size() * sizeof(int), "targets");
-    return b;
-}
-
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-    std::printf("  %-64s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-    if (!ok) failures++;
-}
 
 OptimizerConfig demo_config() {
     OptimizerConfig oc;
@@ -86,7 +62,7 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     GpuRun r;
     for (int s = 0; s < steps; s++) {
         model.zero_grad();
-        r.losses.push_back(model.forward_backward(b.x.data(), b.y.data(), b.B, b.T, 1.0f));
+        r.losses.push_back(model.forward_backward(b.inputs.data(), b.targets.data(), b.B, b.T, 1.0f));
         const StepResult res = opt.step(model.params(), model.grads(), kLr);
         model.zero_padded_vocab_rows(opt.master_weights());
         r.norms.push_back(float(res.grad_norm));
@@ -105,26 +81,14 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     return r;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-        d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        n += double(b[i]) * b[i];
-    }
-    return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
     skip_without_cuda_device();
     const std::string dir = argc > 1 ? argv[1] : "build/reference/tiny";
+    if (!torch_reference::present(dir)) return 77;
     const std::string model_file = dir + "/model.bin", state_file = dir + "/state.bin";
-    if (!file_exists(model_file) || !file_exists(state_file)) {
-        std::printf("SKIP: no reference files in %s (run /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny "
-                    "--batch 4 --seq 32 --out-dir %s)\n", dir.c_str(), dir.c_str());
-        return 77;
-    }
+    torch_reference::Checks checks(64);
     const double tol_loss = kFloatXIsFloat ? 2e-3 : 5e-2;  // absolute, per step, on losses of ~10.8
     const double tol_drop = kFloatXIsFloat ? 0.02 : 0.10;  // relative, loss drop over the run
     try {
@@ -133,7 +97,7 @@ int main(int argc, char** argv) {
         const ParamLayout layout = ParamLayout::gpt2(mc);
         std::vector<float> weights(layout.num_params);
         load_model(model_file, mc, weights);
-        const Batch batch = read_batch(state_file);
+        const Batch batch = torch_reference::read_state(state_file, layout.num_params);
         std::printf("gpu_test_demo on %s, floatX = %s: %s, B=%d T=%d, %d DeMo steps at lr %g\n", env.describe().c_str(),
                     kFloatXName, mc.describe().c_str(), batch.B, batch.T, kSteps, kLr);
 
@@ -145,7 +109,7 @@ int main(int argc, char** argv) {
         std::vector<float> cpu_losses, cpu_norms;
         for (int s = 0; s < kSteps; s++) {
             cpu.zero_grad();
-            cpu_losses.push_back(cpu.forward(batch.x.data(), batch.y.data(), batch.B, batch.T));
+            cpu_losses.push_back(cpu.forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T));
             cpu.backward(1.0f);
             cpu_norms.push_back(float(cpu_opt.step(cpu.params(), cpu.grads(), kLr).grad_norm));
             cpu.zero_padded_vocab_rows();
@@ -161,11 +125,11 @@ int main(int argc, char** argv) {
                         cpu_losses[s], d, gpu.norms[s], cpu_norms[s]);
             losses_ok &= d <= tol_loss;
         }
-        expect(losses_ok, "losses match the CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
+        checks.expect(losses_ok, "losses match the CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
         const double drop_cpu = cpu_losses.front() - cpu_losses.back(), drop_gpu = gpu.losses.front() - gpu.losses.back();
         std::printf("  loss drop over %d steps: GPU %.5f, CPU %.5f\n", kSteps, drop_gpu, drop_cpu);
-        expect(drop_cpu > 0.1, "the CPU run's loss decreases (sanity)");
-        expect(std::fabs(drop_gpu - drop_cpu) <= tol_drop * drop_cpu, "loss drop matches (rel tol " + std::to_string(tol_drop) + ")");
+        checks.expect(drop_cpu > 0.1, "the CPU run's loss decreases (sanity)");
+        checks.expect(std::fabs(drop_gpu - drop_cpu) <= tol_drop * drop_cpu, "loss drop matches (rel tol " + std::to_string(tol_drop) + ")");
         const std::vector<float> cpu_params(cpu.params().begin(), cpu.params().end());
         const std::vector<float> cpu_momentum(cpu_opt.momentum().begin(), cpu_opt.momentum().end());
         std::printf("  after %d steps: master weights rel L2 diff %.3e, momentum rel L2 diff %.3e\n", kSteps,
@@ -174,12 +138,12 @@ int main(int argc, char** argv) {
                     gpu.transform * 1e3, gpu.exchange * 1e3, gpu.apply * 1e3);
 
         const GpuRun again = run_gpu(env, mc, weights, batch, 3, host_path);
-        expect(std::memcmp(again.losses.data(), gpu.losses.data(), 3 * sizeof(float)) == 0,
+        checks.expect(std::memcmp(again.losses.data(), gpu.losses.data(), 3 * sizeof(float)) == 0,
                "GPU run is deterministic (first 3 losses bit-identical)");
         LocalTransport world_of_one;
         NcclTransport nccl(world_of_one, env.stream, /*nccl_for_one_rank=*/true);
         const GpuRun via_nccl = run_gpu(env, mc, weights, batch, 3, nccl);
-        expect(std::memcmp(via_nccl.losses.data(), gpu.losses.data(), 3 * sizeof(float)) == 0 &&
+        checks.expect(std::memcmp(via_nccl.losses.data(), gpu.losses.data(), 3 * sizeof(float)) == 0 &&
                    std::memcmp(via_nccl.state.data(), again.state.data(), again.state.size()) == 0,
                "NCCL device exchange (allgather_device) gives the same run");
 
@@ -189,17 +153,16 @@ int main(int argc, char** argv) {
         cpu2.load_state(r1);
         ByteWriter w2;
         cpu2.save_state(w2);
-        expect(w2.bytes() == gpu.state, "GPU state blob loads into DemoOptimizer and saves back identically");
+        checks.expect(w2.bytes() == gpu.state, "GPU state blob loads into DemoOptimizer and saves back identically");
         demo::CudaDemo gpu2(demo_config(), layout, cpu_transport, env.stream, false, 1337);
         ByteReader r2(w2.bytes(), "cpu state");
         gpu2.load_state(r2);
         ByteWriter w3;
         gpu2.save_state(w3);
-        expect(w3.bytes() == gpu.state, "the CPU blob loads into CudaDemo and saves back identically");
+        checks.expect(w3.bytes() == gpu.state, "the CPU blob loads into CudaDemo and saves back identically");
     } catch (const std::exception& e) {
         std::printf("error: %s\n", e.what());
-        failures++;
+        checks.fail();
     }
-    std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
-    return failures == 0 ? 0 : 1;
+    return checks.finish();
 }

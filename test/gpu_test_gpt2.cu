@@ -19,69 +19,18 @@
 #include "llmc/gpt2_cuda.cuh"
 #include "llmc/model_io.h"
 #include "llmc/transport.h"
+#include "test/torch_reference.h"
 
 using namespace llmc;
 
 namespace {
 
-constexpr int kStateMagic = 20240327;
-
-struct Reference {
-    int B = 0, T = 0, V = 0, Vp = 0, steps = 0;
-    std::vector<int> x, y;
-    std::vector<float> logits, grads, losses, grad_norms;
-    float loss = 0.0f;
-};
-
-Reference read_reference(const std::string& path, size_t num_params) {
-    File f(path, "rb");
-    int32_t h[256];
-    f.read_exact(h, sizeof(h), "state header");
-    LLMC_CHECK(h[0] == kStateMagic, path + ": bad magic " + std::to_string(h[0]));
-    LLMC_CHECK(h[1] == 2, path + ": unsupported state version " + std::to_string(h[1]));
-    Reference r;
-    r.B = h[2];
-    r.T = h[3];
-    r.V = h[4];
-    r.Vp = h[5];
-    r.steps = h[6];
-    const size_t N = size_t(r.B) * r.T;
-    r.x.resize(N);
-    r.y.resize(N);
-    r.logits.resize(N * r.Vp);
-    r.grads.resize(num_params);
-    r.losses.resize(r.steps);
-    r.grad_norms.resize(r.steps);
-    f.read_exact(r.x.data(), N * sizeof(int), "inputs");
-    f.read_exact(r.y.data(), N * sizeof(int), "targets");
-    f.read_exact(r.logits.data(), r.logits.size() * sizeof(float), "logits");
-    f.read_exact(&r.loss, sizeof(float), "loss");
-    f.read_exact(r.grads.data(), r.grads.size() * sizeof(float), "gradients");
-    f.read_exact(r.losses.data(), r.losses.size() * sizeof(float), "losses");
-    f.read_exact(r.grad_norms.data(), r.grad_norms.size() * sizeof(float), "grad norms");
-    return r;
-}
-
-int failures = 0;
-void expect(bool ok, const std::string& what) {
-    std::printf("  %-56s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-    if (!ok) failures++;
-}
+using torch_reference::rel_l2;
 
 double rms(const float* v, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += double(v[i]) * v[i];
     return std::sqrt(s / std::max<size_t>(n, 1));
-}
-
-// ||a - b|| / ||b|| (or ||a|| when b is zero)
-double rel_l2(const float* a, const float* b, size_t n) {
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        r += double(b[i]) * b[i];
-    }
-    return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
 }
 
 }  // namespace
@@ -94,12 +43,9 @@ int main(int argc, char** argv) {
         if (std::string(argv[i]) == "--lr" && i + 1 < argc) lr = std::stof(argv[++i]);
         else dir = argv[i];
     }
+    if (!torch_reference::present(dir)) return 77;
     const std::string model_file = dir + "/model.bin", state_file = dir + "/state.bin";
-    if (!file_exists(model_file) || !file_exists(state_file)) {
-        std::printf("SKIP: no reference files in %s (run /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny "
-                    "--batch 4 --seq 32 --out-dir %s)\n", dir.c_str(), dir.c_str());
-        return 77;
-    }
+    torch_reference::Checks checks(56);
     // bf16: activations and parameters carry 8 significant bits; fp32 build: summation order and fast-math only.
     const double tol_logits = kFloatXIsFloat ? 1e-4 : 3e-2;  // relative L2 over all logits
     const double tol_loss = kFloatXIsFloat ? 1e-4 : 2e-2;    // absolute, on a loss of ~ln(V) = 10.8
@@ -111,8 +57,8 @@ int main(int argc, char** argv) {
         const ParamLayout layout = ParamLayout::gpt2(mc);
         std::vector<float> weights(layout.num_params);
         load_model(model_file, mc, weights);
-        const Reference ref = read_reference(state_file, layout.num_params);
-        LLMC_CHECK(ref.V == mc.vocab_size && ref.Vp == mc.padded_vocab_size, state_file + ": vocabulary differs from the model");
+        const torch_reference::State ref = torch_reference::read_state(state_file, layout.num_params);
+        LLMC_CHECK(ref.vocab_size == mc.vocab_size && ref.padded_vocab_size == mc.padded_vocab_size, state_file + ": vocabulary differs from the model");
         std::printf("gpu_test_gpt2 on %s, floatX = %s: %s, B=%d T=%d, %d AdamW steps at lr %g\n", env.describe().c_str(),
                     kFloatXName, mc.describe().c_str(), ref.B, ref.T, ref.steps, lr);
 
@@ -127,25 +73,25 @@ int main(int argc, char** argv) {
         model.zero_grad();
 
         // 1. forward: logits and loss
-        const float loss = model.forward(ref.x.data(), ref.y.data(), ref.B, ref.T);
+        const float loss = model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
         const std::vector<float> logits = model.logits(ref.B, ref.T);
         const size_t Vp = mc.padded_vocab_size;
         double max_abs = 0;
         for (size_t i = 0; i < logits.size(); i++) max_abs = std::max(max_abs, std::fabs(double(logits[i]) - ref.logits[i]));
         const double lrel = rel_l2(logits.data(), ref.logits.data(), logits.size());
         std::printf("  logits: rel L2 %.3e, max abs %.3e (rms %.3e)\n", lrel, max_abs, rms(ref.logits.data(), ref.logits.size()));
-        expect(lrel <= tol_logits, "logits match (rel L2)");
+        checks.expect(lrel <= tol_logits, "logits match (rel L2)");
         // the first few logits of the first row, for a human
         std::printf("  logits[0][0..3]: %.6f %.6f %.6f vs ref %.6f %.6f %.6f\n", logits[0], logits[1], logits[2],
                     ref.logits[0], ref.logits[1], ref.logits[2]);
         (void)Vp;
         std::printf("  loss %.6f vs ref %.6f\n", loss, ref.loss);
-        expect(std::fabs(loss - ref.loss) <= tol_loss, "loss matches");
+        checks.expect(std::fabs(loss - ref.loss) <= tol_loss, "loss matches");
 
         // 2. gradients, per tensor
         model.zero_grad();
-        const float loss2 = model.forward_backward(ref.x.data(), ref.y.data(), ref.B, ref.T, 1.0f);
-        expect(std::fabs(loss2 - loss) <= 1e-6f * std::fabs(loss), "training forward gives the same loss");
+        const float loss2 = model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f);
+        checks.expect(std::fabs(loss2 - loss) <= 1e-6f * std::fabs(loss), "training forward gives the same loss");
         const std::vector<float> grads = model.download_grads();
         double worst = 0;
         std::string worst_name;
@@ -161,18 +107,18 @@ int main(int argc, char** argv) {
             }
         }
         std::printf("  gradients: worst tensor %s rel L2 %.3e\n", worst_name.c_str(), worst);
-        expect(bad == 0, "gradients match per tensor (" + std::to_string(layout.tensors.size()) + " tensors)");
+        checks.expect(bad == 0, "gradients match per tensor (" + std::to_string(layout.tensors.size()) + " tensors)");
         // determinism: the same batch again gives bit-identical gradients
         model.zero_grad();
-        model.forward_backward(ref.x.data(), ref.y.data(), ref.B, ref.T, 1.0f);
+        model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f);
         const std::vector<float> grads2 = model.download_grads();
-        expect(std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float)) == 0, "gradients bit-identical on rerun");
+        checks.expect(std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float)) == 0, "gradients bit-identical on rerun");
 
         // 3. AdamW steps on the same batch: loss before each step and the gradient norm
         bool losses_ok = true, norms_ok = true;
         for (int step = 0; step < ref.steps; step++) {
             model.zero_grad();
-            const float l = model.forward_backward(ref.x.data(), ref.y.data(), ref.B, ref.T, 1.0f);
+            const float l = model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f);
             const StepResult r = opt.step(model.params(), model.grads(), lr);
             model.zero_padded_vocab_rows(opt.master_weights());
             const double norm_err = std::fabs(r.grad_norm - ref.grad_norms[step]) / ref.grad_norms[step];
@@ -181,13 +127,12 @@ int main(int argc, char** argv) {
             losses_ok &= std::fabs(l - ref.losses[step]) <= tol_loss;
             norms_ok &= norm_err <= tol_norm;
         }
-        expect(losses_ok, "AdamW step losses match");
-        expect(norms_ok, "AdamW step gradient norms match");
-        if (ref.steps > 1) expect(ref.losses[ref.steps - 1] < ref.losses[0], "reference loss decreases (sanity)");
+        checks.expect(losses_ok, "AdamW step losses match");
+        checks.expect(norms_ok, "AdamW step gradient norms match");
+        if (ref.steps > 1) checks.expect(ref.losses[ref.steps - 1] < ref.losses[0], "reference loss decreases (sanity)");
     } catch (const std::exception& e) {
         std::printf("error: %s\n", e.what());
-        failures++;
+        checks.fail();
     }
-    std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
-    return failures == 0 ? 0 : 1;
+    return checks.finish();
 }
