@@ -11,14 +11,16 @@
 //
 //   ./train_gpt --help                                  every flag, with defaults
 //   mpirun -np 8 ./train_gpt --optimizer adamw          8 GPUs, AdamW-DDP (NCCL all-reduce)
-// Environment knobs (GPU-only, not in the shared config schema): LLMC_STOCHASTIC_ROUNDING=0 rounds the bf16
-// parameters to nearest instead of stochastically; LLMC_GELU_FUSION=0/1 forces the cuBLASLt GELU epilogue
-// off/on (default: on for sm_90+); LLMC_ATTENTION=flash runs llmc/flash_attention.cuh (tensor-core tiles, no
-// T x T matrices in memory; bf16 build, head size 64) instead of the default cuBLASLt + softmax attention;
-// LLMC_TRANSPORT=mpi moves gradients and DeMo buckets through pinned host
-// memory and the MPI transport instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
-// LLMC_PROFILE_STEP=N brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off` or
-// `nsys profile --capture-range=cudaProfilerApi`.
+// Environment knobs (GPU-only, not in the shared config schema):
+//   LLMC_STOCHASTIC_ROUNDING=0  rounds the bf16 parameters to nearest instead of stochastically;
+//   LLMC_GELU_FUSION=0/1/2      the GELU as separate kernels / the forward as a cuBLASLt epilogue (default on
+//                               sm_90+) / the backward too (DGELU epilogue);
+//   LLMC_ATTENTION=flash        llmc/flash_attention.cuh (tensor-core tiles, no T x T matrices in memory; bf16
+//                               build, head size 64) instead of the default cuBLASLt + softmax attention;
+//   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
+//                               instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
+//   LLMC_PROFILE_STEP=N         brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off`
+//                               or `nsys profile --capture-range=cudaProfilerApi`.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -130,7 +132,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (main_rank) print_dry_run_report(cfg, world);
         return 0;
     }
-    (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION fails here, before any GPU work
+    (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
+    (void)gelu_fusion_from_env(0);              // any GPU work
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through

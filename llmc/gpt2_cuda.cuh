@@ -47,6 +47,16 @@ inline bool flash_attention_from_env(const ModelConfig& config) {
     return true;
 }
 
+// LLMC_GELU_FUSION=0|1|2: 0 separate GELU kernels, 1 the forward GELU as a cuBLASLt epilogue, 2 the backward
+// too (DGELU epilogue on the fcproj dinp); `fallback` when unset. Another value is an error.
+inline int gelu_fusion_from_env(int fallback) {
+    const char* s = std::getenv("LLMC_GELU_FUSION");
+    if (!s) return fallback;
+    const std::string v = s;
+    LLMC_CHECK(v == "0" || v == "1" || v == "2", "LLMC_GELU_FUSION must be 0, 1 or 2; got '" + v + "'");
+    return v[0] - '0';
+}
+
 class GPT2Cuda {
 public:
     // max_B, max_T: the largest micro-batch forward/forward_backward will see (T <= max_seq_len).
@@ -59,8 +69,7 @@ public:
         LLMC_CHECK(C % 8 == 0 && (C / config.num_heads) % 8 == 0,
                    "the CUDA trainer needs channels and head size multiples of 8 (cuBLASLt alignment); got C=" +
                        std::to_string(C) + " heads=" + std::to_string(config.num_heads));
-        if (const char* s = std::getenv("LLMC_GELU_FUSION")) gelu_fusion_ = std::atoi(s) != 0;
-        else gelu_fusion_ = env.props.major >= 9;  // as llm.c: the epilogue pays off on Hopper
+        gelu_fusion_ = gelu_fusion_from_env(env.props.major >= 9 ? 1 : 0);  // as llm.c: the epilogue pays off on Hopper
         flash_attention_ = flash_attention_from_env(config);
 
         param_mem_.add(&params_, layout_.num_params);
@@ -79,7 +88,7 @@ public:
     floatX* params() { return params_; }
     float* grads() { return grads_; }
     size_t activation_bytes() const { return act_mem_.bytes(); }
-    bool gelu_fusion() const { return gelu_fusion_; }
+    int gelu_fusion() const { return gelu_fusion_; }
     bool flash_attention() const { return flash_attention_; }
     const char* attention_name() const { return flash_attention_ ? "flash" : "matmul"; }
     int max_batch() const { return max_B_; }
@@ -276,7 +285,7 @@ private:
             fused_residual_layernorm_forward(residual2, ln2, lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), residual,
                                              a_.btc, layer(p, ParamKind::ln2w, l), layer(p, ParamKind::ln2b, l), N, C, s);
             matmul_forward(env_, fch_gelu, ln2, layer(p, ParamKind::fcw, l), layer(p, ParamKind::fcb, l), N, C, 4 * C,
-                           fch, gelu_fusion_);
+                           fch, gelu_fusion_ >= 1);
             matmul_forward(env_, a_.btc, fch_gelu, layer(p, ParamKind::fcprojw, l), layer(p, ParamKind::fcprojb, l), N,
                            4 * C, C);
             if (l + 1 < L) {
@@ -320,9 +329,11 @@ private:
             floatX* fch_gelu = lslice(a_.fch_gelu, l, 4 * C);
 
             // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+            // dfch: the DGELU epilogue of this product (LLMC_GELU_FUSION=2), or the product then the GELU backward
             matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), layer(g, ParamKind::fcprojb, l), fs,
-                            a_.dresidual, fch_gelu, layer(p, ParamKind::fcprojw, l), N, 4 * C, C);
-            gelu_backward_inplace(a_.dbt4c, fch, size_t(N) * 4 * C, s);
+                            a_.dresidual, fch_gelu, layer(p, ParamKind::fcprojw, l), N, 4 * C, C,
+                            gelu_fusion_ >= 2 ? fch : nullptr);
+            if (gelu_fusion_ < 2) gelu_backward_inplace(a_.dbt4c, fch, size_t(N) * 4 * C, s);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
                             layer(p, ParamKind::fcw, l), N, C, 4 * C);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
@@ -358,7 +369,7 @@ private:
     CudaEnv& env_;
     int max_B_, max_T_;
     size_t n_cap_ = 0, att_cap_ = 0;
-    bool gelu_fusion_ = false;
+    int gelu_fusion_ = 0;
     bool flash_attention_ = false;
     DeviceArena param_mem_, grad_mem_, act_mem_;
     floatX* params_ = nullptr;

@@ -6,7 +6,9 @@
 //    the GELU fused as epilogues (pre_gelu keeps the GELU input for the backward). Falls back to separate
 //    bias/GELU kernels when the epilogue's alignment rules are not met.
 //  - matmul_backward: dinp = dout W, dweight += dout^T inp (fp32), dbias += column sums of dout (deterministic
-//    column reduction, not the cuBLASLt BGRAD epilogue, so the bias gradient is fp32 and reproducible).
+//    column reduction, not the cuBLASLt BGRAD epilogue, so the bias gradient is fp32 and reproducible). When
+//    inp was gelu(pre_gelu), dinp can come out as the gradient of pre_gelu directly (cuBLASLt's DGELU epilogue,
+//    saving gelu_backward_inplace's pass over N x OC), with the separate kernel as the fallback.
 // Row-major (PyTorch) matrices are column-major transposes; each call below derives its op/ld from that.
 // Compute is always fp32 (CUBLAS_COMPUTE_32F); fp32 builds may opt into TF32 through CudaEnv::allow_tf32.
 #pragma once
@@ -77,18 +79,23 @@ inline void lt_set_batch(cublasLtMatrixLayout_t layout, int batch, long long str
 }  // namespace detail
 
 // Column-major: D (m x n, ld m) = alpha * op(A) (m x k) * op(B) (k x n) [+ D if accumulate] [+ bias (m)]
-// [then GELU, with the pre-GELU values written to pre_gelu (m x n, ld m)].
+// [then GELU, with the pre-GELU values written to pre_gelu (m x n, ld m)]
+// [or, with dgelu_input (m x n, ld m): D = gelu'(dgelu_input) * (the product), the GELU backward].
 // A is stored (k x m, ld k) when transA else (m x k, ld m); B is (n x k, ld n) when transB else (k x n, ld k).
 // Batched: `batch` matrices at strides (in elements) strideA/B/D. TD is floatX or float.
 template <typename TD>
 void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                bool transA, bool transB, bool accumulate, int batch = 1, long long strideA = 0, long long strideB = 0,
-               long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f) {
+               long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f,
+               const floatX* dgelu_input = nullptr) {
     static_assert(std::is_same_v<TD, float> || std::is_same_v<TD, floatX>, "matmul_lt: D must be float or floatX");
     constexpr cudaDataType_t d_type = std::is_same_v<TD, float> ? CUDA_R_32F : kFloatXCuda;
     LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "matmul_lt: empty or negative shape m=" + std::to_string(m) +
                                                          " n=" + std::to_string(n) + " k=" + std::to_string(k));
-    LLMC_CHECK((!(bias || pre_gelu) || std::is_same_v<TD, floatX>), "matmul_lt: bias/GELU epilogues need a floatX output");
+    LLMC_CHECK((!(bias || pre_gelu || dgelu_input) || std::is_same_v<TD, floatX>),
+               "matmul_lt: bias/GELU epilogues need a floatX output");
+    LLMC_CHECK(!(dgelu_input && (pre_gelu || bias || accumulate || batch > 1)),
+               "matmul_lt: the GELU-backward epilogue takes no bias, accumulation, forward GELU or batch");
     detail::LtDescs desc;
     const cublasComputeType_t compute =
         (kFloatXIsFloat && env.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -111,14 +118,16 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
 
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (pre_gelu) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (dgelu_input) epilogue = CUBLASLT_EPILOGUE_DGELU;
     else if (bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias) {  // bias and aux types default to D's type (floatX), which is what we store
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (pre_gelu) {
+    if (pre_gelu || dgelu_input) {
         const int64_t ld = m;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre_gelu, sizeof(pre_gelu)));
+        const void* aux = pre_gelu ? pre_gelu : dgelu_input;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
         if (batch > 1) {
             const int64_t aux_stride = strideD;
@@ -141,7 +150,9 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
     // problems, so the chosen algorithm is cached per problem (shape, ops, types, epilogue, alignments).
     const detail::LtKey key{m, n, k, transA, transB, batch, strideA, strideB, strideD, int(d_type), int(epilogue),
                             int(compute), align_a, align_b, align_d,
-                            std::min(bias ? detail::lt_alignment(bias, 0) : 256u, pre_gelu ? detail::lt_alignment(pre_gelu, 0) : 256u),
+                            std::min({bias ? detail::lt_alignment(bias, 0) : 256u,
+                                      pre_gelu ? detail::lt_alignment(pre_gelu, 0) : 256u,
+                                      dgelu_input ? detail::lt_alignment(dgelu_input, 0) : 256u}),
                             static_cast<int64_t>(env.workspace_bytes)};
     auto& cache = detail::lt_algo_cache();
     auto cached = cache.find(key);
@@ -157,6 +168,15 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
         else if (st != CUBLAS_STATUS_SUCCESS) cublas_fail(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
         cache.emplace(key, detail::LtChoice{found, heuristic});
     }
+#ifdef __CUDACC__  // gelu_backward_inplace launches a kernel
+    if constexpr (std::is_same_v<TD, floatX>) {
+        if (found == 0 && dgelu_input) {  // no fused kernel for this problem: the product, then the GELU backward
+            matmul_lt<TD>(env, d, a, b, nullptr, m, n, k, transA, transB, false, 1, 0, 0, 0, nullptr, alpha);
+            gelu_backward_inplace(d, dgelu_input, size_t(m) * n, env.stream);
+            return;
+        }
+    }
+#endif
     if (found == 0 && epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
         // No cuBLASLt kernel for this problem (an unusual alignment): the classic cuBLAS GEMM takes it.
         const float beta0 = accumulate ? 1.0f : 0.0f;
@@ -167,7 +187,7 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
     }
     LLMC_CHECK(found > 0, "cuBLASLt has no algorithm for matmul m=" + std::to_string(m) + " n=" + std::to_string(n) +
                               " k=" + std::to_string(k) + " batch=" + std::to_string(batch) +
-                              (bias ? " +bias" : "") + (pre_gelu ? " +gelu" : "") +
+                              (bias ? " +bias" : "") + (pre_gelu ? " +gelu" : "") + (dgelu_input ? " +dgelu" : "") +
                               ": keep channels and head sizes multiples of 8 (16-byte aligned rows)");
     const float beta = accumulate ? 1.0f : 0.0f;
     CUBLAS_CHECK(cublasLtMatmul(env.lt, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d, desc.c, d, desc.d,
@@ -177,8 +197,9 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
 // The same, for a problem stated as a km::GemmShape (kernel_math.h).
 template <typename TD>
 void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, const km::GemmShape& g,
-               bool accumulate, floatX* pre_gelu = nullptr, float alpha = 1.0f) {
-    matmul_lt<TD>(env, d, a, b, bias, g.m, g.n, g.k, g.ta, g.tb, accumulate, g.batch, g.sa, g.sb, g.sd, pre_gelu, alpha);
+               bool accumulate, floatX* pre_gelu = nullptr, float alpha = 1.0f, const floatX* dgelu_input = nullptr) {
+    matmul_lt<TD>(env, d, a, b, bias, g.m, g.n, g.k, g.ta, g.tb, accumulate, g.batch, g.sa, g.sb, g.sd, pre_gelu, alpha,
+                  dgelu_input);
 }
 
 __global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t N, int OC) {
@@ -242,9 +263,18 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_redu
 //   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
 //   dweight (OC,C, fp32) += dout^T @ inp     (accumulated: gradient accumulation over micro-steps)
 //   dbias (OC, fp32) += sum over rows of dout (skipped when nullptr; needs `scratch`, see above)
+// pre_gelu (N,C; may be nullptr): inp was gelu(pre_gelu), and dinp is then the gradient of pre_gelu instead
+// (the DGELU epilogue when its alignment rules hold, else the product and gelu_backward_inplace).
 inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
-                            const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC) {
-    if (dinp) matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false);
+                            const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
+                            const floatX* pre_gelu = nullptr) {
+    if (dinp && pre_gelu && matmul_epilogue_ok(dinp, nullptr, pre_gelu, C)) {
+        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false, nullptr, 1.0f,
+                          pre_gelu);
+    } else if (dinp) {
+        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false);
+        if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, env.stream);
+    }
     if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
     if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
 }

@@ -2,8 +2,8 @@
 # The CUDA trainer's command line, checked on machines without a GPU (CI): ./train_gpt has the CPU trainer's
 # flags and help (one config schema: the help texts are identical but for the program name), bad flags,
 # values and config files get the same one-line errors and a non-zero exit before any GPU work, and with no
-# GPU the trainer says so in one line and exits non-zero instead of crashing; a bad LLMC_ATTENTION is refused
-# before any GPU work. Skips when ./train_gpt is not
+# GPU the trainer says so in one line and exits non-zero instead of crashing; a bad LLMC_ATTENTION or
+# LLMC_GELU_FUSION is refused before any GPU work. Skips when ./train_gpt is not
 # built (no CUDA toolkit). Everything after the parser is checked on a GPU (make gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +55,8 @@ LLMC_ATTENTION=fast run ./train_gpt --steps 1 --out_dir "$TMP/run"
 check "LLMC_ATTENTION=fast -> one-line error" one_line_error "LLMC_ATTENTION must be flash or matmul; got 'fast'"
 LLMC_ATTENTION=flash run ./train_gpt --config configs/tiny.json --steps 1 --out_dir "$TMP/run"
 check "LLMC_ATTENTION=flash on head size 16 -> one-line error" one_line_error "flash attention needs head size 64"
+LLMC_GELU_FUSION=3 run ./train_gpt --steps 1 --out_dir "$TMP/run"
+check "LLMC_GELU_FUSION=3 -> one-line error" one_line_error "LLMC_GELU_FUSION must be 0, 1 or 2; got '3'"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "(a GPU is present: the no-GPU message is not checked here)"

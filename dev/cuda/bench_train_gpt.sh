@@ -4,7 +4,8 @@
 # steps after warm-up, tokens/s and MFU (llm.c's estimate: 6N + 6LCT flops per token against the GPU's dense
 # bf16 peak, so the figures compare with llm.c's printout), the optimizer's own time per step, and DeMo's step
 # time relative to AdamW's (issue target: within 5%). Then both again with LLMC_ATTENTION=flash
-# (llmc/flash_attention.cuh) instead of the default cuBLASLt + softmax attention. When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it
+# (llmc/flash_attention.cuh) instead of the default cuBLASLt + softmax attention, and AdamW with flash and
+# LLMC_GELU_FUSION=2 (the GELU backward as a cuBLASLt epilogue). When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it
 # runs that too, at the same batch and data, for a same-GPU baseline.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
 # Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
@@ -42,10 +43,11 @@ print(f"STEPMS {label} {ms:.4f}")
 EOF
 }
 
-run_ours() {  # run_ours <attention: matmul|flash> <optimizer> [flags]; label "<optimizer>" or "<optimizer>-flash"
+run_ours() {  # run_ours <attention: matmul|flash> <optimizer> [flags]; label "<optimizer>[-flash][-dgelu]"
   local attention=$1 opt=$2; shift 2
   local label=$opt
-  [[ $attention == flash ]] && label=$opt-flash
+  [[ $attention == flash ]] && label=$label-flash
+  [[ ${LLMC_GELU_FUSION:-} == 2 ]] && label=$label-dgelu
   rm -rf "${out:?}/$label"
   LLMC_ATTENTION=$attention ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps "$STEPS" \
     --optimizer "$opt" --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 10 \
@@ -70,6 +72,8 @@ run_ours flash adamw
 run_ours flash demo --demo_topk 32
 ratio adamw-flash demo-flash "DeMo step / AdamW step, flash attention (target within +5%)"
 ratio adamw adamw-flash "AdamW step with flash attention / with matmul attention"
+LLMC_GELU_FUSION=2 run_ours flash adamw
+ratio adamw-flash adamw-flash-dgelu "AdamW step (flash) with the GELU backward epilogue / without"
 
 if [[ -n ${LLMC_UPSTREAM:-} && -x $LLMC_UPSTREAM ]]; then
   # llm.c's own trainer (train_gpt2cu, bf16, no cuDNN) on the same shards: d12 from scratch, same B and T, no

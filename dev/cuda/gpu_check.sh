@@ -72,19 +72,25 @@ for bin in "${bins[@]}"; do
   fi
 done
 
-# Flash attention in the whole model against PyTorch (the binary above ran the default matmul attention).
-if [[ -x build/cuda/gpu_test_gpt2 && ( -z "$filter" || "gpu_test_gpt2_flash" == *"$filter"* ) ]]; then
+# The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
+# the defaults): flash attention (head size 64), and the GELU backward as a cuBLASLt epilogue.
+variant() {  # variant <row name> <VAR=value> <gpu_test_gpt2 args...>
+  local name=$1 setting=$2
+  shift 2
+  [[ -x build/cuda/gpu_test_gpt2 && ( -z "$filter" || "$name" == *"$filter"* ) ]] || return 0
+  local start secs rc status
   start=$(date +%s.%N)
-  LLMC_ATTENTION=flash timeout "${GPU_CHECK_TIMEOUT:-180}" build/cuda/gpu_test_gpt2 build/reference/hs64 \
-    >"$logdir/gpu_test_gpt2_flash.log" 2>&1; rc=$?
+  env "$setting" timeout "${GPU_CHECK_TIMEOUT:-180}" build/cuda/gpu_test_gpt2 "$@" >"$logdir/$name.log" 2>&1; rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
   elif [[ $rc -eq 77 ]]; then status=SKIP; skipped=$((skipped+1))
-  else status=FAIL; failed=$((failed+1)); failed_names+=(gpu_test_gpt2_flash)
-    grep -E 'FAIL|error' "$logdir/gpu_test_gpt2_flash.log" | head -n 20 | sed 's/^/    /'
+  else status=FAIL; failed=$((failed+1)); failed_names+=("$name")
+    grep -E 'FAIL|error' "$logdir/$name.log" | head -n 20 | sed 's/^/    /'
   fi
-  rows+=("$(printf '%-22s %-5s %7ss' gpu_test_gpt2_flash "$status" "$secs")")
-fi
+  rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
+}
+variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/reference/hs64
+variant gpu_test_gpt2_dgelu LLMC_GELU_FUSION=2 build/reference/tiny
 
 # The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
 if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
