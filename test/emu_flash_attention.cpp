@@ -1,12 +1,13 @@
 // The flash attention kernels of llmc/flash_attention.cuh run on the CPU through dev/cuda/block_emulator.h
-// (which emulates mma.sync m16n8k16 and ldmatrix from the PTX ISA's fragment tables) against a double-precision reference of
-// causal softmax attention written from the definition: y_t = sum_{j<=t} p_tj v_j with p = softmax_j(q_t.k_j / 8),
-// the log-sum-exp per row, and the backward dq, dk, dv for a random dy (dp_tj = dy_t.v_j,
-// ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8, dk_j = sum_t ds_tj q_t / 8,
-// dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the 64-row tile, batch and heads
-// above one. The kernels are deterministic by construction (no atomics), so every thread order gives the same
-// bits; one warp at a time (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to
-// their wait also catches a missing barrier or wait.
+// (which emulates mma.sync m16n8k16 and ldmatrix from the PTX ISA's fragment tables) against a double-precision
+// reference of causal softmax attention written from the definition: y_t = sum_{j<=t} p_tj v_j with
+// p = softmax_j(q_t.k_j / 8), the log-sum-exp per row, and the backward dq, dk, dv for a random dy
+// (dp_tj = dy_t.v_j, ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8,
+// dk_j = sum_t ds_tj q_t / 8, dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the
+// 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The kernels are deterministic by
+// construction (no atomics), so every thread order gives the same bits; one warp at a time
+// (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
+// missing barrier or wait.
 //
 // Tolerances: the kernels round P and dS to bf16 for the tensor-core products (relative 2^-9 per term) and
 // store y, dq, dk, dv in bf16, so each output tensor is held to max |err| <= 1.5e-2 x max |ref| and to an RMS
@@ -201,6 +202,7 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
 TEST(flash_attention_one_tile) { check_flash(1, 64, 2, 11); }
 TEST(flash_attention_partial_tiles) { check_flash(2, 100, 1, 12); }
 TEST(flash_attention_four_tiles) { check_flash(1, 229, 2, 13); }
+TEST(flash_attention_gpt2_length) { check_flash(1, 1024, 1, 14); }  // 16 tiles: many buffer swaps, 136 tile pairs
 
 TEST(flash_attention_support) {
     EXPECT(llmc::flash_attention_unsupported(768, 12).empty() == !llmc::kFloatXIsFloat);
