@@ -148,10 +148,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
 
         const StepDuties due = step_duties(cfg, step);
         run_step_evaluations(due, step, model, val_loader.get(), cfg, transport, log.get(), state.tokens,
-                             [&]() -> std::optional<std::string> {
-                                 if (!tokenizer) return std::nullopt;
-                                 return sample_text(model, cfg, *tokenizer, sample_rng);
-                             });
+                             tokenizer.get(),
+                             [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });
         if (due.checkpoint) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();

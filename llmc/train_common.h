@@ -23,6 +23,7 @@
 #include "llmc/metrics.h"
 #include "llmc/optimizer.h"
 #include "llmc/rng.h"
+#include "llmc/tokenizer.h"
 #include "llmc/transport.h"
 
 namespace llmc {
@@ -98,13 +99,14 @@ inline StepDuties step_duties(const TrainConfig& cfg, int step) {
             last || every(cfg.checkpoint_every)};
 }
 
-// The validation pass (every rank; val_loader may be null: no validation data) and the text sample (where
-// sample_text is given: rank 0) that a step owes, logged to `log` (rank 0; null elsewhere) and printed.
-// Both trainers end their steps with this; the checkpoint, which differs between them, follows it.
+// The validation pass (every rank; val_loader may be null: no validation data) and the text sample
+// (sample_text(*tokenizer); tokenizer null where the rank does not sample) that a step owes, logged to `log`
+// (rank 0; null elsewhere) and printed. Both trainers end their steps with this; the checkpoint, which differs
+// between them, follows it.
 template <class Model, class SampleText>
 void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoader* val_loader,
                           const TrainConfig& cfg, Transport& transport, MetricsLog* log, int64_t tokens,
-                          SampleText&& sample_text) {
+                          const TokenizerDecoder* tokenizer, SampleText&& sample_text) {
     if (due.validate && val_loader) {
         const double val_loss = evaluate_loss(model, *val_loader, cfg, transport);
         if (log) {
@@ -112,11 +114,10 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoa
             std::printf("step %d: val loss %.4f\n", step + 1, val_loss);
         }
     }
-    if (due.sample && log) {
-        if (const std::optional<std::string> text = sample_text()) {
-            log->log_sample(step + 1, *text);
-            std::printf("sample at step %d:\n%s\n---\n", step + 1, text->c_str());
-        }
+    if (due.sample && log && tokenizer) {
+        const std::string text = sample_text(*tokenizer);
+        log->log_sample(step + 1, text);
+        std::printf("sample at step %d:\n%s\n---\n", step + 1, text.c_str());
     }
 }
 
