@@ -151,6 +151,7 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
 // Block-level helpers (THREADS a multiple of 32, at most 1024).
 struct AtomicOrWord {
     __host__ __device__ void operator()(uint8_t* w, uint32_t bits) const {
+        LLMC_REQUIRE_ALIGNED(w, 4);  // atomicOr on the GPU
 #ifdef __CUDA_ARCH__
         atomicOr(reinterpret_cast<unsigned int*>(w), bits);
 #else
@@ -602,6 +603,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     {
         const float4* s1 = reinterpret_cast<const float4*>(a.folded + ct.fold1);
         const float4* s2 = reinterpret_cast<const float4*>(a.folded + ct.fold2);
+        LLMC_REQUIRE_ALIGNED(s1, 16);
+        LLMC_REQUIRE_ALIGNED(s2, 16);
+        LLMC_REQUIRE_ALIGNED(fold1, 16);
+        LLMC_REQUIRE_ALIGNED(fold2, 16);
         for (int i = tid; i < f1 / 4; i += THREADS) reinterpret_cast<float4*>(fold1)[i] = s1[i];
         for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
         hist[tid] = 0u;

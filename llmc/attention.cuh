@@ -23,6 +23,8 @@ struct alignas(VEC * sizeof(floatX)) FloatXVec {
 };
 template <int VEC>
 __device__ __forceinline__ void copy_vec(floatX* dst, const floatX* src) {
+    LLMC_REQUIRE_ALIGNED(dst, sizeof(FloatXVec<VEC>));
+    LLMC_REQUIRE_ALIGNED(src, sizeof(FloatXVec<VEC>));
     *reinterpret_cast<FloatXVec<VEC>*>(dst) = *reinterpret_cast<const FloatXVec<VEC>*>(src);
 }
 

@@ -190,6 +190,15 @@ __device__ __forceinline__ void store_stochastic(__nv_bfloat16* dst, float value
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Every vector access of the kernels (8 or 16 bytes, or a 4-byte word of two 16-bit values) names its
+// alignment here: a misaligned one faults on the GPU but works on x86, so under the block emulator
+// (dev/cuda/block_emulator.h) this checks it and the CPU tests catch it.
+#if defined(LLMC_BLOCK_EMULATOR)
+#define LLMC_REQUIRE_ALIGNED(p, bytes) ::emu::require_aligned((p), (bytes), #p)
+#else
+#define LLMC_REQUIRE_ALIGNED(p, bytes) ((void)0)
+#endif
+
 // 128-bit vectors: N elements of T loaded/stored in one instruction. Pointers must be 16-byte aligned.
 template <typename T>
 struct alignas(16) Packed128 {
@@ -199,10 +208,12 @@ struct alignas(16) Packed128 {
 };
 template <typename T>
 __device__ __forceinline__ Packed128<T> load128(const T* p) {
+    LLMC_REQUIRE_ALIGNED(p, 16);
     return *reinterpret_cast<const Packed128<T>*>(p);
 }
 template <typename T>
 __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) {
+    LLMC_REQUIRE_ALIGNED(p, 16);
     *reinterpret_cast<Packed128<T>*>(p) = x;
 }
 using x128 = Packed128<floatX>;

@@ -79,6 +79,18 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
     return f;
 }
 
+// Two bf16 (a packed pair) to global memory as one 32-bit store.
+__device__ __forceinline__ void store_bf16x2(bf16* dst, uint32_t pair) {
+    LLMC_REQUIRE_ALIGNED(dst, 4);
+    *reinterpret_cast<uint32_t*>(dst) = pair;
+}
+// Eight bf16 as four packed pairs, one 128-bit load.
+__device__ __forceinline__ void load_bf16x8(uint32_t (&pairs)[4], const bf16* src) {
+    LLMC_REQUIRE_ALIGNED(src, 16);
+    const int4 v = *reinterpret_cast<const int4*>(src);
+    pairs[0] = uint32_t(v.x), pairs[1] = uint32_t(v.y), pairs[2] = uint32_t(v.z), pairs[3] = uint32_t(v.w);
+}
+
 // d += a * b for one 16 x 8 x 16 tile (bf16 in, fp32 accumulate).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(LLMC_BLOCK_EMULATOR)
@@ -311,8 +323,7 @@ __global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf
         const float inv = 1.0f / l[r];
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++)
-            *reinterpret_cast<uint32_t*>(y + size_t(row[r]) * hd.C + nt * 8 + 2 * t) =
-                pack_bf16x2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+            store_bf16x2(y + size_t(row[r]) * hd.C + nt * 8 + 2 * t, pack_bf16x2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv));
         if (t == 0) lse[hd.row_offset + row[r]] = m[r] + log2f(l[r]);
     }
 }
@@ -328,9 +339,9 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
     float sum = 0.0f;
 #pragma unroll
     for (int c = 0; c < kHeadSize; c += 8) {
-        const int4 dv = *reinterpret_cast<const int4*>(dout + off + c), ov = *reinterpret_cast<const int4*>(out + off + c);
-        const uint32_t d4[4] = {uint32_t(dv.x), uint32_t(dv.y), uint32_t(dv.z), uint32_t(dv.w)};
-        const uint32_t o4[4] = {uint32_t(ov.x), uint32_t(ov.y), uint32_t(ov.z), uint32_t(ov.w)};
+        uint32_t d4[4], o4[4];
+        load_bf16x8(d4, dout + off + c);
+        load_bf16x8(o4, out + off + c);
 #pragma unroll
         for (int j = 0; j < 4; j++) sum += bf16_lo(d4[j]) * bf16_lo(o4[j]) + bf16_hi(d4[j]) * bf16_hi(o4[j]);
     }
@@ -411,8 +422,8 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++) {
             bf16* dst = dkey + size_t(key[r]) * hd.stride + nt * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(dst) = pack_bf16x2(dk[nt][2 * r] * scale, dk[nt][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dst + hd.C) = pack_bf16x2(dv[nt][2 * r], dv[nt][2 * r + 1]);
+            store_bf16x2(dst, pack_bf16x2(dk[nt][2 * r] * scale, dk[nt][2 * r + 1] * scale));
+            store_bf16x2(dst + hd.C, pack_bf16x2(dv[nt][2 * r], dv[nt][2 * r + 1]));
         }
     }
 }
@@ -486,8 +497,8 @@ __global__ void __launch_bounds__(kThreads, 3) flash_attention_backward_q_kernel
         if (row[r] >= T) continue;
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++)
-            *reinterpret_cast<uint32_t*>(dquery + size_t(row[r]) * hd.stride + nt * 8 + 2 * t) =
-                pack_bf16x2(dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale);
+            store_bf16x2(dquery + size_t(row[r]) * hd.stride + nt * 8 + 2 * t,
+                         pack_bf16x2(dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale));
     }
 }
 

@@ -27,7 +27,10 @@ __global__ void norm_squared_final_kernel(double* out, const float* partials, in
     double acc = 0.0;
     for (int i = threadIdx.x; i < count; i += blockDim.x) acc += static_cast<double>(partials[i]);
     const double total = block_sum(acc, shared);
-    if (threadIdx.x == 0) out[0] = total;
+    if (threadIdx.x == 0) {
+        LLMC_REQUIRE_ALIGNED(out, sizeof(double));
+        out[0] = total;
+    }
 }
 
 // Scratch for global_norm_squared: kNormBlocks floats + one double (as floats, 8-byte aligned).

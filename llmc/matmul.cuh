@@ -3,12 +3,13 @@
 //    batched, D in floatX or fp32 (fp32 D with floatX A/B is how weight gradients accumulate into the fp32
 //    gradient buffer without rounding through bf16).
 //  - matmul_forward: out (N,OC) = inp (N,C) W^T + b for PyTorch-layout W (OC,C), with the bias and optionally
-//    the GELU fused as epilogues (pre_gelu keeps the GELU input for the backward). Falls back to separate
-//    bias/GELU kernels when the epilogue's alignment rules are not met.
+//    the GELU fused as epilogues (pre_gelu keeps the GELU input for the backward).
 //  - matmul_backward: dinp = dout W, dweight += dout^T inp (fp32), dbias += column sums of dout (deterministic
 //    column reduction, not the cuBLASLt BGRAD epilogue, so the bias gradient is fp32 and reproducible). When
 //    inp was gelu(pre_gelu), dinp can come out as the gradient of pre_gelu directly (cuBLASLt's DGELU epilogue,
-//    saving gelu_backward_inplace's pass over N x OC), with the separate kernel as the fallback.
+//    saving gelu_backward_inplace's pass over N x OC).
+// Every epilogue has one fallback, in matmul_lt: when cuBLASLt cannot fuse it (alignment rules, or no algorithm
+// for the problem), matmul_lt_unfused runs the plain product and then the separate bias / GELU kernels.
 // Row-major (PyTorch) matrices are column-major transposes; each call below derives its op/ld from that.
 // Compute is always fp32 (CUBLAS_COMPUTE_32F); fp32 builds may opt into TF32 through CudaEnv::allow_tf32.
 #pragma once
@@ -78,6 +79,48 @@ inline void lt_set_batch(cublasLtMatrixLayout_t layout, int batch, long long str
 
 }  // namespace detail
 
+// out (N rows of OC) += bias (OC): the bias epilogue's work when cuBLASLt cannot fuse it.
+__global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t N, int OC) {
+    const size_t total = N * size_t(OC);
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x)
+        out[i] = from_float<floatX>(to_float(out[i]) + to_float(bias[i % OC]));
+}
+
+// Whether cuBLASLt's epilogues may be asked for, for an output D of m rows (column-major): the bias vector
+// 16-byte aligned, and for the GELU ones (aux = pre_gelu or dgelu_input) D and aux 16-byte aligned with a
+// leading dimension that is a multiple of 8.
+inline bool lt_epilogue_ok(const void* d, const floatX* bias, const floatX* aux, int m) {
+    if (bias && !aligned16(bias)) return false;
+    if (aux && (!aligned16(aux) || !aligned16(d) || m % 8 != 0)) return false;
+    return true;
+}
+
+template <typename TD>
+void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+               bool transA, bool transB, bool accumulate, int batch = 1, long long strideA = 0, long long strideB = 0,
+               long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f,
+               const floatX* dgelu_input = nullptr);
+
+#ifdef __CUDACC__  // the separate kernels launch with nvcc only
+// The epilogues' work without cuBLASLt's fusion: the product (with the bias epilogue alone where that can
+// still be fused), then the bias, GELU or GELU-backward kernels. matmul_lt takes this path by itself whenever
+// cuBLASLt cannot fuse (alignment, or no algorithm), so every epilogue request has one answer.
+inline void matmul_lt_unfused(const CudaEnv& env, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
+                              int n, int k, bool transA, bool transB, bool accumulate, floatX* pre_gelu, float alpha,
+                              const floatX* dgelu_input) {
+    floatX* product = pre_gelu ? pre_gelu : d;
+    const bool bias_fusable = (pre_gelu || dgelu_input) && lt_epilogue_ok(product, bias, nullptr, m);
+    matmul_lt<floatX>(env, product, a, b, bias_fusable ? bias : nullptr, m, n, k, transA, transB, accumulate, 1, 0, 0, 0,
+                      nullptr, alpha);
+    if (bias && !bias_fusable) {
+        add_bias_kernel<<<grid_stride_blocks(size_t(m) * n, 256), 256, 0, env.stream>>>(product, bias, size_t(n), m);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (pre_gelu) gelu_forward(d, pre_gelu, size_t(m) * n, env.stream);
+    if (dgelu_input) gelu_backward_inplace(d, dgelu_input, size_t(m) * n, env.stream);
+}
+#endif
+
 // Column-major: D (m x n, ld m) = alpha * op(A) (m x k) * op(B) (k x n) [+ D if accumulate] [+ bias (m)]
 // [then GELU, with the pre-GELU values written to pre_gelu (m x n, ld m)]
 // [or, with dgelu_input (m x n, ld m): D = gelu'(dgelu_input) * (the product), the GELU backward].
@@ -85,9 +128,8 @@ inline void lt_set_batch(cublasLtMatrixLayout_t layout, int batch, long long str
 // Batched: `batch` matrices at strides (in elements) strideA/B/D. TD is floatX or float.
 template <typename TD>
 void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-               bool transA, bool transB, bool accumulate, int batch = 1, long long strideA = 0, long long strideB = 0,
-               long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f,
-               const floatX* dgelu_input = nullptr) {
+               bool transA, bool transB, bool accumulate, int batch, long long strideA, long long strideB,
+               long long strideD, floatX* pre_gelu, float alpha, const floatX* dgelu_input) {
     static_assert(std::is_same_v<TD, float> || std::is_same_v<TD, floatX>, "matmul_lt: D must be float or floatX");
     constexpr cudaDataType_t d_type = std::is_same_v<TD, float> ? CUDA_R_32F : kFloatXCuda;
     LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "matmul_lt: empty or negative shape m=" + std::to_string(m) +
@@ -96,6 +138,17 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                "matmul_lt: bias/GELU epilogues need a floatX output");
     LLMC_CHECK(!(dgelu_input && (pre_gelu || bias || accumulate || batch > 1)),
                "matmul_lt: the GELU-backward epilogue takes no bias, accumulation, forward GELU or batch");
+    LLMC_CHECK(!(pre_gelu && (accumulate || batch > 1)), "matmul_lt: the GELU epilogue takes no accumulation or batch");
+    LLMC_CHECK(!(bias && batch > 1), "matmul_lt: the bias epilogue takes no batch");
+    const bool wants_epilogue = bias || pre_gelu || dgelu_input;
+#ifdef __CUDACC__
+    if constexpr (std::is_same_v<TD, floatX>) {
+        if (wants_epilogue && !lt_epilogue_ok(d, bias, pre_gelu ? pre_gelu : dgelu_input, m)) {
+            matmul_lt_unfused(env, d, a, b, bias, m, n, k, transA, transB, accumulate, pre_gelu, alpha, dgelu_input);
+            return;
+        }
+    }
+#endif
     detail::LtDescs desc;
     const cublasComputeType_t compute =
         (kFloatXIsFloat && env.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -168,11 +221,10 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
         else if (st != CUBLAS_STATUS_SUCCESS) cublas_fail(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
         cache.emplace(key, detail::LtChoice{found, heuristic});
     }
-#ifdef __CUDACC__  // gelu_backward_inplace launches a kernel
+#ifdef __CUDACC__
     if constexpr (std::is_same_v<TD, floatX>) {
-        if (found == 0 && dgelu_input) {  // no fused kernel for this problem: the product, then the GELU backward
-            matmul_lt<TD>(env, d, a, b, nullptr, m, n, k, transA, transB, false, 1, 0, 0, 0, nullptr, alpha);
-            gelu_backward_inplace(d, dgelu_input, size_t(m) * n, env.stream);
+        if (found == 0 && wants_epilogue) {  // no fused kernel for this problem
+            matmul_lt_unfused(env, d, a, b, bias, m, n, k, transA, transB, accumulate, pre_gelu, alpha, dgelu_input);
             return;
         }
     }
@@ -202,38 +254,19 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                   dgelu_input);
 }
 
-__global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t N, int OC) {
-    const size_t total = N * size_t(OC);
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x)
-        out[i] = from_float<floatX>(to_float(out[i]) + to_float(bias[i % OC]));
-}
-
-// Whether cuBLASLt's bias / GELU-aux epilogues can be used for an output with `OC` rows (column-major m).
-inline bool matmul_epilogue_ok(const void* out, const floatX* bias, const floatX* pre_gelu, int OC) {
-    if (bias && !aligned16(bias)) return false;
-    if (pre_gelu && (!aligned16(pre_gelu) || OC % 8 != 0)) return false;
-    return aligned16(out);
-}
-
 #ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be nullptr).
-// With pre_gelu: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu); fused as a cuBLASLt epilogue when
-// fuse_gelu (and alignment allows), otherwise by gelu_forward.
+// With pre_gelu: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu); the GELU is a cuBLASLt epilogue when
+// fuse_gelu (matmul_lt falls back to gelu_forward by itself where cuBLASLt cannot fuse), else gelu_forward.
 inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, floatX* pre_gelu = nullptr, bool fuse_gelu = true) {
-    const bool fused_ok = matmul_epilogue_ok(out, bias, pre_gelu, OC);
-    if (pre_gelu && fuse_gelu && fused_ok) {
-        matmul_lt<floatX>(env, out, weight, inp, bias, km::linear_forward_gemm(N, C, OC), false, pre_gelu);
+    const km::GemmShape g = km::linear_forward_gemm(N, C, OC);
+    if (pre_gelu && !fuse_gelu) {
+        matmul_lt<floatX>(env, pre_gelu, weight, inp, bias, g, false);
+        gelu_forward(out, pre_gelu, size_t(N) * OC, env.stream);
         return;
     }
-    floatX* target = pre_gelu ? pre_gelu : out;
-    const bool bias_in_epilogue = bias && aligned16(bias);
-    matmul_lt<floatX>(env, target, weight, inp, bias_in_epilogue ? bias : nullptr, km::linear_forward_gemm(N, C, OC), false);
-    if (bias && !bias_in_epilogue) {
-        add_bias_kernel<<<grid_stride_blocks(size_t(N) * OC, 256), 256, 0, env.stream>>>(target, bias, size_t(N), OC);
-        CUDA_CHECK_LAUNCH();
-    }
-    if (pre_gelu) gelu_forward(out, pre_gelu, size_t(N) * OC, env.stream);
+    matmul_lt<floatX>(env, out, weight, inp, bias, g, false, pre_gelu);
 }
 
 #endif  // __CUDACC__
@@ -268,13 +301,8 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_redu
 inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
                             const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
                             const floatX* pre_gelu = nullptr) {
-    if (dinp && pre_gelu && matmul_epilogue_ok(dinp, nullptr, pre_gelu, C)) {
-        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false, nullptr, 1.0f,
-                          pre_gelu);
-    } else if (dinp) {
-        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false);
-        if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, size_t(N) * C, env.stream);
-    }
+    if (dinp)
+        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false, nullptr, 1.0f, pre_gelu);
     if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
     if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
 }

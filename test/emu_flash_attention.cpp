@@ -275,6 +275,42 @@ TEST(emulated_ldmatrix_layout) {
     EXPECT_EQ(bad, 0);
 }
 
+// The emulator's own traps, each of which stands for a GPU fault or hang that x86 would let pass: vector
+// accesses off their alignment (ldmatrix rows, cp.async, the kernels' 32-bit pair stores) and a
+// __syncthreads that only part of the block reaches.
+TEST(emulator_traps_gpu_faults) {
+    alignas(16) static bf16 smem_like[256];
+    alignas(16) static bf16 global_like[256];
+    EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
+                      uint32_t r[4];
+                      flash::ldmatrix_x4<false>(r, smem_like + 8 * (threadIdx.x % 8) + (threadIdx.x == 5 ? 1 : 0));
+                  }),
+                  "misaligned 16-byte access (ldmatrix row address");
+    EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
+                      flash::cp_async<16>(smem_like + 8 * threadIdx.x + 4, global_like, true);
+                  }),
+                  "misaligned 16-byte access (cp.async shared-memory destination");
+    EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
+                      flash::cp_async<16>(smem_like + 8 * threadIdx.x, global_like + 1, false);
+                  }),
+                  "misaligned 16-byte access (cp.async global source");
+    EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] { flash::store_bf16x2(global_like + 1, 0u); }),
+                  "misaligned 4-byte access");
+    EXPECT_ABORTS(emu::run_block(64, 0, 1, Order::Forward, 1, [&] {
+                      if (threadIdx.x < 32) __syncthreads();
+                  }),
+                  "__syncthreads not reached by every thread");
+    // and the same calls, aligned, run through
+    emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
+        uint32_t r[4];
+        flash::ldmatrix_x4<false>(r, smem_like + 8 * (threadIdx.x % 8));
+        flash::cp_async<16>(smem_like + 8 * threadIdx.x, global_like + 8 * threadIdx.x, true);
+        flash::cp_async_commit();
+        flash::cp_async_wait<0>();
+        flash::store_bf16x2(global_like + 2 * threadIdx.x, 0u);
+    });
+}
+
 }  // namespace
 
 TEST_MAIN()

@@ -132,6 +132,16 @@ std::vector<floatX> rounded(const std::vector<double>& v) {
 
 // =========================================================================================================
 // Encoder
+// A 128-bit load or store off 16 bytes faults on the GPU; the emulator must stop there too (x86 would not).
+TEST(misaligned_128_bit_access_is_caught) {
+    alignas(16) static floatX buf[4 * kVec];
+    EXPECT_ABORTS(launch(1, 32, Order::Forward, [&] { (void)llmc::load128(buf + (threadIdx.x == 7 ? 1 : 0)); }),
+                  "misaligned 16-byte access");
+    EXPECT_ABORTS(launch(1, 32, Order::Forward, [&] { llmc::store128(buf + kVec + 2, llmc::x128{}); }),
+                  "misaligned 16-byte access");
+    launch(1, 32, Order::Forward, [&] { llmc::store128(buf + kVec * (threadIdx.x % 4), llmc::load128(buf)); });
+}
+
 TEST(encoder_forward) {
     struct Shape {
         int B, T, C, V;

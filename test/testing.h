@@ -1,6 +1,11 @@
 // A minimal test harness: EXPECT-style checks that record failures and keep going, so one run reports every
 // broken assertion, and a main() that exits 0 (pass), 1 (fail) or 77 (skipped) for test/run_tests.sh.
 #pragma once
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +106,44 @@ inline int run_all() {
                                         std::string("error message '") + e_.what() + "' lacks '" + (needle) + "'"); \
         }                                                                                                  \
         if (!threw_) testing::report_failure(__FILE__, __LINE__, "expected llmc::Error from " #stmt);       \
+    } while (0)
+
+namespace testing {
+// Runs `fn` in a forked child and reports whether it died by abort() with `needle` in what it wrote to
+// stderr ("" when so, else what happened): for checks whose failure mode is an abort (the block emulator's).
+inline std::string aborts_with(const std::function<void()>& fn, const std::string& needle) {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe() failed";
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) return "fork() failed";
+    if (pid == 0) {
+        const rlimit no_core{0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        close(fds[0]);
+        dup2(fds[1], 2);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(got));
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+        return "did not abort (stderr: '" + err + "')";
+    if (err.find(needle) == std::string::npos) return "aborted, but stderr '" + err + "' lacks '" + needle + "'";
+    return "";
+}
+}  // namespace testing
+
+// Asserts that `stmt` aborts the process (checked in a forked child) with `needle` on stderr.
+#define EXPECT_ABORTS(stmt, needle)                                                                   \
+    do {                                                                                              \
+        const std::string why_ = testing::aborts_with([&] { stmt; }, needle);                         \
+        if (!why_.empty()) testing::report_failure(__FILE__, __LINE__, "EXPECT_ABORTS(" #stmt "): " + why_); \
     } while (0)
 
 #define TEST_MAIN() \

@@ -4,13 +4,16 @@ Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny conf
 wrote: determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for
 1 and 2 ranks, AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a resume with another
 world size (and --reset_momentum accepting it), and one-line errors with a non-zero exit and no hang for bad
-input. Failures are collected and reported together.
+input, and a rank killed mid-run ending the whole job (then resumed). Failures are collected and reported
+together.
 """
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TMP = os.path.join(ROOT, "build", "test-tmp", "train")
@@ -78,6 +81,73 @@ def resume_case(optimizer, ranks):
     return a
 
 
+def children(pid):
+    """PIDs whose parent is `pid` (from /proc: no procps needed)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def alive(pid):
+    """Running (a zombie waiting for its parent to reap it counts as gone)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def rank_dies_mid_run():
+    """A rank killed mid-run (SIGKILL: no chance to report anything) takes the job down: mpirun exits non-zero
+    within seconds, no rank is left blocked in a collective, and --resume auto continues from the last complete
+    checkpoint."""
+    out_dir = fresh("killed")
+    args = BASE + ["--optimizer", "demo", "--steps", "300", "--checkpoint_every", "2", "--keep_checkpoints", "2",
+                   "--val_every", "0"]
+    cmd = ["mpirun", "-np", "2", TRAINER] + args + ["--threads", "1", "--out_dir", out_dir]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=MPI_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        try:
+            if max([k for k in losses(out_dir) if isinstance(k, int)], default=0) >= 5:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    ranks = children(p.pid)
+    if p.poll() is not None or len(ranks) != 2:
+        p.kill()
+        check(False, f"rank killed mid-run: could not catch the run at step 5 with 2 ranks (ranks {ranks})")
+        return
+    os.kill(ranks[-1], signal.SIGKILL)
+    start = time.time()
+    try:
+        _, err = p.communicate(timeout=60)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        _, err = p.communicate()
+        hung = True
+    survivors = [r for r in ranks if alive(r)]
+    check(not hung and p.returncode != 0 and not survivors,
+          f"a rank killed at step >= 5 ends the job: mpirun exit {p.returncode} after {time.time() - start:.1f} s, "
+          f"surviving ranks {survivors}")
+    done = sorted(d for d in os.listdir(os.path.join(out_dir, "checkpoints"))
+                  if os.path.exists(os.path.join(out_dir, "checkpoints", d, "COMPLETE")))
+    r = run(args + ["--out_dir", out_dir, "--resume", "auto"], 2, expect_ok=False)
+    steps = sorted(k for k in losses(out_dir) if isinstance(k, int))
+    check(r.returncode == 0 and bool(done) and steps == list(range(1, 301)),
+          f"--resume auto after the kill continues from {done[-1] if done else 'no checkpoint'} to step 300 "
+          f"(exit {r.returncode}, {len(steps)} logged steps)")
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
@@ -125,6 +195,7 @@ def main():
         p = subprocess.run(cmd, cwd=ROOT, env=MPI_ENV, capture_output=True, text=True, timeout=60)
         check(p.returncode != 0 and "rank 1 was started with --lr=0.002" in p.stderr,
               "mismatched configs across ranks are refused: " + p.stderr.strip()[:160])
+        rank_dies_mid_run()
 
     # Bad input, single process.
     shard_dir = fresh("badshards")

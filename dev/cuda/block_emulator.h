@@ -2,7 +2,8 @@
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
 // intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp, and mma.sync m16n8k16 bf16 and
 // ldmatrix, which kernels reach through wrappers that test LLMC_BLOCK_EMULATOR; cp.async copies are deferred to
-// the issuing thread's wait, as late as the hardware may perform them) are cooperative barriers, and
+// the issuing thread's wait, as late as the hardware may perform them) are cooperative barriers, vector
+// accesses are checked for the alignment the GPU demands (require_aligned), and
 // dynamic shared memory is a host array (EMU_DEFINE_SHARED) that a test should fill with a poison pattern (e.g.
 // 0xff bytes: NaN) before every block, as the GPU leaves it undefined (test/emu_demo_kernels.cpp does).
 //
@@ -165,6 +166,17 @@ inline Dim3& grid_dim() {
     const Dim3 b = block_index();
     std::fprintf(stderr, "block emulator: %s (block %u,%u,%u)\n", what, b.x, b.y, b.z);
     std::abort();
+}
+
+// The GPU faults on a vector access (8 or 16 bytes: float4, Packed128, cp.async, ldmatrix rows) at an address
+// that is not a multiple of its size; x86 does not, so kernels reach such accesses through
+// LLMC_REQUIRE_ALIGNED (llmc/cuda_common.cuh), which calls this under the emulator.
+inline void require_aligned(const void* p, size_t bytes, const char* what) {
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+        char msg[160];
+        std::snprintf(msg, sizeof msg, "misaligned %zu-byte access (%s at address %p): a fault on the GPU", bytes, what, p);
+        fail(msg);
+    }
 }
 
 // Parks the current fiber at a barrier of the given kind and returns when the scheduler releases it.
@@ -369,6 +381,8 @@ inline BlockState::Fiber& current_fiber() {
     return b->fibers[size_t(b->current)];
 }
 inline void cp_async(void* dst, const void* src, size_t bytes, bool valid) {
+    require_aligned(dst, bytes, "cp.async shared-memory destination");
+    require_aligned(src, bytes, "cp.async global source");  // checked even when !valid: the address is still issued
     current_fiber().open_group.push_back({dst, valid ? src : nullptr, bytes});
 }
 inline void cp_async_commit() {
@@ -396,6 +410,7 @@ inline void cp_async_wait(int pending) {
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
     uint64_t* s = warp_slots();
     const int me = lane();
+    require_aligned(row, 16, "ldmatrix row address");
     s[me] = reinterpret_cast<uintptr_t>(row);
     wait_at(BlockState::Wait::Warp);
     auto element = [&](int matrix, int rr, int c) {

@@ -1,5 +1,7 @@
 // Checker for llmc/matmul.cuh: matmul_forward (bias epilogue, fused GELU epilogue vs separate GELU kernel,
-// misaligned-bias fallback) and matmul_backward (dinp, fp32 dweight accumulation, deterministic dbias) against
+// misaligned-bias and misaligned-pre_gelu fallbacks, the unfused path matmul_lt takes when cuBLASLt has no
+// algorithm) and matmul_backward (dinp, plain and as the gradient of a GELU input through the DGELU epilogue or
+// its fallbacks, fp32 dweight accumulation, deterministic dbias) against
 // CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows, timing on B*T = 8192 rows).
 // Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
@@ -78,6 +80,50 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
         ck.compare(how + "out " + label, check::from_device_floatX(d_out), ref_gelu, atol_out, 2 * check::kRtol);
     }
 
+    // The unfused path matmul_lt takes by itself when cuBLASLt has no algorithm for an epilogue, called directly,
+    // and a pre_gelu 2 bytes off alignment, which sends matmul_lt there too.
+    {
+        const km::GemmShape g = km::linear_forward_gemm(N, C, OC);
+        DeviceBuffer<floatX> pre_mis(size_t(N) * OC + 8);
+        matmul_lt_unfused(env, d_out.data(), d_w.data(), d_inp.data(), d_bias.data(), g.m, g.n, g.k, g.ta, g.tb, false,
+                          d_pre.data(), 1.0f, nullptr);
+        env.sync();
+        ck.compare("unfused bias+gelu pre_gelu " + label, check::from_device_floatX(d_pre), ref, atol_out);
+        ck.compare("unfused bias+gelu out " + label, check::from_device_floatX(d_out), ref_gelu, atol_out, 2 * check::kRtol);
+        matmul_forward(env, d_out.data(), d_inp.data(), d_w.data(), d_bias.data(), N, C, OC, pre_mis.data() + 1, true);
+        env.sync();
+        auto pre_back = check::from_device_floatX(pre_mis);
+        pre_back.erase(pre_back.begin());
+        pre_back.resize(ref.size());
+        ck.compare("misaligned pre_gelu (fallback) pre_gelu " + label, pre_back, ref, atol_out);
+        ck.compare("misaligned pre_gelu (fallback) out " + label, check::from_device_floatX(d_out), ref_gelu, atol_out,
+                   2 * check::kRtol);
+    }
+
+    // dinp as the gradient of pre_gelu (inp was gelu(pre_gelu)): cuBLASLt's DGELU epilogue, the unfused path,
+    // and an aux 2 bytes off alignment (the fallback again)
+    {
+        const auto pre = check::random_floatX_values(size_t(N) * C + 1, 1.0f, 27);
+        auto d_pre_in = check::to_device_floatX(pre);
+        const float atol_dinp = 1e-2f * rms(ref_dinp);
+        for (int offset = 0; offset <= 1; offset++) {
+            std::vector<float> want(ref_dinp.size());
+            for (size_t i = 0; i < want.size(); i++) want[i] = ref_dinp[i] * km::gelu_derivative(pre[i + size_t(offset)]);
+            const std::string how = offset ? "misaligned pre_gelu (fallback) " : "fused ";
+            matmul_backward(env, d_dinp.data(), nullptr, nullptr, nullptr, d_dout.data(), d_inp.data(), d_w.data(), N, C,
+                            OC, d_pre_in.data() + offset);
+            env.sync();
+            ck.compare("backward dgelu " + how + label, check::from_device_floatX(d_dinp), want, atol_dinp, 2 * check::kRtol);
+            if (offset) continue;
+            const km::GemmShape g = km::linear_dinp_gemm(N, C, OC);
+            matmul_lt_unfused(env, d_dinp.data(), d_w.data(), d_dout.data(), nullptr, g.m, g.n, g.k, g.ta, g.tb, false,
+                              nullptr, 1.0f, d_pre_in.data());
+            env.sync();
+            ck.compare("backward dgelu unfused " + label, check::from_device_floatX(d_dinp), want, atol_dinp,
+                       2 * check::kRtol);
+        }
+    }
+
     auto d_dw = check::to_device(dw0), d_db = check::to_device(db0);
     DeviceBuffer<float> scratch(matmul_backward_scratch_floats(N, OC));
     matmul_backward(env, d_dinp.data(), d_dw.data(), d_db.data(), scratch.data(), d_dout.data(), d_inp.data(), d_w.data(), N, C, OC);
@@ -114,6 +160,13 @@ static void time_shape(CudaEnv& env, int N, int C, int OC, const char* name) {
         matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), out.data(), inp.data(), w.data(), N, C, OC);
     });
     check::report_flops((std::string("matmul_backward ") + name).c_str(), b, 2 * flops);
+    DeviceBuffer<floatX> pre_in(size_t(N) * C);  // the backward of a GELU input: the DGELU epilogue on dinp
+    CUDA_CHECK(cudaMemset(pre_in.data(), 0, pre_in.bytes()));
+    const float dg = check::time_ms(env.stream, 10, [&] {
+        matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), out.data(), inp.data(), w.data(), N, C, OC,
+                        pre_in.data());
+    });
+    check::report_flops((std::string("matmul_backward+dgelu ") + name).c_str(), dg, 2 * flops);
 }
 
 int main() {
