@@ -124,6 +124,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     // Batch geometry: total_batch_size tokens per step = B * T * world * grad_accum.
     const int grad_accum = resolve_batch_geometry(cfg, world);
     const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
+    world_transport.set_collective_timeout(cfg.comm_timeout);  // the NCCL transport takes it from here
     const std::string config_json = config_to_json(cfg, -1);
     check_same_config_everywhere(world_transport, config_json);
 

@@ -82,6 +82,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
 
     const int grad_accum = resolve_batch_geometry(cfg, world);
     const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
+    transport.set_collective_timeout(cfg.comm_timeout);
     const std::string config_json = config_to_json(cfg, -1);
     check_same_config_everywhere(transport, config_json);
 

@@ -99,6 +99,8 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"init_from", &TrainConfig::init_from, "llm.c model file to start from (instead of random init)"},
              {"seed", &TrainConfig::seed, "seed for init, shuffling and sampling"},
              {"threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"},
+             {"comm_timeout", &TrainConfig::comm_timeout,
+              "seconds a collective may wait for the other ranks before this rank exits (0 = forever)"},
              {"log_every", &TrainConfig::log_every, "progress line every N steps"},
              {"dry_run", &TrainConfig::dry_run, "print resolved config and traffic report, then exit"},
          }},
@@ -314,6 +316,7 @@ void validate_config(const TrainConfig& c) {
                "--val_every, --val_batches, --sample_every, --sample_tokens, --checkpoint_every, "
                "--keep_checkpoints and --threads must be >= 0");
     positive(c.log_every, "log_every");
+    LLMC_CHECK(c.comm_timeout >= 0.0f, "--comm_timeout must be >= 0 (seconds; 0 waits forever)");
     LLMC_CHECK(!c.out_dir.empty(), "--out_dir must not be empty");
 }
 

@@ -61,6 +61,7 @@ struct TrainConfig {
     std::string init_from;               // llm.c model file to start from instead of random init
     int64_t seed = 1337;
     int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host
+    float comm_timeout = 1800.0f;        // seconds a collective may wait for the other ranks (0 = forever)
     int log_every = 1;
     bool dry_run = false;                // print the resolved config and traffic report, then exit
 

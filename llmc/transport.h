@@ -9,12 +9,18 @@
 // `payload_bytes` is this rank's own contribution (its gradient buffer or its bucket), the quantity the
 // DeMo paper counts. Scalar reductions, broadcasts and barriers are not counted (bookkeeping, not training
 // traffic). `seconds` is wall time spent inside counted collectives (communication wait, for the metrics).
+//
+// Every collective of a multi-rank backend runs inside a CollectiveWatchdog scope (watchdog.h) once the
+// trainer has set --comm_timeout: a rank that hangs then ends the job instead of blocking it forever.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
+
+#include "llmc/watchdog.h"
 
 namespace llmc {
 
@@ -54,8 +60,26 @@ public:
     const CommCounters& counters() const { return counters_; }
     void reset_counters() { counters_ = CommCounters{}; }
 
+    // From now on a collective that has not returned after `seconds` ends this process with a message
+    // (0: wait forever). A world of one has nothing to wait for and starts no watchdog.
+    void set_collective_timeout(double seconds) {
+        timeout_seconds_ = seconds;
+        watchdog_.reset();
+        if (seconds > 0 && world_size() > 1) watchdog_ = std::make_unique<CollectiveWatchdog>(seconds, rank());
+    }
+    double collective_timeout() const { return timeout_seconds_; }
+
 protected:
+    // Backends open one of these around every blocking collective.
+    CollectiveWatchdog::Scope watch(const char* what) {
+        return watchdog_ ? watchdog_->watch(what) : CollectiveWatchdog::Scope{};
+    }
+
     CommCounters counters_;
+
+private:
+    double timeout_seconds_ = 0.0;
+    std::unique_ptr<CollectiveWatchdog> watchdog_;
 };
 
 // World of one: collectives are identities, nothing is counted as sent.

@@ -60,6 +60,7 @@ public:
         counters_.payload_bytes += data.size_bytes();
         if (world_ == 1) return;
         Timer t(counters_);
+        const auto watched = watch("MPI all-reduce of the gradients");
         // MPI counts are int: reduce in slices of at most 2^30 elements.
         constexpr size_t kSlice = size_t{1} << 30;
         for (size_t off = 0; off < data.size(); off += kSlice) {
@@ -77,6 +78,7 @@ public:
         counters_.payload_bytes += data.size_bytes() / 2;
         if (world_ == 1) return;
         Timer t(counters_);
+        const auto watched = watch("MPI all-reduce of the gradients (bf16)");
         if (bf16_sum_op_ == MPI_OP_NULL) MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_);
         wire_.resize(data.size());
         for (size_t i = 0; i < data.size(); i++) wire_[i] = km::bf16_bits_rne(data[i]);
@@ -96,6 +98,7 @@ public:
                          std::vector<size_t>& offsets) override {
         counters_.payload_bytes += mine.size();
         Timer t(counters_);
+        const auto watched = watch("MPI all-gather of the DeMo buckets");
         LLMC_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "allgather: bucket larger than 2 GiB");
         const int my_size = static_cast<int>(mine.size());
         std::vector<int> sizes(world_), displs(world_);
@@ -113,17 +116,23 @@ public:
     }
 
     void allreduce_sum(std::span<double> values) override {
+        const auto watched = watch("MPI all-reduce (sum) of scalars");
         MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
                       MPI_COMM_WORLD);
     }
     void allreduce_max(std::span<double> values) override {
+        const auto watched = watch("MPI all-reduce (max) of scalars");
         MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_MAX,
                       MPI_COMM_WORLD);
     }
     void broadcast(std::span<std::byte> data, int root) override {
+        const auto watched = watch("MPI broadcast");
         MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD);
     }
-    void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+    void barrier() override {
+        const auto watched = watch("MPI barrier");
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
     [[noreturn]] void abort(int exit_code) override {
         if (world_ > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
         if (owns_mpi_) MPI_Finalize();

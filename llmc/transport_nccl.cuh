@@ -12,6 +12,8 @@
 //    transport (MPI), where scalars belong; a device buffer passed to broadcast() goes through ncclBroadcast.
 //  - Counters follow transport.h's ring model (the same numbers MpiTransport reports for the same sizes);
 //    `seconds` is host wall time from the start of a counted collective until its result is complete.
+// Every NCCL collective runs inside a CollectiveWatchdog scope with the world transport's --comm_timeout: NCCL
+// waits forever for a peer that hangs (on NVLink or shared memory nothing reports it), the watchdog does not.
 // The compute stream is made to wait for nothing: callers hand in buffers whose producers are complete (the
 // collective first waits on an event recorded on the compute stream, then blocks the host until done).
 #pragma once
@@ -91,11 +93,13 @@ public:
         : world_(world), compute_(compute_stream) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+        set_collective_timeout(world.collective_timeout());
         if (world_.world_size() > 1 || nccl_for_one_rank) {
             ncclUniqueId id;
             std::memset(&id, 0, sizeof(id));
             if (world_.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
             world_.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&id), sizeof(id)), 0);
+            const auto watched = watch("NCCL communicator setup (ncclCommInitRank)");
             NCCL_CHECK(ncclCommInitRank(&comm_, world_.world_size(), id, world_.rank()));
         }
     }
@@ -118,6 +122,7 @@ public:
         const int W = world_size();
         if (comm_ == nullptr || data.empty()) return;
         Timed timed(counters_);
+        const auto watched = watch("NCCL all-reduce of the gradients");
         wait_for_compute();
         float* buf = data.data();
         const bool on_device = is_device_pointer(buf);
@@ -138,6 +143,7 @@ public:
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                          std::vector<size_t>& offsets) override {
         Timed timed(counters_);
+        const auto watched = watch("NCCL all-gather of the DeMo buckets");
         gather_.reserve_bytes(1);  // make sure a device target exists even for empty gathers
         const size_t total = gather_sizes(mine.size(), offsets);
         gather_.reserve_bytes(total);
@@ -151,6 +157,7 @@ public:
     // required size is offsets.back(); throws if it does not fit). `mine` may be host or device memory.
     void allgather_device(std::span<const std::byte> mine, std::byte* out, size_t capacity, std::vector<size_t>& offsets) {
         Timed timed(counters_);
+        const auto watched = watch("NCCL all-gather of the DeMo buckets");
         const size_t total = gather_sizes(mine.size(), offsets);
         LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
                                           " bytes, the output holds " + std::to_string(capacity));
@@ -167,6 +174,7 @@ public:
             world_.broadcast(data, root);
             return;
         }
+        const auto watched = watch("NCCL broadcast");
         wait_for_compute();
         NCCL_CHECK(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root, comm_, comm_stream_));
         CUDA_CHECK(cudaStreamSynchronize(comm_stream_));

@@ -101,6 +101,8 @@ TEST(bad_flags_are_named) {
     EXPECT_ERROR(parse({"stray"}, cfg), "unexpected argument 'stray'");
     EXPECT_ERROR(parse({"--seq_len", "2048"}, cfg), "--seq_len 2048 exceeds max_seq_len 1024");
     EXPECT_ERROR(parse({"--batch_size", "0"}, cfg), "--batch_size must be > 0");
+    TrainConfig fresh;
+    EXPECT_ERROR(parse({"--comm_timeout", "-1"}, fresh), "--comm_timeout must be >= 0");
     EXPECT_ERROR(parse({"--num_heads", "5"}, cfg), "not divisible by num_heads");
     EXPECT_ERROR(parse({"--steps", "99999999999"}, cfg), "out of range");
 }

@@ -109,14 +109,19 @@ inline int run_all() {
     } while (0)
 
 namespace testing {
-// Runs `fn` in a forked child and reports whether it died by abort() with `needle` in what it wrote to
-// stderr ("" when so, else what happened): for checks whose failure mode is an abort (the block emulator's).
-inline std::string aborts_with(const std::function<void()>& fn, const std::string& needle) {
+// What a forked child running `fn` did: its wait status and what it wrote to stderr.
+struct ChildOutcome {
+    int status = 0;
+    std::string stderr_text;
+    bool ok = false;  // false: fork or pipe failed (stderr_text says which)
+};
+inline ChildOutcome run_in_child(const std::function<void()>& fn) {
+    ChildOutcome out;
     int fds[2];
-    if (pipe(fds) != 0) return "pipe() failed";
+    if (pipe(fds) != 0) return {0, "pipe() failed", false};
     std::fflush(nullptr);
     const pid_t pid = fork();
-    if (pid < 0) return "fork() failed";
+    if (pid < 0) return {0, "fork() failed", false};
     if (pid == 0) {
         const rlimit no_core{0, 0};
         setrlimit(RLIMIT_CORE, &no_core);
@@ -126,15 +131,35 @@ inline std::string aborts_with(const std::function<void()>& fn, const std::strin
         _exit(0);
     }
     close(fds[1]);
-    std::string err;
     char buf[512];
-    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(got));
+    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) out.stderr_text.append(buf, size_t(got));
     close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
-        return "did not abort (stderr: '" + err + "')";
-    if (err.find(needle) == std::string::npos) return "aborted, but stderr '" + err + "' lacks '" + needle + "'";
+    waitpid(pid, &out.status, 0);
+    out.ok = true;
+    return out;
+}
+
+// "" when `fn` (run in a forked child) died by abort() with `needle` on stderr, else what happened instead:
+// for checks whose failure mode is an abort (the block emulator's).
+inline std::string aborts_with(const std::function<void()>& fn, const std::string& needle) {
+    const ChildOutcome c = run_in_child(fn);
+    if (!c.ok) return c.stderr_text;
+    if (!WIFSIGNALED(c.status) || WTERMSIG(c.status) != SIGABRT)
+        return "did not abort (stderr: '" + c.stderr_text + "')";
+    if (c.stderr_text.find(needle) == std::string::npos)
+        return "aborted, but stderr '" + c.stderr_text + "' lacks '" + needle + "'";
+    return "";
+}
+
+// "" when `fn` (run in a forked child) exited with status `code` and `needle` on stderr, else what happened.
+inline std::string exits_with(const std::function<void()>& fn, int code, const std::string& needle) {
+    const ChildOutcome c = run_in_child(fn);
+    if (!c.ok) return c.stderr_text;
+    if (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != code)
+        return "did not exit with status " + std::to_string(code) + " (wait status " + std::to_string(c.status) +
+               ", stderr: '" + c.stderr_text + "')";
+    if (c.stderr_text.find(needle) == std::string::npos)
+        return "exited, but stderr '" + c.stderr_text + "' lacks '" + needle + "'";
     return "";
 }
 }  // namespace testing
@@ -144,6 +169,13 @@ inline std::string aborts_with(const std::function<void()>& fn, const std::strin
     do {                                                                                              \
         const std::string why_ = testing::aborts_with([&] { stmt; }, needle);                         \
         if (!why_.empty()) testing::report_failure(__FILE__, __LINE__, "EXPECT_ABORTS(" #stmt "): " + why_); \
+    } while (0)
+
+// Asserts that `stmt` ends the process with exit status `code` (in a forked child) and `needle` on stderr.
+#define EXPECT_EXITS(stmt, code, needle)                                                                    \
+    do {                                                                                                    \
+        const std::string why_ = testing::exits_with([&] { stmt; }, code, needle);                          \
+        if (!why_.empty()) testing::report_failure(__FILE__, __LINE__, "EXPECT_EXITS(" #stmt "): " + why_); \
     } while (0)
 
 #define TEST_MAIN() \

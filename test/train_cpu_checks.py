@@ -4,7 +4,8 @@ Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny conf
 wrote: determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for
 1 and 2 ranks, AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a resume with another
 world size (and --reset_momentum accepting it), and one-line errors with a non-zero exit and no hang for bad
-input, and a rank killed mid-run ending the whole job (then resumed). Failures are collected and reported
+input, a rank killed mid-run ending the whole job (then resumed), and a rank that stops without dying ending
+it after --comm_timeout. Failures are collected and reported
 together.
 """
 import json
@@ -103,20 +104,16 @@ def alive(pid):
         return False
 
 
-def rank_dies_mid_run():
-    """A rank killed mid-run (SIGKILL: no chance to report anything) takes the job down: mpirun exits non-zero
-    within seconds, no rank is left blocked in a collective, and --resume auto continues from the last complete
-    checkpoint."""
-    out_dir = fresh("killed")
-    args = BASE + ["--optimizer", "demo", "--steps", "300", "--checkpoint_every", "2", "--keep_checkpoints", "2",
-                   "--val_every", "0"]
+def start_two_ranks(out_dir, args, step):
+    """Starts `args` under mpirun with 2 ranks and returns (the mpirun process, the rank PIDs) once step `step`
+    is logged, or (process, None) after a failed check."""
     cmd = ["mpirun", "-np", "2", TRAINER] + args + ["--threads", "1", "--out_dir", out_dir]
     p = subprocess.Popen(cmd, cwd=ROOT, env=MPI_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and p.poll() is None:
         try:
-            if max([k for k in losses(out_dir) if isinstance(k, int)], default=0) >= 5:
+            if max([k for k in losses(out_dir) if isinstance(k, int)], default=0) >= step:
                 break
         except (OSError, ValueError):
             pass
@@ -124,21 +121,41 @@ def rank_dies_mid_run():
     ranks = children(p.pid)
     if p.poll() is not None or len(ranks) != 2:
         p.kill()
-        check(False, f"rank killed mid-run: could not catch the run at step 5 with 2 ranks (ranks {ranks})")
-        return
-    os.kill(ranks[-1], signal.SIGKILL)
+        check(False, f"could not catch a 2-rank run at step {step} (ranks {ranks})")
+        return p, None
+    return p, ranks
+
+
+def wait_for_job_end(p, ranks, limit):
+    """(mpirun's exit status or None if it hung, its stderr, seconds taken, ranks still running); cleans up."""
     start = time.time()
     try:
-        _, err = p.communicate(timeout=60)
-        hung = False
+        _, err = p.communicate(timeout=limit)
+        code = p.returncode
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         _, err = p.communicate()
-        hung = True
+        code = None
     survivors = [r for r in ranks if alive(r)]
-    check(not hung and p.returncode != 0 and not survivors,
-          f"a rank killed at step >= 5 ends the job: mpirun exit {p.returncode} after {time.time() - start:.1f} s, "
-          f"surviving ranks {survivors}")
+    for r in survivors:
+        os.kill(r, signal.SIGKILL)
+    return code, err, time.time() - start, survivors
+
+
+def rank_dies_mid_run():
+    """A rank killed mid-run (SIGKILL: no chance to report anything) takes the job down: mpirun exits non-zero
+    within seconds, no rank is left blocked in a collective, and --resume auto continues from the last complete
+    checkpoint."""
+    out_dir = fresh("killed")
+    args = BASE + ["--optimizer", "demo", "--steps", "300", "--checkpoint_every", "2", "--keep_checkpoints", "2",
+                   "--val_every", "0"]
+    p, ranks = start_two_ranks(out_dir, args, 5)
+    if ranks is None:
+        return
+    os.kill(ranks[-1], signal.SIGKILL)
+    code, _, took, survivors = wait_for_job_end(p, ranks, 60)
+    check(code not in (None, 0) and not survivors,
+          f"a rank killed at step >= 5 ends the job: mpirun exit {code} after {took:.1f} s, surviving ranks {survivors}")
     done = sorted(d for d in os.listdir(os.path.join(out_dir, "checkpoints"))
                   if os.path.exists(os.path.join(out_dir, "checkpoints", d, "COMPLETE")))
     r = run(args + ["--out_dir", out_dir, "--resume", "auto"], 2, expect_ok=False)
@@ -146,6 +163,22 @@ def rank_dies_mid_run():
     check(r.returncode == 0 and bool(done) and steps == list(range(1, 301)),
           f"--resume auto after the kill continues from {done[-1] if done else 'no checkpoint'} to step 300 "
           f"(exit {r.returncode}, {len(steps)} logged steps)")
+
+
+def rank_hangs_mid_run():
+    """A rank that stops without dying (SIGSTOP) would block the other in its next collective forever; with
+    --comm_timeout 3 the waiting rank reports it and exits, and mpirun ends the job, the stopped rank included."""
+    out_dir = fresh("stopped")
+    args = BASE + ["--optimizer", "adamw", "--steps", "300", "--val_every", "0", "--comm_timeout", "3"]
+    p, ranks = start_two_ranks(out_dir, args, 3)
+    if ranks is None:
+        return
+    os.kill(ranks[-1], signal.SIGSTOP)
+    code, err, took, survivors = wait_for_job_end(p, ranks, 60)
+    line = next((l for l in err.splitlines() if "did not complete" in l), err.strip()[-200:])
+    check(code not in (None, 0) and not survivors and "did not complete within 3 s (--comm_timeout)" in err,
+          f"a stopped rank ends the job after --comm_timeout 3: mpirun exit {code} after {took:.1f} s, "
+          f"surviving ranks {survivors}: {line}")
 
 
 def main():
@@ -196,6 +229,7 @@ def main():
         check(p.returncode != 0 and "rank 1 was started with --lr=0.002" in p.stderr,
               "mismatched configs across ranks are refused: " + p.stderr.strip()[:160])
         rank_dies_mid_run()
+        rank_hangs_mid_run()
 
     # Bad input, single process.
     shard_dir = fresh("badshards")
