@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
-    extern __shared__ float4 smem4[];
+    LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;
@@ -742,7 +742,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
-    extern __shared__ float4 smem4[];
+    LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;

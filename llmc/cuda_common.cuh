@@ -199,6 +199,14 @@ __device__ __forceinline__ void store_stochastic(__nv_bfloat16* dst, float value
 #define LLMC_REQUIRE_ALIGNED(p, bytes) ((void)0)
 #endif
 
+// The dynamic shared memory array of a kernel (`extern __shared__ type name[]`); the block emulator supplies its
+// own definition of the array (EMU_DEFINE_SHARED), so kernels declare it through this macro.
+#if defined(LLMC_BLOCK_EMULATOR)
+#define LLMC_DYNAMIC_SHARED(type, name) EMU_DYNAMIC_SHARED_DECL(type, name)
+#else
+#define LLMC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 // 128-bit vectors: N elements of T loaded/stored in one instruction. Pointers must be 16-byte aligned.
 template <typename T>
 struct alignas(16) Packed128 {

@@ -254,7 +254,7 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 // max + log2(sum) of the base-2 logits x = q.k * scale * log2(e).
 __global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv,
                                                                           int T, int NH, float scale_log2) {
-    extern __shared__ float4 flash_smem[];
+    LLMC_DYNAMIC_SHARED(float4, flash_smem);
     // sQ, then two buffers of (K, V) tiles (buffer index arithmetic, not pointer arrays: those go to local memory)
     bf16* sQ = reinterpret_cast<bf16*>(flash_smem);
     auto sK = [&](int buf) { return sQ + (1 + 2 * buf) * kTileElems; };
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
                                                                               const bf16* dout, const float* lse,
                                                                               const float* delta, int T, int NH,
                                                                               float scale_log2, float scale) {
-    extern __shared__ float4 flash_smem[];
+    LLMC_DYNAMIC_SHARED(float4, flash_smem);
     // sK, sV, then two buffers of (Q, dO) tiles, then two of (lse, delta) rows
     bf16* sK = reinterpret_cast<bf16*>(flash_smem);
     bf16* sV = sK + kTileElems;
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 3) flash_attention_backward_q_kernel
                                                                              const bf16* dout, const float* lse,
                                                                              const float* delta, int T, int NH,
                                                                              float scale_log2, float scale) {
-    extern __shared__ float4 flash_smem[];
+    LLMC_DYNAMIC_SHARED(float4, flash_smem);
     // sQ, sdO, then two buffers of (K, V) tiles
     bf16* sQ = reinterpret_cast<bf16*>(flash_smem);
     bf16* sdO = sQ + kTileElems;

@@ -142,6 +142,23 @@ TEST(misaligned_128_bit_access_is_caught) {
     launch(1, 32, Order::Forward, [&] { llmc::store128(buf + kVec * (threadIdx.x % 4), llmc::load128(buf)); });
 }
 
+// Static __shared__ variables hold garbage at the start of every block on the GPU; the emulator fills them with
+// 0xff bytes before each block, so a kernel that reads one before writing it sees NaN / -1, not zero or the
+// previous block's value.
+TEST(static_shared_memory_starts_poisoned) {
+    uint32_t seen[2] = {0, 0};
+    for (unsigned block = 0; block < 2; block++)
+        launch(1, 32, Order::Forward, [&] {
+            __shared__ float scratch[8];
+            __syncthreads();
+            if (threadIdx.x == 0) std::memcpy(&seen[block], &scratch[3], sizeof(uint32_t));
+            __syncthreads();
+            scratch[threadIdx.x % 8] = 1.0f;
+        });
+    EXPECT_EQ(seen[0], 0xffffffffu);
+    EXPECT_EQ(seen[1], 0xffffffffu);  // not the 1.0f the first block left
+}
+
 TEST(encoder_forward) {
     struct Shape {
         int B, T, C, V;

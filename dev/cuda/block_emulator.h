@@ -21,9 +21,9 @@
 // EMU_DEFINE_SHARED(ns, name), then emu::run_block(threads, block_index, grid, order, seed, [&] { kernel(args); })
 // for each block of a 1-D launch, or run_block(Dim3 block, Dim3 index, Dim3 grid, ...) for 2-D/3-D blocks and
 // grids (thread t of the block is x = t % bx, y = t / bx % by, z = t / (bx by), and warps are 32 consecutive t,
-// as on the GPU). Static `__shared__` arrays declared inside kernels become one array for the whole block
-// (`__shared__` is redefined below); unlike the dynamic array they start at zero and keep the previous block's
-// contents rather than poison, so a read before the first write there goes unnoticed.
+// as on the GPU). Static `__shared__` variables declared inside kernels become one object for the whole block
+// (`__shared__` is redefined below), filled with 0xff bytes before every block as a test should fill the
+// dynamic array.
 // Compile with -I/usr/local/cuda/include -Wno-attributes (the __device__-style attributes are ignored by g++).
 #pragma once
 #include <cuda_runtime.h>
@@ -198,6 +198,18 @@ inline void fiber_entry() {
 
 // Runs `body` as the thread block `block` (blockIdx) of a grid of `grid` blocks (gridDim), with `dim` threads
 // (blockDim; their product a multiple of 32, at most 1024: the kernels here use full warps).
+// Static `__shared__` variables live in the linker section emu_static_shared (see the __shared__ definition
+// below); the linker brackets it with these symbols (weak: a program without such variables has neither).
+extern "C" char __start_emu_static_shared[] __attribute__((weak));
+extern "C" char __stop_emu_static_shared[] __attribute__((weak));
+// Every static __shared__ variable of the program to 0xff bytes (NaN floats, -1 integers) before each block: the
+// GPU leaves shared memory undefined, so a kernel must not read one before writing it.
+inline void poison_static_shared() {
+    char* const start = __start_emu_static_shared;
+    char* const stop = __stop_emu_static_shared;
+    if (start && stop > start) std::memset(start, 0xff, size_t(stop - start));
+}
+
 inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t seed, const std::function<void()>& body) {
     const uint64_t count = uint64_t(dim.x) * dim.y * dim.z;
     if (count == 0 || count % 32 != 0 || count > 1024) fail("threads must be a multiple of 32, at most 1024");
@@ -210,6 +222,7 @@ inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t see
     b.index.resize(size_t(threads));
     for (int t = 0; t < threads; t++)
         b.index[size_t(t)] = Dim3{unsigned(t) % dim.x, unsigned(t) / dim.x % dim.y, unsigned(t) / (dim.x * dim.y)};
+    poison_static_shared();
     active_block() = &b;
     block_index() = block;
     block_dim() = dim;
@@ -440,13 +453,16 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
 
 #define __launch_bounds__(...)
 
-// Shared memory must be one object per block, not one per fiber: `__shared__` becomes thread_local, which at
-// block scope means static storage (one copy; every fiber runs on the calling OS thread) and, unlike `static`,
-// also accepts the `extern __shared__` declaration of the dynamic array, defined thread_local to match.
+// Shared memory must be one object per block, not one per fiber: a static `__shared__` variable becomes a
+// static local (one copy; every fiber runs on the calling OS thread) placed in the section emu_static_shared,
+// which run_block poisons before every block. Kernels declare their dynamic array with LLMC_DYNAMIC_SHARED
+// (llmc/cuda_common.cuh), which here is an `extern thread_local` declaration of the array EMU_DEFINE_SHARED
+// defines (thread_local because block-scope `extern` cannot be combined with the section attribute).
 // The dynamic initializer is needed: g++ 12 calls the TLS init function of a block-scope
 // `extern thread_local T a[]` without checking that it exists, and only a dynamic initializer makes it exist.
 #undef __shared__
-#define __shared__ thread_local
+#define __shared__ __attribute__((section("emu_static_shared"))) static
+#define EMU_DYNAMIC_SHARED_DECL(type, name) extern thread_local type name[]
 namespace emu {
 [[gnu::noinline]] inline float4 shared_init() { return float4{0.0f, 0.0f, 0.0f, 0.0f}; }
 }  // namespace emu
