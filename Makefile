@@ -3,7 +3,7 @@
 # compile and link on machines without a GPU.
 #
 #   make                 CPU trainer, tools, tests
-#   make train_gpt       CUDA trainer
+#   make train_gpt       CUDA trainer (bf16; train_gpt_fp32: the fp32 build, for testing)
 #   make test            build everything and run every test (the command CI runs)
 #   make bench           CPU benchmarks (ms/step, tok/s)
 #   make gpu-check       GPU tests and benchmarks (skips without a GPU)
@@ -102,7 +102,17 @@ $(BUILD)/cuda/$(basename $(notdir $(1))): $(1) $(CUDA_HEADERS) $(LIB)
 endef
 $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
-cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS)
+# The fp32 build (-DENABLE_FP32: every kernel and activation in fp32, no bf16 rounding), for tight comparisons
+# with the CPU trainer and PyTorch: its own trainer and GPU tests, built apart from the bf16 ones.
+FP32_TEST_SRCS := $(wildcard test/gpu_*.cu)
+FP32_BINS := $(if $(wildcard train_gpt.cu),train_gpt_fp32) $(FP32_TEST_SRCS:test/%.cu=$(BUILD)/cuda-fp32/%)
+train_gpt_fp32: train_gpt.cu $(CUDA_HEADERS) $(LIB)
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
+$(BUILD)/cuda-fp32/%: test/%.cu $(CUDA_HEADERS) $(LIB)
+	@mkdir -p $(BUILD)/cuda-fp32
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
+
+cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS) $(FP32_BINS)
 
 # The emulated-kernel tests (EMU_BINS above).
 $(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
@@ -123,6 +133,6 @@ gpu-check: cuda
 	dev/cuda/gpu_check.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt_cpu train_gpt
+	rm -rf $(BUILD) train_gpt_cpu train_gpt train_gpt_fp32
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

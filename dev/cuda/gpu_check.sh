@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every GPU checker and test binary in build/cuda/ (built by `make cuda`; this script builds nothing) and
+# Runs every GPU checker and test binary in build/cuda/ and build/cuda-fp32/ (the fp32 build's GPU tests; all
+# built by `make cuda`; this script builds nothing) and
 # prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings).
 # With ./train_gpt and data/default present it also runs the trainer's determinism and resume check
 # (dev/cuda/check_train_gpt_resume.sh) and the end-to-end benchmark (dev/cuda/bench_train_gpt.sh).
@@ -13,6 +14,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 filter="${1:-}"
+# build/cuda-fp32/ holds the GPU tests of the fp32 build (-DENABLE_FP32): their rows end in _fp32.
+display_name() { if [[ $1 == build/cuda-fp32/* ]]; then echo "$(basename "$1")_fp32"; else basename "$1"; fi; }
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "no CUDA device: GPU checks skipped"
@@ -20,9 +23,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
 fi
 
 bins=()
-for bin in build/cuda/*; do
+for bin in build/cuda/* build/cuda-fp32/*; do
   [[ -f "$bin" && -x "$bin" ]] || continue
-  name=$(basename "$bin")
+  name=$(display_name "$bin")
   [[ -n "$filter" && "$name" != *"$filter"* ]] && continue
   bins+=("$bin")
 done
@@ -53,7 +56,7 @@ reference hs64 --config tiny --channels 128 --heads 2 --max-seq-len 128 --batch 
 passed=0; failed=0; skipped=0; failed_names=()
 declare -a rows timings
 for bin in "${bins[@]}"; do
-  name=$(basename "$bin")
+  name=$(display_name "$bin")
   log="$logdir/$name.log"
   start=$(date +%s.%N)
   timeout "${GPU_CHECK_TIMEOUT:-180}" "$bin" >"$log" 2>&1; rc=$?
