@@ -5,21 +5,26 @@
 //
 //   forward:  reads q, k, v straight from the qkv projection (B, T, 3, NH, 64), writes y (B, T, NH*64) and the
 //             per-row log-sum-exp (B, NH, T) fp32 that the backward needs (base 2, softmax scale folded in).
-//   backward: delta = rowsum(dy * y) per (b, h, t), then two kernels that recompute the probabilities from q, k
-//             and the log-sum-exp: one per key tile accumulates dK and dV over the query tiles at or below the
-//             diagonal, one per query tile accumulates dQ over the key tiles. Both write straight into dqkv
-//             (B, T, 3C). No atomics: every output element has one owner, so gradients are bit-identical from
-//             run to run (the price: the dQ kernel recomputes S and dP, 7 tile products per tile pair where an
-//             atomic dQ would need 5).
+//   backward: delta = rowsum(dy * y) per (b, h, t); then one kernel per key tile recomputes the probabilities
+//             from q, k and the log-sum-exp for every query tile at or below the diagonal, accumulates dK and
+//             dV in registers (written straight into dqkv (B, T, 3C)) and writes the tile pair's share of dQ,
+//             dS K (64 x 64 fp32), to a scratch slot of its own; a last kernel sums each query row's shares in
+//             key-tile order into dqkv. 5 tile products per tile pair, as FlashAttention-2 with an atomic dQ, but
+//             no atomics: every output element has one owner and one summation order, so gradients are
+//             bit-identical from run to run. The scratch is 16 KB per tile pair (428 MB for GPT-2 124M at B=16,
+//             T=1024), written once and read once: ~0.3 ms of HBM traffic where recomputing S and dP per query
+//             tile (the other deterministic way) costs two more tile products per pair.
 //
 // Blocks are 4 warps; each warp owns 16 rows of the block's 64-row tile (its operand fragments stay in
 // registers) and walks the other operand in 64-row tiles staged in shared memory by cp.async, double-buffered
-// so the next tile loads while the tensor cores work on the current one. Registers are capped for 4, 2 and 3
-// resident blocks per SM (forward, dK/dV, dQ; ptxas spills 32 bytes in the forward at that cap). Staged rows
+// so the next tile loads while the tensor cores work on the current one. Registers are capped for 4 resident
+// blocks per SM in the forward (ptxas spills 32 bytes at that cap); the backward runs 2 per SM. Staged rows
 // are padded to 72 bf16 (144 bytes): the 8 row addresses of each ldmatrix phase fall in 8 different 4-bank
 // groups. Tiles are kept row-major as in global memory; operands needed transposed (V in P V, dO in dV, Q in
 // dK, K in dQ) are read with ldmatrix.trans. Tiles below the diagonal are full; the diagonal tile masks
-// key > query. Heavy tiles (most work under the causal mask) are launched first.
+// key > query. Heavy tiles (most work under the causal mask) are launched first. In the backward a warp holds
+// dS^T for its own 16 keys only, while dQ = dS K sums over all 64 keys of the tile, so dS goes through shared
+// memory (as bf16, the precision the tensor cores take anyway) and each warp then owns 16 queries of the share.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), g = lane / 4,
 // t = lane % 4: A (16 x 16, row-major) a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 2t+8..),
@@ -53,10 +58,18 @@ inline constexpr int kTileElems = kTile * kPitch;  // bf16 per staged tile
 inline constexpr int kNT = kTile / 8;              // 8-column accumulator tiles across a 64-wide product
 inline constexpr int kKT = kHeadSize / 16;         // 16-deep k steps across the head dim
 static_assert(kTile == kHeadSize, "the products below use one tile width for keys, queries and the head dim");
-// forward: Q + 2 x (K, V); backward K/V: K, V + 2 x (Q, dO) + 2 x (lse, delta); backward Q: Q, dO + 2 x (K, V)
+// forward: Q + 2 x (K, V); backward: K, V, dS + 2 x (Q, dO) + 2 x (lse, delta)
 inline constexpr size_t kForwardSmem = 5 * kTileElems * sizeof(bf16);
-inline constexpr size_t kBackwardKVSmem = 6 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
-inline constexpr size_t kBackwardQSmem = 6 * kTileElems * sizeof(bf16);
+inline constexpr size_t kBackwardSmem = 7 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
+
+// The backward's dQ shares: one 64 x 64 fp32 slot per (batch, head) and tile pair (query tile qt, key tile
+// kt <= qt), the pairs of a head numbered row by row of the lower triangle.
+__host__ __device__ inline size_t tile_pair(int qt, int kt) { return size_t(qt) * (qt + 1) / 2 + size_t(kt); }
+__host__ __device__ inline size_t tile_pairs(int T) {
+    const int tiles = (T + kTile - 1) / kTile;
+    return tile_pair(tiles, 0);
+}
+inline constexpr size_t kShareFloats = size_t(kTile) * kHeadSize;
 
 // ---- warp-level building blocks ------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -190,6 +203,12 @@ __device__ __forceinline__ void warp_product(float (&acc)[kNT][4], const uint32_
             mma_16816(acc[2 * np], a[kk], b[0], b[1]);
             mma_16816(acc[2 * np + 1], a[kk], b[2], b[3]);
         }
+}
+// A fragment of the 16 x 16 block at (row r0, column k0) of the TRANSPOSE of a staged tile, A[r][c] =
+// s[k0 + c][r0 + r] (dS from the dS^T tile): the four 8 x 8 matrices are read by ldmatrix.trans, rows k0 + 0..7
+// and k0 + 8..15 of the staged tile at columns r0 and r0 + 8.
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const bf16* s, int r0, int k0, int lane) {
+    ldmatrix_x4<true>(a, s + (k0 + (lane & 7) + (lane >> 4) * 8) * kPitch + r0 + ((lane >> 3) & 1) * 8);
 }
 // acc (16 x 64) += P (16 x 64, fp32 accumulator tiles rounded to bf16) * B, B[k][n] = s[k][n]: B's rows are the
 // staged rows (O += P V with V staged, and the like), read transposed by ldmatrix.trans.
@@ -348,29 +367,33 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
     delta[idx] = sum;
 }
 
-// grid (key tiles, B * NH), kThreads threads, kBackwardKVSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
+// grid (key tiles, B * NH), kThreads threads, kBackwardSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
 // on transposed products (rows are keys): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
-// dK += dS^T Q; then dK * scale and dV go to dqkv's k and v parts.
-__global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(bf16* dqkv, const bf16* qkv,
-                                                                              const bf16* dout, const float* lse,
-                                                                              const float* delta, int T, int NH,
-                                                                              float scale_log2, float scale) {
+// dK += dS^T Q; then, with dS^T staged in shared memory, warp w computes rows 16 w .. + 15 of the pair's dQ share
+// dS K into dq_share. At the end dK * scale and dV go to dqkv's k and v parts.
+__global__ void __launch_bounds__(kThreads, 2) flash_attention_backward_kv_kernel(bf16* dqkv, float* dq_share,
+                                                                                 const bf16* qkv, const bf16* dout,
+                                                                                 const float* lse, const float* delta,
+                                                                                 int T, int NH, float scale_log2,
+                                                                                 float scale) {
     LLMC_DYNAMIC_SHARED(float4, flash_smem);
-    // sK, sV, then two buffers of (Q, dO) tiles, then two of (lse, delta) rows
+    // sK, sV, sdS, then two buffers of (Q, dO) tiles, then two of (lse, delta) rows
     bf16* sK = reinterpret_cast<bf16*>(flash_smem);
     bf16* sV = sK + kTileElems;
-    auto sQ = [&](int buf) { return sK + (2 + 2 * buf) * kTileElems; };
-    auto sdO = [&](int buf) { return sK + (3 + 2 * buf) * kTileElems; };
-    float* rows = reinterpret_cast<float*>(sK + 6 * kTileElems);
+    bf16* sdS = sK + 2 * kTileElems;
+    auto sQ = [&](int buf) { return sK + (3 + 2 * buf) * kTileElems; };
+    auto sdO = [&](int buf) { return sK + (4 + 2 * buf) * kTileElems; };
+    float* rows = reinterpret_cast<float*>(sK + 7 * kTileElems);
     auto sL = [&](int buf) { return rows + 2 * buf * kTile; };
     auto sD = [&](int buf) { return rows + (2 * buf + 1) * kTile; };
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int ktile = blockIdx.x;  // low key tiles see the most query tiles: first
     const Head hd = head_of_block(qkv, T, NH);
     const bf16* dy = dout + hd.y_offset;
     const int k0 = ktile * kTile;
-    const int key[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
+    const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
     const int tiles = (T + kTile - 1) / kTile;
+    float* shares = dq_share + size_t(blockIdx.y) * tile_pairs(T) * kShareFloats;
 
     stage_tile(sK, hd.k, hd.stride, k0, T);
     stage_tile(sV, hd.v, hd.stride, k0, T);
@@ -413,7 +436,45 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
 #pragma unroll
             for (int i = 0; i < 4; i++) ds[nt][i] = p[nt][i] * (ds[nt][i] - D[nt * 8 + 2 * t + (i & 1)]);
         warp_product_acc(dk, ds, sQ(buf), lane);
+
+        // the pair's dQ share: dS^T (bf16) to shared memory, then rows 16 w .. + 15 of dS K, in two halves of
+        // 32 columns (16 accumulators live instead of 32)
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * r) * kPitch + nt * 8 + 2 * t) =
+                    pack_bf16x2(ds[nt][2 * r], ds[nt][2 * r + 1]);
         __syncthreads();
+        float* share = shares + tile_pair(qt, ktile) * kShareFloats + size_t(warp) * 16 * kHeadSize;
+        const bf16* kbase = sK + (lane & 15) * kPitch + (lane >> 4) * 8;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            float acc[kNT / 2][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < kTile / 16; kk++) {
+                uint32_t a[4];
+                load_a_trans(a, sdS, warp * 16, kk * 16, lane);
+#pragma unroll
+                for (int np = 0; np < kNT / 4; np++) {
+                    uint32_t b[4];
+                    ldmatrix_x4<true>(b, kbase + kk * 16 * kPitch + (half * 2 + np) * 16);
+                    mma_16816(acc[2 * np], a, b[0], b[1]);
+                    mma_16816(acc[2 * np + 1], a, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT / 2; nt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float* dst = share + (g + 8 * r) * kHeadSize + half * 32 + nt * 8 + 2 * t;
+                    LLMC_REQUIRE_ALIGNED(dst, 8);
+                    *reinterpret_cast<float2*>(dst) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+                }
+        }
+        // No barrier here: what the next iteration overwrites before its own top barrier, the (Q, dO, lse, delta)
+        // buffer of this tile, was last read before the barrier above, and sdS is rewritten only after the next
+        // top barrier, which every warp reaches only once done with this share.
     }
     bf16* dkey = dqkv + (hd.k - qkv);  // dqkv has qkv's layout
 #pragma unroll
@@ -428,78 +489,32 @@ __global__ void __launch_bounds__(kThreads) flash_attention_backward_kv_kernel(b
     }
 }
 
-// grid (query tiles, B * NH), kThreads threads, kBackwardQSmem bytes. Warp w owns queries q0 + 16 w .. + 15:
-// S = Q K^T, P, dP = dO V^T, dS = P (dP - delta), dQ += dS K; dQ * scale goes to dqkv's q part.
-__global__ void __launch_bounds__(kThreads, 3) flash_attention_backward_q_kernel(bf16* dqkv, const bf16* qkv,
-                                                                             const bf16* dout, const float* lse,
-                                                                             const float* delta, int T, int NH,
-                                                                             float scale_log2, float scale) {
-    LLMC_DYNAMIC_SHARED(float4, flash_smem);
-    // sQ, sdO, then two buffers of (K, V) tiles
-    bf16* sQ = reinterpret_cast<bf16*>(flash_smem);
-    bf16* sdO = sQ + kTileElems;
-    auto sK = [&](int buf) { return sQ + (2 + 2 * buf) * kTileElems; };
-    auto sV = [&](int buf) { return sQ + (3 + 2 * buf) * kTileElems; };
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-    const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
-    const Head hd = head_of_block(qkv, T, NH);
-    const bf16* dy = dout + hd.y_offset;
-    const int q0 = qtile * kTile;
-    const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
-    float L[2], D[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        L[r] = row[r] < T ? lse[hd.row_offset + row[r]] : INFINITY;  // exp2(x - inf) = 0: no probability
-        D[r] = row[r] < T ? delta[hd.row_offset + row[r]] : 0.0f;
+// dQ = scale * (sum of the dQ shares of key tiles 0 .. qt, in that order) into dqkv's q part. One thread per
+// (b, h, t) and 8 of the 64 dimensions: consecutive threads read consecutive 32-byte pieces of a share row.
+__global__ void flash_attention_dq_reduce_kernel(bf16* dqkv, const float* dq_share, int B, int T, int NH, float scale) {
+    const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    constexpr int kPieces = kHeadSize / 8;
+    if (idx >= size_t(B) * NH * T * kPieces) return;
+    const int piece = int(idx % kPieces);
+    const size_t row = idx / kPieces;
+    const int tq = int(row % T);
+    const size_t bh = row / T;
+    const int b = int(bh / NH), h = int(bh % NH), qt = tq / kTile;
+    const float* share = dq_share + (bh * tile_pairs(T) + tile_pair(qt, 0)) * kShareFloats +
+                         size_t(tq % kTile) * kHeadSize + piece * 8;
+    float sum[8] = {};
+    for (int kt = 0; kt <= qt; kt++, share += kShareFloats) {  // the pairs (qt, 0..qt) are consecutive
+        LLMC_REQUIRE_ALIGNED(share, 16);
+        const float4 lo = reinterpret_cast<const float4*>(share)[0], hi = reinterpret_cast<const float4*>(share)[1];
+        sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+        sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
     }
-
-    stage_tile(sQ, hd.q, hd.stride, q0, T);
-    stage_tile(sdO, dy, hd.C, q0, T);
-    stage_tile(sK(0), hd.k, hd.stride, 0, T);
-    stage_tile(sV(0), hd.v, hd.stride, 0, T);
-    cp_async_commit();
-    uint32_t qa[kKT][4], da[kKT][4];
-    float dq[kNT][4] = {};
-    for (int kt = 0; kt <= qtile; kt++) {
-        const int buf = kt & 1;
-        current_tile_ready(kt < qtile, [&] {
-            stage_tile(sK(buf ^ 1), hd.k, hd.stride, (kt + 1) * kTile, T);
-            stage_tile(sV(buf ^ 1), hd.v, hd.stride, (kt + 1) * kTile, T);
-        });
-        if (kt == 0)
-#pragma unroll
-            for (int kk = 0; kk < kKT; kk++) {
-                load_a(qa[kk], sQ, warp * 16, kk * 16, lane);
-                load_a(da[kk], sdO, warp * 16, kk * 16, lane);
-            }
-        float p[kNT][4] = {};
-        warp_product(p, qa, sK(buf), lane);
-#pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int key = kt * kTile + nt * 8 + 2 * t + (i & 1);
-                const float x = exp2f(p[nt][i] * scale_log2 - L[i / 2]);
-                p[nt][i] = kt == qtile && key > row[i / 2] ? 0.0f : x;
-            }
-        float ds[kNT][4] = {};
-        warp_product(ds, da, sV(buf), lane);
-#pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) ds[nt][i] = p[nt][i] * (ds[nt][i] - D[i / 2]);
-        warp_product_acc(dq, ds, sK(buf), lane);
-        __syncthreads();
-    }
-    bf16* dquery = dqkv + (hd.q - qkv);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= T) continue;
-#pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
-            store_bf16x2(dquery + size_t(row[r]) * hd.stride + nt * 8 + 2 * t,
-                         pack_bf16x2(dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale));
-    }
+    const int C = NH * kHeadSize;
+    bf16* dst = dqkv + (size_t(b) * T + tq) * 3 * C + size_t(h) * kHeadSize + piece * 8;
+    LLMC_REQUIRE_ALIGNED(dst, 16);
+    const uint4 packed{pack_bf16x2(sum[0] * scale, sum[1] * scale), pack_bf16x2(sum[2] * scale, sum[3] * scale),
+                       pack_bf16x2(sum[4] * scale, sum[5] * scale), pack_bf16x2(sum[6] * scale, sum[7] * scale)};
+    *reinterpret_cast<uint4*>(dst) = packed;
 }
 
 // 1/sqrt(64) and its base-2 form (the kernels use exp2f: logits are scaled by log2(e) once).
@@ -517,6 +532,10 @@ inline std::string flash_attention_unsupported(int C, int NH) {
     return "";
 }
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
+// The backward's scratch: delta (B, NH, T), then, 16-byte aligned, the dQ shares (flash::tile_pair).
+inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH) {
+    return (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4 + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
+}
 
 #ifdef __CUDACC__  // launches compile with nvcc only
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
@@ -533,31 +552,31 @@ inline void flash_attention_forward(const CudaEnv& env, floatX* out, float* lse,
 }
 
 // dqkv (B, T, 3C) <- gradient of the qkv input, given dout (B, T, C), the forward's out, qkv and lse.
-// delta: flash_attention_lse_floats scratch.
-inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* delta, const floatX* dout,
+// scratch: flash_attention_backward_scratch_floats(B, T, NH) floats (16-byte aligned).
+inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* scratch, const floatX* dout,
                                      const floatX* out, const floatX* qkv, const float* lse, int B, int T, int C,
                                      int NH) {
     const std::string why = flash_attention_unsupported(C, NH);
     LLMC_CHECK(why.empty(), why);
-    LLMC_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(out) && aligned16(qkv),
+    LLMC_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(out) && aligned16(qkv) && aligned16(scratch),
                "flash_attention_backward: buffers must be 16-byte aligned");
     using flash::bf16;
     const size_t rows = flash_attention_lse_floats(B, T, NH);
+    float* delta = scratch;
+    float* dq_share = scratch + (rows + 3) / 4 * 4;
     flash::flash_attention_delta_kernel<<<unsigned(ceil_div<size_t>(rows, 256)), 256, 0, env.stream>>>(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
     CUDA_CHECK_LAUNCH();
     const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));
     CUDA_CHECK(cudaFuncSetAttribute(flash::flash_attention_backward_kv_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(flash::kBackwardKVSmem)));
-    flash::flash_attention_backward_kv_kernel<<<grid, flash::kThreads, flash::kBackwardKVSmem, env.stream>>>(
-        reinterpret_cast<bf16*>(dqkv), reinterpret_cast<const bf16*>(qkv), reinterpret_cast<const bf16*>(dout), lse,
-        delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(flash::kBackwardSmem)));
+    flash::flash_attention_backward_kv_kernel<<<grid, flash::kThreads, flash::kBackwardSmem, env.stream>>>(
+        reinterpret_cast<bf16*>(dqkv), dq_share, reinterpret_cast<const bf16*>(qkv), reinterpret_cast<const bf16*>(dout),
+        lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaFuncSetAttribute(flash::flash_attention_backward_q_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(flash::kBackwardQSmem)));
-    flash::flash_attention_backward_q_kernel<<<grid, flash::kThreads, flash::kBackwardQSmem, env.stream>>>(
-        reinterpret_cast<bf16*>(dqkv), reinterpret_cast<const bf16*>(qkv), reinterpret_cast<const bf16*>(dout), lse,
-        delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
+    const size_t threads = rows * (flash::kHeadSize / 8);
+    flash::flash_attention_dq_reduce_kernel<<<unsigned(ceil_div<size_t>(threads, 256)), 256, 0, env.stream>>>(
+        reinterpret_cast<bf16*>(dqkv), dq_share, B, T, NH, flash::softmax_scale());
     CUDA_CHECK_LAUNCH();
 }
 #endif  // __CUDACC__

@@ -184,7 +184,7 @@ private:
         floatX *dbt4c;                         // (N, 4C) dfch, then dqkv
         floatX *dqkvr;                         // (3, N, C); flash: none
         floatX *dy;                            // (N, C) attention backward scratch; flash: none
-        float *delta;                          // flash: (B, NH, T) rowsum(dy * y)
+        float *flash_scratch;                  // flash: the backward's delta and dQ shares (flash_attention.cuh)
         float *fscratch;                       // column-reduction partials
         int *inputs, *targets;                 // (N)
         int *encoder_plan;                     // EncoderBackwardPlan::device_ints(N)
@@ -227,7 +227,7 @@ private:
         m.add(&a_.dbt4c, N * 4 * C);
         m.add(&a_.dqkvr, matmul_only * 3 * N * C);
         m.add(&a_.dy, matmul_only * N * C);
-        m.add(&a_.delta, flash_only * N * NH);
+        m.add(&a_.flash_scratch, flash_only * flash_attention_backward_scratch_floats(max_B_, max_T_, int(NH)));
         const int Ni = static_cast<int>(N), Ci = static_cast<int>(C);
         size_t fs = layernorm_backward_scratch_floats(Ni, Ci);
         for (int oc : {3 * Ci, Ci, 4 * Ci}) fs = std::max(fs, matmul_backward_scratch_floats(Ni, oc));
@@ -342,7 +342,7 @@ private:
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), layer(g, ParamKind::attprojb, l), fs,
                             a_.dresidual, atty, layer(p, ParamKind::attprojw, l), N, C, C);
             if (flash_attention_)
-                flash_attention_backward(env_, a_.dbt4c, a_.delta, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH);
+                flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH);
             else
                 attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,

@@ -5,9 +5,10 @@
 // (dp_tj = dy_t.v_j, ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8,
 // dk_j = sum_t ds_tj q_t / 8, dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the
 // 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The kernels are deterministic by
-// construction (no atomics), so every thread order gives the same bits; one warp at a time
+// construction (no atomics; dQ is summed from per-tile-pair shares in a fixed order), so every thread order gives
+// the same bits; one warp at a time
 // (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
-// missing barrier or wait.
+// missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
 //
 // Tolerances: the kernels round P and dS to bf16 for the tensor-core products (relative 2^-9 per term) and
 // store y, dq, dk, dv in bf16, so each output tensor is held to max |err| <= 1.5e-2 x max |ref| and to an RMS
@@ -126,7 +127,7 @@ Reference reference(const std::vector<float>& qkv, const std::vector<float>& dy,
 
 struct Result {
     std::vector<bf16> y, dqkv;
-    std::vector<float> lse, delta;
+    std::vector<float> lse, scratch;  // scratch: delta, then the dQ shares of the tile pairs
 };
 
 // The kernels as flash_attention_forward / flash_attention_backward launch them.
@@ -137,22 +138,24 @@ Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int
     r.y.assign(size_t(B) * T * C, __float2bfloat16_rn(NAN));
     r.dqkv.assign(size_t(B) * T * 3 * C, __float2bfloat16_rn(NAN));
     r.lse.assign(rows, NAN);
-    r.delta.assign(rows, NAN);
+    r.scratch.assign(llmc::flash_attention_backward_scratch_floats(B, T, NH), NAN);  // an unwritten share is NaN
+    float* delta = r.scratch.data();
+    float* shares = r.scratch.data() + (rows + 3) / 4 * 4;
     const Dim3 grid{unsigned((T + flash::kTile - 1) / flash::kTile), unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
     launch(grid, order, [&] { flash::flash_attention_forward_kernel(r.y.data(), r.lse.data(), qkv.data(), T, NH, sl2); });
     const unsigned dblocks = unsigned((rows + 255) / 256);
     for (unsigned x = 0; x < dblocks; x++)
         emu::run_block(256, x, dblocks, order, 7,
-                       [&] { flash::flash_attention_delta_kernel(r.delta.data(), dy.data(), r.y.data(), B, T, NH); });
+                       [&] { flash::flash_attention_delta_kernel(delta, dy.data(), r.y.data(), B, T, NH); });
     launch(grid, order, [&] {
-        flash::flash_attention_backward_kv_kernel(r.dqkv.data(), qkv.data(), dy.data(), r.lse.data(), r.delta.data(), T,
+        flash::flash_attention_backward_kv_kernel(r.dqkv.data(), shares, qkv.data(), dy.data(), r.lse.data(), delta, T,
                                                   NH, sl2, sc);
     });
-    launch(grid, order, [&] {
-        flash::flash_attention_backward_q_kernel(r.dqkv.data(), qkv.data(), dy.data(), r.lse.data(), r.delta.data(), T, NH,
-                                                 sl2, sc);
-    });
+    const unsigned rblocks = unsigned((rows * (HS / 8) + 255) / 256);
+    for (unsigned x = 0; x < rblocks; x++)
+        emu::run_block(256, x, rblocks, order, 9,
+                       [&] { flash::flash_attention_dq_reduce_kernel(r.dqkv.data(), shares, B, T, NH, sc); });
     return r;
 }
 
@@ -186,12 +189,19 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
         expect_tensor_close(std::string("d") + "qkv"[part] + " (backward)", g, r);
     }
 
-    for (Order order : {Order::Reverse, Order::Shuffled, Order::WarpSerial}) {
+    // the last run performs cp.async copies when issued (emu::cp_async_eager), so a buffer refilled while another
+    // warp still reads it shows up too; the others defer them to the wait
+    const Order orders[] = {Order::Reverse, Order::Shuffled, Order::WarpSerial, Order::WarpSerial};
+    for (int run_index = 0; run_index < 4; run_index++) {
+        const Order order = orders[run_index];
+        emu::cp_async_eager() = run_index == 3;
         const Result again = run(qkv_b, dy_b, B, T, NH, order);
+        emu::cp_async_eager() = false;
         const bool same = std::memcmp(again.y.data(), got.y.data(), got.y.size() * sizeof(bf16)) == 0 &&
                           std::memcmp(again.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)) == 0 &&
                           std::memcmp(again.dqkv.data(), got.dqkv.data(), got.dqkv.size() * sizeof(bf16)) == 0;
-        const char* name = order == Order::Reverse    ? "reverse thread order"
+        const char* name = run_index == 3             ? "one warp at a time, eager cp.async"
+                           : order == Order::Reverse  ? "reverse thread order"
                            : order == Order::Shuffled ? "shuffled thread order"
                                                       : "one warp at a time";
         std::printf("  %-34s %s\n", name, same ? "same bits" : "DIFFERENT BITS  FAIL");
@@ -266,12 +276,20 @@ TEST(emulated_ldmatrix_layout) {
                                     {at(2 * t + 8, g), at(2 * t + 9, g)},
                                     {at(2 * t, g + 8), at(2 * t + 1, g + 8)},
                                     {at(2 * t + 8, g + 8), at(2 * t + 9, g + 8)}};
+        // the A fragment of the transposed tile (dS from dS^T): A[r][c] = tile[c][r]
+        uint32_t at_[4];
+        flash::load_a_trans(at_, tile.data(), 0, 0, lane);
+        const float want_at[4][2] = {{at(2 * t, g), at(2 * t + 1, g)},
+                                     {at(2 * t, g + 8), at(2 * t + 1, g + 8)},
+                                     {at(2 * t + 8, g), at(2 * t + 9, g)},
+                                     {at(2 * t + 8, g + 8), at(2 * t + 9, g + 8)}};
         for (int i = 0; i < 4; i++) {
             bad += flash::bf16_lo(a[i]) != want_a[i][0] || flash::bf16_hi(a[i]) != want_a[i][1];
             bad += flash::bf16_lo(b[i]) != want_b[i][0] || flash::bf16_hi(b[i]) != want_b[i][1];
+            bad += flash::bf16_lo(at_[i]) != want_at[i][0] || flash::bf16_hi(at_[i]) != want_at[i][1];
         }
     });
-    std::printf("  ldmatrix fragments: %d of 256 registers wrong\n", bad);
+    std::printf("  ldmatrix fragments: %d of 384 registers wrong\n", bad);
     EXPECT_EQ(bad, 0);
 }
 

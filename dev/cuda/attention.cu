@@ -135,19 +135,21 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     auto d_dout = check::to_device_floatX(dout);
     const size_t btc = size_t(B) * T * C, rows = flash_attention_lse_floats(B, T, NH);
     DeviceBuffer<floatX> out(btc), dqkv(3 * btc), dqkv2(3 * btc);
-    DeviceBuffer<float> lse(rows), delta(rows);
-    // All-ones bits are NaN in bf16 and fp32: an element no kernel writes fails its comparison. The second
-    // backward's buffer starts as zeros, so an unwritten element also breaks the bit-identical check.
+    DeviceBuffer<float> lse(rows), scratch(flash_attention_backward_scratch_floats(B, T, NH));
+    // All-ones bits are NaN in bf16 and fp32: an element no kernel writes fails its comparison (the scratch too:
+    // a dQ share the backward forgot to write poisons its row). The second backward's buffer starts as zeros, so
+    // an unwritten element also breaks the bit-identical check.
     CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xff, lse.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(dqkv.data(), 0xff, dqkv.bytes(), env.stream));
+    CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0, dqkv2.bytes(), env.stream));
     flash_attention_forward(env, out.data(), lse.data(), d_qkv.data(), B, T, C, NH);
     env.sync();
     ck.compare_bound("flash forward out " + label, check::from_device_floatX(out), ref.out, ref.mag_out, factor);
     ck.compare("flash forward lse " + label, check::from_device(lse), ref.lse, 1e-3f, 0.0f);
     auto backward = [&](DeviceBuffer<floatX>& g) {
-        flash_attention_backward(env, g.data(), delta.data(), d_dout.data(), out.data(), d_qkv.data(), lse.data(), B,
+        flash_attention_backward(env, g.data(), scratch.data(), d_dout.data(), out.data(), d_qkv.data(), lse.data(), B,
                                  T, C, NH);
         env.sync();
     };
@@ -223,7 +225,7 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     }
     const size_t rows = flash_attention_lse_floats(B, T, NH);
     DeviceBuffer<floatX> qkv(3 * btc), out(btc), dout(btc), dqkv(3 * btc);
-    DeviceBuffer<float> lse(rows), delta(rows);
+    DeviceBuffer<float> lse(rows), scratch(flash_attention_backward_scratch_floats(B, T, NH));
     CUDA_CHECK(cudaMemsetAsync(qkv.data(), 0, qkv.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(dout.data(), 0, dout.bytes(), env.stream));
     const double flops = 2 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * HS;  // two matmuls, causal half only
@@ -233,10 +235,10 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     check::report_flops(("flash_forward " + shape).c_str(), fwd, flops);
     // out and lse now hold the forward's results, as a training step's backward would see them
     const float bwd = median_ms(env.stream, [&] {
-        flash_attention_backward(env, dqkv.data(), delta.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
+        flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
                                  C, NH);
     });
-    check::report_flops(("flash_backward " + shape).c_str(), bwd, 2.5 * flops);
+    check::report_flops(("flash_backward " + shape).c_str(), bwd, 2.5 * flops);  // 5 products = 2.5 x the forward's 2
     std::printf("TIME %-32s fwd %.3f  bwd %.3f  (time ratio; speedup fwd %.2fx, bwd %.2fx)\n",
                 ("flash / matmul " + shape).c_str(), fwd / mm_fwd, bwd / mm_bwd, mm_fwd / fwd, mm_bwd / bwd);
 }

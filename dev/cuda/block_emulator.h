@@ -2,7 +2,8 @@
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
 // intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp, and mma.sync m16n8k16 bf16 and
 // ldmatrix, which kernels reach through wrappers that test LLMC_BLOCK_EMULATOR; cp.async copies are deferred to
-// the issuing thread's wait, as late as the hardware may perform them) are cooperative barriers, vector
+// the issuing thread's wait, as late as the hardware may perform them, or with cp_async_eager() performed at
+// issue, as early as it may) are cooperative barriers, vector
 // accesses are checked for the alignment the GPU demands (require_aligned), and
 // dynamic shared memory is a host array (EMU_DEFINE_SHARED) that a test should fill with a poison pattern (e.g.
 // 0xff bytes: NaN) before every block, as the GPU leaves it undefined (test/emu_demo_kernels.cpp does).
@@ -384,10 +385,17 @@ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0
     for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
 }
 
-// cp.async: a copy is only recorded when issued and is performed when the issuing thread waits for its group
-// (cp.async.wait_group), so a kernel that reads a staged tile before waiting for it, or without the barrier that
-// publishes the other threads' copies, reads the poisoned shared memory instead. Copies still pending when a
-// thread exits are dropped (the kernel never waited for them).
+// cp.async: by default a copy is only recorded when issued and is performed when the issuing thread waits for
+// its group (cp.async.wait_group), as late as the hardware may perform it, so a kernel that reads a staged tile
+// before waiting for it, or without the barrier that publishes the other threads' copies, reads the poisoned
+// shared memory instead. Copies still pending when a thread exits are dropped (the kernel never waited for
+// them). With cp_async_eager() set, copies are performed when issued, as early as the hardware may: then a
+// kernel that refills a buffer other warps are still reading (a missing barrier before the refill) corrupts
+// their reads. Tests run both.
+inline bool& cp_async_eager() {
+    static bool eager = false;
+    return eager;
+}
 inline BlockState::Fiber& current_fiber() {
     BlockState* b = active_block();
     if (!b || b->current < 0) fail("cp.async outside emu::run_block");
@@ -396,7 +404,13 @@ inline BlockState::Fiber& current_fiber() {
 inline void cp_async(void* dst, const void* src, size_t bytes, bool valid) {
     require_aligned(dst, bytes, "cp.async shared-memory destination");
     require_aligned(src, bytes, "cp.async global source");  // checked even when !valid: the address is still issued
-    current_fiber().open_group.push_back({dst, valid ? src : nullptr, bytes});
+    BlockState::Fiber& f = current_fiber();
+    if (cp_async_eager()) {
+        if (valid) std::memcpy(dst, src, bytes);
+        else std::memset(dst, 0, bytes);
+        return;
+    }
+    f.open_group.push_back({dst, valid ? src : nullptr, bytes});
 }
 inline void cp_async_commit() {
     BlockState::Fiber& f = current_fiber();
