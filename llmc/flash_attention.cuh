@@ -15,10 +15,12 @@
 //             T=1024), written once and read once: ~0.3 ms of HBM traffic where recomputing S and dP per query
 //             tile (the other deterministic way) costs two more tile products per pair.
 //
-// Blocks are 4 warps; each warp owns 16 rows of the block's 64-row tile (its operand fragments stay in
-// registers) and walks the other operand in 64-row tiles staged in shared memory by cp.async, double-buffered
-// so the next tile loads while the tensor cores work on the current one. Registers are capped for 4 resident
-// blocks per SM in the forward (ptxas spills 32 bytes at that cap); the backward runs 2 per SM. Staged rows
+// A block owns a 64-row tile. In the backward it is 4 warps of 16 rows; in the forward 2 warps of 32 rows (two
+// 16-row mma tiles that share every K / V fragment read from shared memory: half the ldmatrix traffic per mma of
+// 4 warps of 16; RT = 1, the 4-warp forward, is kept for timing against it). Each warp keeps its own operand
+// fragments in registers and walks the other operand in 64-row tiles staged in shared memory by cp.async,
+// double-buffered so the next tile loads while the tensor cores work on the current one. 4 forward blocks per
+// SM (register cap 128 for the 4-warp one, which spills 32 bytes there), 2 backward blocks. Staged rows
 // are padded to 72 bf16 (144 bytes): the 8 row addresses of each ldmatrix phase fall in 8 different 4-bank
 // groups. Tiles are kept row-major as in global memory; operands needed transposed (V in P V, dO in dV, Q in
 // dK, K in dQ) are read with ldmatrix.trans. Tiles below the diagonal are full; the diagonal tile masks
@@ -60,6 +62,9 @@ inline constexpr int kKT = kHeadSize / 16;         // 16-deep k steps across the
 static_assert(kTile == kHeadSize, "the products below use one tile width for keys, queries and the head dim");
 // forward: Q + 2 x (K, V); backward: K, V, dS + 2 x (Q, dO) + 2 x (lse, delta)
 inline constexpr size_t kForwardSmem = 5 * kTileElems * sizeof(bf16);
+// The forward's warps own RT row tiles of 16 queries each (the 64-query tile is split over kWarps / RT warps).
+inline constexpr int kForwardRowTiles = 2;
+__host__ __device__ constexpr int forward_threads(int row_tiles) { return kThreads / row_tiles; }
 inline constexpr size_t kBackwardSmem = 7 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
 
 // The backward's dQ shares: one 64 x 64 fp32 slot per (batch, head) and tile pair (query tile qt, key tile
@@ -169,9 +174,10 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Rows [row0, row0 + 64) of a strided row-major tensor into a staged tile (asynchronously; rows at or past T
 // become zeros).
+template <int THREADS = kThreads>
 __device__ __forceinline__ void stage_tile(bf16* s, const bf16* src, size_t stride, int row0, int T) {
     constexpr int kChunks = kHeadSize / 8;  // 16-byte chunks per row
-    for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+    for (int i = threadIdx.x; i < kTile * kChunks; i += THREADS) {
         const int r = i / kChunks, c = (i % kChunks) * 8;
         const bool live = row0 + r < T;
         cp_async<16>(s + r * kPitch + c, src + size_t(live ? row0 + r : 0) * stride + c, live);
@@ -189,9 +195,11 @@ __device__ __forceinline__ void stage_row_floats(float* s, const float* src, int
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* s, int r0, int k0, int lane) {
     ldmatrix_x4<false>(a, s + (r0 + (lane & 15)) * kPitch + k0 + (lane >> 4) * 8);
 }
-// acc (16 x 64) += A (16 x 64 over kKT k-steps) * B, B[k][n] = s[n][k]: B's columns are the staged rows
-// (S = Q K^T with K staged, and the like). One ldmatrix gives b0, b1 of two adjacent 8-column tiles.
-__device__ __forceinline__ void warp_product(float (&acc)[kNT][4], const uint32_t (&a)[kKT][4], const bf16* s,
+// acc (RT x 16 x 64) += A (RT row tiles of 16 x 64, over kKT k-steps) * B, B[k][n] = s[n][k]: B's columns are the
+// staged rows (S = Q K^T with K staged, and the like). One ldmatrix gives b0, b1 of two adjacent 8-column tiles,
+// used by all RT row tiles (RT = 2 halves the shared-memory reads per mma).
+template <int RT>
+__device__ __forceinline__ void warp_product(float (&acc)[RT][kNT][4], const uint32_t (&a)[RT][kKT][4], const bf16* s,
                                              int lane) {
     const bf16* base = s + ((lane & 7) + (lane >> 4) * 8) * kPitch + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -200,9 +208,18 @@ __device__ __forceinline__ void warp_product(float (&acc)[kNT][4], const uint32_
         for (int kk = 0; kk < kKT; kk++) {
             uint32_t b[4];
             ldmatrix_x4<false>(b, base + np * 16 * kPitch + kk * 16);
-            mma_16816(acc[2 * np], a[kk], b[0], b[1]);
-            mma_16816(acc[2 * np + 1], a[kk], b[2], b[3]);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                mma_16816(acc[rt][2 * np], a[rt][kk], b[0], b[1]);
+                mma_16816(acc[rt][2 * np + 1], a[rt][kk], b[2], b[3]);
+            }
         }
+}
+// One row tile (the backward's products).
+__device__ __forceinline__ void warp_product(float (&acc)[kNT][4], const uint32_t (&a)[kKT][4], const bf16* s,
+                                             int lane) {
+    warp_product<1>(reinterpret_cast<float(&)[1][kNT][4]>(acc), reinterpret_cast<const uint32_t(&)[1][kKT][4]>(a), s,
+                    lane);
 }
 // A fragment of the 16 x 16 block at (row r0, column k0) of the TRANSPOSE of a staged tile, A[r][c] =
 // s[k0 + c][r0 + r] (dS from the dS^T tile): the four 8 x 8 matrices are read by ldmatrix.trans, rows k0 + 0..7
@@ -212,24 +229,37 @@ __device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const bf16* s, in
 }
 // acc (16 x 64) += P (16 x 64, fp32 accumulator tiles rounded to bf16) * B, B[k][n] = s[k][n]: B's rows are the
 // staged rows (O += P V with V staged, and the like), read transposed by ldmatrix.trans.
-__device__ __forceinline__ void warp_product_acc(float (&acc)[kNT][4], const float (&p)[kNT][4], const bf16* s,
+// (RT row tiles at once, sharing each B fragment, as warp_product.)
+template <int RT>
+__device__ __forceinline__ void warp_product_acc(float (&acc)[RT][kNT][4], const float (&p)[RT][kNT][4], const bf16* s,
                                                  int lane) {
     const bf16* base = s + (lane & 15) * kPitch + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; kk++) {
-        uint32_t a[4];
-        a[0] = pack_bf16x2(p[2 * kk][0], p[2 * kk][1]);
-        a[1] = pack_bf16x2(p[2 * kk][2], p[2 * kk][3]);
-        a[2] = pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        a[3] = pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        uint32_t a[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            a[rt][0] = pack_bf16x2(p[rt][2 * kk][0], p[rt][2 * kk][1]);
+            a[rt][1] = pack_bf16x2(p[rt][2 * kk][2], p[rt][2 * kk][3]);
+            a[rt][2] = pack_bf16x2(p[rt][2 * kk + 1][0], p[rt][2 * kk + 1][1]);
+            a[rt][3] = pack_bf16x2(p[rt][2 * kk + 1][2], p[rt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int np = 0; np < kNT / 2; np++) {
             uint32_t b[4];
             ldmatrix_x4<true>(b, base + kk * 16 * kPitch + np * 16);
-            mma_16816(acc[2 * np], a, b[0], b[1]);
-            mma_16816(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                mma_16816(acc[rt][2 * np], a[rt], b[0], b[1]);
+                mma_16816(acc[rt][2 * np + 1], a[rt], b[2], b[3]);
+            }
         }
     }
+}
+__device__ __forceinline__ void warp_product_acc(float (&acc)[kNT][4], const float (&p)[kNT][4], const bf16* s,
+                                                 int lane) {
+    warp_product_acc<1>(reinterpret_cast<float(&)[1][kNT][4]>(acc), reinterpret_cast<const float(&)[1][kNT][4]>(p), s,
+                        lane);
 }
 
 // The rows of the (batch, head) of this block (blockIdx.y = b * NH + h): q, k, v in the qkv tensor (row stride
@@ -269,10 +299,14 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 }
 
 // ---- kernels ---------------------------------------------------------------------------------------------------
-// grid (query tiles, B * NH), kThreads threads, kForwardSmem bytes. out (B, T, NH * 64); lse (B * NH, T) holds
-// max + log2(sum) of the base-2 logits x = q.k * scale * log2(e).
-__global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv,
-                                                                          int T, int NH, float scale_log2) {
+// grid (query tiles, B * NH), forward_threads(RT) threads, kForwardSmem bytes. out (B, T, NH * 64); lse (B * NH, T)
+// holds max + log2(sum) of the base-2 logits x = q.k * scale * log2(e). Warp w owns RT row tiles of 16 queries,
+// rows q0 + 16 RT w .. + 16 RT - 1: RT = 1 is 4 warps per 64-query tile, RT = 2 (kForwardRowTiles) 2 warps that
+// each reuse every K / V fragment they read from shared memory for two row tiles.
+template <int RT>
+__global__ void __launch_bounds__(forward_threads(RT), 4)
+    flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale_log2) {
+    constexpr int THREADS = forward_threads(RT);
     LLMC_DYNAMIC_SHARED(float4, flash_smem);
     // sQ, then two buffers of (K, V) tiles (buffer index arithmetic, not pointer arrays: those go to local memory)
     bf16* sQ = reinterpret_cast<bf16*>(flash_smem);
@@ -282,69 +316,85 @@ __global__ void __launch_bounds__(kThreads, 4) flash_attention_forward_kernel(bf
     const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
     const Head hd = head_of_block(qkv, T, NH);
     const int q0 = qtile * kTile;
-    const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    int row[RT][2];  // this thread's two rows of each of its row tiles
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) {
+        row[rt][0] = q0 + (warp * RT + rt) * 16 + lane / 4;
+        row[rt][1] = row[rt][0] + 8;
+    }
 
-    stage_tile(sQ, hd.q, hd.stride, q0, T);
-    stage_tile(sK(0), hd.k, hd.stride, 0, T);
-    stage_tile(sV(0), hd.v, hd.stride, 0, T);
+    stage_tile<THREADS>(sQ, hd.q, hd.stride, q0, T);
+    stage_tile<THREADS>(sK(0), hd.k, hd.stride, 0, T);
+    stage_tile<THREADS>(sV(0), hd.v, hd.stride, 0, T);
     cp_async_commit();
-    uint32_t qa[kKT][4];
-    float o[kNT][4] = {};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share of the row sums
+    uint32_t qa[RT][kKT][4];
+    float o[RT][kNT][4] = {};
+    float m[RT][2], l[RT][2];  // l: this thread's share of the row sums
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) m[rt][0] = m[rt][1] = -INFINITY, l[rt][0] = l[rt][1] = 0.0f;
     for (int kt = 0; kt <= qtile; kt++) {
         const int buf = kt & 1;
         current_tile_ready(kt < qtile, [&] {
-            stage_tile(sK(buf ^ 1), hd.k, hd.stride, (kt + 1) * kTile, T);
-            stage_tile(sV(buf ^ 1), hd.v, hd.stride, (kt + 1) * kTile, T);
+            stage_tile<THREADS>(sK(buf ^ 1), hd.k, hd.stride, (kt + 1) * kTile, T);
+            stage_tile<THREADS>(sV(buf ^ 1), hd.v, hd.stride, (kt + 1) * kTile, T);
         });
         if (kt == 0)
 #pragma unroll
-            for (int kk = 0; kk < kKT; kk++) load_a(qa[kk], sQ, warp * 16, kk * 16, lane);
-        float s[kNT][4] = {};
-        warp_product(s, qa, sK(buf), lane);
-        float mx[2] = {m[0], m[1]};
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
+                for (int kk = 0; kk < kKT; kk++) load_a(qa[rt][kk], sQ, (warp * RT + rt) * 16, kk * 16, lane);
+        float s[RT][kNT][4] = {};
+        warp_product<RT>(s, qa, sK(buf), lane);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int key = kt * kTile + nt * 8 + 2 * t + (i & 1);
-                const float x = kt == qtile && key > row[i / 2] ? -INFINITY : s[nt][i] * scale_log2;
-                s[nt][i] = x;
-                mx[i / 2] = fmaxf(mx[i / 2], x);
+        for (int rt = 0; rt < RT; rt++) {
+            float mx[2] = {m[rt][0], m[rt][1]};
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int key = kt * kTile + nt * 8 + 2 * t + (i & 1);
+                    const float x = kt == qtile && key > row[rt][i / 2] ? -INFINITY : s[rt][nt][i] * scale_log2;
+                    s[rt][nt][i] = x;
+                    mx[i / 2] = fmaxf(mx[i / 2], x);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {  // key kt * 64 <= every row of the tile, so the new max is finite
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                alpha[r] = exp2f(m[rt][r] - mx[r]);
+                m[rt][r] = mx[r];
+                l[rt][r] *= alpha[r];
             }
-        float alpha[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {  // key kt * 64 <= every row of the tile, so the new max is finite
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            alpha[r] = exp2f(m[r] - mx[r]);
-            m[r] = mx[r];
-            l[r] *= alpha[r];
+            for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float p = exp2f(s[rt][nt][i] - m[rt][i / 2]);
+                    s[rt][nt][i] = p;
+                    l[rt][i / 2] += p;
+                    o[rt][nt][i] *= alpha[i / 2];
+                }
         }
-#pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float p = exp2f(s[nt][i] - m[i / 2]);
-                s[nt][i] = p;
-                l[i / 2] += p;
-                o[nt][i] *= alpha[i / 2];
-            }
-        warp_product_acc(o, s, sV(buf), lane);
+        warp_product_acc<RT>(o, s, sV(buf), lane);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
     bf16* y = out + hd.y_offset;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        if (row[r] >= T) continue;
-        const float inv = 1.0f / l[r];
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
-            store_bf16x2(y + size_t(row[r]) * hd.C + nt * 8 + 2 * t, pack_bf16x2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv));
-        if (t == 0) lse[hd.row_offset + row[r]] = m[r] + log2f(l[r]);
-    }
+        for (int r = 0; r < 2; r++) {
+            float sum = l[rt][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (row[rt][r] >= T) continue;
+            const float inv = 1.0f / sum;
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++)
+                store_bf16x2(y + size_t(row[rt][r]) * hd.C + nt * 8 + 2 * t,
+                             pack_bf16x2(o[rt][nt][2 * r] * inv, o[rt][nt][2 * r + 1] * inv));
+            if (t == 0) lse[hd.row_offset + row[rt][r]] = m[rt][r] + log2f(sum);
+        }
 }
 
 // delta (B * NH, T) = rowsum(dy * y) per head, fp32. One thread per (b, h, t).
@@ -539,13 +589,15 @@ inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH) {
 
 #ifdef __CUDACC__  // launches compile with nvcc only
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
+// RT: row tiles per warp (flash::kForwardRowTiles; dev/cuda/attention.cu times both).
+template <int RT = flash::kForwardRowTiles>
 inline void flash_attention_forward(const CudaEnv& env, floatX* out, float* lse, const floatX* qkv, int B, int T,
                                     int C, int NH) {
     const std::string why = flash_attention_unsupported(C, NH);
     LLMC_CHECK(why.empty(), why);
     LLMC_CHECK(aligned16(out) && aligned16(qkv), "flash_attention_forward: buffers must be 16-byte aligned");
     const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));
-    flash::flash_attention_forward_kernel<<<grid, flash::kThreads, flash::kForwardSmem, env.stream>>>(
+    flash::flash_attention_forward_kernel<RT><<<grid, flash::forward_threads(RT), flash::kForwardSmem, env.stream>>>(
         reinterpret_cast<flash::bf16*>(out), lse, reinterpret_cast<const flash::bf16*>(qkv), T, NH,
         flash::softmax_scale_log2());
     CUDA_CHECK_LAUNCH();

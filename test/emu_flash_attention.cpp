@@ -48,11 +48,11 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
 
 // Every block of the grid; dynamic shared memory poisoned (0xff bytes: bf16 and fp32 NaN) before each, as the
 // GPU leaves it undefined: a fragment read from a tile row that was never staged shows up as NaN.
-void launch(Dim3 grid, Order order, const std::function<void()>& kernel) {
+void launch(Dim3 grid, Order order, const std::function<void()>& kernel, unsigned threads = flash::kThreads) {
     for (unsigned y = 0; y < grid.y; y++)
         for (unsigned x = 0; x < grid.x; x++) {
             std::memset(flash::flash_smem, 0xff, EMU_SHARED_BYTES);
-            emu::run_block(Dim3{flash::kThreads, 1, 1}, Dim3{x, y, 0}, grid, order, 99, kernel);
+            emu::run_block(Dim3{threads, 1, 1}, Dim3{x, y, 0}, grid, order, 99, kernel);
         }
 }
 
@@ -128,6 +128,7 @@ Reference reference(const std::vector<float>& qkv, const std::vector<float>& dy,
 struct Result {
     std::vector<bf16> y, dqkv;
     std::vector<float> lse, scratch;  // scratch: delta, then the dQ shares of the tile pairs
+    bool forward_variants_agree = false;
 };
 
 // The kernels as flash_attention_forward / flash_attention_backward launch them.
@@ -143,7 +144,16 @@ Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int
     float* shares = r.scratch.data() + (rows + 3) / 4 * 4;
     const Dim3 grid{unsigned((T + flash::kTile - 1) / flash::kTile), unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
-    launch(grid, order, [&] { flash::flash_attention_forward_kernel(r.y.data(), r.lse.data(), qkv.data(), T, NH, sl2); });
+    launch(grid, order, [&] { flash::flash_attention_forward_kernel<flash::kForwardRowTiles>(r.y.data(), r.lse.data(), qkv.data(), T, NH, sl2); },
+           flash::forward_threads(flash::kForwardRowTiles));
+    // the other forward (4 warps of one row tile: kept for timing against it) gives the same bits: the same
+    // products in the same order per row
+    std::vector<bf16> y1(r.y.size(), __float2bfloat16_rn(NAN));
+    std::vector<float> lse1(rows, NAN);
+    launch(grid, order, [&] { flash::flash_attention_forward_kernel<1>(y1.data(), lse1.data(), qkv.data(), T, NH, sl2); },
+           flash::forward_threads(1));
+    r.forward_variants_agree = std::memcmp(y1.data(), r.y.data(), y1.size() * sizeof(bf16)) == 0 &&
+                               std::memcmp(lse1.data(), r.lse.data(), rows * sizeof(float)) == 0;
     const unsigned dblocks = unsigned((rows + 255) / 256);
     for (unsigned x = 0; x < dblocks; x++)
         emu::run_block(256, x, dblocks, order, 7,
@@ -172,6 +182,8 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
     const Result got = run(qkv_b, dy_b, B, T, NH, Order::Forward);
 
     expect_tensor_close("y (forward)", to_float(got.y), ref.y);
+    std::printf("  %-34s %s\n", "forward, 1 and 2 row tiles per warp", got.forward_variants_agree ? "same bits" : "DIFFERENT BITS  FAIL");
+    EXPECT(got.forward_variants_agree);
     double lse_err = 0;
     for (size_t i = 0; i < ref.lse.size(); i++) lse_err = std::max(lse_err, std::fabs(double(got.lse[i]) - ref.lse[i]));
     std::printf("  %-34s max err %.2e%s\n", "lse (base 2)", lse_err, lse_err <= 2e-4 ? "" : "  FAIL");

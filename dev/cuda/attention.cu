@@ -148,6 +148,17 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     env.sync();
     ck.compare_bound("flash forward out " + label, check::from_device_floatX(out), ref.out, ref.mag_out, factor);
     ck.compare("flash forward lse " + label, check::from_device(lse), ref.lse, 1e-3f, 0.0f);
+    {  // the 4-warp forward (one row tile per warp) runs the same products per row: the same bits
+        DeviceBuffer<floatX> out1(btc);
+        DeviceBuffer<float> lse1(rows);
+        flash_attention_forward<1>(env, out1.data(), lse1.data(), d_qkv.data(), B, T, C, NH);
+        env.sync();
+        const auto a = out.download(), b = out1.download();
+        const auto la = lse.download(), lb = lse1.download();
+        ck.expect(std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0 &&
+                      std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0,
+                  "flash forward with 1 and 2 row tiles per warp bit-identical " + label);
+    }
     auto backward = [&](DeviceBuffer<floatX>& g) {
         flash_attention_backward(env, g.data(), scratch.data(), d_dout.data(), out.data(), d_qkv.data(), lse.data(), B,
                                  T, C, NH);
@@ -233,6 +244,10 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
         flash_attention_forward(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
     });
     check::report_flops(("flash_forward " + shape).c_str(), fwd, flops);
+    const float fwd1 = median_ms(env.stream, [&] {
+        flash_attention_forward<1>(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    });
+    check::report_flops(("flash_forward, 4 warps x 1 row tile " + shape).c_str(), fwd1, flops);
     // out and lse now hold the forward's results, as a training step's backward would see them
     const float bwd = median_ms(env.stream, [&] {
         flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
