@@ -20,6 +20,7 @@
 #include "llmc/gpt2_layout.h"
 #include "llmc/kernel_math.h"
 #include "llmc/rng.h"
+#include "test/demo_corrupt_buckets.h"
 #include "test/testing.h"
 
 EMU_DEFINE_SHARED(demo, smem4)
@@ -260,10 +261,10 @@ TEST(chunk96_1024_threads_match_host_reference) {
                emu::Order::Forward, 2);
 }
 
-// Corrupt buckets: an index outside its chunk (rank 1) and a repeated index (rank 0) set the flags.
+// Corrupt buckets (test/demo_corrupt_buckets.h): each sets its error flag and names the rank.
 TEST(apply_flags_corrupt_buckets) {
-    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
-    const ParamLayout layout = ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
+    const auto cfg = demo_corrupt::config();
+    const ParamLayout layout = demo_corrupt::layout();
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = testing::random_normal(n, 5, 1.0f);
@@ -271,17 +272,11 @@ TEST(apply_flags_corrupt_buckets) {
     cm::compress_plan_host(pt, delta.data(), grads.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
     const std::vector<float> p0 = testing::random_normal(n, 6, 0.02f);
     const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 2, pt.bucket_bytes);
-    const uint8_t* first = reinterpret_cast<uint8_t*>(bucket.data()) + pt.tensors[0].indices_off;
-    std::vector<std::byte> two = bucket;
-    two.insert(two.end(), bucket.begin(), bucket.end());
-    cm::store_u16(reinterpret_cast<uint8_t*>(two.data()) + pt.bucket_bytes + pt.tensors[0].indices_off + 2, 48 * 50);
-    ApplyOut a = emulate_apply(pt, 2, two, p0, ap, 1, false, emu::Order::Forward);
-    EXPECT((a.error[0] & cm::kErrIndexRange) && a.error[1] == 1);
-    two = bucket;
-    two.insert(two.end(), bucket.begin(), bucket.end());
-    cm::store_u16(reinterpret_cast<uint8_t*>(two.data()) + pt.tensors[0].indices_off + 2, cm::load_u16(first));
-    a = emulate_apply(pt, 2, two, p0, ap, 1, false, emu::Order::Forward);
-    EXPECT((a.error[0] & cm::kErrNotAscending) && a.error[1] == 0);
+    for (const demo_corrupt::Case& c : demo_corrupt::cases(pt, bucket)) {
+        const ApplyOut a = emulate_apply(pt, 2, c.buckets, p0, ap, 1, false, emu::Order::Forward);
+        std::printf("  %s: flags %u, rank %u\n", c.what, a.error[0], a.error[1]);
+        EXPECT((a.error[0] & c.flag) && a.error[1] == c.rank);
+    }
 }
 
 // Every path of the kernels' top-k ran in the cases above (the counts come from the host's view of the same

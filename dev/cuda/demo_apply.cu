@@ -16,6 +16,7 @@
 #include "demo/demo_optimizer.h"
 #include "dev/cuda/common.h"
 #include "llmc/gpt2_layout.h"
+#include "test/demo_corrupt_buckets.h"
 
 using namespace llmc;
 namespace cm = demo::cm;
@@ -117,8 +118,8 @@ void check_case(CudaEnv& env, check::Checker& ck, const std::string& name, const
 }
 
 void check_corrupt(CudaEnv& env, check::Checker& ck) {
-    const OptimizerConfig cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4);
-    const ParamLayout layout = llmc::ParamLayout::of_shapes({{96, 50}});  // 48 x 50 chunks: u16 indices
+    const OptimizerConfig cfg = demo_corrupt::config();
+    const ParamLayout layout = demo_corrupt::layout();
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
     const size_t n = layout.num_params;
     std::vector<float> delta(n, 0.0f), grads = check::random_floats(n, 1.0f, 5);
@@ -126,19 +127,10 @@ void check_corrupt(CudaEnv& env, check::Checker& ck) {
     cm::compress_plan_host(pt, delta.data(), grads.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
     const std::vector<float> p0 = check::random_floats(n, 0.02f, 6);
     const cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 2, pt.bucket_bytes);
-    uint8_t* idx_part = reinterpret_cast<uint8_t*>(bucket.data()) + pt.tensors[0].indices_off;
-    std::vector<std::byte> two = bucket;
-    two.insert(two.end(), bucket.begin(), bucket.end());
-    uint8_t* rank1 = reinterpret_cast<uint8_t*>(two.data()) + pt.bucket_bytes + pt.tensors[0].indices_off;
-    cm::store_u16(rank1 + 2, 48 * 50);  // rank 1, item 1: outside its chunk
-    GpuApplyResult g = gpu_apply(env, pt, 2, two, p0, ap, 1, false);
-    ck.expect((g.error[0] & cm::kErrIndexRange) && g.error[1] == 1, "index outside its chunk flagged (rank 1)");
-    two = bucket;
-    two.insert(two.end(), bucket.begin(), bucket.end());
-    uint8_t* rank0 = reinterpret_cast<uint8_t*>(two.data()) + pt.tensors[0].indices_off;
-    cm::store_u16(rank0 + 2, cm::load_u16(idx_part));  // rank 0, item 1 repeats item 0
-    g = gpu_apply(env, pt, 2, two, p0, ap, 1, false);
-    ck.expect((g.error[0] & cm::kErrNotAscending) && g.error[1] == 0, "repeated index flagged (rank 0)");
+    for (const demo_corrupt::Case& c : demo_corrupt::cases(pt, bucket)) {
+        const GpuApplyResult g = gpu_apply(env, pt, 2, c.buckets, p0, ap, 1, false);
+        ck.expect((g.error[0] & c.flag) && g.error[1] == c.rank, std::string(c.what) + " flagged");
+    }
 }
 
 __global__ void fill_kernel(float* x, size_t n, uint32_t seed, float scale) {
