@@ -42,17 +42,18 @@ private:
 
 TEST(collectives_within_the_limit_leave_the_process_alone) {
     const testing::ChildOutcome c = testing::run_in_child([] {
-        llmc::CollectiveWatchdog dog(0.3, 0);
-        for (int i = 0; i < 4; i++) {  // 4 x 0.2 s watched: longer than the limit in total, never in one scope
+        // (margins of 0.7 s against the 1 s limit, so a loaded machine's late wake-ups cannot fail this)
+        llmc::CollectiveWatchdog dog(1.0, 0);
+        for (int i = 0; i < 4; i++) {  // 4 x 0.3 s watched: longer than the limit in total, never in one scope
             const auto s = dog.watch("a short collective");
-            sleep_for_seconds(0.2);
+            sleep_for_seconds(0.3);
         }
-        sleep_for_seconds(0.6);  // unwatched time (compute between collectives) never counts
+        sleep_for_seconds(1.5);  // unwatched time (compute between collectives) never counts
         {
             const auto outer = dog.watch("outer");
             const auto inner = dog.watch("inner");  // nested: the outer scope is the one timed
         }
-        sleep_for_seconds(0.4);
+        sleep_for_seconds(1.2);
     });
     EXPECT(c.ok && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
     EXPECT_EQ(c.stderr_text, std::string());
