@@ -28,7 +28,6 @@
 #include "llmc/encoder.cuh"
 #include "llmc/flash_attention.cuh"
 #include "llmc/fused_classifier.cuh"
-#include "llmc/gelu.cuh"
 #include "llmc/gpt2_layout.h"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
@@ -331,9 +330,7 @@ private:
             // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
             // dfch: the DGELU epilogue of this product (LLMC_GELU_FUSION=2), or the product then the GELU backward
             matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), layer(g, ParamKind::fcprojb, l), fs,
-                            a_.dresidual, fch_gelu, layer(p, ParamKind::fcprojw, l), N, 4 * C, C,
-                            gelu_fusion_ >= 2 ? fch : nullptr);
-            if (gelu_fusion_ < 2) gelu_backward_inplace(a_.dbt4c, fch, size_t(N) * 4 * C, s);
+                            a_.dresidual, fch_gelu, layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
                             layer(p, ParamKind::fcw, l), N, C, 4 * C);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,

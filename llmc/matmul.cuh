@@ -261,12 +261,8 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
 inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, floatX* pre_gelu = nullptr, bool fuse_gelu = true) {
     const km::GemmShape g = km::linear_forward_gemm(N, C, OC);
-    if (pre_gelu && !fuse_gelu) {
-        matmul_lt<floatX>(env, pre_gelu, weight, inp, bias, g, false);
-        gelu_forward(out, pre_gelu, size_t(N) * OC, env.stream);
-        return;
-    }
-    matmul_lt<floatX>(env, out, weight, inp, bias, g, false, pre_gelu);
+    if (pre_gelu && !fuse_gelu) matmul_lt_unfused(env, out, weight, inp, bias, g.m, g.n, g.k, g.ta, g.tb, false, pre_gelu, 1.0f, nullptr);
+    else matmul_lt<floatX>(env, out, weight, inp, bias, g, false, pre_gelu);
 }
 
 #endif  // __CUDACC__
@@ -296,13 +292,17 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_redu
 //   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
 //   dweight (OC,C, fp32) += dout^T @ inp     (accumulated: gradient accumulation over micro-steps)
 //   dbias (OC, fp32) += sum over rows of dout (skipped when nullptr; needs `scratch`, see above)
-// pre_gelu (N,C; may be nullptr): inp was gelu(pre_gelu), and dinp is then the gradient of pre_gelu instead
-// (the DGELU epilogue when its alignment rules hold, else the product and gelu_backward_inplace).
+// pre_gelu (N,C; may be nullptr): inp was gelu(pre_gelu), and dinp is then the gradient of pre_gelu instead:
+// cuBLASLt's DGELU epilogue when fuse_dgelu (matmul_lt falls back by itself where cuBLASLt cannot fuse), else
+// the product and gelu_backward_inplace.
 inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
                             const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                            const floatX* pre_gelu = nullptr) {
-    if (dinp)
-        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, km::linear_dinp_gemm(N, C, OC), false, nullptr, 1.0f, pre_gelu);
+                            const floatX* pre_gelu = nullptr, bool fuse_dgelu = true) {
+    const km::GemmShape g = km::linear_dinp_gemm(N, C, OC);
+    if (dinp && pre_gelu && !fuse_dgelu)
+        matmul_lt_unfused(env, dinp, weight, dout, nullptr, g.m, g.n, g.k, g.ta, g.tb, false, nullptr, 1.0f, pre_gelu);
+    else if (dinp)
+        matmul_lt<floatX>(env, dinp, weight, dout, nullptr, g, false, nullptr, 1.0f, pre_gelu);
     if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
     if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
 }

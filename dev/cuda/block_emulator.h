@@ -197,8 +197,6 @@ inline void fiber_entry() {
     fail("a finished thread was resumed");
 }
 
-// Runs `body` as the thread block `block` (blockIdx) of a grid of `grid` blocks (gridDim), with `dim` threads
-// (blockDim; their product a multiple of 32, at most 1024: the kernels here use full warps).
 // Static `__shared__` variables live in the linker section emu_static_shared (see the __shared__ definition
 // below); the linker brackets it with these symbols (weak: a program without such variables has neither).
 extern "C" char __start_emu_static_shared[] __attribute__((weak));
@@ -211,6 +209,8 @@ inline void poison_static_shared() {
     if (start && stop > start) std::memset(start, 0xff, size_t(stop - start));
 }
 
+// Runs `body` as the thread block `block` (blockIdx) of a grid of `grid` blocks (gridDim), with `dim` threads
+// (blockDim; their product a multiple of 32, at most 1024: the kernels here use full warps).
 inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t seed, const std::function<void()>& body) {
     const uint64_t count = uint64_t(dim.x) * dim.y * dim.z;
     if (count == 0 || count % 32 != 0 || count > 1024) fail("threads must be a multiple of 32, at most 1024");
@@ -401,16 +401,17 @@ inline BlockState::Fiber& current_fiber() {
     if (!b || b->current < 0) fail("cp.async outside emu::run_block");
     return b->fibers[size_t(b->current)];
 }
+inline void perform(const BlockState::AsyncCopy& c) {
+    if (c.src) std::memcpy(c.dst, c.src, c.bytes);
+    else std::memset(c.dst, 0, c.bytes);
+}
 inline void cp_async(void* dst, const void* src, size_t bytes, bool valid) {
     require_aligned(dst, bytes, "cp.async shared-memory destination");
     require_aligned(src, bytes, "cp.async global source");  // checked even when !valid: the address is still issued
+    const BlockState::AsyncCopy copy{dst, valid ? src : nullptr, bytes};
     BlockState::Fiber& f = current_fiber();
-    if (cp_async_eager()) {
-        if (valid) std::memcpy(dst, src, bytes);
-        else std::memset(dst, 0, bytes);
-        return;
-    }
-    f.open_group.push_back({dst, valid ? src : nullptr, bytes});
+    if (cp_async_eager()) perform(copy);
+    else f.open_group.push_back(copy);
 }
 inline void cp_async_commit() {
     BlockState::Fiber& f = current_fiber();
@@ -421,10 +422,7 @@ inline void cp_async_commit() {
 inline void cp_async_wait(int pending) {
     BlockState::Fiber& f = current_fiber();
     while (f.copy_groups.size() > size_t(pending)) {
-        for (const BlockState::AsyncCopy& c : f.copy_groups.front()) {
-            if (c.src) std::memcpy(c.dst, c.src, c.bytes);
-            else std::memset(c.dst, 0, c.bytes);
-        }
+        for (const BlockState::AsyncCopy& c : f.copy_groups.front()) perform(c);
         f.copy_groups.erase(f.copy_groups.begin());
     }
 }
