@@ -122,6 +122,13 @@ static void compare_dqkv(check::Checker& ck, const std::string& prefix, const st
     }
 }
 
+// Whether two device buffers hold the same bits.
+template <typename T>
+static bool same_bits(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
+    const auto x = a.download(), y = b.download();
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
 // Flash attention on the same inputs as the matmul path, against the same reference.
 static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, const std::vector<float>& qkv,
                         const std::vector<float>& dout, int B, int T, int C, int NH, const std::string& label,
@@ -153,10 +160,7 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
         DeviceBuffer<float> lse1(rows);
         flash_attention_forward<1>(env, out1.data(), lse1.data(), d_qkv.data(), B, T, C, NH);
         env.sync();
-        const auto a = out.download(), b = out1.download();
-        const auto la = lse.download(), lb = lse1.download();
-        ck.expect(std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0 &&
-                      std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0,
+        ck.expect(same_bits(out, out1) && same_bits(lse, lse1),
                   "flash forward with 1 and 2 row tiles per warp bit-identical " + label);
     }
     auto backward = [&](DeviceBuffer<floatX>& g) {
@@ -167,9 +171,7 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     backward(dqkv);
     compare_dqkv(ck, "flash backward ", label, check::from_device_floatX(dqkv), ref, B, T, C, 2 * factor);
     backward(dqkv2);
-    const auto g1 = dqkv.download(), g2 = dqkv2.download();
-    ck.expect(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(floatX)) == 0,
-              "flash backward bit-identical on rerun " + label);
+    ck.expect(same_bits(dqkv, dqkv2), "flash backward bit-identical on rerun " + label);
 }
 
 static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, int NH) {
