@@ -7,6 +7,7 @@
 #   make test            build everything and run every test (the command CI runs)
 #   make bench           CPU benchmarks (ms/step, tok/s)
 #   make gpu-check       GPU tests and benchmarks (skips without a GPU)
+#   make emu             the CUDA trainer and GPU tests on the emulated device (CPU; part of `all`)
 
 USE_MPI ?= $(if $(shell command -v mpicxx 2>/dev/null),1,0)
 CXX_PLAIN ?= g++
@@ -53,8 +54,8 @@ CUDA_INCLUDE ?= $(dir $(NVCC))../include
 EMU_SRCS := $(wildcard test/emu_*.cpp)
 EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
 
-.PHONY: all test bench gpu-check clean cuda
-all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS)
+.PHONY: all test bench gpu-check clean cuda emu
+all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -117,7 +118,35 @@ cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS) $(FP32_BINS)
 # The emulated-kernel tests (EMU_BINS above).
 $(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(LIB) -o $@ $(LDLIBS)
+	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(EMU_EXTRA_OBJS) $(LIB) -o $@ $(LDLIBS)
+
+# The CUDA trainer and GPU tests on the emulated device (no GPU): the same sources compiled by g++ with
+# dev/cuda/block_emulator.h running the kernels and dev/cuda/emu_{runtime,cublas,nccl}.cpp standing in for the
+# CUDA runtime, cuBLASLt/cuBLAS and NCCL (over MPI). build/emu/ holds the bf16 programs, build/emu-fp32/ the
+# fp32 ones; test/test_emulated_gpu.sh runs them against PyTorch and the CPU trainer.
+EMU_PROGRAMS := train_gpt $(basename $(notdir $(wildcard test/gpu_*.cu)))
+EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGRAMS:%=$(BUILD)/emu-fp32/%))
+EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o $(BUILD)/emu/obj/emu_nccl.o
+EMU_CXXFLAGS = $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas -Wno-maybe-uninitialized
+EMU_COMPILE = $(CXX) $(EMU_CXXFLAGS) -x c++ -include dev/cuda/block_emulator.h
+$(BUILD)/emu/obj/%.o: dev/cuda/%.cpp dev/cuda/block_emulator.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/emu/train_gpt: train_gpt.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(EMU_COMPILE) $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
+$(BUILD)/emu-fp32/train_gpt: train_gpt.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(EMU_COMPILE) -DENABLE_FP32 $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
+$(BUILD)/emu/%: test/%.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(EMU_COMPILE) $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
+$(BUILD)/emu-fp32/%: test/%.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(EMU_COMPILE) -DENABLE_FP32 $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
+$(BUILD)/test/test_cublas_emu: $(BUILD)/emu/obj/emu_cublas.o
+$(BUILD)/test/test_cublas_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_cublas.o
+emu: $(EMU_DEVICE_BINS)
 
 JOBS ?= $(shell nproc)
 HAVE_NVCC := $(if $(wildcard $(NVCC)),1,0)

@@ -90,7 +90,7 @@ public:
             CUDA_CHECK(cudaMemcpyAsync(master_, weights, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
         const bool sr = stochastic_ && t_ > 0;
         if (n) {
-            demo_round_params_kernel<<<llmc::grid_stride_blocks(n, 512), 512, 0, stream_>>>(params, master_, n,
+            LLMC_LAUNCH(llmc::grid_stride_blocks(n, 512), 512, 0, stream_, demo_round_params_kernel)(params, master_, n,
                                                                                          step_seed(t_), sr);
             CUDA_CHECK_LAUNCH();
         }

@@ -44,7 +44,6 @@
 
 namespace demo {
 
-
 // ---------------------------------------------------------------------------------------------------------
 // Launch configuration: the shared-memory carve-up (offsets in 4-byte words, multiples of 4 so every region
 // is 16-byte aligned), the same for every block of a launch (maxima over the plan's tensors).
@@ -886,7 +885,6 @@ struct OwnedDeviceTables {
     }
 };
 
-#ifdef __CUDACC__  // the launches (dev/cuda/block_emulator.h runs the kernels above on the CPU without them)
 // Raises a kernel's dynamic shared memory limit on the current device to `bytes`. Limits only grow, so
 // optimizers of different configurations can coexist.
 inline void raise_smem_limit(const void* kernel, size_t bytes) {
@@ -937,16 +935,16 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
     LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
     if (t.fixed_chunks) {
         const CompressArgs args{t.tensors, t.fixed_tensors, t.folded, t.natural, momentum, grads, bucket, p, kc.compress};
-        demo_compress_kernel<256, cm::kFixedChunk, TUNE>
-            <<<static_cast<unsigned>(t.fixed_chunks), 256, kc.compress.bytes(), stream>>>(args);
+        LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, kc.compress.bytes(), stream,
+                    demo_compress_kernel<256, cm::kFixedChunk, TUNE>)(args);
         CUDA_CHECK_LAUNCH();
     }
     if (t.general_chunks) {
         const CompressArgs args{t.tensors + t.fixed_tensors, t.general_tensors, t.folded, t.natural, momentum, grads,
                                 bucket, p, kc.compress};
         const dim3 grid(static_cast<unsigned>(t.general_chunks));
-        if (kc.threads == 256) demo_compress_kernel<256, 0><<<grid, 256, kc.compress.bytes(), stream>>>(args);
-        else demo_compress_kernel<1024, 0><<<grid, 1024, kc.compress.bytes(), stream>>>(args);
+        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, kc.compress.bytes(), stream, demo_compress_kernel<256, 0>)(args);
+        else LLMC_LAUNCH(grid, 1024, kc.compress.bytes(), stream, demo_compress_kernel<1024, 0>)(args);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -964,21 +962,19 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
     if (t.fixed_chunks) {
         const ApplyArgs args{t.tensors, t.fixed_tensors, t.natural, buckets, master, params, p, seed, stochastic, error,
                              kc.apply};
-        demo_apply_kernel<256, cm::kFixedChunk, TUNE>
-            <<<static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream>>>(args);
+        LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream,
+                    demo_apply_kernel<256, cm::kFixedChunk, TUNE>)(args);
         CUDA_CHECK_LAUNCH();
     }
     if (t.general_chunks) {
         const ApplyArgs args{t.tensors + t.fixed_tensors, t.general_tensors, t.natural, buckets, master, params, p, seed,
                              stochastic, error, kc.apply};
         const dim3 grid(static_cast<unsigned>(t.general_chunks));
-        if (kc.threads == 256) demo_apply_kernel<256, 0><<<grid, 256, kc.apply.bytes(), stream>>>(args);
-        else demo_apply_kernel<1024, 0><<<grid, 1024, kc.apply.bytes(), stream>>>(args);
+        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, kc.apply.bytes(), stream, demo_apply_kernel<256, 0>)(args);
+        else LLMC_LAUNCH(grid, 1024, kc.apply.bytes(), stream, demo_apply_kernel<1024, 0>)(args);
         CUDA_CHECK_LAUNCH();
     }
 }
-
-#endif  // __CUDACC__
 
 // Bytes a compress launch moves through DRAM (momentum read + write, gradient read, bucket write), for GB/s.
 inline double compress_dram_bytes(const ModelPlan& plan, size_t bucket_bytes) {

@@ -34,18 +34,15 @@ __global__ void adamw_kernel(floatX* params, float* master, const float* grads, 
     }
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // One range [0, n) of already-offset pointers; `noise_offset` is the range's offset in the flat buffer.
 inline void adamw_update(floatX* params, float* master, const float* grads, float* m, float* v, size_t n,
                          const km::AdamWParams& h, uint64_t noise_offset, uint32_t seed, bool stochastic,
                          cudaStream_t stream) {
     if (n == 0) return;
-    adamw_kernel<<<grid_stride_blocks(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, h, noise_offset,
-                                                                 seed, stochastic);
+    LLMC_LAUNCH(grid_stride_blocks(n, 512), 512, 0, stream, adamw_kernel)(
+        params, master, grads, m, v, n, h, noise_offset, seed, stochastic);
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 __global__ void round_params_kernel(floatX* params, const float* master, size_t n, uint32_t seed, bool stochastic) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -59,7 +56,6 @@ inline uint32_t adamw_step_seed(uint32_t base_seed, int64_t t) {
     return km::squirrel_noise5(static_cast<uint32_t>(t), base_seed ^ 0x9e3779b9u);
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 class CudaAdamW final : public DeviceOptimizer {
 public:
     // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank).
@@ -95,7 +91,8 @@ public:
         const size_t n = layout_.num_params;
         if (weights != master_) CUDA_CHECK(cudaMemcpyAsync(master_, weights, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
         const bool sr = stochastic_ && t_ > 0;
-        round_params_kernel<<<grid_stride_blocks(n, 512), 512, 0, stream_>>>(params, master_, n, adamw_step_seed(seed_, t_), sr);
+        LLMC_LAUNCH(grid_stride_blocks(n, 512), 512, 0, stream_, round_params_kernel)(
+            params, master_, n, adamw_step_seed(seed_, t_), sr);
         CUDA_CHECK_LAUNCH();
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
@@ -185,7 +182,5 @@ private:
     float* norm_scratch_ = nullptr;
     int64_t t_ = 0;
 };
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

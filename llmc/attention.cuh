@@ -201,7 +201,6 @@ inline void launch_permute(size_t elems, int HS, std::initializer_list<const voi
 
 inline size_t attention_scratch_elems(int B, int T, int NH) { return size_t(B) * NH * T * T; }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (B,T,C) <- attention of inp (B,T,3C, the qkv projection; CLOBBERED: reused as scratch).
 // Keeps qkvr (3 x (B,NH,T,HS): q, k, v) and att (B,NH,T,T) for the backward. preatt: attention_scratch_elems.
 inline void attention_forward(const CudaEnv& env, floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* inp,
@@ -213,8 +212,9 @@ inline void attention_forward(const CudaEnv& env, floatX* out, floatX* qkvr, flo
     floatX* k = qkvr + btc;
     floatX* v = qkvr + 2 * btc;
     launch_permute(btc, HS, {q, k, v, inp}, env.stream, [&](bool vec, unsigned blocks, cudaStream_t st) {
-        if (vec) permute_qkv_kernel<x128::size><<<blocks, kAttentionBlock, 0, st>>>(q, k, v, inp, B, T, NH, HS);
-        else permute_qkv_kernel<1><<<blocks, kAttentionBlock, 0, st>>>(q, k, v, inp, B, T, NH, HS);
+        if (vec) LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, permute_qkv_kernel<x128::size>)(
+            q, k, v, inp, B, T, NH, HS);
+        else LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, permute_qkv_kernel<1>)(q, k, v, inp, B, T, NH, HS);
     });
     const int BNH = B * NH;
     // preatt[b,h][t1][t2] = q[t1] . k[t2]  (row-major T x T per head)
@@ -224,16 +224,18 @@ inline void attention_forward(const CudaEnv& env, floatX* out, floatX* qkvr, flo
     const int rows_per_block = kAttentionBlock / kWarpSize;
     const bool vec_rows = T % x128::size == 0 && aligned16(att) && aligned16(preatt);
     if (vec_rows)
-        causal_softmax_forward_vec_kernel<<<ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream>>>(att, preatt, scale, rows, T);
+        LLMC_LAUNCH(ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream, causal_softmax_forward_vec_kernel)(
+            att, preatt, scale, rows, T);
     else
-        causal_softmax_forward_kernel<<<ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream>>>(att, preatt, scale, rows, T);
+        LLMC_LAUNCH(ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream, causal_softmax_forward_kernel)(
+            att, preatt, scale, rows, T);
     CUDA_CHECK_LAUNCH();
     // y[b,h] = att @ v  (T x HS), into the now-free inp buffer
     floatX* vaccum = inp;
     matmul_lt<floatX>(env, vaccum, v, att, nullptr, km::attention_av_gemm(BNH, T, HS), false);
     launch_permute(btc, HS, {out, vaccum}, env.stream, [&](bool vec, unsigned blocks, cudaStream_t st) {
-        if (vec) unpermute_kernel<x128::size><<<blocks, kAttentionBlock, 0, st>>>(out, vaccum, B, T, NH, HS);
-        else unpermute_kernel<1><<<blocks, kAttentionBlock, 0, st>>>(out, vaccum, B, T, NH, HS);
+        if (vec) LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, unpermute_kernel<x128::size>)(out, vaccum, B, T, NH, HS);
+        else LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, unpermute_kernel<1>)(out, vaccum, B, T, NH, HS);
     });
 }
 
@@ -251,8 +253,9 @@ inline void attention_backward(const CudaEnv& env, floatX* dinp, floatX* dqkvr, 
     floatX* dv = dqkvr + 2 * btc;
     const int BNH = B * NH;
     launch_permute(btc, HS, {dy, dout}, env.stream, [&](bool vec, unsigned blocks, cudaStream_t st) {
-        if (vec) unpermute_backward_kernel<x128::size><<<blocks, kAttentionBlock, 0, st>>>(dy, dout, B, T, NH, HS);
-        else unpermute_backward_kernel<1><<<blocks, kAttentionBlock, 0, st>>>(dy, dout, B, T, NH, HS);
+        if (vec) LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, unpermute_backward_kernel<x128::size>)(
+            dy, dout, B, T, NH, HS);
+        else LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, unpermute_backward_kernel<1>)(dy, dout, B, T, NH, HS);
     });
     // datt[t][t2] = dy[t] . v[t2]
     matmul_lt<floatX>(env, datt, v, dy, nullptr, km::attention_datt_gemm(BNH, T, HS), false);
@@ -262,20 +265,22 @@ inline void attention_backward(const CudaEnv& env, floatX* dinp, floatX* dqkvr, 
     const int rows = BNH * T;
     const int rows_per_block = kAttentionBlock / kWarpSize;
     if (T % x128::size == 0 && aligned16(datt) && aligned16(att))
-        causal_softmax_backward_inplace_vec_kernel<<<ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream>>>(datt, att, scale, rows, T);
+        LLMC_LAUNCH(ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream,
+                    causal_softmax_backward_inplace_vec_kernel)(datt, att, scale, rows, T);
     else
-        causal_softmax_backward_inplace_kernel<<<ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream>>>(datt, att, scale, rows, T);
+        LLMC_LAUNCH(ceil_div(rows, rows_per_block), kAttentionBlock, 0, env.stream,
+                    causal_softmax_backward_inplace_kernel)(datt, att, scale, rows, T);
     CUDA_CHECK_LAUNCH();
     const floatX* dpreatt = datt;
     // dq = dpreatt @ k ; dk = dpreatt^T @ q
     matmul_lt<floatX>(env, dq, k, dpreatt, nullptr, km::attention_dq_gemm(BNH, T, HS), false);
     matmul_lt<floatX>(env, dk, q, dpreatt, nullptr, km::attention_dk_gemm(BNH, T, HS), false);
     launch_permute(btc, HS, {dinp, dq, dk, dv}, env.stream, [&](bool vec, unsigned blocks, cudaStream_t st) {
-        if (vec) permute_qkv_backward_kernel<x128::size><<<blocks, kAttentionBlock, 0, st>>>(dinp, dq, dk, dv, B, T, NH, HS);
-        else permute_qkv_backward_kernel<1><<<blocks, kAttentionBlock, 0, st>>>(dinp, dq, dk, dv, B, T, NH, HS);
+        if (vec) LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, permute_qkv_backward_kernel<x128::size>)(
+            dinp, dq, dk, dv, B, T, NH, HS);
+        else LLMC_LAUNCH(blocks, kAttentionBlock, 0, st, permute_qkv_backward_kernel<1>)(
+            dinp, dq, dk, dv, B, T, NH, HS);
     });
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -1,6 +1,8 @@
 // Shared CUDA plumbing for the kernels in llmc/*.cuh, the GPU trainer and the dev/cuda checkers:
 //  - CUDA_CHECK / CUBLAS_CHECK / CUDA_CHECK_LAUNCH: every runtime and cuBLAS call is checked; a failure throws
 //    llmc::Error "CUDA error ... at file:line in <call>: <what to do>", which main() prints as one line.
+//  - LLMC_LAUNCH: every kernel launch, so that under the block emulator (g++, no GPU) the same host code runs
+//    the kernels on the CPU (dev/cuda/block_emulator.h; `make emu` builds the trainer that way).
 //  - floatX: the storage type of parameters and activations, __nv_bfloat16 by default, float with
 //    -DENABLE_FP32 (then every kernel runs in fp32, for tight comparisons with the CPU/PyTorch references).
 //  - cuda_device_present(): the no-GPU check every program does first (tests/checkers exit 77 with
@@ -205,6 +207,17 @@ __device__ __forceinline__ void store_stochastic(__nv_bfloat16* dst, float value
 #define LLMC_DYNAMIC_SHARED(type, name) EMU_DYNAMIC_SHARED_DECL(type, name)
 #else
 #define LLMC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+// A kernel launch: LLMC_LAUNCH(grid, block, shared_bytes, stream, kernel)(arguments...) is
+// kernel<<<grid, block, shared_bytes, stream>>>(arguments...) under nvcc. Under the block emulator (g++) it runs
+// every block of the grid on the CPU before returning (emu::launch in dev/cuda/block_emulator.h), so the host
+// wrappers below, the model and the trainer also compile and run on a machine without a GPU.
+#if defined(LLMC_BLOCK_EMULATOR)
+#define LLMC_LAUNCH(grid, block, shared_bytes, stream, ...) \
+    ::emu::launch((grid), (block), (shared_bytes), (stream), __VA_ARGS__, #__VA_ARGS__)
+#else
+#define LLMC_LAUNCH(grid, block, shared_bytes, stream, ...) __VA_ARGS__<<<grid, block, shared_bytes, stream>>>
 #endif
 
 // 128-bit vectors: N elements of T loaded/stored in one instruction. Pointers must be 16-byte aligned.
@@ -497,20 +510,17 @@ inline int grid_stride_blocks(size_t n, int block_size) {
     return static_cast<int>(std::min<size_t>(ceil_div<size_t>(n, size_t(block_size)), 65535u * 4u));
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // dst = round_to_nearest(src), on the device.
 inline void convert_to_floatX(floatX* dst, const float* src, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    convert_float_to_floatX_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(dst, src, n);
+    LLMC_LAUNCH(grid_stride_blocks(n, 256), 256, 0, stream, convert_float_to_floatX_kernel)(dst, src, n);
     CUDA_CHECK_LAUNCH();
 }
 inline void convert_to_float(float* dst, const floatX* src, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    convert_floatX_to_float_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(dst, src, n);
+    LLMC_LAUNCH(grid_stride_blocks(n, 256), 256, 0, stream, convert_floatX_to_float_kernel)(dst, src, n);
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 // Host helpers for tests and checkers.
 inline std::vector<floatX> host_to_floatX(const std::vector<float>& v) {
@@ -606,7 +616,6 @@ __global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float*
     }
 }
 
-#ifdef __CUDACC__
 // `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats.
 template <int NV, typename F>
 void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream) {
@@ -616,13 +625,12 @@ void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F
     const int vec = column_reduce_vec(cols, f);
     const dim3 grid(ceil_div(cols, kWarpSize * vec), splits);
     const dim3 block(kWarpSize, kColumnReduceThreadsY);
-    if (vec > 1) column_reduce_stage1_kernel<NV, x128::size><<<grid, block, 0, stream>>>(scratch, rows, cols, f);
-    else column_reduce_stage1_kernel<NV, 1><<<grid, block, 0, stream>>>(scratch, rows, cols, f);
+    if (vec > 1) LLMC_LAUNCH(grid, block, 0, stream, column_reduce_stage1_kernel<NV, x128::size, F>)(
+        scratch, rows, cols, f);
+    else LLMC_LAUNCH(grid, block, 0, stream, column_reduce_stage1_kernel<NV, 1, F>)(scratch, rows, cols, f);
     CUDA_CHECK_LAUNCH();
-    column_reduce_stage2_kernel<NV><<<ceil_div(cols, 256), 256, 0, stream>>>(outs, scratch, splits, cols);
+    LLMC_LAUNCH(ceil_div(cols, 256), 256, 0, stream, column_reduce_stage2_kernel<NV>)(outs, scratch, splits, cols);
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

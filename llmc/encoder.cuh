@@ -37,7 +37,6 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
     }
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (B,T,C) = wte[inp] + wpe[0..T), inp (B,T) token ids on the device.
 inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
                             cudaStream_t stream) {
@@ -46,14 +45,14 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     constexpr int block = 256;
     if (C % x128::size == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe)) {
         const size_t threads = total / x128::size;
-        encoder_forward_kernel<true><<<unsigned(ceil_div<size_t>(threads, block)), block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+        LLMC_LAUNCH(unsigned(ceil_div<size_t>(threads, block)), block, 0, stream, encoder_forward_kernel<true>)(
+            out, inp, wte, wpe, B, T, C);
     } else {
-        encoder_forward_kernel<false><<<unsigned(ceil_div<size_t>(total, block)), block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+        LLMC_LAUNCH(unsigned(ceil_div<size_t>(total, block)), block, 0, stream, encoder_forward_kernel<false>)(
+            out, inp, wte, wpe, B, T, C);
     }
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 // Host-built schedule for the wte gradient: positions grouped by token. Device layout (ints):
 // [bucket_token x nb][bucket_start x (nb+1)][positions x BT].
@@ -128,7 +127,6 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int
     dwpe[idx] += acc;
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // dwte += scatter of dout by token (using `plan`, already uploaded to `plan_device`), dwpe += sum over b of dout.
 inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const EncoderBackwardPlan& plan,
                              const int* plan_device, int B, int T, int C, cudaStream_t stream) {
@@ -136,17 +134,17 @@ inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const
     if (plan.num_buckets > 0) {
         if (C % x128::size == 0 && aligned16(dout)) {
             const dim3 grid(plan.num_buckets, ceil_div(C / x128::size, kEncoderBwdBlock));
-            encoder_backward_wte_kernel<x128::size><<<grid, kEncoderBwdBlock, 0, stream>>>(dwte, plan_device, plan.num_buckets, dout, C);
+            LLMC_LAUNCH(grid, kEncoderBwdBlock, 0, stream, encoder_backward_wte_kernel<x128::size>)(
+                dwte, plan_device, plan.num_buckets, dout, C);
         } else {
             const dim3 grid(plan.num_buckets, ceil_div(C, kEncoderBwdBlock));
-            encoder_backward_wte_kernel<1><<<grid, kEncoderBwdBlock, 0, stream>>>(dwte, plan_device, plan.num_buckets, dout, C);
+            LLMC_LAUNCH(grid, kEncoderBwdBlock, 0, stream, encoder_backward_wte_kernel<1>)(
+                dwte, plan_device, plan.num_buckets, dout, C);
         }
         CUDA_CHECK_LAUNCH();
     }
-    encoder_backward_wpe_kernel<<<ceil_div(T * C, 256), 256, 0, stream>>>(dwpe, dout, B, T, C);
+    LLMC_LAUNCH(ceil_div(T * C, 256), 256, 0, stream, encoder_backward_wpe_kernel)(dwpe, dout, B, T, C);
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -587,7 +587,6 @@ inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH) {
     return (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4 + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
 // RT: row tiles per warp (flash::kForwardRowTiles; dev/cuda/attention.cu times both).
 template <int RT = flash::kForwardRowTiles>
@@ -597,7 +596,7 @@ inline void flash_attention_forward(const CudaEnv& env, floatX* out, float* lse,
     LLMC_CHECK(why.empty(), why);
     LLMC_CHECK(aligned16(out) && aligned16(qkv), "flash_attention_forward: buffers must be 16-byte aligned");
     const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));
-    flash::flash_attention_forward_kernel<RT><<<grid, flash::forward_threads(RT), flash::kForwardSmem, env.stream>>>(
+    LLMC_LAUNCH(grid, flash::forward_threads(RT), flash::kForwardSmem, env.stream, flash::flash_attention_forward_kernel<RT>)(
         reinterpret_cast<flash::bf16*>(out), lse, reinterpret_cast<const flash::bf16*>(qkv), T, NH,
         flash::softmax_scale_log2());
     CUDA_CHECK_LAUNCH();
@@ -616,21 +615,20 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     const size_t rows = flash_attention_lse_floats(B, T, NH);
     float* delta = scratch;
     float* dq_share = scratch + (rows + 3) / 4 * 4;
-    flash::flash_attention_delta_kernel<<<unsigned(ceil_div<size_t>(rows, 256)), 256, 0, env.stream>>>(
+    LLMC_LAUNCH(unsigned(ceil_div<size_t>(rows, 256)), 256, 0, env.stream, flash::flash_attention_delta_kernel)(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
     CUDA_CHECK_LAUNCH();
     const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));
-    CUDA_CHECK(cudaFuncSetAttribute(flash::flash_attention_backward_kv_kernel,
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(flash::flash_attention_backward_kv_kernel),
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(flash::kBackwardSmem)));
-    flash::flash_attention_backward_kv_kernel<<<grid, flash::kThreads, flash::kBackwardSmem, env.stream>>>(
+    LLMC_LAUNCH(grid, flash::kThreads, flash::kBackwardSmem, env.stream, flash::flash_attention_backward_kv_kernel)(
         reinterpret_cast<bf16*>(dqkv), dq_share, reinterpret_cast<const bf16*>(qkv), reinterpret_cast<const bf16*>(dout),
         lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
     CUDA_CHECK_LAUNCH();
     const size_t threads = rows * (flash::kHeadSize / 8);
-    flash::flash_attention_dq_reduce_kernel<<<unsigned(ceil_div<size_t>(threads, 256)), 256, 0, env.stream>>>(
+    LLMC_LAUNCH(unsigned(ceil_div<size_t>(threads, 256)), 256, 0, env.stream, flash::flash_attention_dq_reduce_kernel)(
         reinterpret_cast<bf16*>(dqkv), dq_share, B, T, NH, flash::softmax_scale());
     CUDA_CHECK_LAUNCH();
 }
-#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -85,7 +85,6 @@ inline int fused_classifier_vec(const floatX* logits, int Vp) {
     return Vp % x128::size == 0 && aligned16(logits) ? x128::size : 1;
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // logits (N, Vp) -> losses (N); with write_dlogits the logits become d(loss)/d(logits) scaled by dloss.
 // targets (N) on the device; an out-of-range target gives a NaN loss (and no one-hot term).
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
@@ -94,16 +93,18 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
     const bool vec = fused_classifier_vec(logits, Vp) > 1;
     constexpr int kVec = x128::size;
     if (write_dlogits && vec)
-        fused_classifier_kernel<true, kVec><<<N, kClassifierBlock, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+        LLMC_LAUNCH(N, kClassifierBlock, 0, stream, fused_classifier_kernel<true, kVec>)(
+            logits, losses, targets, dloss, V, Vp);
     else if (write_dlogits)
-        fused_classifier_kernel<true, 1><<<N, kClassifierBlock, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+        LLMC_LAUNCH(N, kClassifierBlock, 0, stream, fused_classifier_kernel<true, 1>)(
+            logits, losses, targets, dloss, V, Vp);
     else if (vec)
-        fused_classifier_kernel<false, kVec><<<N, kClassifierBlock, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+        LLMC_LAUNCH(N, kClassifierBlock, 0, stream, fused_classifier_kernel<false, kVec>)(
+            logits, losses, targets, dloss, V, Vp);
     else
-        fused_classifier_kernel<false, 1><<<N, kClassifierBlock, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+        LLMC_LAUNCH(N, kClassifierBlock, 0, stream, fused_classifier_kernel<false, 1>)(
+            logits, losses, targets, dloss, V, Vp);
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -42,15 +42,15 @@ __global__ void gelu_backward_inplace_kernel(floatX* dinout, const floatX* inp, 
     }
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out = gelu(inp), n elements (out may equal inp).
 inline void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
     if (n == 0) return;
     constexpr int block = 256;
     if (n % x128::size == 0 && aligned16(out) && aligned16(inp)) {
-        gelu_forward_kernel<true><<<grid_stride_blocks(n / x128::size, block), block, 0, stream>>>(out, inp, n);
+        LLMC_LAUNCH(grid_stride_blocks(n / x128::size, block), block, 0, stream, gelu_forward_kernel<true>)(
+            out, inp, n);
     } else {
-        gelu_forward_kernel<false><<<grid_stride_blocks(n, block), block, 0, stream>>>(out, inp, n);
+        LLMC_LAUNCH(grid_stride_blocks(n, block), block, 0, stream, gelu_forward_kernel<false>)(out, inp, n);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -60,13 +60,13 @@ inline void gelu_backward_inplace(floatX* dinout, const floatX* inp, size_t n, c
     if (n == 0) return;
     constexpr int block = 256;
     if (n % x128::size == 0 && aligned16(dinout) && aligned16(inp)) {
-        gelu_backward_inplace_kernel<true><<<grid_stride_blocks(n / x128::size, block), block, 0, stream>>>(dinout, inp, n);
+        LLMC_LAUNCH(grid_stride_blocks(n / x128::size, block), block, 0, stream, gelu_backward_inplace_kernel<true>)(
+            dinout, inp, n);
     } else {
-        gelu_backward_inplace_kernel<false><<<grid_stride_blocks(n, block), block, 0, stream>>>(dinout, inp, n);
+        LLMC_LAUNCH(grid_stride_blocks(n, block), block, 0, stream, gelu_backward_inplace_kernel<false>)(
+            dinout, inp, n);
     }
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -36,13 +36,12 @@ __global__ void norm_squared_final_kernel(double* out, const float* partials, in
 // Scratch for global_norm_squared: kNormBlocks floats + one double (as floats, 8-byte aligned).
 inline constexpr size_t kNormScratchFloats = kNormBlocks + 2;
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // Enqueues the sum of squares of g[0..n) into *out_device (a double inside `scratch`, returned).
 inline double* global_norm_squared_async(float* scratch, const float* g, size_t n, cudaStream_t stream) {
     double* out = reinterpret_cast<double*>(scratch + kNormBlocks);  // kNormBlocks is even: 8-byte aligned
-    norm_squared_partial_kernel<<<kNormBlocks, kNormThreads, 0, stream>>>(scratch, g, n);
+    LLMC_LAUNCH(kNormBlocks, kNormThreads, 0, stream, norm_squared_partial_kernel)(scratch, g, n);
     CUDA_CHECK_LAUNCH();
-    norm_squared_final_kernel<<<1, 1024, 0, stream>>>(out, scratch, kNormBlocks);
+    LLMC_LAUNCH(1, 1024, 0, stream, norm_squared_final_kernel)(out, scratch, kNormBlocks);
     CUDA_CHECK_LAUNCH();
     return out;
 }
@@ -55,8 +54,6 @@ inline double global_norm(float* scratch, const float* g, size_t n, cudaStream_t
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return std::sqrt(host);
 }
-
-#endif  // __CUDACC__
 
 // CPU mirror of the exact reduction order (for the checker): same grid, same per-thread order; the block and
 // final trees are reproduced by the same butterfly pattern.

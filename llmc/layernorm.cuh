@@ -110,7 +110,6 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean_out, float* rs
     }
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 template <bool kResidual>
 inline void launch_layernorm_forward(floatX* out, float* mean, float* rstd, floatX* residual, const floatX* inp1,
                                      const floatX* inp2, const floatX* weight, const floatX* bias, int N, int C,
@@ -120,7 +119,8 @@ inline void launch_layernorm_forward(floatX* out, float* mean, float* rstd, floa
     const bool aligned = aligned16(out) && aligned16(inp1) && aligned16(weight) && aligned16(bias) &&
                          (!kResidual || (aligned16(residual) && aligned16(inp2)));
     auto launch = [&](auto kernel) {
-        kernel<<<blocks, kLayerNormBlock, 0, stream>>>(out, mean, rstd, residual, inp1, inp2, weight, bias, N, C);
+        LLMC_LAUNCH(blocks, kLayerNormBlock, 0, stream, kernel)(
+            out, mean, rstd, residual, inp1, inp2, weight, bias, N, C);
     };
     switch (layernorm_lane_vecs(C, aligned)) {
         case 1: launch(layernorm_forward_kernel<kResidual, 1>); break;
@@ -146,22 +146,17 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     launch_layernorm_forward<true>(out, mean, rstd, residual, inp1, inp2, weight, bias, N, C, stream);
 }
 
-#endif  // __CUDACC__
-
 // Elementwise residual add (no LayerNorm): out = a + b.
 __global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         out[i] = from_float<floatX>(to_float(a[i]) + to_float(b[i]));
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 inline void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    residual_forward_kernel<<<grid_stride_blocks(n, 256), 256, 0, stream>>>(out, a, b, n);
+    LLMC_LAUNCH(grid_stride_blocks(n, 256), 256, 0, stream, residual_forward_kernel)(out, a, b, n);
     CUDA_CHECK_LAUNCH();
 }
-
-#endif  // __CUDACC__
 
 __global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
                                                const floatX* weight, const float* mean, const float* rstd, int N,
@@ -264,7 +259,6 @@ struct LayerNormParamGrad {
 
 inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_reduce_scratch_floats(N, C, 2); }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // dinp (N,C) += dx; dweight, dbias (C, fp32) += parameter gradients. dinp must not alias dout.
 // scratch: layernorm_backward_scratch_floats(N, C) floats.
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
@@ -275,7 +269,7 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
     const unsigned blocks = unsigned(ceil_div(N, rows_per_block));
     const bool aligned = aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
     auto launch = [&](auto kernel) {
-        kernel<<<blocks, kLayerNormBlock, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+        LLMC_LAUNCH(blocks, kLayerNormBlock, 0, stream, kernel)(dinp, dout, inp, weight, mean, rstd, N, C);
     };
     switch (layernorm_lane_vecs(C, aligned)) {
         case 1: launch(layernorm_backward_dinp_vec_kernel<1>); break;
@@ -289,7 +283,5 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
     column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
                      stream);
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

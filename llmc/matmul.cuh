@@ -101,7 +101,6 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f,
                const floatX* dgelu_input = nullptr);
 
-#ifdef __CUDACC__  // the separate kernels launch with nvcc only
 // The epilogues' work without cuBLASLt's fusion: the product (with the bias epilogue alone where that can
 // still be fused), then the bias, GELU or GELU-backward kernels. matmul_lt takes this path by itself whenever
 // cuBLASLt cannot fuse (alignment, or no algorithm), so every epilogue request has one answer.
@@ -113,13 +112,13 @@ inline void matmul_lt_unfused(const CudaEnv& env, floatX* d, const floatX* a, co
     matmul_lt<floatX>(env, product, a, b, bias_fusable ? bias : nullptr, m, n, k, transA, transB, accumulate, 1, 0, 0, 0,
                       nullptr, alpha);
     if (bias && !bias_fusable) {
-        add_bias_kernel<<<grid_stride_blocks(size_t(m) * n, 256), 256, 0, env.stream>>>(product, bias, size_t(n), m);
+        LLMC_LAUNCH(grid_stride_blocks(size_t(m) * n, 256), 256, 0, env.stream, add_bias_kernel)(
+            product, bias, size_t(n), m);
         CUDA_CHECK_LAUNCH();
     }
     if (pre_gelu) gelu_forward(d, pre_gelu, size_t(m) * n, env.stream);
     if (dgelu_input) gelu_backward_inplace(d, dgelu_input, size_t(m) * n, env.stream);
 }
-#endif
 
 // Column-major: D (m x n, ld m) = alpha * op(A) (m x k) * op(B) (k x n) [+ D if accumulate] [+ bias (m)]
 // [then GELU, with the pre-GELU values written to pre_gelu (m x n, ld m)]
@@ -141,14 +140,12 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
     LLMC_CHECK(!(pre_gelu && (accumulate || batch > 1)), "matmul_lt: the GELU epilogue takes no accumulation or batch");
     LLMC_CHECK(!(bias && batch > 1), "matmul_lt: the bias epilogue takes no batch");
     const bool wants_epilogue = bias || pre_gelu || dgelu_input;
-#ifdef __CUDACC__
     if constexpr (std::is_same_v<TD, floatX>) {
         if (wants_epilogue && !lt_epilogue_ok(d, bias, pre_gelu ? pre_gelu : dgelu_input, m)) {
             matmul_lt_unfused(env, d, a, b, bias, m, n, k, transA, transB, accumulate, pre_gelu, alpha, dgelu_input);
             return;
         }
     }
-#endif
     detail::LtDescs desc;
     const cublasComputeType_t compute =
         (kFloatXIsFloat && env.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -221,14 +218,12 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
         else if (st != CUBLAS_STATUS_SUCCESS) cublas_fail(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
         cache.emplace(key, detail::LtChoice{found, heuristic});
     }
-#ifdef __CUDACC__
     if constexpr (std::is_same_v<TD, floatX>) {
         if (found == 0 && wants_epilogue) {  // no fused kernel for this problem
             matmul_lt_unfused(env, d, a, b, bias, m, n, k, transA, transB, accumulate, pre_gelu, alpha, dgelu_input);
             return;
         }
     }
-#endif
     if (found == 0 && epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
         // No cuBLASLt kernel for this problem (an unusual alignment): the classic cuBLAS GEMM takes it.
         const float beta0 = accumulate ? 1.0f : 0.0f;
@@ -254,7 +249,6 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                   dgelu_input);
 }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be nullptr).
 // With pre_gelu: pre_gelu = inp @ weight^T + bias and out = gelu(pre_gelu); the GELU is a cuBLASLt epilogue when
 // fuse_gelu (matmul_lt falls back to gelu_forward by itself where cuBLASLt cannot fuse), else gelu_forward.
@@ -264,8 +258,6 @@ inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, c
     if (pre_gelu && !fuse_gelu) matmul_lt_unfused(env, out, weight, inp, bias, g.m, g.n, g.k, g.ta, g.tb, false, pre_gelu, 1.0f, nullptr);
     else matmul_lt<floatX>(env, out, weight, inp, bias, g, false, pre_gelu);
 }
-
-#endif  // __CUDACC__
 
 struct BiasGrad {
     const floatX* dout;
@@ -287,7 +279,6 @@ struct BiasGrad {
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }
 
-#ifdef __CUDACC__  // launches compile with nvcc only (dev/cuda/block_emulator.h includes this header in g++)
 // Given dout (N,OC) of out = inp (N,C) @ weight (OC,C)^T + bias:
 //   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
 //   dweight (OC,C, fp32) += dout^T @ inp     (accumulated: gradient accumulation over micro-steps)
@@ -306,7 +297,5 @@ inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, fl
     if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
     if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
 }
-
-#endif  // __CUDACC__
 
 }  // namespace llmc

@@ -25,6 +25,10 @@
 // as on the GPU). Static `__shared__` variables declared inside kernels become one object for the whole block
 // (`__shared__` is redefined below), filled with 0xff bytes before every block as a test should fill the
 // dynamic array.
+// Whole programs: host code launches through LLMC_LAUNCH (llmc/cuda_common.cuh), which here becomes emu::launch
+// below (every block of the grid, run before the call returns). With dev/cuda/emu_runtime.cpp, emu_cublas.cpp
+// and emu_nccl.cpp standing in for the CUDA runtime, cuBLASLt/cuBLAS and NCCL, train_gpt.cu and the GPU tests
+// build with g++ (`-include dev/cuda/block_emulator.h`, the Makefile's `emu` target) and run on the CPU.
 // Compile with -I/usr/local/cuda/include -Wno-attributes (the __device__-style attributes are ignored by g++).
 #pragma once
 #include <cuda_runtime.h>
@@ -38,6 +42,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace emu {
@@ -56,12 +61,13 @@ enum class Order { Forward, Reverse, Shuffled, WarpSerial };
 
 // Fiber switching. On x86-64 a stack switch that saves only the callee-saved registers and the FP control
 // words (glibc's swapcontext also saves the signal mask: two system calls per switch, ~20x slower); elsewhere
-// ucontext.
+// ucontext. The symbol is weak: every translation unit that includes this header defines it (a program whose
+// emulated kernels live in several files links them all).
 #if defined(__x86_64__)
 extern "C" void emu_switch_stack(void** save_sp, void* load_sp);
 asm(R"(
     .text
-    .globl emu_switch_stack
+    .weak emu_switch_stack
     .type emu_switch_stack, @function
 emu_switch_stack:
     pushq %rbp
@@ -452,6 +458,97 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
     wait_at(BlockState::Wait::Warp);
 }
 
+// ---- whole launches: LLMC_LAUNCH (llmc/cuda_common.cuh) ------------------------------------------------------
+// Under the emulator LLMC_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...) runs every block of the
+// grid, one after another, before returning (streams are synchronous), so host code written for the GPU (the
+// kernels' host wrappers, the model, the trainer) runs unchanged on the CPU with dev/cuda/emu_runtime.cpp as
+// its CUDA runtime. A launch the GPU would refuse (an empty grid, too many threads, more dynamic shared memory
+// than the kernel was allowed) runs nothing and leaves the error cudaGetLastError() then reports.
+
+// The thread order every launch runs its blocks in (tests may vary it, as for run_block).
+struct LaunchSettings {
+    Order order = Order::Forward;
+    uint32_t seed = 1234;
+};
+inline LaunchSettings& launch_settings() {
+    static LaunchSettings s;
+    return s;
+}
+// The sticky error of the last refused launch (cudaGetLastError returns and clears it).
+inline cudaError_t& launch_error() {
+    static cudaError_t e = cudaSuccess;
+    return e;
+}
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), per kernel address; a
+// kernel without an entry may take the default 48 KiB.
+inline std::vector<std::pair<const void*, size_t>>& dynamic_shared_limits() {
+    static std::vector<std::pair<const void*, size_t>> limits;
+    return limits;
+}
+inline size_t dynamic_shared_limit(const void* kernel) {
+    for (const auto& [k, bytes] : dynamic_shared_limits())
+        if (k == kernel) return bytes;
+    return 48 * 1024;
+}
+// The dynamic shared memory arrays (EMU_DEFINE_SHARED registers each): a launch fills the bytes it asked for
+// with 0xff before every block, as the tests do by hand for run_block.
+inline std::vector<std::pair<void*, size_t>>& dynamic_shared_arrays() {
+    static std::vector<std::pair<void*, size_t>> arrays;
+    return arrays;
+}
+inline bool register_dynamic_shared(void* array, size_t bytes) {
+    dynamic_shared_arrays().emplace_back(array, bytes);
+    return true;
+}
+
+inline Dim3 launch_dim(const dim3& d) { return Dim3{d.x, d.y, d.z}; }
+template <class T>
+Dim3 launch_dim(T n) {
+    static_assert(std::is_integral_v<T>, "a grid or block size is an integer or a dim3");
+    return Dim3{unsigned(n), 1, 1};
+}
+
+template <class Kernel>
+struct Launch {
+    Dim3 grid, block;
+    size_t shared_bytes;
+    Kernel* kernel;
+    const char* name;
+
+    template <class... Args>
+    void operator()(Args... args) const {
+        const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+        if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || threads == 0 ||
+            threads > 1024 || block.z > 64) {
+            launch_error() = cudaErrorInvalidConfiguration;
+            return;
+        }
+        if (shared_bytes > dynamic_shared_limit(reinterpret_cast<const void*>(kernel))) {
+            launch_error() = cudaErrorInvalidValue;
+            return;
+        }
+        if (threads % 32 != 0) {
+            std::fprintf(stderr, "block emulator: %s launched with %llu threads per block; only whole warps are emulated\n",
+                         name, static_cast<unsigned long long>(threads));
+            std::abort();
+        }
+        const LaunchSettings settings = launch_settings();
+        for (unsigned z = 0; z < grid.z; z++)
+            for (unsigned y = 0; y < grid.y; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    for (const auto& [array, bytes] : dynamic_shared_arrays())
+                        std::memset(array, 0xff, std::min(bytes, shared_bytes));
+                    run_block(block, Dim3{x, y, z}, grid, settings.order, settings.seed, [&] { kernel(args...); });
+                }
+    }
+};
+
+template <class Grid, class Block, class Kernel>
+Launch<Kernel> launch(const Grid& grid, const Block& block, size_t shared_bytes, cudaStream_t, Kernel* kernel,
+                      const char* name) {
+    return Launch<Kernel>{launch_dim(grid), launch_dim(block), shared_bytes, kernel, name};
+}
+
 }  // namespace emu
 
 // Kernel headers test this to route warp-level matrix instructions (mma.sync) to the emulation above.
@@ -478,9 +575,10 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
 namespace emu {
 [[gnu::noinline]] inline float4 shared_init() { return float4{0.0f, 0.0f, 0.0f, 0.0f}; }
 }  // namespace emu
-#define EMU_DEFINE_SHARED(ns, name)                                                         \
-    namespace ns {                                                                          \
-    thread_local float4 name[(228 * 1024) / sizeof(float4)] = {::emu::shared_init()};       \
+#define EMU_DEFINE_SHARED(ns, name)                                                                  \
+    namespace ns {                                                                                   \
+    thread_local float4 name[(228 * 1024) / sizeof(float4)] = {::emu::shared_init()};                \
+    [[maybe_unused]] inline const bool name##_emu_registered = ::emu::register_dynamic_shared(name, sizeof(name)); \
     }
 #define EMU_SHARED_BYTES (228 * 1024)
 
