@@ -4,8 +4,9 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 
 - fp32 build: per-step losses and gradient norms of AdamW and DeMo, 1 rank and 2 ranks (the NCCL transport's
   code over MPI), match ./train_gpt_cpu to summation-order noise, and the byte counters match exactly; so do
-  DeMo's 1-bit and bf16 values, 12-bit indices, EMA momentum and non-64 chunk shapes (2 ranks);
-  LLMC_TRANSPORT=mpi (buckets and gradients through pinned host memory) gives the NCCL path's losses.
+  DeMo's 1-bit and bf16 values, 12-bit indices, EMA momentum and non-64 chunk shapes (2 ranks), and, with
+  gradient accumulation, the validation losses and the text samples; LLMC_TRANSPORT=mpi (buckets and
+  gradients through pinned host memory) gives the NCCL path's losses.
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
@@ -59,10 +60,10 @@ def run(trainer, name, args, ranks=None, env=None):
     return metrics(out)
 
 
-def metrics(out):
+def metrics(out, kind="train"):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [r for r in rows if r.get("type") == "train"]
+    return [r for r in rows if r.get("type") == kind]
 
 
 def close(a, b, key, rel):
@@ -103,6 +104,20 @@ def main():
         staged = run(EMU["fp32"], f"fp32-{opt}-2-mpi", steps + ["--optimizer", opt], ranks=2,
                      env={"LLMC_TRANSPORT": "mpi"})
         compare(f"fp32 {opt}, 2 ranks, LLMC_TRANSPORT=mpi vs NCCL transport", staged, emu2, "loss", 1e-6)
+
+    # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
+    # losses and samples (same logits to rounding, same sampling RNG) are the CPU trainer's.
+    extras = steps + ["--total_batch_size", "256", "--val_every", "2", "--val_batches", "2", "--sample_every", "2",
+                      "--sample_tokens", "12"]
+    cpu = run(CPU, "cpu-extras", extras)
+    emu = run(EMU["fp32"], "fp32-extras", extras)
+    compare("fp32, 2 micro-steps per step, vs CPU trainer", emu, cpu, "loss", 2e-5)
+    vals = [metrics(os.path.join(TMP, n), "val") if r else None for n, r in (("fp32-extras", emu), ("cpu-extras", cpu))]
+    compare("fp32 validation losses vs CPU trainer", vals[0], vals[1], "val_loss", 2e-5)
+    texts = [[x["text"] for x in metrics(os.path.join(TMP, n), "sample")] if r else None
+             for n, r in (("fp32-extras", emu), ("cpu-extras", cpu))]
+    check(texts[0] is not None and len(texts[0]) == 2 and texts[0] == texts[1],
+          f"fp32 text samples at steps 2 and 4 are the CPU trainer's ({texts[0]!r})")
 
     # DeMo's other wire formats, momentum rule and awkward chunk shapes (--demo_chunk 48: 32 x 48 and 48 x 48
     # chunks of the 64-wide and 50304-row tensors), 2 ranks: the GPU kernels against the CPU module.
