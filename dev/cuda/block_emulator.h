@@ -45,6 +45,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "dev/cuda/emu_streams.h"
+
 namespace emu {
 
 struct Dim3 {
@@ -459,11 +461,12 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
 }
 
 // ---- whole launches: LLMC_LAUNCH (llmc/cuda_common.cuh) ------------------------------------------------------
-// Under the emulator LLMC_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...) runs every block of the
-// grid, one after another, before returning (streams are synchronous), so host code written for the GPU (the
-// kernels' host wrappers, the model, the trainer) runs unchanged on the CPU with dev/cuda/emu_runtime.cpp as
-// its CUDA runtime. A launch the GPU would refuse (an empty grid, too many threads, more dynamic shared memory
-// than the kernel was allowed) runs nothing and leaves the error cudaGetLastError() then reports.
+// Under the emulator LLMC_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...) queues the launch on its
+// stream (emu::submit, emu_streams.h; the arguments are copied, as a GPU launch copies them) and, when the
+// stream runs, runs every block of the grid one after another, so host code written for the GPU (the kernels'
+// host wrappers, the model, the trainer) runs unchanged on the CPU with dev/cuda/emu_runtime.cpp as its CUDA
+// runtime. A launch the GPU would refuse (an empty grid, too many threads, more dynamic shared memory than the
+// kernel was allowed) is refused at once: nothing runs, and cudaGetLastError() reports the error.
 
 // The thread order every launch runs its blocks in (tests may vary it, as for run_block).
 struct LaunchSettings {
@@ -512,6 +515,7 @@ template <class Kernel>
 struct Launch {
     Dim3 grid, block;
     size_t shared_bytes;
+    cudaStream_t stream;
     Kernel* kernel;
     const char* name;
 
@@ -533,20 +537,23 @@ struct Launch {
             std::abort();
         }
         const LaunchSettings settings = launch_settings();
-        for (unsigned z = 0; z < grid.z; z++)
-            for (unsigned y = 0; y < grid.y; y++)
-                for (unsigned x = 0; x < grid.x; x++) {
-                    for (const auto& [array, bytes] : dynamic_shared_arrays())
-                        std::memset(array, 0xff, std::min(bytes, shared_bytes));
-                    run_block(block, Dim3{x, y, z}, grid, settings.order, settings.seed, [&] { kernel(args...); });
-                }
+        submit(stream, [launch = *this, settings, args...] {
+            for (unsigned z = 0; z < launch.grid.z; z++)
+                for (unsigned y = 0; y < launch.grid.y; y++)
+                    for (unsigned x = 0; x < launch.grid.x; x++) {
+                        for (const auto& [array, bytes] : dynamic_shared_arrays())
+                            std::memset(array, 0xff, std::min(bytes, launch.shared_bytes));
+                        run_block(launch.block, Dim3{x, y, z}, launch.grid, settings.order, settings.seed,
+                                  [&] { launch.kernel(args...); });
+                    }
+        });
     }
 };
 
 template <class Grid, class Block, class Kernel>
-Launch<Kernel> launch(const Grid& grid, const Block& block, size_t shared_bytes, cudaStream_t, Kernel* kernel,
+Launch<Kernel> launch(const Grid& grid, const Block& block, size_t shared_bytes, cudaStream_t stream, Kernel* kernel,
                       const char* name) {
-    return Launch<Kernel>{launch_dim(grid), launch_dim(block), shared_bytes, kernel, name};
+    return Launch<Kernel>{launch_dim(grid), launch_dim(block), shared_bytes, stream, kernel, name};
 }
 
 }  // namespace emu

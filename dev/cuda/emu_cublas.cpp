@@ -1,7 +1,8 @@
 // The cuBLASLt/cuBLAS subset that llmc/matmul.cuh (and CudaEnv in llmc/cuda_common.cuh) calls, computed on the
 // CPU, so the CUDA trainer and its tests run under the block emulator (dev/cuda/block_emulator.h) without a GPU:
 // host code links this file and OpenBLAS (-lopenblas) instead of -lcublasLt -lcublas. "Device memory" is host
-// memory and streams are synchronous, so every call does its work at once on the pointers it is given.
+// memory; a product is checked when called and runs in its stream's order (emu::submit, emu_streams.h), with
+// alpha and beta read at the call, as cuBLAS reads host scalars.
 // An independent reference: written from the cuBLASLt documentation, not from our kernels (the GELU below is
 // its own formula, not kernel_math.h's).
 //  - Column-major: element (i, j) of a matrix with leading dimension ld is at [i + j*ld]; D = alpha op(A) op(B)
@@ -15,6 +16,8 @@
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
+
+#include "dev/cuda/emu_streams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -373,7 +376,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               const void* A, cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
                               const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* /*algo*/, void* /*workspace*/,
-                              size_t /*workspaceSizeInBytes*/, cudaStream_t /*stream*/) {
+                              size_t /*workspaceSizeInBytes*/, cudaStream_t stream) {
     if (!lightHandle) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
     Gemm g{};
@@ -389,7 +392,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     g.b.p = B;
     g.c.p = C;
     g.d.p = D;
-    run_gemm(g);
+    emu::submit(stream, [g] { run_gemm(g); });
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -442,6 +445,6 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     g.b = {B, Btype, ldb, strideB};
     g.c = {C, Ctype, ldc, strideC};
     g.d = g.c;
-    run_gemm(g);
+    emu::submit(handle->stream, [g] { run_gemm(g); });
     return CUBLAS_STATUS_SUCCESS;
 }

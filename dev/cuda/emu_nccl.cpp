@@ -1,15 +1,23 @@
 // The NCCL calls of llmc/transport_nccl.cuh, served over MPI on the CPU for the emulated device (see
 // emu_runtime.cpp): "device" buffers are host memory there, so each collective is the matching blocking MPI
-// collective on a duplicate of MPI_COMM_WORLD. Ranks issue NCCL calls in the same order (NCCL requires it), so
-// running a group's calls one after another, as soon as each is issued, gives the group's result. With this,
+// collective on a duplicate of MPI_COMM_WORLD. A call first runs its stream's queued work (its input is then
+// what the GPU would read), exchanges the data at once into a private buffer (ranks issue NCCL calls in the same
+// order, as NCCL requires, so running a group's calls one after another gives the group's result), and queues
+// the delivery into the output buffer on the stream (emu_streams.h): a reader that does not wait for the
+// collective sees the old contents, as on a GPU. With this,
 // `mpirun -np 2 build/emu/train_gpt ...` runs the NCCL transport's code paths (size exchange, grouped
 // broadcasts, average all-reduce, byte counters) without a GPU. Without MPI (USE_MPI=0) only a world of one
 // can be set up.
 #include <nccl.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <unistd.h>
+#include <vector>
+
+#include "dev/cuda/emu_streams.h"
 
 #if defined(LLMC_USE_MPI)
 #include <mpi.h>
@@ -38,7 +46,6 @@ bool mpi_type(ncclDataType_t t, MPI_Datatype* out, size_t* bytes) {
         default: return false;  // half precision: not needed by the transport
     }
 }
-ncclResult_t mpi_result(int rc) { return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError; }
 #endif
 
 size_t type_bytes(ncclDataType_t t) {
@@ -121,61 +128,76 @@ ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     if (!comm || !send || !recv) return ncclInvalidArgument;
     if (op != ncclSum && op != ncclAvg && op != ncclMax) return ncclInvalidArgument;
     if (type != ncclFloat32 && type != ncclFloat64) return ncclInvalidArgument;  // what the transport sends
+    if (comm->nranks > 1 && count > size_t(0x7fffffff)) return ncclInvalidArgument;
+    emu::drain(stream);
     const size_t bytes = count * type_bytes(type);
-    if (send != recv) std::memcpy(recv, send, bytes);
-    if (comm->nranks > 1) {
+    auto result = std::make_shared<std::vector<char>>(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
 #if defined(LLMC_USE_MPI)
+    if (comm->nranks > 1) {
         MPI_Datatype mt;
         size_t b;
         mpi_type(type, &mt, &b);
-        const ncclResult_t r = mpi_result(
-            MPI_Allreduce(MPI_IN_PLACE, recv, int(count), mt, op == ncclMax ? MPI_MAX : MPI_SUM, comm->mpi));
-        if (r != ncclSuccess) return r;
-#endif
+        if (MPI_Allreduce(MPI_IN_PLACE, result->data(), int(count), mt, op == ncclMax ? MPI_MAX : MPI_SUM, comm->mpi) !=
+            MPI_SUCCESS)
+            return ncclSystemError;
     }
+#endif
     if (op == ncclAvg) {
         if (type == ncclFloat32) {
-            auto* v = static_cast<float*>(recv);
+            auto* v = reinterpret_cast<float*>(result->data());
             for (size_t i = 0; i < count; i++) v[i] /= float(comm->nranks);
         } else {
-            auto* v = static_cast<double*>(recv);
+            auto* v = reinterpret_cast<double*>(result->data());
             for (size_t i = 0; i < count; i++) v[i] /= double(comm->nranks);
         }
     }
+    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
     return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
     if (!comm || !recv || root < 0 || root >= comm->nranks || type_bytes(type) == 0) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
-    if (comm->rank == root && send != recv) std::memcpy(recv, send, bytes);
-    if (comm->nranks == 1 || bytes == 0) return ncclSuccess;
-#if defined(LLMC_USE_MPI)
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
-    return mpi_result(MPI_Bcast(recv, int(bytes), MPI_BYTE, root, comm->mpi));
+    if (comm->rank == root && !send) return ncclInvalidArgument;
+    emu::drain(stream);
+    auto result = std::make_shared<std::vector<char>>(bytes);
+    if (comm->rank == root && bytes) std::memcpy(result->data(), send, bytes);
+    if (comm->nranks > 1 && bytes > 0) {
+#if defined(LLMC_USE_MPI)
+        if (MPI_Bcast(result->data(), int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS) return ncclSystemError;
 #else
-    return ncclInvalidUsage;
+        return ncclInvalidUsage;
 #endif
+    }
+    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
+    return ncclSuccess;
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
     if (!comm || !send || !recv || type_bytes(type) == 0) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
-    char* mine = static_cast<char*>(recv) + size_t(comm->rank) * bytes;
-    if (send != mine) std::memmove(mine, send, bytes);
-    if (comm->nranks == 1 || bytes == 0) return ncclSuccess;
-#if defined(LLMC_USE_MPI)
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
-    return mpi_result(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, int(bytes), MPI_BYTE, comm->mpi));
+    emu::drain(stream);
+    auto result = std::make_shared<std::vector<char>>(bytes * size_t(comm->nranks));
+    if (bytes) std::memcpy(result->data() + size_t(comm->rank) * bytes, send, bytes);
+    if (comm->nranks > 1 && bytes > 0) {
+#if defined(LLMC_USE_MPI)
+        if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, result->data(), int(bytes), MPI_BYTE, comm->mpi) !=
+            MPI_SUCCESS)
+            return ncclSystemError;
 #else
-    return ncclInvalidUsage;
+        return ncclInvalidUsage;
 #endif
+    }
+    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
+    return ncclSuccess;
 }
 
 }  // extern "C"

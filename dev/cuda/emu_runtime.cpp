@@ -1,16 +1,24 @@
 // The CUDA runtime calls of the trainer, served on the CPU: with this file (and emu_cublas.cpp, emu_nccl.cpp)
 // in place of libcudart, libcublas(Lt) and libnccl, and dev/cuda/block_emulator.h running the kernels,
 // train_gpt.cu and the GPU tests build with g++ and run on a machine without a GPU (`make emu`). The device is
-// the CPU: "device memory" is host memory handed out by cudaMalloc, streams and events are synchronous (a
-// kernel or a copy is complete when its call returns), and there is one device, sm_90-like.
+// the CPU: "device memory" is host memory handed out by cudaMalloc, and there is one device, sm_90-like.
+//
+// Streams are queues (emu_streams.h): launches, asynchronous copies and memsets, products and collectives wait
+// in their stream until the host waits for it (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize,
+// cudaFree) or another stream waits for one of its events; then they run in order. The copies follow the CUDA
+// rules for what the host may assume: an asynchronous copy from pageable host memory takes its data when called,
+// one into pageable memory completes before returning (after the work queued before it on its stream), copies
+// and memsets that involve pinned or device memory only are queued, and a synchronous cudaMemcpy / cudaMemset
+// runs on the legacy stream, which does not wait for streams created with cudaStreamNonBlocking. So a missing
+// synchronization gives the stale data it would give on a GPU (in the worst order a GPU allows).
 //
 // What the GPU would refuse is refused here too, so host-side mistakes surface on the CPU: a copy or memset
 // whose device side is not inside one cudaMalloc allocation, or whose host side is (wrong cudaMemcpyKind),
 // fails with cudaErrorInvalidValue; freeing a pointer twice or one that was not allocated fails; launches are
 // checked by emu::Launch. Fresh allocations are filled with 0xff bytes (NaN in fp32 and bf16), as the GPU
 // promises nothing about them, so a read before the first write shows up as NaN. What it cannot catch: a
-// kernel touching host memory, and anything that depends on asynchrony (a host buffer reused before its copy
-// finished).
+// kernel touching host memory, host code touching device memory, and races between work that runs
+// concurrently on a GPU (two streams' kernels here run one after the other).
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the dynamic shared memory arrays below need its EMU_DEFINE_SHARED.
 #include <cuda_profiler_api.h>
@@ -19,8 +27,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
+#include <vector>
 
 // The kernels' dynamic shared memory (LLMC_DYNAMIC_SHARED): the DeMo kernels' and flash attention's.
 EMU_DEFINE_SHARED(demo, smem4)
@@ -108,9 +120,15 @@ bool side_ok(const void* p, size_t bytes, bool device) {
     return device ? is_device(p, bytes) : !touches_device(p, bytes);
 }
 
-cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-    if (bytes == 0) return cudaSuccess;
-    bool dst_dev = false, src_dev = false;
+bool is_pinned(const void* p, size_t bytes) {
+    std::lock_guard lock(allocations().mutex);
+    const Allocation* a = allocations().find(p, bytes);
+    return a && a->kind == Memory::pinned_host;
+}
+
+// Checks a copy's sides against its kind; tells which sides are device memory.
+cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, bool& dst_dev, bool& src_dev) {
+    dst_dev = src_dev = false;
     switch (kind) {
         case cudaMemcpyHostToHost: break;
         case cudaMemcpyHostToDevice: dst_dev = true; break;
@@ -123,26 +141,81 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) 
         default: return fail_with(cudaErrorInvalidMemcpyDirection);
     }
     if (!side_ok(dst, bytes, dst_dev) || !side_ok(src, bytes, src_dev)) return fail_with(cudaErrorInvalidValue);
-    std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
 
 cudaError_t set(void* p, int value, size_t bytes) {
     if (bytes == 0) return cudaSuccess;
     if (!is_device(p, bytes)) return fail_with(cudaErrorInvalidValue);
-    std::memset(p, value, bytes);
     return cudaSuccess;
 }
 
-// Streams and events are tokens; an event remembers when it was recorded.
+// A stream: the queue of work not yet run, and how many items were ever queued / have run (an event marks a
+// position in that sequence).
+struct Stream {
+    unsigned flags = 0;
+    std::deque<emu::StreamWork> queue;
+    uint64_t queued = 0, done = 0;
+};
+// Every live stream, the legacy (null) stream included, for cudaDeviceSynchronize.
+std::set<Stream*>& streams() {
+    static std::set<Stream*> all;
+    return all;
+}
+Stream* legacy_stream() {
+    static Stream* s = [] {
+        auto* legacy = new Stream{};
+        streams().insert(legacy);
+        return legacy;
+    }();
+    return s;
+}
+Stream* stream_of(cudaStream_t s) { return s ? reinterpret_cast<Stream*>(s) : legacy_stream(); }
+
+// Runs a stream's work until `position` items have run (its whole queue for UINT64_MAX).
+void run_until(Stream* s, uint64_t position) {
+    while (s->done < position && !s->queue.empty()) {
+        emu::StreamWork work = std::move(s->queue.front());
+        s->queue.pop_front();
+        s->done++;
+        work();
+    }
+}
+void run_all(Stream* s) { run_until(s, UINT64_MAX); }
+void run_device() {
+    for (bool again = true; again;) {  // work may make other streams wait: repeat until all are empty
+        again = false;
+        for (Stream* s : streams()) {
+            again = again || !s->queue.empty();
+            run_all(s);
+        }
+    }
+}
+void enqueue(cudaStream_t stream, emu::StreamWork&& work) {
+    Stream* s = stream_of(stream);
+    s->queue.push_back(std::move(work));
+    s->queued++;
+}
+// The legacy stream waits for the streams that are not non-blocking before its work runs.
+void run_legacy_dependencies() {
+    for (Stream* s : streams())
+        if (s != legacy_stream() && (s->flags & cudaStreamNonBlocking) == 0) run_all(s);
+    run_all(legacy_stream());
+}
+void drain_stream(cudaStream_t stream) { run_all(stream_of(stream)); }
+const bool kQueuesInstalled = (emu::stream_submit() = &enqueue, emu::stream_drain() = &drain_stream, true);
+
+// An event: a position in one stream's sequence, and when the work before it finished (for elapsed times).
 struct Event {
+    Stream* stream = nullptr;
+    uint64_t position = 0;
     std::chrono::steady_clock::time_point when{};
     bool recorded = false;
     bool timing = true;
 };
-struct Stream {
-    unsigned flags = 0;
-};
+void run_to_event(const Event* e) {
+    if (e->stream) run_until(e->stream, e->position);
+}
 
 constexpr int kSharedOptin = 227 * 1024;  // an H100's opt-in limit per block
 
@@ -151,17 +224,53 @@ constexpr int kSharedOptin = 227 * 1024;  // an H100's opt-in limit per block
 extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, Memory::device); }
-cudaError_t cudaFree(void* p) { return release(p, Memory::device); }
+cudaError_t cudaFree(void* p) {
+    run_device();  // cudaFree waits for the device
+    return release(p, Memory::device);
+}
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, Memory::pinned_host); }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return allocate(p, bytes, Memory::pinned_host); }
-cudaError_t cudaFreeHost(void* p) { return release(p, Memory::pinned_host); }
-
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) { return copy(dst, src, bytes, kind); }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-    return copy(dst, src, bytes, kind);
+cudaError_t cudaFreeHost(void* p) {
+    run_device();
+    return release(p, Memory::pinned_host);
 }
-cudaError_t cudaMemset(void* p, int value, size_t bytes) { return set(p, value, bytes); }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return set(p, value, bytes); }
+
+// On the legacy stream; returns when the copy is done.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    bool dst_dev, src_dev;
+    if (bytes == 0) return cudaSuccess;
+    if (const cudaError_t e = check_copy(dst, src, bytes, kind, dst_dev, src_dev); e != cudaSuccess) return e;
+    run_legacy_dependencies();
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    bool dst_dev, src_dev;
+    if (bytes == 0) return cudaSuccess;
+    if (const cudaError_t e = check_copy(dst, src, bytes, kind, dst_dev, src_dev); e != cudaSuccess) return e;
+    const bool dst_pageable = !dst_dev && !is_pinned(dst, bytes), src_pageable = !src_dev && !is_pinned(src, bytes);
+    if (dst_pageable) {  // into pageable memory: complete (after the stream's earlier work) before returning
+        run_all(stream_of(stream));
+        std::memmove(dst, src, bytes);
+    } else if (src_pageable) {  // from pageable memory: the data is taken now, written in stream order
+        auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+        enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    } else {
+        enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+    if (const cudaError_t e = set(p, value, bytes); e != cudaSuccess) return e;
+    run_legacy_dependencies();
+    std::memset(p, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+    if (const cudaError_t e = set(p, value, bytes); e != cudaSuccess) return e;
+    if (bytes) enqueue(stream, [p, value, bytes] { std::memset(p, value, bytes); });
+    return cudaSuccess;
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     struct sysinfo info {};
@@ -194,7 +303,10 @@ cudaError_t cudaGetDevice(int* device) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail_with(cudaErrorInvalidDevice); }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+    run_device();
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     if (!prop || device != 0) return fail_with(cudaErrorInvalidValue);
@@ -274,31 +386,35 @@ const char* cudaGetErrorString(cudaError_t e) {
     }
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-    if (!s) return fail_with(cudaErrorInvalidValue);
-    *s = reinterpret_cast<cudaStream_t>(new Stream{});
-    return cudaSuccess;
-}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
     if (!s) return fail_with(cudaErrorInvalidValue);
-    *s = reinterpret_cast<cudaStream_t>(new Stream{flags});
+    auto* stream = new Stream{};
+    stream->flags = flags;
+    streams().insert(stream);
+    *s = reinterpret_cast<cudaStream_t>(stream);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s) return fail_with(cudaErrorInvalidResourceHandle);
-    delete reinterpret_cast<Stream*>(s);
+    Stream* stream = stream_of(s);
+    run_all(stream);  // the GPU finishes a destroyed stream's work
+    streams().erase(stream);
+    delete stream;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
-    return e ? cudaSuccess : fail_with(cudaErrorInvalidResourceHandle);
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    run_all(stream_of(s));
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    if (!e) return fail_with(cudaErrorInvalidResourceHandle);
+    const Event marker = *reinterpret_cast<Event*>(e);  // the event's position now, not at a later re-record
+    enqueue(s, [marker] { run_to_event(&marker); });
+    return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-    if (!e) return fail_with(cudaErrorInvalidValue);
-    *e = reinterpret_cast<cudaEvent_t>(new Event{});
-    return cudaSuccess;
-}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
     if (!e) return fail_with(cudaErrorInvalidValue);
     auto* ev = new Event{};
@@ -311,20 +427,28 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete reinterpret_cast<Event*>(e);
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return fail_with(cudaErrorInvalidResourceHandle);
     auto* ev = reinterpret_cast<Event*>(e);
-    ev->when = std::chrono::steady_clock::now();
+    ev->stream = stream_of(s);
     ev->recorded = true;
+    enqueue(s, [ev] { ev->when = std::chrono::steady_clock::now(); });  // the time the work before it finished
+    ev->position = ev->stream->queued;
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : fail_with(cudaErrorInvalidResourceHandle); }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : fail_with(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) return fail_with(cudaErrorInvalidResourceHandle);
+    run_to_event(reinterpret_cast<Event*>(e));
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
     if (!ms || !start || !stop) return fail_with(cudaErrorInvalidValue);
     const auto* a = reinterpret_cast<Event*>(start);
     const auto* b = reinterpret_cast<Event*>(stop);
     if (!a->timing || !b->timing || !a->recorded || !b->recorded) return fail_with(cudaErrorInvalidResourceHandle);
+    run_to_event(a);
+    run_to_event(b);
     *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
     return cudaSuccess;
 }
