@@ -48,6 +48,13 @@ bool mpi_type(ncclDataType_t t, MPI_Datatype* out, size_t* bytes) {
 }
 #endif
 
+// Runs `exchange` as device work at the current end of `stream`'s queue, before returning: it reads the
+// collective's input where the GPU would, after the work queued before it.
+void exchange_now(cudaStream_t stream, const std::function<void()>& exchange) {
+    emu::submit(stream, exchange);
+    emu::drain(stream);
+}
+
 size_t type_bytes(ncclDataType_t t) {
     switch (t) {
         case ncclInt8: case ncclUint8: return 1;
@@ -133,19 +140,23 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     if (op != ncclSum && op != ncclAvg && op != ncclMax) return ncclInvalidArgument;
     if (type != ncclFloat32 && type != ncclFloat64) return ncclInvalidArgument;  // what the transport sends
     if (comm->nranks > 1 && count > size_t(0x7fffffff)) return ncclInvalidArgument;
-    emu::drain(stream);
     const size_t bytes = count * type_bytes(type);
-    auto result = std::make_shared<std::vector<char>>(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+    auto result = std::make_shared<std::vector<char>>(bytes);
+    ncclResult_t status = ncclSuccess;
+    exchange_now(stream, [&] {
+        std::memcpy(result->data(), send, bytes);
 #if defined(LLMC_USE_MPI)
-    if (comm->nranks > 1) {
-        MPI_Datatype mt;
-        size_t b;
-        mpi_type(type, &mt, &b);
-        if (MPI_Allreduce(MPI_IN_PLACE, result->data(), int(count), mt, op == ncclMax ? MPI_MAX : MPI_SUM, comm->mpi) !=
-            MPI_SUCCESS)
-            return ncclSystemError;
-    }
+        if (comm->nranks > 1) {
+            MPI_Datatype mt;
+            size_t b;
+            mpi_type(type, &mt, &b);
+            if (MPI_Allreduce(MPI_IN_PLACE, result->data(), int(count), mt, op == ncclMax ? MPI_MAX : MPI_SUM,
+                              comm->mpi) != MPI_SUCCESS)
+                status = ncclSystemError;
+        }
 #endif
+    });
+    if (status != ncclSuccess) return status;
     if (op == ncclAvg) {
         if (type == ncclFloat32) {
             auto* v = reinterpret_cast<float*>(result->data());
@@ -165,16 +176,19 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
     const size_t bytes = count * type_bytes(type);
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
     if (comm->rank == root && !send) return ncclInvalidArgument;
-    emu::drain(stream);
-    auto result = std::make_shared<std::vector<char>>(bytes);
-    if (comm->rank == root && bytes) std::memcpy(result->data(), send, bytes);
-    if (comm->nranks > 1 && bytes > 0) {
-#if defined(LLMC_USE_MPI)
-        if (MPI_Bcast(result->data(), int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS) return ncclSystemError;
-#else
-        return ncclInvalidUsage;
+#if !defined(LLMC_USE_MPI)
+    if (comm->nranks > 1) return ncclInvalidUsage;
 #endif
-    }
+    auto result = std::make_shared<std::vector<char>>(bytes);
+    ncclResult_t status = ncclSuccess;
+    exchange_now(stream, [&] {
+        if (comm->rank == root && bytes) std::memcpy(result->data(), send, bytes);
+#if defined(LLMC_USE_MPI)
+        if (comm->nranks > 1 && bytes > 0 && MPI_Bcast(result->data(), int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
+            status = ncclSystemError;
+#endif
+    });
+    if (status != ncclSuccess) return status;
     emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
     return ncclSuccess;
 }
@@ -184,18 +198,21 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
     if (!comm || !send || !recv || type_bytes(type) == 0) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
-    emu::drain(stream);
-    auto result = std::make_shared<std::vector<char>>(bytes * size_t(comm->nranks));
-    if (bytes) std::memcpy(result->data() + size_t(comm->rank) * bytes, send, bytes);
-    if (comm->nranks > 1 && bytes > 0) {
-#if defined(LLMC_USE_MPI)
-        if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, result->data(), int(bytes), MPI_BYTE, comm->mpi) !=
-            MPI_SUCCESS)
-            return ncclSystemError;
-#else
-        return ncclInvalidUsage;
+#if !defined(LLMC_USE_MPI)
+    if (comm->nranks > 1) return ncclInvalidUsage;
 #endif
-    }
+    auto result = std::make_shared<std::vector<char>>(bytes * size_t(comm->nranks));
+    ncclResult_t status = ncclSuccess;
+    exchange_now(stream, [&] {
+        if (bytes) std::memcpy(result->data() + size_t(comm->rank) * bytes, send, bytes);
+#if defined(LLMC_USE_MPI)
+        if (comm->nranks > 1 && bytes > 0 &&
+            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, result->data(), int(bytes), MPI_BYTE, comm->mpi) !=
+                MPI_SUCCESS)
+            status = ncclSystemError;
+#endif
+    });
+    if (status != ncclSuccess) return status;
     emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
     return ncclSuccess;
 }

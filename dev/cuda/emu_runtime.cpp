@@ -16,13 +16,18 @@
 // whose device side is not inside one cudaMalloc allocation, or whose host side is (wrong cudaMemcpyKind),
 // fails with cudaErrorInvalidValue; freeing a pointer twice or one that was not allocated fails; launches are
 // checked by emu::Launch. Fresh allocations are filled with 0xff bytes (NaN in fp32 and bf16), as the GPU
-// promises nothing about them, so a read before the first write shows up as NaN. What it cannot catch: a
-// kernel touching host memory, host code touching device memory, and races between work that runs
-// concurrently on a GPU (two streams' kernels here run one after the other).
+// promises nothing about them, so a read before the first write shows up as NaN. Device memory is mapped
+// inaccessible (mprotect) except while device work runs, so host code that dereferences a device pointer
+// stops with a message naming the allocation, as it would crash with a GPU. What it cannot catch: a kernel
+// touching host memory, and races between work that runs concurrently on a GPU (two streams' kernels here run
+// one after the other).
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the dynamic shared memory arrays below need its EMU_DEFINE_SHARED.
 #include <cuda_profiler_api.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/sysinfo.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -42,7 +47,8 @@ namespace {
 
 enum class Memory { device, pinned_host };
 struct Allocation {
-    size_t bytes;
+    size_t bytes;   // as asked for
+    size_t mapped;  // whole pages, as mapped
     Memory kind;
 };
 
@@ -78,16 +84,65 @@ cudaError_t fail_with(cudaError_t e) {
     return e;
 }
 
+// Device memory is accessible only while device work runs (DeviceWork scopes nest).
+int& device_work_depth() {
+    static int depth = 0;
+    return depth;
+}
+void protect(uintptr_t base, const Allocation& a, bool accessible) {
+    if (a.kind == Memory::device)
+        mprotect(reinterpret_cast<void*>(base), a.mapped, accessible ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+struct DeviceWork {
+    DeviceWork() {
+        if (device_work_depth()++ == 0) set(true);
+    }
+    ~DeviceWork() {
+        if (--device_work_depth() == 0) set(false);
+    }
+    static void set(bool accessible) {
+        std::lock_guard lock(allocations().mutex);
+        for (const auto& [base, a] : allocations().live) protect(base, a, accessible);
+    }
+};
+
+// A fault inside device memory is host code dereferencing a device pointer: say so, then crash as before.
+void on_segfault(int sig, siginfo_t* info, void*) {
+    const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+    for (const auto& [base, a] : allocations().live)  // no lock: the process is about to end
+        if (a.kind == Memory::device && addr >= base && addr < base + a.mapped) {
+            char msg[256];
+            const int n = std::snprintf(msg, sizeof msg,
+                                        "emulated device: host code touched device memory at %p (offset %zu of a "
+                                        "%zu-byte cudaMalloc allocation); a GPU build crashes here too: copy it "
+                                        "with cudaMemcpy first\n",
+                                        info->si_addr, size_t(addr - base), a.bytes);
+            if (n > 0) (void)!write(2, msg, size_t(n));
+            break;
+        }
+    signal(sig, SIG_DFL);
+}
+const bool kSegfaultHandlerInstalled = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segfault;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGSEGV, &sa, nullptr) == 0;
+}();
+
 cudaError_t allocate(void** p, size_t bytes, Memory kind) {
     if (!p) return fail_with(cudaErrorInvalidValue);
     *p = nullptr;
     if (bytes == 0) return cudaSuccess;
-    const size_t rounded = (bytes + 255) & ~size_t(255);  // the GPU aligns allocations to at least 256 bytes
-    void* mem = std::aligned_alloc(256, rounded);
-    if (!mem) return fail_with(cudaErrorMemoryAllocation);
-    std::memset(mem, 0xff, rounded);
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t mapped = (bytes + page - 1) / page * page;  // page-aligned, so also the GPU's 256-byte alignment
+    void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return fail_with(cudaErrorMemoryAllocation);
+    std::memset(mem, 0xff, mapped);
+    const Allocation a{bytes, mapped, kind};
     std::lock_guard lock(allocations().mutex);
-    allocations().live[reinterpret_cast<uintptr_t>(mem)] = Allocation{bytes, kind};
+    allocations().live[reinterpret_cast<uintptr_t>(mem)] = a;
+    if (device_work_depth() == 0) protect(reinterpret_cast<uintptr_t>(mem), a, false);
     *p = mem;
     return cudaSuccess;
 }
@@ -97,8 +152,9 @@ cudaError_t release(void* p, Memory kind) {
     std::lock_guard lock(allocations().mutex);
     auto it = allocations().live.find(reinterpret_cast<uintptr_t>(p));
     if (it == allocations().live.end() || it->second.kind != kind) return fail_with(cudaErrorInvalidValue);
+    const size_t mapped = it->second.mapped;
     allocations().live.erase(it);
-    std::free(p);
+    munmap(p, mapped);
     return cudaSuccess;
 }
 
@@ -174,6 +230,8 @@ Stream* stream_of(cudaStream_t s) { return s ? reinterpret_cast<Stream*>(s) : le
 
 // Runs a stream's work until `position` items have run (its whole queue for UINT64_MAX).
 void run_until(Stream* s, uint64_t position) {
+    if (s->done >= position || s->queue.empty()) return;
+    DeviceWork device;
     while (s->done < position && !s->queue.empty()) {
         emu::StreamWork work = std::move(s->queue.front());
         s->queue.pop_front();
@@ -241,6 +299,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     if (bytes == 0) return cudaSuccess;
     if (const cudaError_t e = check_copy(dst, src, bytes, kind, dst_dev, src_dev); e != cudaSuccess) return e;
     run_legacy_dependencies();
+    DeviceWork device;
     std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -251,6 +310,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     const bool dst_pageable = !dst_dev && !is_pinned(dst, bytes), src_pageable = !src_dev && !is_pinned(src, bytes);
     if (dst_pageable) {  // into pageable memory: complete (after the stream's earlier work) before returning
         run_all(stream_of(stream));
+        DeviceWork device;
         std::memmove(dst, src, bytes);
     } else if (src_pageable) {  // from pageable memory: the data is taken now, written in stream order
         auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
@@ -263,6 +323,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
     if (const cudaError_t e = set(p, value, bytes); e != cudaSuccess) return e;
     run_legacy_dependencies();
+    DeviceWork device;
     std::memset(p, value, bytes);
     return cudaSuccess;
 }
