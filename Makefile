@@ -53,6 +53,10 @@ CUDA_BINS := $(foreach s,$(CUDA_TEST_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s
 CUDA_INCLUDE ?= $(dir $(NVCC))../include
 EMU_SRCS := $(wildcard test/emu_*.cpp)
 EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
+# The CUDA trainer and GPU tests on the emulated device (rules below).
+EMU_PROGRAMS := train_gpt $(basename $(notdir $(wildcard test/gpu_*.cu)))
+EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGRAMS:%=$(BUILD)/emu-fp32/%))
+EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o $(BUILD)/emu/obj/emu_nccl.o
 
 .PHONY: all test bench gpu-check clean cuda emu
 all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
@@ -124,9 +128,6 @@ $(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADER
 # dev/cuda/block_emulator.h running the kernels and dev/cuda/emu_{runtime,cublas,nccl}.cpp standing in for the
 # CUDA runtime, cuBLASLt/cuBLAS and NCCL (over MPI). build/emu/ holds the bf16 programs, build/emu-fp32/ the
 # fp32 ones; test/test_emulated_gpu.sh runs them against PyTorch and the CPU trainer.
-EMU_PROGRAMS := train_gpt $(basename $(notdir $(wildcard test/gpu_*.cu)))
-EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGRAMS:%=$(BUILD)/emu-fp32/%))
-EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o $(BUILD)/emu/obj/emu_nccl.o
 EMU_CXXFLAGS = $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas -Wno-maybe-uninitialized
 EMU_COMPILE = $(CXX) $(EMU_CXXFLAGS) -x c++ -include dev/cuda/block_emulator.h
 $(BUILD)/emu/obj/%.o: dev/cuda/%.cpp dev/cuda/block_emulator.h

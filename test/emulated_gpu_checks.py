@@ -10,6 +10,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
+- The fp32 DeMo run and the bf16 flash-attention run give the same bits with every launch's threads run in
+  shuffled and warp-by-warp order (LLMC_EMU_ORDER), as they must: a missing barrier would show.
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
   of the CPU trainer resumes on the emulated GPU trainer and continues at the CPU trainer's losses.
 Failures are collected and reported together.
@@ -31,7 +33,7 @@ BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32",
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
-             "LLMC_EMU_CUBLASLT_NO_ALGO"):
+             "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER"):
     ENV.pop(knob, None)
 failures = []
 
@@ -94,6 +96,8 @@ def main():
     for opt, rel in (("adamw", 2e-5), ("demo", 1e-4)):
         cpu1 = run(CPU, f"cpu-{opt}-1", steps + ["--optimizer", opt])
         emu1 = run(EMU["fp32"], f"fp32-{opt}-1", steps + ["--optimizer", opt])
+        if opt == "demo":
+            emu_demo1 = emu1
         compare(f"fp32 {opt}, 1 rank, vs CPU trainer", emu1, cpu1, "loss", rel)
         compare(f"fp32 {opt}, 1 rank, vs CPU trainer", emu1, cpu1, "grad_norm", 1e-3)
         cpu2 = run(CPU, f"cpu-{opt}-2", steps + ["--optimizer", opt], ranks=2)
@@ -158,6 +162,17 @@ def main():
     # computes as its cuBLASLt does), so the run keeps the bits of the run above.
     gemm = run(EMU["bf16"], "bf16-no-algo", one_head, env={"LLMC_EMU_CUBLASLT_NO_ALGO": "1", "LLMC_GELU_FUSION": "2"})
     same("bf16, no cuBLASLt algorithm at all: the cuBLAS GEMM fallback gives the same bits", gemm, fallback)
+
+    # Every launch with its threads run in another order between barriers (LLMC_EMU_ORDER): a missing barrier
+    # anywhere in the step (the DeMo kernels, flash attention, the reductions) would change the bits.
+    for order in ("shuffled", "warp"):
+        demo = run(EMU["fp32"], f"fp32-demo-1-{order}", steps + ["--optimizer", "demo"],
+                   env={"LLMC_EMU_ORDER": order})
+        same(f"fp32 demo, threads in {order} order: the forward order's bits", demo, emu_demo1)
+        flash = run(EMU["bf16"], f"bf16-flash-{order}", one_head,
+                    env={"LLMC_ATTENTION": "flash", "LLMC_GELU_FUSION": "2", "LLMC_EMU_ORDER": order})
+        same(f"bf16 flash attention, threads in {order} order: the forward order's bits", flash,
+             runs["bf16-flash-gelu2"])
 
     # Checkpoint / resume on the emulated device: bit-identical continuation (both optimizers).
     keep = ["--steps", "4", "--checkpoint_every", "2", "--keep_checkpoints", "0"]

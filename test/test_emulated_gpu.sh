@@ -13,9 +13,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=/usr/bin/python3
+# Without the CUDA headers nothing here can be built (skip); with them, `make` (all) builds it, so a missing
+# program is a build failure, not a reason to skip.
+cuda_headers=$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")/../include/cuda_runtime.h
 for b in build/emu/train_gpt build/emu-fp32/train_gpt build/emu/gpu_test_gpt2 build/emu-fp32/gpu_test_gpt2 \
          build/emu-fp32/gpu_test_demo train_gpt_cpu; do
-  [[ -x "$b" ]] || { echo "SKIP: $b is not built (make emu needs the CUDA headers)"; exit 77; }
+  if [[ ! -x "$b" ]]; then
+    [[ -f "$cuda_headers" ]] || { echo "SKIP: no CUDA headers ($cuda_headers), so no emulated device"; exit 77; }
+    echo "error: $b is not built although the CUDA headers are installed (make emu)"
+    exit 1
+  fi
 done
 if ! "$python" -c "import torch" 2>/dev/null; then
   echo "SKIP: $python cannot import torch (Debian's python3-torch provides it)"

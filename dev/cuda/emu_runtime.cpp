@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 // The kernels' dynamic shared memory (LLMC_DYNAMIC_SHARED): the DeMo kernels' and flash attention's.
@@ -276,6 +277,26 @@ void run_to_event(const Event* e) {
 }
 
 constexpr int kSharedOptin = 227 * 1024;  // an H100's opt-in limit per block
+
+// LLMC_EMU_ORDER=forward|reverse|shuffled|warp: the order every launch runs its blocks' threads in between
+// barriers (block_emulator.h's Order; default forward). A kernel that lacks a barrier reads other threads' data
+// before it is written in some order, so a run whose results promise determinism must give the same bits in
+// each (test/emulated_gpu_checks.py runs the trainer in all four).
+const bool kOrderFromEnvironment = [] {
+    const char* v = std::getenv("LLMC_EMU_ORDER");
+    if (!v || !*v) return true;
+    const std::string order(v);
+    emu::Order& o = emu::launch_settings().order;
+    if (order == "forward") o = emu::Order::Forward;
+    else if (order == "reverse") o = emu::Order::Reverse;
+    else if (order == "shuffled") o = emu::Order::Shuffled;
+    else if (order == "warp") o = emu::Order::WarpSerial;
+    else {
+        std::fprintf(stderr, "error: LLMC_EMU_ORDER='%s' is not a thread order: use forward, reverse, shuffled or warp\n", v);
+        std::exit(1);
+    }
+    return true;
+}();
 
 }  // namespace
 
