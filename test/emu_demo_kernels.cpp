@@ -44,10 +44,9 @@ void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, 
         Args a = args;
         a.tensors = lt.tensors.data() + first;
         a.num_tensors = count;
-        for (uint64_t b = 0; b < chunks; b++) {
-            std::memset(demo::smem4, 0xff, smem_bytes);  // NaN everywhere: shared memory starts undefined
-            emu::run_block(threads, unsigned(b), unsigned(chunks), order, 99, [&] { kernel(a); });
-        }
+        // NaN everywhere in the shared memory before each block: it starts undefined
+        emu::run_grid(emu::Dim3{unsigned(threads), 1, 1}, emu::Dim3{unsigned(chunks), 1, 1}, order, 99, smem_bytes,
+                      [&] { kernel(a); });
     };
     if (lt.fixed_chunks) run_group(0, lt.fixed_tensors, lt.fixed_chunks, 256, fixed);
     if (lt.general_chunks)

@@ -49,11 +49,7 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
 // Every block of the grid; dynamic shared memory poisoned (0xff bytes: bf16 and fp32 NaN) before each, as the
 // GPU leaves it undefined: a fragment read from a tile row that was never staged shows up as NaN.
 void launch(Dim3 grid, Order order, const std::function<void()>& kernel, unsigned threads = flash::kThreads) {
-    for (unsigned y = 0; y < grid.y; y++)
-        for (unsigned x = 0; x < grid.x; x++) {
-            std::memset(flash::flash_smem, 0xff, EMU_SHARED_BYTES);
-            emu::run_block(Dim3{threads, 1, 1}, Dim3{x, y, 0}, grid, order, 99, kernel);
-        }
+    emu::run_grid(Dim3{threads, 1, 1}, grid, order, 99, EMU_SHARED_BYTES, kernel);
 }
 
 // Relative error of a whole tensor against its reference: max and RMS, each over the reference's max / RMS.

@@ -52,11 +52,9 @@ constexpr double kRound = llmc::kFloatXIsFloat ? 1e-5 : 1.0 / 256 + 1e-5;
 constexpr int kVec = llmc::x128::size;
 
 // ---- launching -------------------------------------------------------------------------------------------
-// Every block of a grid, in order (the blocks of a grid are independent, so their order does not matter).
+// Every block of a grid (these kernels use no dynamic shared memory).
 void launch(Dim3 grid, Dim3 block, Order order, const std::function<void()>& kernel) {
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) emu::run_block(block, Dim3{x, y, z}, grid, order, 1234, kernel);
+    emu::run_grid(block, grid, order, 1234, 0, kernel);
 }
 void launch(unsigned grid, unsigned block, Order order, const std::function<void()>& kernel) {
     launch(Dim3{grid, 1, 1}, Dim3{block, 1, 1}, order, kernel);

@@ -25,8 +25,9 @@
 // as on the GPU). Static `__shared__` variables declared inside kernels become one object for the whole block
 // (`__shared__` is redefined below), filled with 0xff bytes before every block as a test should fill the
 // dynamic array.
+// Whole grids: emu::run_grid runs every block of a grid (dynamic shared memory poisoned before each block).
 // Whole programs: host code launches through LLMC_LAUNCH (llmc/cuda_common.cuh), which here becomes emu::launch
-// below (every block of the grid, run before the call returns). With dev/cuda/emu_runtime.cpp, emu_cublas.cpp
+// below (the grid queued on its stream, emu_streams.h). With dev/cuda/emu_runtime.cpp, emu_cublas.cpp
 // and emu_nccl.cpp standing in for the CUDA runtime, cuBLASLt/cuBLAS and NCCL, train_gpt.cu and the GPU tests
 // build with g++ (`-include dev/cuda/block_emulator.h`, the Makefile's `emu` target) and run on the CPU.
 // Compile with -I/usr/local/cuda/include -Wno-attributes (the __device__-style attributes are ignored by g++).
@@ -504,6 +505,19 @@ inline bool register_dynamic_shared(void* array, size_t bytes) {
     return true;
 }
 
+// Every block of a grid, one after another (a grid's blocks are independent, so their order does not matter),
+// with the first `shared_bytes` of every registered dynamic shared memory array filled with 0xff before each.
+inline void run_grid(Dim3 block, Dim3 grid, Order order, uint32_t seed, size_t shared_bytes,
+                     const std::function<void()>& body) {
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                for (const auto& [array, bytes] : dynamic_shared_arrays())
+                    std::memset(array, 0xff, std::min(bytes, shared_bytes));
+                run_block(block, Dim3{x, y, z}, grid, order, seed, body);
+            }
+}
+
 inline Dim3 launch_dim(const dim3& d) { return Dim3{d.x, d.y, d.z}; }
 template <class T>
 Dim3 launch_dim(T n) {
@@ -538,14 +552,8 @@ struct Launch {
         }
         const LaunchSettings settings = launch_settings();
         submit(stream, [launch = *this, settings, args...] {
-            for (unsigned z = 0; z < launch.grid.z; z++)
-                for (unsigned y = 0; y < launch.grid.y; y++)
-                    for (unsigned x = 0; x < launch.grid.x; x++) {
-                        for (const auto& [array, bytes] : dynamic_shared_arrays())
-                            std::memset(array, 0xff, std::min(bytes, launch.shared_bytes));
-                        run_block(launch.block, Dim3{x, y, z}, launch.grid, settings.order, settings.seed,
-                                  [&] { launch.kernel(args...); });
-                    }
+            run_grid(launch.block, launch.grid, settings.order, settings.seed, launch.shared_bytes,
+                     [&] { launch.kernel(args...); });
         });
     }
 };

@@ -32,27 +32,18 @@ struct ncclComm {
 
 namespace {
 
-#if defined(LLMC_USE_MPI)
-bool mpi_type(ncclDataType_t t, MPI_Datatype* out, size_t* bytes) {
-    switch (t) {
-        case ncclInt8: *out = MPI_INT8_T; *bytes = 1; return true;
-        case ncclUint8: *out = MPI_UINT8_T; *bytes = 1; return true;
-        case ncclInt32: *out = MPI_INT32_T; *bytes = 4; return true;
-        case ncclUint32: *out = MPI_UINT32_T; *bytes = 4; return true;
-        case ncclInt64: *out = MPI_INT64_T; *bytes = 8; return true;
-        case ncclUint64: *out = MPI_UINT64_T; *bytes = 8; return true;
-        case ncclFloat32: *out = MPI_FLOAT; *bytes = 4; return true;
-        case ncclFloat64: *out = MPI_DOUBLE; *bytes = 8; return true;
-        default: return false;  // half precision: not needed by the transport
-    }
-}
-#endif
-
-// Runs `exchange` as device work at the current end of `stream`'s queue, before returning: it reads the
-// collective's input where the GPU would, after the work queued before it.
-void exchange_now(cudaStream_t stream, const std::function<void()>& exchange) {
-    emu::submit(stream, exchange);
+// A collective: `exchange` fills `result` (sized by the caller) from the input and the other ranks, and returns
+// false when MPI fails. It runs as device work at the current end of `stream`'s queue before the call returns, so
+// it reads the input where the GPU would (after the work queued before it) and every rank's MPI calls meet in the
+// order the hosts issue the collectives; the delivery of `result` into `recv` is queued on the stream.
+ncclResult_t collective(cudaStream_t stream, void* recv, std::shared_ptr<std::vector<char>> result,
+                        const std::function<bool(char*)>& exchange) {
+    bool ok = true;
+    emu::submit(stream, [&] { ok = exchange(result->data()); });
     emu::drain(stream);
+    if (!ok) return ncclSystemError;
+    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
+    return ncclSuccess;
 }
 
 size_t type_bytes(ncclDataType_t t) {
@@ -141,56 +132,38 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     if (type != ncclFloat32 && type != ncclFloat64) return ncclInvalidArgument;  // what the transport sends
     if (comm->nranks > 1 && count > size_t(0x7fffffff)) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
-    auto result = std::make_shared<std::vector<char>>(bytes);
-    ncclResult_t status = ncclSuccess;
-    exchange_now(stream, [&] {
-        std::memcpy(result->data(), send, bytes);
+    return collective(stream, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
+        std::memcpy(out, send, bytes);
 #if defined(LLMC_USE_MPI)
-        if (comm->nranks > 1) {
-            MPI_Datatype mt;
-            size_t b;
-            mpi_type(type, &mt, &b);
-            if (MPI_Allreduce(MPI_IN_PLACE, result->data(), int(count), mt, op == ncclMax ? MPI_MAX : MPI_SUM,
-                              comm->mpi) != MPI_SUCCESS)
-                status = ncclSystemError;
-        }
+        if (comm->nranks > 1 && MPI_Allreduce(MPI_IN_PLACE, out, int(count), type == ncclFloat32 ? MPI_FLOAT : MPI_DOUBLE,
+                                              op == ncclMax ? MPI_MAX : MPI_SUM, comm->mpi) != MPI_SUCCESS)
+            return false;
 #endif
-    });
-    if (status != ncclSuccess) return status;
-    if (op == ncclAvg) {
-        if (type == ncclFloat32) {
-            auto* v = reinterpret_cast<float*>(result->data());
-            for (size_t i = 0; i < count; i++) v[i] /= float(comm->nranks);
-        } else {
-            auto* v = reinterpret_cast<double*>(result->data());
-            for (size_t i = 0; i < count; i++) v[i] /= double(comm->nranks);
+        if (op == ncclAvg) {
+            if (type == ncclFloat32)
+                for (size_t i = 0; i < count; i++) reinterpret_cast<float*>(out)[i] /= float(comm->nranks);
+            else
+                for (size_t i = 0; i < count; i++) reinterpret_cast<double*>(out)[i] /= double(comm->nranks);
         }
-    }
-    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
-    return ncclSuccess;
+        return true;
+    });
 }
 
+// A communicator of several ranks exists only with MPI (ncclCommInitRank), so without it these never exchange.
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                            cudaStream_t stream) {
     if (!comm || !recv || root < 0 || root >= comm->nranks || type_bytes(type) == 0) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
     if (comm->rank == root && !send) return ncclInvalidArgument;
-#if !defined(LLMC_USE_MPI)
-    if (comm->nranks > 1) return ncclInvalidUsage;
-#endif
-    auto result = std::make_shared<std::vector<char>>(bytes);
-    ncclResult_t status = ncclSuccess;
-    exchange_now(stream, [&] {
-        if (comm->rank == root && bytes) std::memcpy(result->data(), send, bytes);
+    return collective(stream, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
+        if (comm->rank == root && bytes) std::memcpy(out, send, bytes);
 #if defined(LLMC_USE_MPI)
-        if (comm->nranks > 1 && bytes > 0 && MPI_Bcast(result->data(), int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
-            status = ncclSystemError;
+        if (comm->nranks > 1 && bytes > 0 && MPI_Bcast(out, int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
+            return false;
 #endif
+        return true;
     });
-    if (status != ncclSuccess) return status;
-    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
-    return ncclSuccess;
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
@@ -198,23 +171,16 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
     if (!comm || !send || !recv || type_bytes(type) == 0) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
-#if !defined(LLMC_USE_MPI)
-    if (comm->nranks > 1) return ncclInvalidUsage;
-#endif
-    auto result = std::make_shared<std::vector<char>>(bytes * size_t(comm->nranks));
-    ncclResult_t status = ncclSuccess;
-    exchange_now(stream, [&] {
-        if (bytes) std::memcpy(result->data() + size_t(comm->rank) * bytes, send, bytes);
+    const auto result = std::make_shared<std::vector<char>>(bytes * size_t(comm->nranks));
+    return collective(stream, recv, result, [=](char* out) {
+        if (bytes) std::memcpy(out + size_t(comm->rank) * bytes, send, bytes);
 #if defined(LLMC_USE_MPI)
         if (comm->nranks > 1 && bytes > 0 &&
-            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, result->data(), int(bytes), MPI_BYTE, comm->mpi) !=
-                MPI_SUCCESS)
-            status = ncclSystemError;
+            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, int(bytes), MPI_BYTE, comm->mpi) != MPI_SUCCESS)
+            return false;
 #endif
+        return true;
     });
-    if (status != ncclSuccess) return status;
-    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
-    return ncclSuccess;
 }
 
 }  // extern "C"

@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -60,14 +61,13 @@ struct Allocations {
     std::map<uintptr_t, Allocation> live;
 
     // The allocation holding [p, p + bytes), if one does.
-    const Allocation* find(const void* p, size_t bytes, uintptr_t* base = nullptr) {
+    const Allocation* find(const void* p, size_t bytes) {
         const auto a = reinterpret_cast<uintptr_t>(p);
         auto it = live.upper_bound(a);
         if (it == live.begin()) return nullptr;
         --it;
         if (a + bytes > it->first + it->second.bytes || a < it->first) return nullptr;
         if (bytes == 0 && a >= it->first + it->second.bytes) return nullptr;
-        if (base) *base = it->first;
         return &it->second;
     }
 };
@@ -159,28 +159,21 @@ cudaError_t release(void* p, Memory kind) {
     return cudaSuccess;
 }
 
-bool is_device(const void* p, size_t bytes) {
+// The kind of the allocation holding [p, p + bytes), if one does.
+std::optional<Memory> memory_of(const void* p, size_t bytes) {
     std::lock_guard lock(allocations().mutex);
     const Allocation* a = allocations().find(p, bytes);
-    return a && a->kind == Memory::device;
+    return a ? std::optional<Memory>(a->kind) : std::nullopt;
 }
-bool touches_device(const void* p, size_t bytes) {
-    std::lock_guard lock(allocations().mutex);
-    const Allocation* a = allocations().find(p, bytes ? 1 : 0);
-    return a && a->kind == Memory::device;
-}
+bool is_device(const void* p, size_t bytes) { return memory_of(p, bytes) == Memory::device; }
+bool touches_device(const void* p, size_t bytes) { return memory_of(p, bytes ? 1 : 0) == Memory::device; }
+bool is_pinned(const void* p, size_t bytes) { return memory_of(p, bytes) == Memory::pinned_host; }
 
 // The side of a copy: device memory must lie inside one allocation; host memory must not be device memory.
 bool side_ok(const void* p, size_t bytes, bool device) {
     if (bytes == 0) return true;
     if (!p) return false;
     return device ? is_device(p, bytes) : !touches_device(p, bytes);
-}
-
-bool is_pinned(const void* p, size_t bytes) {
-    std::lock_guard lock(allocations().mutex);
-    const Allocation* a = allocations().find(p, bytes);
-    return a && a->kind == Memory::pinned_host;
 }
 
 // Checks a copy's sides against its kind; tells which sides are device memory.
@@ -201,10 +194,10 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
 }
 
-cudaError_t set(void* p, int value, size_t bytes) {
-    if (bytes == 0) return cudaSuccess;
-    if (!is_device(p, bytes)) return fail_with(cudaErrorInvalidValue);
-    return cudaSuccess;
+// A memset's range must lie inside one device allocation.
+cudaError_t check_memset(void* p, size_t bytes) {
+    if (bytes == 0 || is_device(p, bytes)) return cudaSuccess;
+    return fail_with(cudaErrorInvalidValue);
 }
 
 // A stream: the queue of work not yet run, and how many items were ever queued / have run (an event marks a
@@ -342,14 +335,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-    if (const cudaError_t e = set(p, value, bytes); e != cudaSuccess) return e;
+    if (const cudaError_t e = check_memset(p, bytes); e != cudaSuccess) return e;
     run_legacy_dependencies();
     DeviceWork device;
     std::memset(p, value, bytes);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
-    if (const cudaError_t e = set(p, value, bytes); e != cudaSuccess) return e;
+    if (const cudaError_t e = check_memset(p, bytes); e != cudaSuccess) return e;
     if (bytes) enqueue(stream, [p, value, bytes] { std::memset(p, value, bytes); });
     return cudaSuccess;
 }

@@ -27,8 +27,8 @@ inline void submit(cudaStream_t stream, StreamWork work) {
     else work();
 }
 
-// Runs everything queued on a stream so far (and what it waits for). The emulated NCCL calls it before
-// exchanging data: the MPI exchange itself happens at the call, in the order every rank's host issues the
+// Runs everything queued on a stream so far (and what it waits for). The emulated NCCL queues its exchange and
+// then runs the stream with this: the MPI exchange itself happens at the call, in the order every rank's host issues the
 // collectives (a collective left queued until its stream is waited for could meet a different MPI call on
 // another rank and hang, where the GPU's NCCL kernel would have gone ahead), and only the delivery of the
 // result into the output buffer is queued on the stream.
