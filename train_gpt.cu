@@ -13,10 +13,11 @@
 //   mpirun -np 8 ./train_gpt --optimizer adamw          8 GPUs, AdamW-DDP (NCCL all-reduce)
 // Environment knobs (GPU-only, not in the shared config schema):
 //   LLMC_STOCHASTIC_ROUNDING=0  rounds the bf16 parameters to nearest instead of stochastically;
-//   LLMC_GELU_FUSION=0/1/2      the GELU as separate kernels / the forward as a cuBLASLt epilogue (default on
-//                               sm_90+) / the backward too (DGELU epilogue);
-//   LLMC_ATTENTION=flash        llmc/flash_attention.cuh (tensor-core tiles, no T x T matrices in memory; bf16
-//                               build, head size 64) instead of the default cuBLASLt + softmax attention;
+//   LLMC_GELU_FUSION=0/1/2      the GELU as separate kernels (default before sm_90) / the forward as a cuBLASLt
+//                               epilogue / the backward too (DGELU epilogue; default on sm_90+);
+//   LLMC_ATTENTION=auto|flash|matmul  llmc/flash_attention.cuh (tensor-core tiles, no T x T matrices in memory;
+//                               bf16 build, head size 64) or the cuBLASLt + softmax attention; auto (default):
+//                               flash where it can run;
 //   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
 //                               instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
 //   LLMC_PROFILE_STEP=N         brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off`

@@ -15,9 +15,9 @@
 //             T=1024), written once and read once: ~0.3 ms of HBM traffic where recomputing S and dP per query
 //             tile (the other deterministic way) costs two more tile products per pair.
 //
-// A block owns a 64-row tile. In the backward it is 4 warps of 16 rows; in the forward 2 warps of 32 rows (two
-// 16-row mma tiles that share every K / V fragment read from shared memory: half the ldmatrix traffic per mma of
-// 4 warps of 16; RT = 1, the 4-warp forward, is kept for timing against it). Each warp keeps its own operand
+// A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
+// fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
+// kept for timing against the default). Each warp keeps its own operand
 // fragments in registers and walks the other operand in 64-row tiles staged in shared memory by cp.async,
 // double-buffered so the next tile loads while the tensor cores work on the current one. 4 forward blocks per
 // SM (register cap 128 for the 4-warp one, which spills 32 bytes there), 2 backward blocks. Staged rows
@@ -63,7 +63,8 @@ static_assert(kTile == kHeadSize, "the products below use one tile width for key
 // forward: Q + 2 x (K, V); backward: K, V, dS + 2 x (Q, dO) + 2 x (lse, delta)
 inline constexpr size_t kForwardSmem = 5 * kTileElems * sizeof(bf16);
 // The forward's warps own RT row tiles of 16 queries each (the 64-query tile is split over kWarps / RT warps).
-inline constexpr int kForwardRowTiles = 2;
+// 1 (4 warps per tile) ran 10-12% faster than 2 on an H100 at GPT-2 124M's shapes (dev/cuda/attention.cu).
+inline constexpr int kForwardRowTiles = 1;
 __host__ __device__ constexpr int forward_threads(int row_tiles) { return kThreads / row_tiles; }
 inline constexpr size_t kBackwardSmem = 7 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
 
@@ -301,7 +302,7 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 // ---- kernels ---------------------------------------------------------------------------------------------------
 // grid (query tiles, B * NH), forward_threads(RT) threads, kForwardSmem bytes. out (B, T, NH * 64); lse (B * NH, T)
 // holds max + log2(sum) of the base-2 logits x = q.k * scale * log2(e). Warp w owns RT row tiles of 16 queries,
-// rows q0 + 16 RT w .. + 16 RT - 1: RT = 1 is 4 warps per 64-query tile, RT = 2 (kForwardRowTiles) 2 warps that
+// rows q0 + 16 RT w .. + 16 RT - 1: RT = 1 (kForwardRowTiles) is 4 warps per 64-query tile, RT = 2 2 warps that
 // each reuse every K / V fragment they read from shared memory for two row tiles.
 template <int RT>
 __global__ void __launch_bounds__(forward_threads(RT), 4)

@@ -143,9 +143,7 @@ def main():
     runs = {}
     for attention in ("matmul", "flash"):
         for fusion in ("0", "1", "2"):
-            env = {"LLMC_GELU_FUSION": fusion}
-            if attention == "flash":
-                env["LLMC_ATTENTION"] = "flash"
+            env = {"LLMC_GELU_FUSION": fusion, "LLMC_ATTENTION": attention}
             name = f"bf16-{attention}-gelu{fusion}"
             runs[name] = run(EMU["bf16"], name, one_head, env=env)
             compare(f"bf16, {attention} attention, LLMC_GELU_FUSION={fusion}, vs CPU trainer", runs[name], cpu,

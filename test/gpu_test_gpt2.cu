@@ -6,7 +6,7 @@
 //
 //   /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny
 //   build/cuda/gpu_test_gpt2 [reference dir, default build/reference/tiny] [--lr 1e-4] [--grad-tol X]
-// (--grad-tol: the per-tensor gradient tolerance; the emulated device, deterministic, is held to a tighter one)
+// (--grad-tol: overrides the per-tensor gradient tolerance, e.g. to see how far a change moves the gradients)
 // Exit 0 pass, 1 fail, 77 skipped (no GPU, or no reference files).
 #include <cmath>
 #include <cstdio>
@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
     // bf16: activations and parameters carry 8 significant bits; fp32 build: summation order and fast-math only.
     const double tol_logits = kFloatXIsFloat ? 1e-4 : 3e-2;  // relative L2 over all logits
     const double tol_loss = kFloatXIsFloat ? 1e-4 : 2e-2;    // absolute, on a loss of ~ln(V) = 10.8
-    const double tol_grad = grad_tol > 0 ? grad_tol : kFloatXIsFloat ? 1e-3 : 1e-1;  // relative L2 per tensor
+    // relative L2 per tensor; bf16: the worst tensor measured 7.8e-3 on an H100 and on the emulated device (a flash
+    // backward fed another layer's softmax statistics gives 3.7e-2)
+    const double tol_grad = grad_tol > 0 ? grad_tol : kFloatXIsFloat ? 1e-3 : 2e-2;
     const double tol_norm = kFloatXIsFloat ? 1e-3 : 5e-2;    // relative, global gradient norm
     try {
         CudaEnv env;
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
                     kFloatXName, mc.describe().c_str(), ref.B, ref.T, ref.steps, lr);
 
         GPT2Cuda model(mc, ref.B, ref.T, env);
+        std::printf("  attention %s, LLMC_GELU_FUSION %d\n", model.attention_name(), model.gelu_fusion());
         OptimizerConfig oc;
         oc.weight_decay = 0.1f;
         oc.grad_clip = 1.0f;

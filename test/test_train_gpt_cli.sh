@@ -52,7 +52,7 @@ done
 
 # Kernel choices from the environment are checked before the GPU is touched.
 LLMC_ATTENTION=fast run ./train_gpt --steps 1 --out_dir "$TMP/run"
-check "LLMC_ATTENTION=fast -> one-line error" one_line_error "LLMC_ATTENTION must be flash or matmul; got 'fast'"
+check "LLMC_ATTENTION=fast -> one-line error" one_line_error "LLMC_ATTENTION must be auto, flash or matmul; got 'fast'"
 LLMC_ATTENTION=flash run ./train_gpt --config configs/tiny.json --steps 1 --out_dir "$TMP/run"
 check "LLMC_ATTENTION=flash on head size 16 -> one-line error" one_line_error "flash attention needs head size 64"
 LLMC_GELU_FUSION=3 run ./train_gpt --steps 1 --out_dir "$TMP/run"

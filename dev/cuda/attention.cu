@@ -155,10 +155,10 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     env.sync();
     ck.compare_bound("flash forward out " + label, check::from_device_floatX(out), ref.out, ref.mag_out, factor);
     ck.compare("flash forward lse " + label, check::from_device(lse), ref.lse, 1e-3f, 0.0f);
-    {  // the 4-warp forward (one row tile per warp) runs the same products per row: the same bits
+    {  // the 2-warp forward (two row tiles per warp) runs the same products per row: the same bits
         DeviceBuffer<floatX> out1(btc);
         DeviceBuffer<float> lse1(rows);
-        flash_attention_forward<1>(env, out1.data(), lse1.data(), d_qkv.data(), B, T, C, NH);
+        flash_attention_forward<2>(env, out1.data(), lse1.data(), d_qkv.data(), B, T, C, NH);
         env.sync();
         ck.expect(same_bits(out, out1) && same_bits(lse, lse1),
                   "flash forward with 1 and 2 row tiles per warp bit-identical " + label);
@@ -247,9 +247,9 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     });
     check::report_flops(("flash_forward " + shape).c_str(), fwd, flops);
     const float fwd1 = median_ms(env.stream, [&] {
-        flash_attention_forward<1>(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+        flash_attention_forward<2>(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
     });
-    check::report_flops(("flash_forward, 4 warps x 1 row tile " + shape).c_str(), fwd1, flops);
+    check::report_flops(("flash_forward, 2 warps x 2 row tiles " + shape).c_str(), fwd1, flops);
     // out and lse now hold the forward's results, as a training step's backward would see them
     const float bwd = median_ms(env.stream, [&] {
         flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,

@@ -9,7 +9,8 @@
 # with torch is found.
 # Without a GPU (no nvidia-smi, or it lists no device) it prints "no CUDA device: GPU checks skipped" and exits
 # 0. Otherwise it exits 1 when any binary failed. Full logs: build/cuda-logs/<name>.log.
-# Each binary gets GPU_CHECK_TIMEOUT seconds (default 180); a hang counts as a failure.
+# Each binary gets GPU_CHECK_TIMEOUT seconds (default 180); a hang counts as a failure. GPU_CHECK_BENCH=0 leaves
+# out the end-to-end benchmark (e.g. when it was run on its own first).
 # Usage: dev/cuda/gpu_check.sh [name-filter]
 set -u
 cd "$(dirname "$0")/../.."
@@ -76,7 +77,8 @@ for bin in "${bins[@]}"; do
 done
 
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
-# the defaults): flash attention (head size 64), and the GELU backward as a cuBLASLt epilogue.
+# the defaults on a head size of 16, so the matmul attention): flash attention (head size 64), then the GELU
+# levels that are not this GPU's default (2, both cuBLASLt epilogues, on Hopper; 0 before).
 variant() {  # variant <row name> <VAR=value> <gpu_test_gpt2 args...>
   local name=$1 setting=$2
   shift 2
@@ -93,7 +95,8 @@ variant() {  # variant <row name> <VAR=value> <gpu_test_gpt2 args...>
   rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
 }
 variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/reference/hs64
-variant gpu_test_gpt2_dgelu LLMC_GELU_FUSION=2 build/reference/tiny
+variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/reference/hs64
+for level in 0 1 2; do variant gpu_test_gpt2_gelu$level LLMC_GELU_FUSION=$level build/reference/tiny; done
 
 # The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
 if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
@@ -117,7 +120,7 @@ if [[ ${#timings[@]} -gt 0 ]]; then
 fi
 echo
 bench_rc=0
-if [[ -z "$filter" && -x ./train_gpt ]] && ls data/default/default_train_*.bin >/dev/null 2>&1; then
+if [[ -z "$filter" && ${GPU_CHECK_BENCH:-1} != 0 && -x ./train_gpt ]] && ls data/default/default_train_*.bin >/dev/null 2>&1; then
   echo "end-to-end benchmark (dev/cuda/bench_train_gpt.sh):"
   dev/cuda/bench_train_gpt.sh | grep -E '^(RESULT|MEMORY) ' | sed -E 's/^(RESULT|MEMORY) /  /'; bench_rc=${PIPESTATUS[0]}
   echo
