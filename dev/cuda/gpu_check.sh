@@ -77,8 +77,8 @@ for bin in "${bins[@]}"; do
 done
 
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
-# the defaults on a head size of 16, so the matmul attention): flash attention (head size 64), then the GELU
-# levels that are not this GPU's default (2, both cuBLASLt epilogues, on Hopper; 0 before).
+# the defaults on a head size of 16, so the matmul attention): both attentions at head size 64, then every GELU
+# level (0 separate kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
 variant() {  # variant <row name> <VAR=value> <gpu_test_gpt2 args...>
   local name=$1 setting=$2
   shift 2
