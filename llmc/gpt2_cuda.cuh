@@ -12,8 +12,8 @@
 // Attention: llmc/flash_attention.cuh (tensor-core tiles, online softmax, only a log-sum-exp per row kept) where
 // it can run (bf16 build, head size 64), else llmc/attention.cuh (cuBLASLt products and a softmax over the
 // stored B x NH x T x T matrices, as llm.c without cuDNN); LLMC_ATTENTION picks one. Flash drops those matrices
-// from the activations (12 x 400 MB for GPT-2 124M at B=16, T=1024) and made that model's step 23% faster on
-// an H100 (dev/bench/README.md).
+// from the activations (12 x 400 MB for GPT-2 124M at B=16, T=1024) and made that model's step 23-25% shorter
+// on an H100 (dev/bench/README.md).
 //
 // Precision: activations and parameters floatX (bf16 by default), every reduction and accumulation in fp32,
 // gradients fp32. Deterministic: no atomics anywhere (bucketed encoder backward, column reductions for bias and
