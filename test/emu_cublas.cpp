@@ -270,39 +270,47 @@ void run_lt_case(const Case& cs) {
 // or an out-of-bounds read.
 const int kShapes[][4] = {{24, 5, 16, 1}, {40, 3, 8, 3}, {16, 7, 16, 2}};
 
+// Calls f(case) for every shape, both transposes of A and B, fp32 and bf16 inputs and outputs, beta 0 and 1; the
+// case comes with alpha 1, in place, no epilogue and no padding for f to vary.
+template <class F>
+void for_each_product(F&& f) {
+    for (auto& s : kShapes)
+        for (bool ta : {false, true})
+            for (bool tb : {false, true})
+                for (cudaDataType ab : {CUDA_R_32F, CUDA_R_16BF})
+                    for (cudaDataType d : {CUDA_R_32F, CUDA_R_16BF})
+                        for (float beta : {0.0f, 1.0f})
+                            f(Case{s[0], s[1], s[2], s[3], ta, tb, ab, d, 1.0f, beta, true, CUBLASLT_EPILOGUE_DEFAULT, 0});
+}
+
 }  // namespace
 
 TEST(lt_plain_products_match_double_reference) {
     int cases = 0;
-    for (auto& s : kShapes)
-        for (int ta = 0; ta < 2; ta++)
-            for (int tb = 0; tb < 2; tb++)
-                for (cudaDataType ab : {CUDA_R_32F, CUDA_R_16BF})
-                    for (cudaDataType d : {CUDA_R_32F, CUDA_R_16BF})
-                        for (float beta : {0.0f, 1.0f})
-                            for (bool in_place : {true, false})
-                                for (int pad : {0, 3}) {
-                                    const float alpha = (ta + tb) % 2 ? 0.75f : 1.0f;
-                                    run_lt_case({s[0], s[1], s[2], s[3], ta == 1, tb == 1, ab, d, alpha, beta,
-                                                 in_place, CUBLASLT_EPILOGUE_DEFAULT, pad});
-                                    cases++;
-                                }
+    for_each_product([&](Case cs) {
+        cs.alpha = cs.ta != cs.tb ? 0.75f : 1.0f;
+        for (bool in_place : {true, false})
+            for (int pad : {0, 3}) {
+                cs.in_place = in_place;
+                cs.pad = pad;
+                run_lt_case(cs);
+                cases++;
+            }
+    });
     EXPECT_EQ(cases, 384);
 }
 
 TEST(lt_epilogues_match_double_reference) {
-    for (auto& s : kShapes)
+    for_each_product([](Case cs) {
+        cs.alpha = cs.tb ? 1.0f : 1.25f;
+        cs.in_place = cs.ta;
+        cs.pad = cs.tb ? 0 : 2;
         for (auto epi : {CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-                         CUBLASLT_EPILOGUE_DGELU})
-            for (int ta = 0; ta < 2; ta++)
-                for (int tb = 0; tb < 2; tb++)
-                    for (cudaDataType ab : {CUDA_R_32F, CUDA_R_16BF})
-                        for (cudaDataType d : {CUDA_R_32F, CUDA_R_16BF})
-                            for (float beta : {0.0f, 1.0f}) {
-                                const float alpha = tb ? 1.0f : 1.25f;
-                                run_lt_case({s[0], s[1], s[2], s[3], ta == 1, tb == 1, ab, d, alpha, beta, ta == 1,
-                                             epi, tb ? 0 : 2});
-                            }
+                         CUBLASLT_EPILOGUE_DGELU}) {
+            cs.epilogue = epi;
+            run_lt_case(cs);
+        }
+    });
 }
 
 TEST(lt_larger_product_through_blocked_sgemm) {
@@ -334,26 +342,20 @@ TEST(bf16_output_rounds_to_nearest_even) {
 
 TEST(gemm_strided_batched_ex_matches_double_reference) {
     Handles h;
-    for (auto& s : kShapes)
-        for (int ta = 0; ta < 2; ta++)
-            for (int tb = 0; tb < 2; tb++)
-                for (cudaDataType ab : {CUDA_R_32F, CUDA_R_16BF})
-                    for (cudaDataType d : {CUDA_R_32F, CUDA_R_16BF})
-                        for (float beta : {0.0f, 1.0f})
-                            for (int pad : {0, 3}) {
-                                const float alpha = ta ? 0.5f : 1.0f;
-                                const Case cs{s[0], s[1], s[2], s[3], ta == 1, tb == 1, ab, d, alpha, beta, true,
-                                              CUBLASLT_EPILOGUE_DEFAULT, pad};
-                                Problem p(cs);
-                                const Problem before = p;
-                                const cublasStatus_t st = cublasGemmStridedBatchedEx(
-                                    h.blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, cs.m, cs.n,
-                                    cs.k, &cs.alpha, p.A.ptr(), ab, int(p.lda), p.sa, p.B.ptr(), ab, int(p.ldb), p.sb,
-                                    &cs.beta, p.D.ptr(), d, int(p.ldd), p.sd, cs.batch, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT);
-                                EXPECT_EQ(st, CUBLAS_STATUS_SUCCESS);
-                                if (st == CUBLAS_STATUS_SUCCESS) check_result(before, p, "cublasGemmStridedBatchedEx");
-                            }
+    for_each_product([&](Case cs) {
+        cs.alpha = cs.ta ? 0.5f : 1.0f;
+        for (int pad : {0, 3}) {
+            cs.pad = pad;
+            Problem p(cs);
+            const Problem before = p;
+            const cublasStatus_t st = cublasGemmStridedBatchedEx(
+                h.blas, cs.ta ? CUBLAS_OP_T : CUBLAS_OP_N, cs.tb ? CUBLAS_OP_T : CUBLAS_OP_N, cs.m, cs.n, cs.k,
+                &cs.alpha, p.A.ptr(), cs.ab, int(p.lda), p.sa, p.B.ptr(), cs.ab, int(p.ldb), p.sb, &cs.beta, p.D.ptr(),
+                cs.d, int(p.ldd), p.sd, cs.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            EXPECT_EQ(st, CUBLAS_STATUS_SUCCESS);
+            if (st == CUBLAS_STATUS_SUCCESS) check_result(before, p, "cublasGemmStridedBatchedEx");
+        }
+    });
 }
 
 TEST(heuristic_refuses_what_cublaslt_cannot_fuse) {
