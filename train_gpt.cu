@@ -18,6 +18,9 @@
 //   LLMC_ATTENTION=auto|flash|matmul  llmc/flash_attention.cuh (tensor-core tiles, no T x T matrices in memory;
 //                               bf16 build, head size 64) or the cuBLASLt + softmax attention; auto (default):
 //                               flash where it can run;
+//   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
+//                               bit-identical to the host reference) or on the tensor cores (3xTF32;
+//                               demo/demo_cuda.cuh);
 //   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
 //                               instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
 //   LLMC_PROFILE_STEP=N         brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off`
@@ -109,6 +112,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     record["_run"]["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
     record["_run"]["gelu_fusion"] = model.gelu_fusion();
     record["_run"]["attention"] = model.attention_name();
+    if (cfg.optimizer == "demo") record["_run"]["demo_dct"] = demo::demo_tensor_cores_from_env() ? "tensor" : "fp32";
     write_run_record(cfg.out_dir, record);
 }
 
@@ -136,6 +140,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     }
     (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
     (void)gelu_fusion_from_env(0);              // any GPU work
+    (void)demo::demo_tensor_cores_from_env();
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through
@@ -188,8 +193,12 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         make_dirs(cfg.out_dir);
         write_gpu_run_record(cfg, world, grad_accum, env, model, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
+        const std::string optimizer = cfg.optimizer == "demo"
+                                          ? std::string("demo (DCTs ") +
+                                                (demo::demo_tensor_cores_from_env() ? "on tensor cores, 3xTF32)" : "in fp32)")
+                                          : cfg.optimizer;
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
-                    layout.num_params / 1e6, cfg.optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
+                    layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
                     "%llu groups/epoch | activations %.0f MiB (%s attention)\n",
                     cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),

@@ -23,6 +23,7 @@
 // a resumed run continues bit-identically.
 #pragma once
 #include <chrono>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,13 +38,26 @@
 
 namespace demo {
 
+// LLMC_DEMO_DCT=fp32|tensor (default fp32): the compress kernel's DCTs and decode in fp32 multiply-adds,
+// bit-identical to cm::compress_plan_host, or on the tensor cores (3xTF32, demo_kernels.cuh: within 2e-6 of
+// the chunk maximum of the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a
+// wash at small k, so the exact kernel stays the default. The apply kernel is always the fp32 one (its
+// tensor-core variant measured 3-7% slower). A bad value is an error; train_gpt checks it before any GPU work.
+inline bool demo_tensor_cores_from_env() {
+    const char* s = std::getenv("LLMC_DEMO_DCT");
+    const std::string choice = s ? s : "fp32";
+    LLMC_CHECK(choice == "fp32" || choice == "tensor", "LLMC_DEMO_DCT must be fp32 or tensor; got '" + choice + "'");
+    return choice == "tensor";
+}
+
 class CudaDemo final : public llmc::DeviceOptimizer {
 public:
     // transport: NcclTransport (buckets exchanged on the device) or any Transport (through host memory).
     CudaDemo(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& transport,
              cudaStream_t stream, bool stochastic_rounding = true, uint32_t seed = 1337)
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
-          stochastic_(stochastic_rounding && !llmc::kFloatXIsFloat), seed_(seed) {
+          stochastic_(stochastic_rounding && !llmc::kFloatXIsFloat), seed_(seed),
+          tensor_cores_(demo_tensor_cores_from_env()) {
         cm::validate_options(config_);
         tables_ = cm::plan_tables(config_, layout);
         world_ = transport.world_size();
@@ -110,8 +124,9 @@ public:
         // compress into this rank's bucket (header stays, body zeroed for the OR-ed bit parts)
         CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
         CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
-        launch_compress(kernels_, device_tables_, momentum_, grads, bucket_, cm::compress_params(config_, lr, clip),
-                        stream_);
+        const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
+        if (tensor_cores_) launch_compress<kTensorTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
+        else launch_compress<kExactTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
 
         // the exchange waits for the bucket anyway; timing it from there keeps the compress out of its figure
@@ -124,8 +139,8 @@ public:
         const uint32_t init_error[2] = {0u, UINT32_MAX};
         CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        launch_apply(kernels_, device_tables_, gathered_, master_, params, cm::apply_params(config_, lr, world_, bytes),
-                     step_seed(t_), stochastic_, error_, stream_);
+        launch_apply<kExactTuning>(kernels_, device_tables_, gathered_, master_, params,
+                                   cm::apply_params(config_, lr, world_, bytes), step_seed(t_), stochastic_, error_, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
         uint32_t error[2] = {0u, 0u};
         CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
@@ -227,6 +242,7 @@ private:
     cudaStream_t stream_;
     bool stochastic_;
     uint32_t seed_;
+    bool tensor_cores_;  // LLMC_DEMO_DCT
     cm::PlanTables tables_;
     int world_ = 1;
     KernelConfig kernels_;

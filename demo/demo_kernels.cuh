@@ -1,6 +1,6 @@
 // The CUDA kernels of DeMo: one thread block per chunk, everything of a chunk in shared memory, the math from
-// demo/demo_chunk_math.h (the same functions the host reference and test_demo_chunk_math run, so the GPU
-// output is bit-identical to demo::cm::compress_plan_host / apply_plan_host apart from denormals, which
+// demo/demo_chunk_math.h (the same functions the host reference and test_demo_chunk_math run, so the fp32
+// kernels' output is bit-identical to demo::cm::compress_plan_host / apply_plan_host apart from denormals, which
 // --use_fast_math flushes to zero). test/emu_demo_kernels.cpp runs these kernels on the CPU
 // (dev/cuda/block_emulator.h) against that reference in every `make test`; dev/cuda/demo_*.cu do it on a GPU.
 //
@@ -23,7 +23,10 @@
 //    rounding as CudaAdamW). Out-of-range or non-ascending indices (a corrupt bucket) set an error flag the
 //    host turns into an llmc::Error.
 // Both come in two instantiations per launch (cm::launch_tables): FIXED = 64 for the tensors with 64 x 64
-// chunks (every GPT-2 matrix; all sizes compile-time constants) and FIXED = 0 for any other shape.
+// chunks (every GPT-2 matrix; all sizes compile-time constants) and FIXED = 0 for any other shape, each group
+// with its own shared-memory layout. The 64 x 64 kernels also come in tunings (kTunings); those with tensor_dct
+// run the dense products on the tensor cores (3xTF32, see "The tensor-core path" below; LLMC_DEMO_DCT picks
+// them in the trainer), agreeing with the host reference to rounding instead of bit for bit.
 //
 // Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
 // output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16
@@ -59,29 +62,100 @@ inline constexpr uint32_t kScratchWords = 36 + 12 + 4;  // block scan (33), top-
 
 struct KernelConfig {
     int threads = 256;
-    SmemLayout compress, apply;
+    SmemLayout compress, apply;                  // the 64 x 64 launch group (cm::launch_tables)
+    SmemLayout compress_general, apply_general;  // every other chunk shape
     int world = 1;
+    size_t max_bytes() const {
+        return std::max({compress.bytes(), apply.bytes(), compress_general.bytes(), apply_general.bytes()});
+    }
 };
 
-// Tunings of the 64 x 64 kernels. Launches use tuning 0; the kernel lab (dev/cuda/demo_compress.cu and
-// demo_apply.cu) times every one, so one GPU run decides between them. Every tuning gives the same bits.
+// Tunings of the 64 x 64 kernels. The trainer launches kExactTuning (its compress: kTensorTuning with
+// LLMC_DEMO_DCT=tensor); the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every one, so one
+// GPU run decides between them. The fp32 tunings give the same bits; the tensor-core ones agree to rounding.
 struct KernelTuning {
     int min_blocks;      // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
     int tile_j, tile_c;  // run_jobs register tile
     bool coarse_topk;    // compress: block_select_topk's histogram fast path (false: RadixSelect only)
+    bool tensor_dct;     // compress and apply: the dense products on the tensor cores (3xTF32, see below)
 };
 inline constexpr KernelTuning kTunings[] = {
-    {4, 8, 2, true},   // 0: what launches use
-    {3, 8, 2, true},   // 1: up to 85 registers, 3 blocks per SM (uncapped, ptxas takes 118: 2 blocks)
-    {4, 4, 4, true},   // 2: 4 x 4 tiles
-    {4, 8, 2, false},  // 3: RadixSelect only
+    {4, 8, 2, true, false},   // 0: the fp32 kernels, bit-identical to the host reference
+    {3, 8, 2, true, false},   // 1: up to 85 registers, 3 blocks per SM (uncapped, ptxas takes 118: 2 blocks)
+    {4, 4, 4, true, false},   // 2: 4 x 4 tiles
+    {4, 8, 2, false, false},  // 3: RadixSelect only
+    {4, 8, 2, true, true},    // 4: tensor-core products
+    {3, 8, 2, true, true},    // 5: tensor-core products, 85-register cap
 };
-inline constexpr int kNumTunings = 4;
-inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true};  // the kernels for any chunk shape
+inline constexpr int kNumTunings = 6;
+inline constexpr int kExactTuning = 0;   // the fp32 kernels: the trainer's compress by default, and its apply
+inline constexpr int kTensorTuning = 4;  // the tensor-core compress (LLMC_DEMO_DCT=tensor)
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false};  // the kernels for any chunk shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k", "85-register cap",
-                                                   "4x4 tiles", "RadixSelect top-k only"};
+                                                   "4x4 tiles", "RadixSelect top-k only", "3xTF32 tensor cores",
+                                                   "3xTF32 tensor cores, 85-register cap"};
     return names[t];
+}
+inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct; }
+
+// ---------------------------------------------------------------------------------------------------------
+// The tensor-core path of the 64 x 64 kernels (tunings with tensor_dct; apply uses it for its decode). The
+// dense products of a chunk (the two folded DCT passes: 32 x 32 bases times 32 x 64 halves, and the decode
+// C1^T S C2 over the R rows that hold a sent coefficient) run as mma.sync m16n8k8 TF32 with fp32
+// accumulation, each operand split into a TF32 high part and the fp32 remainder and the product taken as
+// hi*hi + hi*lo + lo*hi ("3xTF32"): close to fp32's accuracy (the dropped lo*lo term and lo's truncation are
+// 2^-21 of the product; measured on d12 shapes: values within 2e-6 of the chunk maximum of the host
+// reference). The tensor cores sum in their own order, so this path is not bit-identical to
+// cm::compress_plan_host: tests hold it to cm::compare_compress's tolerances (values and momentum within 2e-5
+// of the chunk maximum, index sets equal except near ties), as the GPU is held to the CPU optimizer. The
+// buffers keep the fp32 path's layout with wider rows, chosen so every fragment load hits 32 distinct
+// banks (row strides of 8 or 4 mod 32 words).
+__host__ __device__ inline cm::ChunkDims tensor_core_dims() {
+    cm::ChunkDims d = cm::make_dims(cm::kFixedChunk, cm::kFixedChunk);
+    d.ldx = 72;  // FX: pass 1 reads B fragments down rows (8 t + g distinct)
+    d.ldz = 68;  // Z: pass 1's stores
+    d.ldf = 68;  // FZ: pass 2 reads B fragments along rows (4 g + t distinct)
+    d.ldt = 72;  // T and the gathered C1 rows: the decode's fragments
+    d.ldas = 72;
+    return d;
+}
+inline constexpr int kTensorBasisFloats = 2 * 2 * 4 * 32 * 8;  // parity x row block x k-step x lane x (4 hi + 4 lo)
+
+// x = hi + lo: hi is x with its low 13 mantissa bits cleared (a TF32 value), lo = x - hi exactly (fp32). The
+// tensor cores read lo's top 10 mantissa bits (they ignore the low 13), so lo * b is lo truncated to TF32 times
+// b: a relative error of 2^-11 in a term that is itself 2^-11 of x. Two instructions per value; the first
+// version rounded both parts with cvt.rna.tf32.f32 and issued each tile's three MMAs back to back: with this
+// split and mma_3xtf32's order the kernel went from 1.99 to 1.63 ms (ncu, d12, H100).
+__host__ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+    hi = llmc::km::float_to_bits(x) & 0xffffe000u;
+    lo = llmc::km::float_to_bits(x - llmc::km::bits_to_float(hi));
+}
+// d += A B for one 16 x 8 x 8 tile: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (fragments as the PTX
+// ISA lays them out; g = lane / 4, t = lane % 4: a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4];
+// b = B[t][g], B[t+4][g]; d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]).
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(LLMC_BLOCK_EMULATOR)
+    emu::mma_tf32_m16n8k8(d, a, b0, b1);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+// d[nt] += A B[nt] for NT tiles sharing A, both operands split: the small terms first, then hi * hi. Each round
+// issues the NT independent tiles back to back, so a warp never waits on the accumulator it just wrote.
+template <int NT>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[NT][4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                           const uint32_t (&b_hi)[NT][2], const uint32_t (&b_lo)[NT][2]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) mma_tf32_16x8x8(d[nt], a_lo, b_hi[nt][0], b_hi[nt][1]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) mma_tf32_16x8x8(d[nt], a_hi, b_lo[nt][0], b_lo[nt][1]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) mma_tf32_16x8x8(d[nt], a_hi, b_hi[nt][0], b_hi[nt][1]);
 }
 
 // Calls f(std::integral_constant<int, T>{}) for every tuning T (the kernel lab's loop over instantiations).
@@ -96,16 +170,17 @@ void for_each_tuning(F&& f) {
 
 inline uint32_t words4(size_t v) { return static_cast<uint32_t>((v + 3) & ~size_t{3}); }
 
-inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
-    const ModelPlan& plan = pt.plan;
-    LLMC_CHECK(plan.max_n <= 128, "--demo_chunk " + std::to_string(plan.chunk) +
-                                      ": the CUDA DeMo kernels handle chunks up to 128 x 128 (use --demo_chunk <= 128)");
-    KernelConfig kc;
-    kc.threads = plan.max_n <= cm::kFixedChunk ? 256 : 1024;  // cm::launch_tables relies on this split
-    kc.world = world;
-    const size_t T = size_t(kc.threads);
+// The shared-memory layouts of one launch group: maxima over its tensors (`in_group` picks them); `fixed` for
+// the 64 x 64 group, whose tensor-core tunings take wider rows (tensor_core_dims).
+template <class InGroup>
+void carve_layouts(const cm::PlanTables& pt, int world, size_t T, bool fixed, InGroup in_group, SmemLayout& compress,
+                   SmemLayout& apply) {
     size_t cP = 0, cQ = 0, cB = 0, cL = 0, aP = 0, aQ = 0, aB = 0, aC = 0, aL = 0, segs = 0;
     for (const cm::ChunkTensor& ct : pt.tensors) {
+        if (!in_group(ct)) continue;
+        LLMC_CHECK(uint64_t(ct.n1) * ct.cols < (uint64_t{1} << 32),
+                   "DeMo: a row of chunks of " + std::to_string(ct.n1) + " x " + std::to_string(ct.cols) +
+                       " elements is more than the CUDA kernels' 32-bit offsets hold");
         const cm::ChunkDims d = cm::make_dims(int(ct.n1), int(ct.n2));
         LLMC_CHECK(size_t(d.he1) * d.n2 <= kMaxPairsPerThread * T && size_t(d.elems) <= kMaxElemsPerThread * T,
                    "DeMo: chunk " + std::to_string(d.n1) + "x" + std::to_string(d.n2) + " too large for the kernels");
@@ -122,6 +197,16 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
         aC = std::max(aC, size_t(d.elems));
         aL = std::max<size_t>(aL, std::max<size_t>(ct.k, std::min<size_t>(size_t(world) * ct.k, size_t(d.elems))));
         segs = std::max(segs, size_t(2 * d.n1 + 1));
+        if (fixed) {
+            // the tensor-core tunings' wider rows, the split basis fragments and the decode rows padded to 8
+            const cm::ChunkDims t = tensor_core_dims();
+            const size_t Rp = (R + 7) & ~size_t{7}, Rp_apply = (R_apply + 7) & ~size_t{7};
+            cP = std::max({cP, size_t(t.n1) * t.ldx, size_t(t.n1) * t.ldf, Rp * t.ldt});
+            cQ = std::max({cQ, size_t(t.n1) * t.ldz, size_t(t.n1) * t.lde});
+            cB = std::max({cB, size_t(kTensorBasisFloats), Rp * t.ldas});
+            aP = std::max(aP, Rp_apply * t.ldt);
+            aB = std::max(aB, Rp_apply * t.ldas);
+        }
     }
     auto carve = [&](SmemLayout& L, size_t P, size_t Q, size_t B, size_t C, size_t Lc, size_t masks) {
         uint32_t off = 0;
@@ -141,8 +226,26 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
         L.total = off;
         L.lcap = static_cast<uint32_t>(Lc);
     };
-    carve(kc.compress, cP, cQ, cB, 0, cL, 2 * T);
-    carve(kc.apply, aP, aQ, aB, aC, aL, T);
+    carve(compress, cP, cQ, cB, 0, cL, 2 * T);
+    carve(apply, aP, aQ, aB, aC, aL, T);
+}
+
+// One layout per launch group: the general group's blocks (biases and LayerNorm weights of a GPT-2: 64-element
+// chunks) take a few KB instead of the 64 x 64 group's ~55 KB, so more of them share an SM.
+inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
+    const ModelPlan& plan = pt.plan;
+    LLMC_CHECK(plan.max_n <= 128, "--demo_chunk " + std::to_string(plan.chunk) +
+                                      ": the CUDA DeMo kernels handle chunks up to 128 x 128 (use --demo_chunk <= 128)");
+    KernelConfig kc;
+    kc.threads = plan.max_n <= cm::kFixedChunk ? 256 : 1024;  // cm::launch_tables relies on this split
+    kc.world = world;
+    const bool fixed_kernels = kc.threads == 256;
+    auto is_fixed = [fixed_kernels](const cm::ChunkTensor& ct) {  // cm::launch_tables' rule
+        return fixed_kernels && ct.n1 == cm::kFixedChunk && ct.n2 == cm::kFixedChunk;
+    };
+    carve_layouts(pt, world, size_t(kc.threads), true, is_fixed, kc.compress, kc.apply);
+    carve_layouts(pt, world, size_t(kc.threads), false, [&](const cm::ChunkTensor& ct) { return !is_fixed(ct); },
+                  kc.compress_general, kc.apply_general);
     return kc;
 }
 
@@ -512,9 +615,117 @@ __device__ __forceinline__ void run_jobs(const cm::MatmulJob& j0, const cm::Matm
     }
 }
 
+// ---- the tensor-core products (256 threads = 8 warps, 64 x 64 chunks, tensor_core_dims) -------------------
+// The folded basis of 64 (even block, then odd block, 32 x 32 each, fold[r * 32 + j] = A(j, r)) as the A
+// fragments of the DCT passes, split hi / lo: float4 entries [(q * 2 + {0 hi, 1 lo}) * 32 + lane] for
+// q = (parity * 2 + row block) * 4 + k-step. Both passes use it (n1 = n2 = 64). No barrier inside.
+__device__ __forceinline__ void build_tensor_basis(const float* __restrict__ fold, float4* tbl) {
+    for (int e = threadIdx.x; e < 16 * 32; e += blockDim.x) {
+        const int q = e >> 5, lane = e & 31, g = lane >> 2, t = lane & 3;
+        const int p = q >> 3, mb = (q >> 2) & 1, ks = q & 3;
+        const float* a = fold + p * 32 * 32;
+        const int j = 16 * mb + g, r = 8 * ks + t;
+        const float v[4] = {__ldg(a + r * 32 + j), __ldg(a + r * 32 + j + 8), __ldg(a + (r + 4) * 32 + j),
+                            __ldg(a + (r + 4) * 32 + j + 8)};
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) split_tf32(v[i], hi[i], lo[i]);
+        tbl[(q * 2) * 32 + lane] = make_float4(llmc::km::bits_to_float(hi[0]), llmc::km::bits_to_float(hi[1]),
+                                               llmc::km::bits_to_float(hi[2]), llmc::km::bits_to_float(hi[3]));
+        tbl[(q * 2 + 1) * 32 + lane] = make_float4(llmc::km::bits_to_float(lo[0]), llmc::km::bits_to_float(lo[1]),
+                                                   llmc::km::bits_to_float(lo[2]), llmc::km::bits_to_float(lo[3]));
+    }
+}
+
+// One folded DCT pass on the tensor cores: for parity p in {0, 1}, Out(j, c) = sum_{r < 32} A_p(j, r) In_p(r, c)
+// (j < 32, c < 64) with In_p(r, c) = in[p * in_ps + r * in_rs + c * in_cs], written to
+// out[p * out_ps + j * out_rs + c * out_cs]. Warp w: parity w / 4, rows 16 ((w / 2) % 2) + [0, 16), columns
+// 32 (w % 2) + [0, 32) (4 tiles of 8). Same sums as cm::pass1_job / pass2_job up to rounding. No barrier inside.
+__device__ __forceinline__ void tensor_dct_pass(const float4* tbl, const float* in, int in_ps, int in_rs, int in_cs,
+                                                float* out, int out_ps, int out_rs, int out_cs) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int p = warp >> 2, mb = (warp >> 1) & 1, nh = warp & 1;
+    const float* src = in + p * in_ps + (32 * nh + g) * in_cs;
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        const int q = (p * 2 + mb) * 4 + ks;
+        const float4 h = tbl[(q * 2) * 32 + lane], l = tbl[(q * 2 + 1) * 32 + lane];
+        const uint32_t a_hi[4] = {llmc::km::float_to_bits(h.x), llmc::km::float_to_bits(h.y),
+                                  llmc::km::float_to_bits(h.z), llmc::km::float_to_bits(h.w)};
+        const uint32_t a_lo[4] = {llmc::km::float_to_bits(l.x), llmc::km::float_to_bits(l.y),
+                                  llmc::km::float_to_bits(l.z), llmc::km::float_to_bits(l.w)};
+        const float* s0 = src + (8 * ks + t) * in_rs;
+        const float* s1 = s0 + 4 * in_rs;
+        uint32_t b_hi[4][2], b_lo[4][2];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            split_tf32(s0[8 * nt * in_cs], b_hi[nt][0], b_lo[nt][0]);
+            split_tf32(s1[8 * nt * in_cs], b_hi[nt][1], b_lo[nt][1]);
+        }
+        mma_3xtf32(acc, a_hi, a_lo, b_hi, b_lo);
+    }
+    float* dst = out + p * out_ps + (16 * mb + g) * out_rs + (32 * nh + 2 * t) * out_cs;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        float* o = dst + 8 * nt * out_cs;
+        o[0] = acc[nt][0];
+        o[out_cs] = acc[nt][1];
+        o[8 * out_rs] = acc[nt][2];
+        o[8 * out_rs + out_cs] = acc[nt][3];
+    }
+}
+
+// The decode product on the tensor cores: dec(m, n) = sum_{s < K} AS[s][m] T[s][n] (m, n < 64; K a multiple of 8,
+// rows R..K-1 of AS and T zero), dec rows of d.lde. Warp w: rows 16 (w / 2) + [0, 16), columns 32 (w % 2) +
+// [0, 32). No barrier inside.
+__device__ __forceinline__ void tensor_decode_product(const cm::ChunkDims& d, const float* AS, const float* T, int K,
+                                                      float* dec) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int mb = warp >> 1, nh = warp & 1;
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        const float* a0 = AS + (k0 + t) * d.ldas + 16 * mb + g;
+        const float* a1 = a0 + 4 * d.ldas;
+        uint32_t a_hi[4], a_lo[4];
+        split_tf32(a0[0], a_hi[0], a_lo[0]);
+        split_tf32(a0[8], a_hi[1], a_lo[1]);
+        split_tf32(a1[0], a_hi[2], a_lo[2]);
+        split_tf32(a1[8], a_hi[3], a_lo[3]);
+        const float* b0 = T + (k0 + t) * d.ldt + 32 * nh + g;
+        const float* b1 = b0 + 4 * d.ldt;
+        uint32_t b_hi[4][2], b_lo[4][2];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            split_tf32(b0[8 * nt], b_hi[nt][0], b_lo[nt][0]);
+            split_tf32(b1[8 * nt], b_hi[nt][1], b_lo[nt][1]);
+        }
+        mma_3xtf32(acc, a_hi, a_lo, b_hi, b_lo);
+    }
+    float* dst = dec + (16 * mb + g) * d.lde + 32 * nh + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        float* o = dst + 8 * nt;
+        o[0] = acc[nt][0];
+        o[1] = acc[nt][1];
+        o[8 * d.lde] = acc[nt][2];
+        o[8 * d.lde + 1] = acc[nt][3];
+    }
+}
+
 // Step 9 on the ascending list (Lidx, Lval)[0, count): dec (n1 x lde, in `dec`) = C1^T S C2. Uses T (n2-wide
 // rows) and AS (ldas-wide rows) scratch and segs (2 n1 + 1 ints). Starts and ends with all threads in step.
-template <int THREADS, int TJ = 4, int TC = 4>
+// TENSOR (64 x 64 chunks, 256 threads, tensor_core_dims): the product on the tensor cores, over the rows rounded
+// up to a multiple of 8 (the extra rows of T and AS zeroed).
+template <int THREADS, int TJ = 4, int TC = 4, bool TENSOR = false>
 __device__ __forceinline__ void decode_list(const cm::ChunkDims& d, const float* __restrict__ c1,
                                             const float* __restrict__ c2, const uint32_t* Lidx, const float* Lval,
                                             int count, float* T, float* AS, float* dec, int* segs, uint32_t* scan) {
@@ -538,19 +749,33 @@ __device__ __forceinline__ void decode_list(const cm::ChunkDims& d, const float*
     }
     if (threadIdx.x == 0) seg_start[R] = count;
     __syncthreads();
-    const int rows = int(R);
-    for (int q = threadIdx.x; q < rows * d.n2; q += THREADS) {
+    const int rows = int(R), padded = TENSOR ? (rows + 7) & ~7 : rows;
+    for (int q = threadIdx.x; q < padded * d.n2; q += THREADS) {
         const int s = q / d.n2, n = q - s * d.n2;
-        T[s * d.ldt + n] = cm::decode_row_value(Lidx, Lval, seg_start[s], seg_start[s + 1], c2, d.n2, n);
+        T[s * d.ldt + n] = s < rows ? cm::decode_row_value(Lidx, Lval, seg_start[s], seg_start[s + 1], c2, d.n2, n) : 0.0f;
     }
-    for (int q = threadIdx.x; q < rows * d.ldas; q += THREADS) {
+    for (int q = threadIdx.x; q < padded * d.ldas; q += THREADS) {
         const int s = q / d.ldas, m = q - s * d.ldas;
-        AS[q] = m < d.n1 ? c1[seg_row[s] * d.n1 + m] : 0.0f;
+        AS[q] = s < rows && m < d.n1 ? c1[seg_row[s] * d.n1 + m] : 0.0f;
     }
     __syncthreads();
-    const cm::MatmulJob job = cm::decode_job(d, AS, T, rows, dec);
-    run_jobs<THREADS, TJ, TC>(job, job, 1);
+    if constexpr (TENSOR) {
+        static_assert(THREADS == 256, "the tensor-core decode takes 8 warps");
+        tensor_decode_product(d, AS, T, padded, dec);
+    } else {
+        const cm::MatmulJob job = cm::decode_job(d, AS, T, rows, dec);
+        run_jobs<THREADS, TJ, TC>(job, job, 1);
+    }
     __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// cm::chunk_origin with a 32-bit division (a launch holds fewer than 2^31 chunks): the 64-bit one is a
+// ~70-instruction subroutine that every thread of every block ran. Element (b, n) of the chunk is then at
+// origin + b * cols + n with a 32-bit offset (make_kernel_config checks n1 * cols < 2^32 for every tensor).
+__device__ __forceinline__ uint64_t block_chunk_origin(const cm::ChunkTensor& t, uint32_t c) {
+    const uint32_t row = c / t.block_cols, col = c - row * t.block_cols;
+    return t.offset + uint64_t(row) * t.n1 * t.cols + uint64_t(col) * t.n2;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -575,14 +800,18 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
+    constexpr bool kTensor = FIXED == int(cm::kFixedChunk) && kTune.tensor_dct;
+    static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;
     const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
     const uint64_t c = gchunk - ct.chunk_offset;
-    const cm::ChunkDims d = FIXED ? cm::make_dims(FIXED, FIXED) : cm::make_dims(int(ct.n1), int(ct.n2));
-    const uint64_t origin = cm::chunk_origin(ct, c);
+    const cm::ChunkDims d = kTensor ? tensor_core_dims()
+                            : FIXED ? cm::make_dims(FIXED, FIXED)
+                                    : cm::make_dims(int(ct.n1), int(ct.n2));
+    const uint64_t origin = block_chunk_origin(ct, uint32_t(c));
     const uint64_t cols = ct.cols;
     float* P = sm + a.L.P;
     float* Q = sm + a.L.Q;
@@ -595,11 +824,15 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     uint32_t* res = scan + 36;
     float* misc = reinterpret_cast<float*>(scan + 48);
 
-    // folded bases -> shared (float4: table offsets and sizes are multiples of 4); histograms cleared
+    // folded bases -> shared (float4: table offsets and sizes are multiples of 4), or the tensor cores' split
+    // fragments of them; histograms cleared
     const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
     float* fold1 = B;
     float* fold2 = B + f1;
-    {
+    if constexpr (kTensor) {
+        LLMC_REQUIRE_ALIGNED(B, 16);
+        build_tensor_basis(a.folded + ct.fold1, reinterpret_cast<float4*>(B));
+    } else {
         const float4* s1 = reinterpret_cast<const float4*>(a.folded + ct.fold1);
         const float4* s2 = reinterpret_cast<const float4*>(a.folded + ct.fold2);
         LLMC_REQUIRE_ALIGNED(s1, 16);
@@ -608,15 +841,18 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         LLMC_REQUIRE_ALIGNED(fold2, 16);
         for (int i = tid; i < f1 / 4; i += THREADS) reinterpret_cast<float4*>(fold1)[i] = s1[i];
         for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
-        hist[tid] = 0u;
-        hist[THREADS + tid] = 0u;
-        if (tid < 12) res[tid] = 0u;
     }
+    hist[tid] = 0u;
+    hist[THREADS + tid] = 0u;
+    if (tid < 12) res[tid] = 0u;
 
     // 1-2: read momentum and gradient once; momentum update; fold rows into FX (P). Thread owns the row pairs
     // (b, n), (n1-1-b, n) of slots q = tid + r * THREADS (consecutive lanes: consecutive columns).
     const int npairs = d.he1 * d.n2;
     float own_top[kMaxPairsPerThread], own_bot[kMaxPairsPerThread];
+    float* const momentum = a.momentum + origin;
+    const float* const grads = a.grads + origin;
+    const uint32_t cols32 = uint32_t(cols);
     {
         float m_top[kMaxPairsPerThread], g_top[kMaxPairsPerThread], m_bot[kMaxPairsPerThread], g_bot[kMaxPairsPerThread];
 #pragma unroll
@@ -625,12 +861,12 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
             m_top[r] = g_top[r] = m_bot[r] = g_bot[r] = 0.0f;
             if (q < npairs) {
                 const int b = q / d.n2, n = q - b * d.n2, bb = d.n1 - 1 - b;
-                const uint64_t i1 = origin + uint64_t(b) * cols + n, i2 = origin + uint64_t(bb) * cols + n;
-                m_top[r] = a.momentum[i1];
-                g_top[r] = __ldg(a.grads + i1);
+                const uint32_t i1 = uint32_t(b) * cols32 + uint32_t(n), i2 = uint32_t(bb) * cols32 + uint32_t(n);
+                m_top[r] = momentum[i1];
+                g_top[r] = __ldg(grads + i1);
                 if (bb != b) {
-                    m_bot[r] = a.momentum[i2];
-                    g_bot[r] = __ldg(a.grads + i2);
+                    m_bot[r] = momentum[i2];
+                    g_bot[r] = __ldg(grads + i2);
                 }
             }
         }
@@ -656,7 +892,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     __syncthreads();
 
     // 3: pass 1 (along rows): FX (P) -> Z (Q)
-    run_jobs<THREADS, kTileJ, kTileC>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
+    if constexpr (kTensor)
+        tensor_dct_pass(reinterpret_cast<const float4*>(B), P, d.he1 * d.ldx, d.ldx, 1, Q, d.ldz, 2 * d.ldz, 1);
+    else
+        run_jobs<THREADS, kTileJ, kTileC>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
     __syncthreads();
     // 4: fold columns: Z (Q) -> FZ (P)
     for (int q = tid; q < d.n1 * d.he2; q += THREADS) {
@@ -667,7 +906,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     }
     __syncthreads();
     // 5: pass 2 (along columns): FZ (P) -> E (Q)
-    run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
+    if constexpr (kTensor)
+        tensor_dct_pass(reinterpret_cast<const float4*>(B), P, d.he2, 1, d.ldf, Q, 1, 2, d.lde);
+    else
+        run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
 
     // 6: top-k (radix select), placed in index order into the list. Keys of natural indices tid + r * THREADS.
@@ -706,7 +948,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     __syncthreads();
 
     // 9: decode what was sent (T in P, gathered C1 rows in B, dec in Q)
-    decode_list<THREADS, kTileJ, kTileC>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B, Q, segs, scan);
+    decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B,
+                                                   Q, segs, scan);
 
     // 10: error feedback, the one write of the momentum
 #pragma unroll
@@ -714,9 +957,9 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         const int q = tid + r * THREADS;
         if (q < npairs) {
             const int b = q / d.n2, nn = q - b * d.n2, bb = d.n1 - 1 - b;
-            a.momentum[origin + uint64_t(b) * cols + nn] = cm::feedback(own_top[r], Q[b * d.lde + nn], a.p.alpha);
+            momentum[uint32_t(b) * cols32 + uint32_t(nn)] = cm::feedback(own_top[r], Q[b * d.lde + nn], a.p.alpha);
             if (bb != b)
-                a.momentum[origin + uint64_t(bb) * cols + nn] = cm::feedback(own_bot[r], Q[bb * d.lde + nn], a.p.alpha);
+                momentum[uint32_t(bb) * cols32 + uint32_t(nn)] = cm::feedback(own_bot[r], Q[bb * d.lde + nn], a.p.alpha);
         }
     }
 }
@@ -741,14 +984,18 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
+    constexpr bool kTensor = FIXED == int(cm::kFixedChunk) && kTune.tensor_dct;
+    static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;
     const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
     const uint64_t c = gchunk - ct.chunk_offset;
-    const cm::ChunkDims d = FIXED ? cm::make_dims(FIXED, FIXED) : cm::make_dims(int(ct.n1), int(ct.n2));
-    const uint64_t origin = cm::chunk_origin(ct, c);
+    const cm::ChunkDims d = kTensor ? tensor_core_dims()
+                            : FIXED ? cm::make_dims(FIXED, FIXED)
+                                    : cm::make_dims(int(ct.n1), int(ct.n2));
+    const uint64_t origin = block_chunk_origin(ct, uint32_t(c));
     float* P = sm + a.L.P;
     float* Q = sm + a.L.Q;  // sums, then dec
     float* B = sm + a.L.B;
@@ -826,7 +1073,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         }
     }
     __syncthreads();
-    decode_list<THREADS, kTileJ, kTileC>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P, B, Q, segs, scan);
+    decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P,
+                                                   B, Q, segs, scan);
 
     // update the master weights and the floatX copy
     const bool decays = a.p.apply_wd && ct.decays;
@@ -835,7 +1083,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         const int q = tid + r * THREADS;
         if (q < int(n)) {
             const int b = q / d.n2, nn = q - b * d.n2;
-            const uint64_t gi = origin + uint64_t(b) * ct.cols + nn;
+            const uint64_t gi = origin + (uint32_t(b) * ct.cols + uint32_t(nn));  // 32-bit offset (block_chunk_origin)
             const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays);
             a.master[gi] = p;
             if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);
@@ -897,7 +1145,7 @@ inline void raise_smem_limit(const void* kernel, size_t bytes) {
     have = bytes;
 }
 
-// The 64 x 64 kernels of tuning TUNE (prepare_kernels does tuning 0).
+// The 64 x 64 kernels of tuning TUNE (prepare_kernels does the fp32 and the tensor-core tunings).
 template <int TUNE>
 inline void prepare_tuning(const KernelConfig& kc) {
     if (kc.threads != 256) return;
@@ -910,25 +1158,26 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
     int device = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    const size_t need = std::max(kc.compress.bytes(), kc.apply.bytes());
+    const size_t need = kc.max_bytes();
     LLMC_CHECK(need <= size_t(optin),
                "DeMo kernels need " + std::to_string(need) + " bytes of shared memory per block for --demo_chunk " +
                    std::to_string(plan.chunk) + " / --demo_topk " + std::to_string(plan.topk) + " with " +
                    std::to_string(kc.world) + " ranks; this GPU allows " + std::to_string(optin) +
                    " (lower --demo_chunk or --demo_topk)");
     if (kc.threads == 256) {
-        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, 0>), kc.compress.bytes());
-        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, 0>), kc.apply.bytes());
-        prepare_tuning<0>(kc);
+        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, 0>), kc.compress_general.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, 0>), kc.apply_general.bytes());
+        prepare_tuning<kExactTuning>(kc);
+        prepare_tuning<kTensorTuning>(kc);
     } else {
-        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<1024, 0>), kc.compress.bytes());
-        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<1024, 0>), kc.apply.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<1024, 0>), kc.compress_general.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<1024, 0>), kc.apply_general.bytes());
     }
 }
 
 // Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero). One launch per
 // group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels). TUNE: see kTunings.
-template <int TUNE = 0>
+template <int TUNE = kExactTuning>
 inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
                             uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
@@ -941,17 +1190,18 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
     }
     if (t.general_chunks) {
         const CompressArgs args{t.tensors + t.fixed_tensors, t.general_tensors, t.folded, t.natural, momentum, grads,
-                                bucket, p, kc.compress};
+                                bucket, p, kc.compress_general};
         const dim3 grid(static_cast<unsigned>(t.general_chunks));
-        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, kc.compress.bytes(), stream, demo_compress_kernel<256, 0>)(args);
-        else LLMC_LAUNCH(grid, 1024, kc.compress.bytes(), stream, demo_compress_kernel<1024, 0>)(args);
+        const size_t smem = kc.compress_general.bytes();
+        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, smem, stream, demo_compress_kernel<256, 0>)(args);
+        else LLMC_LAUNCH(grid, 1024, smem, stream, demo_compress_kernel<1024, 0>)(args);
         CUDA_CHECK_LAUNCH();
     }
 }
 
 // Apply p.world buckets (back to back, p.bucket_bytes each) to the master weights and params. `error` (2 words,
 // device) must hold {0, UINT32_MAX} before the launch.
-template <int TUNE = 0>
+template <int TUNE = kExactTuning>
 inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
                          llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
                          uint32_t* error, cudaStream_t stream) {
@@ -968,10 +1218,11 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
     }
     if (t.general_chunks) {
         const ApplyArgs args{t.tensors + t.fixed_tensors, t.general_tensors, t.natural, buckets, master, params, p, seed,
-                             stochastic, error, kc.apply};
+                             stochastic, error, kc.apply_general};
         const dim3 grid(static_cast<unsigned>(t.general_chunks));
-        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, kc.apply.bytes(), stream, demo_apply_kernel<256, 0>)(args);
-        else LLMC_LAUNCH(grid, 1024, kc.apply.bytes(), stream, demo_apply_kernel<1024, 0>)(args);
+        const size_t smem = kc.apply_general.bytes();
+        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, smem, stream, demo_apply_kernel<256, 0>)(args);
+        else LLMC_LAUNCH(grid, 1024, smem, stream, demo_apply_kernel<1024, 0>)(args);
         CUDA_CHECK_LAUNCH();
     }
 }

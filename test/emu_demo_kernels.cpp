@@ -36,21 +36,25 @@ namespace cm = demo::cm;
 namespace km = llmc::km;
 
 // One launch as launch_compress / launch_apply make it: the 64 x 64 group with the fixed kernel, then the rest.
+// Each group with its own shared-memory layout (fixed_layout / general_layout), as the launches give it.
 template <class FixedKernel, class GeneralKernel, class Args>
-void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, size_t smem_bytes, emu::Order order,
-                      Args args, FixedKernel fixed, GeneralKernel general) {
-    EXPECT(smem_bytes <= EMU_SHARED_BYTES);
-    auto run_group = [&](int first, int count, uint64_t chunks, int threads, auto kernel) {
+void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, const demo::SmemLayout& fixed_layout,
+                      const demo::SmemLayout& general_layout, emu::Order order, Args args, FixedKernel fixed,
+                      GeneralKernel general) {
+    auto run_group = [&](int first, int count, uint64_t chunks, int threads, const demo::SmemLayout& L, auto kernel) {
+        EXPECT(L.bytes() <= EMU_SHARED_BYTES);
         Args a = args;
         a.tensors = lt.tensors.data() + first;
         a.num_tensors = count;
+        a.L = L;
         // NaN everywhere in the shared memory before each block: it starts undefined
-        emu::run_grid(emu::Dim3{unsigned(threads), 1, 1}, emu::Dim3{unsigned(chunks), 1, 1}, order, 99, smem_bytes,
+        emu::run_grid(emu::Dim3{unsigned(threads), 1, 1}, emu::Dim3{unsigned(chunks), 1, 1}, order, 99, L.bytes(),
                       [&] { kernel(a); });
     };
-    if (lt.fixed_chunks) run_group(0, lt.fixed_tensors, lt.fixed_chunks, 256, fixed);
+    if (lt.fixed_chunks) run_group(0, lt.fixed_tensors, lt.fixed_chunks, 256, fixed_layout, fixed);
     if (lt.general_chunks)
-        run_group(lt.fixed_tensors, int(lt.tensors.size()) - lt.fixed_tensors, lt.general_chunks, kc.threads, general);
+        run_group(lt.fixed_tensors, int(lt.tensors.size()) - lt.fixed_tensors, lt.general_chunks, kc.threads,
+                  general_layout, general);
 }
 
 template <int TUNE = 0>
@@ -67,7 +71,7 @@ std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<fl
         if (kc.threads == 256) demo::demo_compress_kernel<256, 0>(a);
         else demo::demo_compress_kernel<1024, 0>(a);
     };
-    emulate_launches(kc, lt, kc.compress.bytes(), order, args, fixed, general);
+    emulate_launches(kc, lt, kc.compress, kc.compress_general, order, args, fixed, general);
     std::vector<std::byte> out(bucket.size());
     std::memcpy(out.data(), bucket.data(), bucket.size());
     return out;
@@ -92,7 +96,7 @@ ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<st
         if (kc.threads == 256) demo::demo_apply_kernel<256, 0>(a);
         else demo::demo_apply_kernel<1024, 0>(a);
     };
-    emulate_launches(kc, lt, kc.apply.bytes(), order, args, fixed, general);
+    emulate_launches(kc, lt, kc.apply, kc.apply_general, order, args, fixed, general);
     return out;
 }
 
@@ -157,8 +161,17 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
                 "%zu momentum values differ",
                 name.c_str(), order_name(order), TUNE, pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
                 (unsigned long long)lt.general_chunks, demo::make_kernel_config(pt, 1).threads, byte_diffs, mom_diffs);
-    EXPECT_EQ(byte_diffs, size_t{0});
-    EXPECT_EQ(mom_diffs, size_t{0});
+    constexpr bool kExact = demo::is_exact_tuning(TUNE);
+    if constexpr (kExact) {
+        EXPECT_EQ(byte_diffs, size_t{0});
+        EXPECT_EQ(mom_diffs, size_t{0});
+    } else {
+        // the tensor cores' sums: held to the tolerances the GPU is held to against the CPU optimizer
+        const cm::CompressAgreement ag = cm::compare_compress(pt, b_emu, b_ref, m_emu, m_ref, m0, grads, cp);
+        std::printf("\n    (tensor cores) vs host reference: %s", ag.describe().c_str());
+        EXPECT(ag.ok(2e-5, 2e-5));
+        EXPECT(lt.fixed_chunks > 0);  // the tensor-core kernel ran
+    }
 
     std::vector<std::byte> all = b_emu;
     for (int r = 1; r < world; r++) {
@@ -185,8 +198,14 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
         }
         if (stochastic) std::printf("; apply (%d rank(s)) %zu master weights and %zu params differ\n", world, master_diffs, param_diffs);
         EXPECT_EQ(a.error[0], 0u);
-        EXPECT_EQ(master_diffs, size_t{0});
         EXPECT_EQ(param_diffs, size_t{0});
+        if constexpr (kExact) {
+            EXPECT_EQ(master_diffs, size_t{0});
+        } else {
+            const cm::ApplyAgreement ag = cm::compare_apply(pt, all, world, a.master, p_ref);
+            if (stochastic) std::printf("    (tensor cores) apply vs host reference: %s\n", ag.describe().c_str());
+            EXPECT(ag.ok());
+        }
     }
 }
 
@@ -251,6 +270,19 @@ TEST(every_tuning_matches_host_reference) {
         check_case<T>(std::string("small mixed sign/packed12/ema/k9, ") + demo::tuning_name(T), layout, sign, 80 + T,
                       emu::Order::Shuffled, 2);
     });
+}
+
+// The tensor-core kernels on d12-like 64 x 64 chunks: fp32 values at k 32 (sparse decode rows), k 100 (every
+// one of the 64 rows can hold a sent coefficient: the decode's full K), EMA momentum with alpha 0.2, 4 ranks.
+TEST(tensor_core_kernels_agree_with_host_reference) {
+    constexpr int T = demo::kTensorTuning;
+    const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
+    check_case<T>("64x64 fp32/smallest/lr/k32, tensor cores", layout,
+                  cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                  110, emu::Order::Forward, 2);
+    check_case<T>("64x64 bf16/smallest/ema/a0.2/k100, tensor cores", layout,
+                  cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100),
+                  120, emu::Order::WarpSerial, 4);
 }
 
 // --demo_chunk 96: uneven chunks and the 1024-thread kernels.

@@ -32,7 +32,7 @@ BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32",
         "1", "--val_every", "0", "--val_batches", "1", "--sample_every", "0", "--checkpoint_every", "0"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
+for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
              "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER"):
     ENV.pop(knob, None)
 failures = []
@@ -97,7 +97,7 @@ def main():
         cpu1 = run(CPU, f"cpu-{opt}-1", steps + ["--optimizer", opt])
         emu1 = run(EMU["fp32"], f"fp32-{opt}-1", steps + ["--optimizer", opt])
         if opt == "demo":
-            emu_demo1 = emu1
+            emu_demo1, cpu_demo1 = emu1, cpu1
         compare(f"fp32 {opt}, 1 rank, vs CPU trainer", emu1, cpu1, "loss", rel)
         compare(f"fp32 {opt}, 1 rank, vs CPU trainer", emu1, cpu1, "grad_norm", 1e-3)
         cpu2 = run(CPU, f"cpu-{opt}-2", steps + ["--optimizer", opt], ranks=2)
@@ -108,6 +108,12 @@ def main():
         staged = run(EMU["fp32"], f"fp32-{opt}-2-mpi", steps + ["--optimizer", opt], ranks=2,
                      env={"LLMC_TRANSPORT": "mpi"})
         compare(f"fp32 {opt}, 2 ranks, LLMC_TRANSPORT=mpi vs NCCL transport", staged, emu2, "loss", 1e-6)
+
+    # DeMo's compress with its DCTs on the tensor cores (LLMC_DEMO_DCT=tensor, 3xTF32) instead of the default fp32
+    # multiply-adds: within DeMo's tolerance of the CPU trainer, and close to the default run.
+    tensor = run(EMU["fp32"], "fp32-demo-1-dct-tensor", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_DCT": "tensor"})
+    compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs CPU trainer", tensor, cpu_demo1, "loss", 1e-4)
+    compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs fp32 DCTs", tensor, emu_demo1, "loss", 1e-5)
 
     # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
     # losses and samples (same logits to rounding, same sampling RNG) are the CPU trainer's.

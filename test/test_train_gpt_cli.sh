@@ -57,6 +57,8 @@ LLMC_ATTENTION=flash run ./train_gpt --config configs/tiny.json --steps 1 --out_
 check "LLMC_ATTENTION=flash on head size 16 -> one-line error" one_line_error "flash attention needs head size 64"
 LLMC_GELU_FUSION=3 run ./train_gpt --steps 1 --out_dir "$TMP/run"
 check "LLMC_GELU_FUSION=3 -> one-line error" one_line_error "LLMC_GELU_FUSION must be 0, 1 or 2; got '3'"
+LLMC_DEMO_DCT=bf16 run ./train_gpt --steps 1 --out_dir "$TMP/run"
+check "LLMC_DEMO_DCT=bf16 -> one-line error" one_line_error "LLMC_DEMO_DCT must be fp32 or tensor; got 'bf16'"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "(a GPU is present: the no-GPU message is not checked here)"

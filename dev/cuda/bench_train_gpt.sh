@@ -6,8 +6,10 @@
 # relative to AdamW's (issue target: within 5%). The first two runs use the trainer's defaults (flash
 # attention; on Hopper both GELU epilogues); then both optimizers with LLMC_ATTENTION=matmul (cuBLASLt +
 # softmax attention), and AdamW with LLMC_GELU_FUSION=1 (the forward GELU epilogue only), so every default is
-# timed against its alternative. When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the
-# same batch and data, for a same-GPU baseline.
+# timed against its alternative, and DeMo with LLMC_DEMO_DCT=tensor (the compress kernel's DCTs on the tensor
+# cores instead of in fp32 multiply-adds). When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same
+# batch and data, for a same-GPU baseline. BENCH_QUICK=1 runs only the three default-attention runs (AdamW,
+# DeMo, DeMo with tensor-core DCTs), for short GPU sessions.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
 # Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
 set -euo pipefail
@@ -63,10 +65,13 @@ ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
 
 : >"$out/summary.txt"
 nvidia-smi -L
-unset LLMC_ATTENTION LLMC_GELU_FUSION
+unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
+LLMC_DEMO_DCT=tensor run_ours demo-tensordct demo --demo_topk 32
+ratio adamw demo-tensordct "DeMo step with LLMC_DEMO_DCT=tensor / AdamW step"
+[[ ${BENCH_QUICK:-0} == 1 ]] && exit 0
 LLMC_ATTENTION=matmul run_ours adamw-matmul adamw
 LLMC_ATTENTION=matmul run_ours demo-matmul demo --demo_topk 32
 ratio adamw-matmul demo-matmul "DeMo step / AdamW step, matmul attention (target within +5%)"

@@ -1,6 +1,6 @@
 // Runs CUDA kernel code on the CPU, one thread block at a time, so kernels can be tested on machines without
 // a GPU (CI): every CUDA thread is a fiber (its own stack) on the calling OS thread, __syncthreads and the warp
-// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp, and mma.sync m16n8k16 bf16 and
+// intrinsics (__shfl_*_sync, __ballot_sync, __reduce_*_sync, __syncwarp, mma.sync m16n8k16 bf16, m16n8k8 tf32 and
 // ldmatrix, which kernels reach through wrappers that test LLMC_BLOCK_EMULATOR; cp.async copies are deferred to
 // the issuing thread's wait, as late as the hardware may perform them, or with cp_async_eager() performed at
 // issue, as early as it may) are cooperative barriers, vector
@@ -389,6 +389,37 @@ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0
     for (int i = 0; i < 4; i++) {
         const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + (i & 1);
         for (int k = 0; k < 16; k++) sum[i] += A(r, k) * B(k, n);
+    }
+    wait_at(BlockState::Wait::Warp);
+    for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for the calling lane: d += A * B with A (16 x 8) and B (8 x 8)
+// as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k8", .tf32; g = lane / 4, t = lane % 4):
+// a[0] = A[g][t], a[1] = A[g+8][t], a[2] = A[g][t+4], a[3] = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g];
+// d as mma_bf16_m16n8k16. Each operand is an fp32 bit pattern whose low 13 bits the tensor cores ignore
+// (masked here); products exact in double, summed there, added to d once.
+inline void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    BlockState* b = active_block();
+    uint32_t(*w)[6] = b->mma[b->current >> 5];
+    const int me = lane();
+    for (int i = 0; i < 4; i++) w[me][i] = a[i];
+    w[me][4] = b0;
+    w[me][5] = b1;
+    wait_at(BlockState::Wait::Warp);
+    auto tf32 = [](uint32_t reg) {
+        const uint32_t bits = reg & 0xffffe000u;
+        float f;
+        std::memcpy(&f, &bits, sizeof(f));
+        return double(f);
+    };
+    auto A = [&](int r, int k) { return tf32(w[(r % 8) * 4 + k % 4][(r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]); };
+    auto B = [&](int k, int n) { return tf32(w[n * 4 + k % 4][k >= 4 ? 5 : 4]); };
+    const int g = me / 4, t = me % 4;
+    double sum[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + (i & 1);
+        for (int k = 0; k < 8; k++) sum[i] += A(r, k) * B(k, n);
     }
     wait_at(BlockState::Wait::Warp);
     for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);

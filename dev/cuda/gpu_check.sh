@@ -79,13 +79,13 @@ done
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
 # the defaults on a head size of 16, so the matmul attention): both attentions at head size 64, then every GELU
 # level (0 separate kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
-variant() {  # variant <row name> <VAR=value> <gpu_test_gpt2 args...>
-  local name=$1 setting=$2
-  shift 2
-  [[ -x build/cuda/gpu_test_gpt2 && ( -z "$filter" || "$name" == *"$filter"* ) ]] || return 0
+variant() {  # variant <row name> <VAR=value> <binary> <args...>
+  local name=$1 setting=$2 bin=$3
+  shift 3
+  [[ -x $bin && ( -z "$filter" || "$name" == *"$filter"* ) ]] || return 0
   local start secs rc status
   start=$(date +%s.%N)
-  env "$setting" timeout "${GPU_CHECK_TIMEOUT:-180}" build/cuda/gpu_test_gpt2 "$@" >"$logdir/$name.log" 2>&1; rc=$?
+  env "$setting" timeout "${GPU_CHECK_TIMEOUT:-180}" "$bin" "$@" >"$logdir/$name.log" 2>&1; rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
   elif [[ $rc -eq 77 ]]; then status=SKIP; skipped=$((skipped+1))
@@ -94,9 +94,13 @@ variant() {  # variant <row name> <VAR=value> <gpu_test_gpt2 args...>
   fi
   rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
 }
-variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/reference/hs64
-variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/reference/hs64
-for level in 0 1 2; do variant gpu_test_gpt2_gelu$level LLMC_GELU_FUSION=$level build/reference/tiny; done
+variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/cuda/gpu_test_gpt2 build/reference/hs64
+variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/cuda/gpu_test_gpt2 build/reference/hs64
+for level in 0 1 2; do
+  variant gpu_test_gpt2_gelu$level LLMC_GELU_FUSION=$level build/cuda/gpu_test_gpt2 build/reference/tiny
+done
+# DeMo with its compress kernel's DCTs on the tensor cores, 10 steps against the CPU optimizer
+variant gpu_test_demo_tensor LLMC_DEMO_DCT=tensor build/cuda/gpu_test_demo build/reference/tiny
 
 # The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
 if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
