@@ -104,9 +104,9 @@ inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct; }
 // dense products of a chunk (the two folded DCT passes: 32 x 32 bases times 32 x 64 halves, and the decode
 // C1^T S C2 over the R rows that hold a sent coefficient) run as mma.sync m16n8k8 TF32 with fp32
 // accumulation, each operand split into a TF32 high part and the fp32 remainder and the product taken as
-// hi*hi + hi*lo + lo*hi ("3xTF32"): close to fp32's accuracy (the dropped lo*lo term and lo's truncation are
-// 2^-21 of the product; measured on d12 shapes: values within 2e-6 of the chunk maximum of the host
-// reference). The tensor cores sum in their own order, so this path is not bit-identical to
+// hi*hi + hi*lo + lo*hi ("3xTF32"): close to fp32's accuracy (the dropped lo*lo term and lo's truncation
+// are at most ~2^-20 of the product; measured on d12 shapes: values within 2e-6 of the chunk maximum of the
+// host reference). The tensor cores sum in their own order, so this path is not bit-identical to
 // cm::compress_plan_host: tests hold it to cm::compare_compress's tolerances (values and momentum within 2e-5
 // of the chunk maximum, index sets equal except near ties), as the GPU is held to the CPU optimizer. The
 // buffers keep the fp32 path's layout with wider rows, chosen so every fragment load hits 32 distinct

@@ -285,6 +285,57 @@ TEST(tensor_core_kernels_agree_with_host_reference) {
                   120, emu::Order::WarpSerial, 4);
 }
 
+// The emulated mma.sync m16n8k8 TF32 against a plain 16 x 8 x 8 product of the matrices its fragments encode (the
+// PTX ISA's layout, written out here independently of the kernels' fragment loads), once on TF32 values (exact
+// products: only the summation rounds) and once through demo::mma_3xtf32's split of fp32 values (error bounded
+// by ~2^-20 of the products' magnitudes, against ~2^-11 for a single TF32 product).
+TEST(emulated_tf32_mma_layout_and_split) {
+    const std::vector<float> A = testing::random_normal(16 * 8, 7, 1.0f), Bm = testing::random_normal(8 * 8, 8, 1.0f);
+    auto tf32 = [](float v) { return km::bits_to_float(km::float_to_bits(v) & 0xffffe000u); };
+    for (const bool split : {false, true}) {
+        std::vector<float> D(16 * 8, 0.0f);
+        emu::run_block(32, 0, 1, emu::Order::Shuffled, 5, [&] {
+            const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+            auto a = [&](int r, int c) { return split ? A[size_t(r) * 8 + c] : tf32(A[size_t(r) * 8 + c]); };
+            auto b = [&](int r, int c) { return split ? Bm[size_t(r) * 8 + c] : tf32(Bm[size_t(r) * 8 + c]); };
+            const float av[4] = {a(g, t), a(g + 8, t), a(g, t + 4), a(g + 8, t + 4)};
+            const float bv[2] = {b(t, g), b(t + 4, g)};
+            float d[1][4] = {{1.0f, 2.0f, 3.0f, 4.0f}};
+            if (split) {
+                uint32_t a_hi[4], a_lo[4], b_hi[1][2], b_lo[1][2];
+                for (int i = 0; i < 4; i++) demo::split_tf32(av[i], a_hi[i], a_lo[i]);
+                for (int i = 0; i < 2; i++) demo::split_tf32(bv[i], b_hi[0][i], b_lo[0][i]);
+                demo::mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
+            } else {
+                const uint32_t ab[4] = {km::float_to_bits(av[0]), km::float_to_bits(av[1]), km::float_to_bits(av[2]),
+                                        km::float_to_bits(av[3])};
+                demo::mma_tf32_16x8x8(d[0], ab, km::float_to_bits(bv[0]), km::float_to_bits(bv[1]));
+            }
+            D[size_t(g) * 8 + 2 * t] = d[0][0] - 1.0f;
+            D[size_t(g) * 8 + 2 * t + 1] = d[0][1] - 2.0f;
+            D[size_t(g + 8) * 8 + 2 * t] = d[0][2] - 3.0f;
+            D[size_t(g + 8) * 8 + 2 * t + 1] = d[0][3] - 4.0f;
+        });
+        double err = 0, tf32_err = 0;
+        for (int r = 0; r < 16; r++)
+            for (int c = 0; c < 8; c++) {
+                double s = 0, s1 = 0;
+                for (int k = 0; k < 8; k++) {
+                    const float x = split ? A[size_t(r) * 8 + k] : tf32(A[size_t(r) * 8 + k]);
+                    const float y = split ? Bm[size_t(k) * 8 + c] : tf32(Bm[size_t(k) * 8 + c]);
+                    s += double(x) * y;
+                    s1 += double(tf32(x)) * tf32(y);
+                }
+                err = std::max(err, std::fabs(s - D[size_t(r) * 8 + c]));
+                tf32_err = std::max(tf32_err, std::fabs(s - s1));
+            }
+        std::printf("  %s: max err %.2e vs plain product (one TF32 product of the same values: %.2e)\n",
+                    split ? "3xTF32 of fp32 values" : "TF32 values", err, tf32_err);
+        EXPECT(err < (split ? 2e-5 : 1e-5));
+        if (split) EXPECT(err < tf32_err / 20);  // the split is what makes it fp32-accurate
+    }
+}
+
 // --demo_chunk 96: uneven chunks and the 1024-thread kernels.
 TEST(chunk96_1024_threads_match_host_reference) {
     check_case("[192,288]+[384], --demo_chunk 96 topk 32", ParamLayout::of_shapes({{192, 288}, {384}, {3, 5}}),

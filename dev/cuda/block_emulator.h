@@ -358,14 +358,13 @@ T reduce(T v, Op op) {
     return r;
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling lane: d += A * B, where the warp's 32
-// lanes hold A (16 x 16) and B (16 x 8) as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16 with
-// floating point type"; g = lane / 4, t = lane % 4): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..],
-// a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..][g]; d[0..1] = D[g][2t..2t+1],
-// d[2..3] = D[g+8][2t..] (the low half of each register is the lower column / row). The products of bf16
-// values are exact in double and summed there, then added to d once: the hardware's internal order and
+// The emulated mma.sync shapes share this: the calling lane publishes its fragment registers (a[0..3], b0, b1)
+// to its warp, then adds to its four D elements (D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]; g = lane / 4,
+// t = lane % 4) the K products A(w, r, k) * B(w, k, n), which read the warp's registers `w` (w[lane][0..5]).
+// The products are exact in double and summed there, then added to d once: the hardware's internal order and
 // precision are unspecified, so tests hold results to a tolerance, not to bits.
-inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+template <int K, class AOf, class BOf>
+inline void warp_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, AOf A, BOf B) {
     BlockState* b = active_block();
     uint32_t(*w)[6] = b->mma[b->current >> 5];
     const int me = lane();
@@ -373,56 +372,45 @@ inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0
     w[me][4] = b0;
     w[me][5] = b1;
     wait_at(BlockState::Wait::Warp);
-    auto half = [](uint32_t reg, int hi) {
-        const uint32_t bits = (hi ? reg >> 16 : reg & 0xffffu) << 16;
-        float f;
-        std::memcpy(&f, &bits, sizeof(f));
-        return double(f);
-    };
-    auto A = [&](int r, int k) {  // the lane and register that hold A[r][k]
-        const int reg = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-        return half(w[(r % 8) * 4 + (k % 8) / 2][reg], k & 1);
-    };
-    auto B = [&](int k, int n) { return half(w[n * 4 + (k % 8) / 2][k >= 8 ? 5 : 4], k & 1); };
     const int g = me / 4, t = me % 4;
     double sum[4] = {0, 0, 0, 0};
     for (int i = 0; i < 4; i++) {
         const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + (i & 1);
-        for (int k = 0; k < 16; k++) sum[i] += A(r, k) * B(k, n);
+        for (int k = 0; k < K; k++) sum[i] += A(w, r, k) * B(w, k, n);
     }
     wait_at(BlockState::Wait::Warp);
     for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
 }
+inline double float_of_bits(uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return double(f);
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling lane: d += A * B, where the warp's 32
+// lanes hold A (16 x 16) and B (16 x 8) as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16 with
+// floating point type"): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..][g] (the low half of each register is the lower column / row).
+inline void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    auto half = [](uint32_t reg, int hi) { return float_of_bits((hi ? reg >> 16 : reg & 0xffffu) << 16); };
+    auto A = [&](uint32_t(*w)[6], int r, int k) {  // the lane and register that hold A[r][k]
+        return half(w[(r % 8) * 4 + (k % 8) / 2][(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k & 1);
+    };
+    auto B = [&](uint32_t(*w)[6], int k, int n) { return half(w[n * 4 + (k % 8) / 2][k >= 8 ? 5 : 4], k & 1); };
+    warp_mma<16>(d, a, b0, b1, A, B);
+}
 
 // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for the calling lane: d += A * B with A (16 x 8) and B (8 x 8)
-// as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k8", .tf32; g = lane / 4, t = lane % 4):
-// a[0] = A[g][t], a[1] = A[g+8][t], a[2] = A[g][t+4], a[3] = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g];
-// d as mma_bf16_m16n8k16. Each operand is an fp32 bit pattern whose low 13 bits the tensor cores ignore
-// (masked here); products exact in double, summed there, added to d once.
+// as the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k8", .tf32): a[0] = A[g][t], a[1] = A[g+8][t],
+// a[2] = A[g][t+4], a[3] = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]. Each operand is an fp32 bit pattern whose
+// low 13 bits the tensor cores ignore (masked here).
 inline void mma_tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    BlockState* b = active_block();
-    uint32_t(*w)[6] = b->mma[b->current >> 5];
-    const int me = lane();
-    for (int i = 0; i < 4; i++) w[me][i] = a[i];
-    w[me][4] = b0;
-    w[me][5] = b1;
-    wait_at(BlockState::Wait::Warp);
-    auto tf32 = [](uint32_t reg) {
-        const uint32_t bits = reg & 0xffffe000u;
-        float f;
-        std::memcpy(&f, &bits, sizeof(f));
-        return double(f);
+    auto tf32 = [](uint32_t reg) { return float_of_bits(reg & 0xffffe000u); };
+    auto A = [&](uint32_t(*w)[6], int r, int k) {
+        return tf32(w[(r % 8) * 4 + k % 4][(r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
     };
-    auto A = [&](int r, int k) { return tf32(w[(r % 8) * 4 + k % 4][(r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]); };
-    auto B = [&](int k, int n) { return tf32(w[n * 4 + k % 4][k >= 4 ? 5 : 4]); };
-    const int g = me / 4, t = me % 4;
-    double sum[4] = {0, 0, 0, 0};
-    for (int i = 0; i < 4; i++) {
-        const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + (i & 1);
-        for (int k = 0; k < 8; k++) sum[i] += A(r, k) * B(k, n);
-    }
-    wait_at(BlockState::Wait::Warp);
-    for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
+    auto B = [&](uint32_t(*w)[6], int k, int n) { return tf32(w[n * 4 + k % 4][k >= 4 ? 5 : 4]); };
+    warp_mma<8>(d, a, b0, b1, A, B);
 }
 
 // cp.async: by default a copy is only recorded when issued and is performed when the issuing thread waits for
