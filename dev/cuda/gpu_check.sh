@@ -55,7 +55,7 @@ reference tiny --config tiny --batch 4 --seq 32
 # two heads of 64 and T = 96: one full and one partial 64-row flash tile
 reference hs64 --config tiny --channels 128 --heads 2 --max-seq-len 128 --batch 4 --seq 96
 passed=0; failed=0; skipped=0; failed_names=()
-declare -a rows timings
+declare -a rows=() timings=()
 for bin in "${bins[@]}"; do
   name=$(display_name "$bin")
   log="$logdir/$name.log"
