@@ -39,7 +39,7 @@
 namespace demo {
 
 // LLMC_DEMO_DCT=fp32|tensor (default fp32): the compress kernel's DCTs and decode in fp32 multiply-adds,
-// bit-identical to cm::compress_plan_host, or on the tensor cores (3xTF32, demo_kernels.cuh: within 2e-6 of
+// bit-identical to cm::compress_plan_host (tuning kExactTuning, or kRadixTuning from top-k kRadixTopkFrom on), or on the tensor cores (3xTF32, demo_kernels.cuh: within 2e-6 of
 // the chunk maximum of the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a
 // wash at small k, so the exact kernel stays the default. The apply kernel is always the fp32 one (its
 // tensor-core variant measured 3-7% slower). A bad value is an error; train_gpt checks it before any GPU work.
@@ -126,6 +126,8 @@ public:
         CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
         const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
         if (tensor_cores_) launch_compress<kTensorTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
+        else if (tables_.plan.topk >= kRadixTopkFrom)
+            launch_compress<kRadixTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
         else launch_compress<kExactTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
 
