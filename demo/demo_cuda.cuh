@@ -39,8 +39,8 @@
 namespace demo {
 
 // LLMC_DEMO_DCT=fp32|tensor (default fp32): the compress kernel's DCTs and decode in fp32 multiply-adds,
-// bit-identical to cm::compress_plan_host (tuning kExactTuning, or kRadixTuning from top-k kRadixTopkFrom on), or on the tensor cores (3xTF32, demo_kernels.cuh: within 2e-6 of
-// the chunk maximum of the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a
+// bit-identical to cm::compress_plan_host (tuning kExactTuning, or kRadixTuning from top-k kRadixTopkFrom on),
+// or on the tensor cores (3xTF32, demo_kernels.cuh: within 2e-6 of the chunk maximum of the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a
 // wash at small k, so the exact kernel stays the default. The apply kernel is always the fp32 one (its
 // tensor-core variant measured 3-7% slower). A bad value is an error; train_gpt checks it before any GPU work.
 inline bool demo_tensor_cores_from_env() {
