@@ -65,41 +65,80 @@ struct KernelConfig {
     SmemLayout compress, apply;                  // the 64 x 64 launch group (cm::launch_tables)
     SmemLayout compress_general, apply_general;  // every other chunk shape
     int world = 1;
+    bool vec4_io = true;  // every 64 x 64 tensor's offset and row length are multiples of 4 floats (lean_io)
     size_t max_bytes() const {
         return std::max({compress.bytes(), apply.bytes(), compress_general.bytes(), apply_general.bytes()});
     }
 };
 
 // Tunings of the 64 x 64 kernels. The trainer launches kExactTuning (its compress: kRadixTuning at large top-k,
-// kTensorTuning with LLMC_DEMO_DCT=tensor); the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every one, so one
-// GPU run decides between them. The fp32 tunings give the same bits; the tensor-core ones agree to rounding.
+// kTensorTuning with LLMC_DEMO_DCT=tensor); the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every
+// one, so one GPU run decides between them. The fp32 tunings give the same bits; the tensor-core ones agree to
+// rounding. The compress-only fields (refetch, prefetch_l2, wide_bin_search) leave the apply kernel as the
+// tuning without them (apply_tuning).
 struct KernelTuning {
-    int min_blocks;      // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
-    int tile_j, tile_c;  // run_jobs register tile
-    bool coarse_topk;    // compress: block_select_topk's histogram fast path (false: RadixSelect only)
-    bool tensor_dct;     // compress and apply: the dense products on the tensor cores (3xTF32, see below)
+    int min_blocks;        // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
+    int tile_j, tile_c;    // run_jobs register tile
+    bool coarse_topk;      // compress: block_select_topk's histogram fast path (false: RadixSelect only)
+    bool tensor_dct;       // compress and apply: the dense products on the tensor cores (3xTF32, see below)
+    bool lean_io;          // compress: 16-byte loads and stores of the momentum and gradient from 4 per-thread
+                           // offsets (lean_prologue / lean_feedback); apply: of the master weights and the floatX
+                           // copy (lean_apply_update). Needs KernelConfig::vec4_io and aligned buffers.
+    bool refetch;          // compress, with lean_io: the updated momentum goes to global memory at once and is read
+                           // back (from L2) for the error feedback, instead of 16 registers held across the kernel
+    bool prefetch_l2;      // compress: each block asks L2 for the chunk one wave of resident blocks ahead
+    bool wide_bin_search;  // compress: every warp sums histogram groups for the bin search, not warp 0 alone
 };
 inline constexpr KernelTuning kTunings[] = {
-    {4, 8, 2, true, false},   // 0: the fp32 kernels, bit-identical to the host reference
-    {3, 8, 2, true, false},   // 1: up to 85 registers, 3 blocks per SM (uncapped, ptxas takes 118: 2 blocks)
-    {4, 4, 4, true, false},   // 2: 4 x 4 tiles
-    {4, 8, 2, false, false},  // 3: RadixSelect only
-    {4, 8, 2, true, true},    // 4: tensor-core products
-    {3, 8, 2, true, true},    // 5: tensor-core products, 85-register cap
+    // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide
+    {4, 8, 2, true, false, false, false, false, false},  // 0: the fp32 kernels, bit-identical to the host reference
+    {4, 8, 2, true, false, true, false, false, false},   // 1: 0 + lean I/O
+    {4, 8, 2, true, false, true, true, false, false},    // 2: 0 + lean I/O, momentum refetched from L2
+    {4, 8, 2, false, false, false, false, false, false}, // 3: RadixSelect only
+    {4, 8, 2, true, true, false, false, false, false},   // 4: tensor-core products
+    {4, 8, 2, true, true, true, false, false, false},    // 5: 4 + lean I/O
+    {4, 8, 2, true, true, true, true, false, false},     // 6: 4 + lean I/O, momentum refetched from L2
+    {4, 8, 2, true, false, true, true, true, true},      // 7: 2 + L2 prefetch one wave ahead + all-warp bin search
+    {4, 8, 2, true, true, true, true, true, true},       // 8: 6 + L2 prefetch one wave ahead + all-warp bin search
+    {4, 8, 2, false, false, true, false, false, false},  // 9: 3 + lean I/O (the lean twin of the k >= 16 default)
 };
-inline constexpr int kNumTunings = 6;
+inline constexpr int kNumTunings = 10;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels: the trainer's apply, and its compress at small top-k
 inline constexpr int kRadixTuning = 3;   // the trainer's compress from top-k kRadixTopkFrom on (same bits as 0)
 inline constexpr int kTensorTuning = 4;  // the tensor-core compress (LLMC_DEMO_DCT=tensor)
 // RadixSelect alone beats the histogram fast path at k = 32 (1.740 against 1.804 ms on an H100, d12) and loses
 // by 0.2-0.9% at k = 3 and 5; measured at those three k only, so the threshold between them is a guess.
 inline constexpr size_t kRadixTopkFrom = 16;
-inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false};  // the kernels for any chunk shape
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false};  // any chunk shape
 inline const char* tuning_name(int t) {
-    static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k", "85-register cap",
-                                                   "4x4 tiles", "RadixSelect top-k only", "3xTF32 tensor cores",
-                                                   "3xTF32 tensor cores, 85-register cap"};
+    static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k",
+                                                   "lean I/O",
+                                                   "lean I/O, momentum refetched",
+                                                   "RadixSelect top-k only",
+                                                   "3xTF32 tensor cores",
+                                                   "tensor cores, lean I/O",
+                                                   "tensor cores, lean I/O, momentum refetched",
+                                                   "lean I/O, refetch, L2 prefetch, all-warp bin search",
+                                                   "tensor cores, lean I/O, refetch, L2 prefetch, all-warp bin search",
+                                                   "RadixSelect top-k only, lean I/O"};
     return names[t];
+}
+// The tuning a launch runs instead of t when its buffers cannot take lean I/O's 16-byte accesses.
+inline constexpr int without_lean_io(int t) {
+    return !kTunings[t].lean_io ? t : kTunings[t].tensor_dct ? kTensorTuning
+                                  : kTunings[t].coarse_topk  ? kExactTuning
+                                                             : kRadixTuning;
+}
+// The apply kernel of tuning t: the first tuning's with the same apply fields (apply reads none of the
+// compress-only ones), so no apply kernel is compiled twice.
+inline constexpr int apply_tuning(int t) {
+    for (int u = 0; u < t; u++) {
+        const KernelTuning &a = kTunings[t], &b = kTunings[u];
+        if (a.min_blocks == b.min_blocks && a.tile_j == b.tile_j && a.tile_c == b.tile_c &&
+            a.tensor_dct == b.tensor_dct && a.lean_io == b.lean_io)
+            return u;
+    }
+    return t;
 }
 inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct; }
 
@@ -250,6 +289,8 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
     carve_layouts(pt, world, size_t(kc.threads), true, is_fixed, kc.compress, kc.apply);
     carve_layouts(pt, world, size_t(kc.threads), false, [&](const cm::ChunkTensor& ct) { return !is_fixed(ct); },
                   kc.compress_general, kc.apply_general);
+    for (const cm::ChunkTensor& ct : pt.tensors)
+        if (is_fixed(ct) && (ct.offset % 4 != 0 || ct.cols % 4 != 0)) kc.vec4_io = false;
     return kc;
 }
 
@@ -442,6 +483,7 @@ struct TopkShared {
     uint32_t* small;   // zeroed: the placement table, then 2 * cm::kMaxTopkCandidates words of candidates;
                        // RadixSelect's two histograms (512 words) on the fallback path
     uint32_t* res;     // 12 words, res[6] zeroed (the candidate count)
+    uint32_t* groups;  // 32 words (any contents): the group sums of the all-warp bin search (WIDE)
 };
 
 // Step 6 whole: the top-k of the block's keys placed in index order into Lidx/Lval (k entries). Fast path
@@ -451,8 +493,9 @@ struct TopkShared {
 // listed; warp 0 ranks the candidates against each other, adds theirs to the table and scans it; every thread
 // places its keys. 6 barriers. When B holds more candidates (heavy ties or zeros) or k >= n: RadixSelect and
 // the general placement. Starts after a barrier that ended the writes of E and every use of `coarse`; ends
-// with a barrier.
-template <int THREADS, bool COARSE = true>
+// with a barrier. WIDE: the 32 group sums come from all warps (32 / warps groups each) into sh.groups, then one
+// more barrier, instead of warp 0's 32 sequential reductions while the other warps wait.
+template <int THREADS, bool COARSE = true, bool WIDE = false>
 __device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n, uint32_t k,
                                                   const cm::ChunkDims& d, const float* e, const TopkShared& sh,
                                                   uint32_t* Lidx, float* Lval) {
@@ -471,13 +514,26 @@ __device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxEle
             if (i < n) atomicAdd(sh.coarse + cm::coarse_bin(keys[r]), 1u);
         }
         __syncthreads();
+        if constexpr (WIDE) {
+            static_assert(kWarps <= 32 && 32 % kWarps == 0, "the 32 groups split evenly over the warps");
+            for (int g = warp; g < 32; g += kWarps) {
+                const int lo = kBins - kGroup * (g + 1);
+                const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
+                if (lane == 0) sh.groups[g] = tot;
+            }
+            __syncthreads();
+        }
         if (warp == 0) {
             // group g = bins [kBins - 64 (g + 1), kBins - 64 g): group sums in descending order, lane g holds S_g
             uint32_t S = 0;
-            for (int g = 0; g < 32; g++) {
-                const int lo = kBins - kGroup * (g + 1);
-                const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
-                if (lane == g) S = tot;
+            if constexpr (WIDE) {
+                S = sh.groups[lane];
+            } else {
+                for (int g = 0; g < 32; g++) {
+                    const int lo = kBins - kGroup * (g + 1);
+                    const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
+                    if (lane == g) S = tot;
+                }
             }
             uint32_t incl = S;
 #pragma unroll
@@ -795,6 +851,173 @@ struct CompressArgs {
     SmemLayout L;
 };
 
+// Asks L2 for the 128-byte line at p (prefetch.global.L2); nothing on the host and in the emulator.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__) && !defined(LLMC_BLOCK_EMULATOR)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+// %nsmid: one more than the highest SM id (the SM count, or a little above where ids have gaps); 3 in the
+// emulator, so that the lookahead's index arithmetic runs there. Read in the kernel rather than passed in
+// CompressArgs: a larger CompressArgs changes ptxas's allocation of every tuning (measured: tuning 0's spills
+// went from 56 to 8 bytes), and those have GPU timings that a build without a GPU must not disturb.
+__device__ __forceinline__ uint32_t sm_id_count() {
+#if defined(__CUDA_ARCH__) && !defined(LLMC_BLOCK_EMULATOR)
+    uint32_t n;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
+    return n;
+#else
+    return 3u;
+#endif
+}
+
+// ---- lean I/O of the 64 x 64 compress (tunings with lean_io) ----------------------------------------------
+// Thread t owns columns 4 (t % 16) + [0, 4) of the row pairs (b, 63 - b) for b = t / 16 + 16 s (s = 0, 1): per
+// pair one 16-byte load of momentum and one of gradient in each row, every offset one of the four below (the
+// base kernel's scalar slots spend ~20 instructions of index and bounds arithmetic per element). own_top[4 s + j]
+// and own_bot[4 s + j] hold the updated momentum of column 4 (t % 16) + j in rows b and 63 - b. The sums are the
+// base kernel's, element by element, so the bits are too. Needs 16-byte aligned rows (KernelConfig::vec4_io).
+struct LeanOffsets {
+    uint32_t top[2], bot[2];  // element offsets of (b, 4 (t % 16)) and (63 - b, 4 (t % 16)), s = 0, 1
+};
+__device__ __forceinline__ LeanOffsets lean_offsets(uint32_t cols) {
+    const uint32_t col = 4u * (threadIdx.x & 15u), b = threadIdx.x >> 4;
+    LeanOffsets o;
+    o.top[0] = b * cols + col;
+    o.top[1] = o.top[0] + 16u * cols;
+    o.bot[0] = (63u - b) * cols + col;
+    o.bot[1] = o.bot[0] - 16u * cols;
+    return o;
+}
+__device__ __forceinline__ void load4(float (&v)[4], const float* p) {
+    LLMC_REQUIRE_ALIGNED(p, 16);
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+}
+__device__ __forceinline__ void load4_readonly(float (&v)[4], const float* p) {
+    LLMC_REQUIRE_ALIGNED(p, 16);
+    const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+}
+__device__ __forceinline__ void store4(float* p, const float (&v)[4]) {
+    LLMC_REQUIRE_ALIGNED(p, 16);
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// Steps 1-2: momentum update and the row fold into FX (rows of ldx, a multiple of 4). REFETCH: the updated
+// momentum is written back at once (lean_feedback reads it again) and own_* are left alone.
+template <bool REFETCH>
+__device__ __forceinline__ void lean_prologue(float* momentum, const float* grads, uint32_t cols, const cm::CompressParams& p,
+                                              int ldx, float* FX, float (&own_top)[kMaxPairsPerThread],
+                                              float (&own_bot)[kMaxPairsPerThread]) {
+    const LeanOffsets o = lean_offsets(cols);
+    float mt[2][4], gt[2][4], mb[2][4], gb[2][4];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {  // every load issued before the first use
+        load4(mt[s], momentum + o.top[s]);
+        load4_readonly(gt[s], grads + o.top[s]);
+        load4(mb[s], momentum + o.bot[s]);
+        load4_readonly(gb[s], grads + o.bot[s]);
+    }
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        float xt[4], xb[4], sum[4], dif[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            xt[j] = cm::momentum_update(mt[s][j], gt[s][j], p.clip, p.decay, p.grad_scale);
+            xb[j] = cm::momentum_update(mb[s][j], gb[s][j], p.clip, p.decay, p.grad_scale);
+            sum[j] = cm::add_rn(xt[j], xb[j]);
+            dif[j] = cm::sub_rn(xt[j], xb[j]);
+            if constexpr (!REFETCH) {
+                own_top[4 * s + j] = xt[j];
+                own_bot[4 * s + j] = xb[j];
+            }
+        }
+        if constexpr (REFETCH) {
+            store4(momentum + o.top[s], xt);
+            store4(momentum + o.bot[s], xb);
+        }
+        const int b = b0 + 16 * s;
+        store4(FX + b * ldx + col, sum);
+        store4(FX + (32 + b) * ldx + col, dif);
+    }
+}
+
+// Step 10: the error feedback from dec (rows of lde) and the one write of the momentum (REFETCH: the second,
+// over the prologue's).
+template <bool REFETCH>
+__device__ __forceinline__ void lean_feedback(float* momentum, uint32_t cols, float alpha, const float* dec, int lde,
+                                              const float (&own_top)[kMaxPairsPerThread],
+                                              const float (&own_bot)[kMaxPairsPerThread]) {
+    const LeanOffsets o = lean_offsets(cols);
+    float xt[2][4], xb[2][4];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        if constexpr (REFETCH) {
+            load4(xt[s], momentum + o.top[s]);
+            load4(xb[s], momentum + o.bot[s]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                xt[s][j] = own_top[4 * s + j];
+                xb[s][j] = own_bot[4 * s + j];
+            }
+        }
+    }
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const int b = b0 + 16 * s, bb = 63 - b;
+        float t[4], u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            t[j] = cm::feedback(xt[s][j], dec[b * lde + col + j], alpha);
+            u[j] = cm::feedback(xb[s][j], dec[bb * lde + col + j], alpha);
+        }
+        store4(momentum + o.top[s], t);
+        store4(momentum + o.bot[s], u);
+    }
+}
+
+// Apply's last step with lean I/O: thread t owns columns 4 (t % 16) + [0, 4) of rows t / 16 + 16 s (s < 4) of
+// the chunk at `origin`; 16-byte loads and stores of the master weights, the floatX copy as one 8-byte (bf16)
+// or 16-byte (fp32) store per row. Same per-element arithmetic and rounding as the base kernel.
+__device__ __forceinline__ void store_floatx4(llmc::floatX* dst, const float (&p)[4], uint64_t index, uint32_t seed,
+                                              bool stochastic) {
+    if constexpr (llmc::kFloatXIsFloat) {
+        store4(reinterpret_cast<float*>(dst), p);
+    } else {
+        uint16_t h[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            h[j] = stochastic ? llmc::km::bf16_bits_stochastic(p[j], llmc::km::element_noise(index + j, seed))
+                              : llmc::km::bf16_bits_rne(p[j]);
+        LLMC_REQUIRE_ALIGNED(dst, 8);
+        *reinterpret_cast<uint2*>(dst) = make_uint2(uint32_t(h[0]) | (uint32_t(h[1]) << 16), uint32_t(h[2]) | (uint32_t(h[3]) << 16));
+    }
+}
+__device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* params, uint64_t origin, uint32_t cols,
+                                                  const float* dec, int lde, const cm::ApplyParams& ap, bool decays,
+                                                  uint32_t seed, bool stochastic) {
+    const uint32_t col = 4u * (threadIdx.x & 15u), b0 = threadIdx.x >> 4;
+    float m[4][4];
+#pragma unroll
+    for (int s = 0; s < 4; s++) load4(m[s], master + origin + ((b0 + 16u * s) * cols + col));
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const uint32_t b = b0 + 16u * s, off = b * cols + col;
+        float p[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays);
+        store4(master + origin + off, p);
+        store_floatx4(params + origin + off, p, origin + off, seed, stochastic);
+    }
+}
+
 // FIXED = 64: every chunk of the launch is 64 x 64 and every size below is a compile-time constant (divisions
 // become shifts, loops unroll); FIXED = 0: any chunk shape, sizes read from the tensor table. TUNE picks the
 // 64 x 64 kernel's tuning (kTunings): tuning 0 holds it to 64 registers so 4 blocks share an SM (53 KB of
@@ -805,7 +1028,11 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
     constexpr bool kTensor = FIXED == int(cm::kFixedChunk) && kTune.tensor_dct;
+    constexpr bool kLean = FIXED == int(cm::kFixedChunk) && kTune.lean_io;
+    constexpr bool kRefetch = kLean && kTune.refetch;
     static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
+    static_assert(!kLean || THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
+    static_assert(!kTune.refetch || kTune.lean_io, "refetch is a variant of lean I/O");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -817,6 +1044,18 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
                                     : cm::make_dims(int(ct.n1), int(ct.n2));
     const uint64_t origin = block_chunk_origin(ct, uint32_t(c));
     const uint64_t cols = ct.cols;
+    if constexpr (FIXED != 0 && kTune.prefetch_l2) {
+        // the chunk a block one wave later will read: its 64 rows x 256 bytes of momentum and of gradient, one
+        // 128-byte line per thread (row tid / 4, half (tid / 2) % 2, gradient when tid is odd)
+        static_assert(FIXED * FIXED * 2 * 4 / 128 == THREADS, "one line per thread");
+        const uint64_t ahead = gchunk + uint64_t(sm_id_count()) * kTune.min_blocks;  // one wave of resident blocks
+        if (ahead < gridDim.x) {
+            const cm::ChunkTensor& nt = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, ahead)];
+            const uint64_t next = block_chunk_origin(nt, uint32_t(ahead - nt.chunk_offset));
+            const float* base = (tid & 1) ? a.grads : a.momentum;
+            prefetch_l2(base + next + (uint32_t(tid >> 2) * nt.cols + 32u * uint32_t((tid >> 1) & 1)));
+        }
+    }
     float* P = sm + a.L.P;
     float* Q = sm + a.L.Q;
     float* B = sm + a.L.B;
@@ -857,7 +1096,9 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     float* const momentum = a.momentum + origin;
     const float* const grads = a.grads + origin;
     const uint32_t cols32 = uint32_t(cols);
-    {
+    if constexpr (kLean) {
+        lean_prologue<kRefetch>(momentum, grads, cols32, a.p, d.ldx, P, own_top, own_bot);
+    } else {
         float m_top[kMaxPairsPerThread], g_top[kMaxPairsPerThread], m_bot[kMaxPairsPerThread], g_bot[kMaxPairsPerThread];
 #pragma unroll
         for (int r = 0; r < kMaxPairsPerThread; r++) {
@@ -924,8 +1165,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         const uint32_t i = uint32_t(tid + r * THREADS);
         keys[r] = i < n ? cm::magnitude_key(Q[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)]) : 0u;
     }
-    block_select_topk<THREADS, kTune.coarse_topk>(keys, n, k, d, Q, TopkShared{reinterpret_cast<uint32_t*>(P), hist, res},
-                                                  Lidx, Lval);
+    block_select_topk<THREADS, kTune.coarse_topk, kTune.wide_bin_search>(
+        keys, n, k, d, Q, TopkShared{reinterpret_cast<uint32_t*>(P), hist, res, scan}, Lidx, Lval);
 
     // 7-8: quantize and pack
     float scale = 0.0f;
@@ -956,14 +1197,19 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
                                                    Q, segs, scan);
 
     // 10: error feedback, the one write of the momentum
+    if constexpr (kLean) {
+        lean_feedback<kRefetch>(momentum, cols32, a.p.alpha, Q, d.lde, own_top, own_bot);
+    } else {
 #pragma unroll
-    for (int r = 0; r < kMaxPairsPerThread; r++) {
-        const int q = tid + r * THREADS;
-        if (q < npairs) {
-            const int b = q / d.n2, nn = q - b * d.n2, bb = d.n1 - 1 - b;
-            momentum[uint32_t(b) * cols32 + uint32_t(nn)] = cm::feedback(own_top[r], Q[b * d.lde + nn], a.p.alpha);
-            if (bb != b)
-                momentum[uint32_t(bb) * cols32 + uint32_t(nn)] = cm::feedback(own_bot[r], Q[bb * d.lde + nn], a.p.alpha);
+        for (int r = 0; r < kMaxPairsPerThread; r++) {
+            const int q = tid + r * THREADS;
+            if (q < npairs) {
+                const int b = q / d.n2, nn = q - b * d.n2, bb = d.n1 - 1 - b;
+                momentum[uint32_t(b) * cols32 + uint32_t(nn)] = cm::feedback(own_top[r], Q[b * d.lde + nn], a.p.alpha);
+                if (bb != b)
+                    momentum[uint32_t(bb) * cols32 + uint32_t(nn)] =
+                        cm::feedback(own_bot[r], Q[bb * d.lde + nn], a.p.alpha);
+            }
         }
     }
 }
@@ -1082,16 +1328,21 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
 
     // update the master weights and the floatX copy
     const bool decays = a.p.apply_wd && ct.decays;
+    if constexpr (FIXED == int(cm::kFixedChunk) && kTune.lean_io) {
+        static_assert(THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
+        lean_apply_update(a.master, a.params, origin, ct.cols, Q, d.lde, a.p, decays, a.seed, a.stochastic);
+    } else {
 #pragma unroll
-    for (int r = 0; r < kMaxElemsPerThread; r++) {
-        const int q = tid + r * THREADS;
-        if (q < int(n)) {
-            const int b = q / d.n2, nn = q - b * d.n2;
-            const uint64_t gi = origin + (uint32_t(b) * ct.cols + uint32_t(nn));  // 32-bit offset (block_chunk_origin)
-            const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays);
-            a.master[gi] = p;
-            if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);
-            else a.params[gi] = llmc::from_float<llmc::floatX>(p);
+        for (int r = 0; r < kMaxElemsPerThread; r++) {
+            const int q = tid + r * THREADS;
+            if (q < int(n)) {
+                const int b = q / d.n2, nn = q - b * d.n2;
+                const uint64_t gi = origin + (uint32_t(b) * ct.cols + uint32_t(nn));  // 32-bit offset (block_chunk_origin)
+                const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays);
+                a.master[gi] = p;
+                if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);
+                else a.params[gi] = llmc::from_float<llmc::floatX>(p);
+            }
         }
     }
 }
@@ -1154,7 +1405,8 @@ template <int TUNE>
 inline void prepare_tuning(const KernelConfig& kc) {
     if (kc.threads != 256) return;
     raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>), kc.compress.bytes());
-    raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, TUNE>), kc.apply.bytes());
+    raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE)>),
+                     kc.apply.bytes());
 }
 
 // Sets the dynamic shared memory limits of the kernels for `kc` and checks the device can hold them.
@@ -1180,11 +1432,26 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
     }
 }
 
+// Whether a launch of these buffers can take the lean_io tunings' accesses of 4 elements (16 bytes of fp32, 8 of
+// bf16): compress reads and writes momentum and gradient, apply the master weights and the floatX copy.
+inline bool lean_io_fits(const KernelConfig& kc, const float* momentum, const float* grads) {
+    return kc.vec4_io && reinterpret_cast<uintptr_t>(momentum) % 16 == 0 && reinterpret_cast<uintptr_t>(grads) % 16 == 0;
+}
+inline bool lean_apply_fits(const KernelConfig& kc, const float* master, const llmc::floatX* params) {
+    return kc.vec4_io && reinterpret_cast<uintptr_t>(master) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(params) % (4 * sizeof(llmc::floatX)) == 0;
+}
+
 // Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero). One launch per
-// group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels). TUNE: see kTunings.
+// group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels). TUNE: see kTunings; a lean_io
+// tuning runs as its twin without lean I/O when the buffers do not fit it (lean_io_fits).
 template <int TUNE = kExactTuning>
 inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
                             uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
+    if constexpr (kTunings[TUNE].lean_io) {
+        if (!lean_io_fits(kc, momentum, grads))
+            return launch_compress<without_lean_io(TUNE)>(kc, t, momentum, grads, bucket, p, stream);
+    }
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
     LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
     if (t.fixed_chunks) {
@@ -1205,11 +1472,15 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
 }
 
 // Apply p.world buckets (back to back, p.bucket_bytes each) to the master weights and params. `error` (2 words,
-// device) must hold {0, UINT32_MAX} before the launch.
+// device) must hold {0, UINT32_MAX} before the launch. TUNE runs apply_tuning(TUNE)'s kernel.
 template <int TUNE = kExactTuning>
 inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
                          llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
                          uint32_t* error, cudaStream_t stream) {
+    if constexpr (kTunings[TUNE].lean_io) {
+        if (!lean_apply_fits(kc, master, params))
+            return launch_apply<without_lean_io(TUNE)>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
+    }
     LLMC_CHECK(p.world == kc.world, "DeMo apply: launch configured for " + std::to_string(kc.world) + " ranks, got " +
                                         std::to_string(p.world));
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
@@ -1218,7 +1489,7 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
         const ApplyArgs args{t.tensors, t.fixed_tensors, t.natural, buckets, master, params, p, seed, stochastic, error,
                              kc.apply};
         LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream,
-                    demo_apply_kernel<256, cm::kFixedChunk, TUNE>)(args);
+                    demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE)>)(args);
         CUDA_CHECK_LAUNCH();
     }
     if (t.general_chunks) {

@@ -57,10 +57,16 @@ void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, 
                   general_layout, general);
 }
 
+// TUNE as demo::launch_compress takes it: a lean_io tuning runs as its twin without lean I/O where the rows do
+// not fit 16-byte accesses.
 template <int TUNE = 0>
 std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<float>& momentum,
                                         const std::vector<float>& grads, const cm::CompressParams& cp, emu::Order order) {
     const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
+    if constexpr (demo::kTunings[TUNE].lean_io) {
+        if (!demo::lean_io_fits(kc, momentum.data(), grads.data()))
+            return emulate_compress<demo::without_lean_io(TUNE)>(pt, momentum, grads, cp, order);
+    }
     const cm::LaunchTables lt = cm::launch_tables(pt);
     std::vector<uint8_t> bucket(pt.bucket_bytes, 0);
     std::memcpy(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes);
@@ -89,9 +95,13 @@ ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<st
     const demo::KernelConfig kc = demo::make_kernel_config(pt, world);
     const cm::LaunchTables lt = cm::launch_tables(pt);
     ApplyOut out{master0, std::vector<llmc::floatX>(master0.size()), {0u, UINT32_MAX}};
+    if constexpr (demo::kTunings[TUNE].lean_io) {  // as demo::launch_apply
+        if (!demo::lean_apply_fits(kc, out.master.data(), out.params.data()))
+            return emulate_apply<demo::without_lean_io(TUNE)>(pt, world, buckets, master0, ap, seed, stochastic, order);
+    }
     const demo::ApplyArgs args{nullptr, 0, pt.bases.natural.data(), reinterpret_cast<const uint8_t*>(buckets.data()),
                                out.master.data(), out.params.data(), ap, seed, stochastic, out.error, kc.apply};
-    auto fixed = [](const demo::ApplyArgs& a) { demo::demo_apply_kernel<256, cm::kFixedChunk, TUNE>(a); };
+    auto fixed = [](const demo::ApplyArgs& a) { demo::demo_apply_kernel<256, cm::kFixedChunk, demo::apply_tuning(TUNE)>(a); };
     auto general = [&kc](const demo::ApplyArgs& a) {
         if (kc.threads == 256) demo::demo_apply_kernel<256, 0>(a);
         else demo::demo_apply_kernel<1024, 0>(a);
@@ -157,10 +167,13 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     size_t byte_diffs = b_emu.size() == b_ref.size() ? 0 : SIZE_MAX, mom_diffs = 0;
     for (size_t i = 0; byte_diffs != SIZE_MAX && i < b_ref.size(); i++) byte_diffs += b_emu[i] != b_ref[i];
     for (size_t i = 0; i < n; i++) mom_diffs += km::float_to_bits(m_emu[i]) != km::float_to_bits(m_ref[i]);
-    std::printf("  %s [%s, tuning %d]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes and "
-                "%zu momentum values differ",
-                name.c_str(), order_name(order), TUNE, pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
-                (unsigned long long)lt.general_chunks, demo::make_kernel_config(pt, 1).threads, byte_diffs, mom_diffs);
+    const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
+    const int ran = demo::lean_io_fits(kc, m_emu.data(), grads.data()) ? TUNE : demo::without_lean_io(TUNE);
+    std::printf("  %s [%s, tuning %d%s]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes "
+                "and %zu momentum values differ",
+                name.c_str(), order_name(order), TUNE, ran == TUNE ? "" : (" run as " + std::to_string(ran)).c_str(),
+                pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
+                (unsigned long long)lt.general_chunks, kc.threads, byte_diffs, mom_diffs);
     constexpr bool kExact = demo::is_exact_tuning(TUNE);
     if constexpr (kExact) {
         EXPECT_EQ(byte_diffs, size_t{0});
@@ -260,16 +273,31 @@ TEST(results_independent_of_thread_order) {
     check_case("small mixed bf16/k32", layout, bf16, 60, emu::Order::WarpSerial, 2);
 }
 
-// Every tuning of the 64 x 64 kernels (demo::kTunings: register cap, tile shape, top-k path) gives the host
-// reference's bits too, on the mixed plan and on tied chunks (where tuning 3 and the fallback meet).
+// Every tuning of the 64 x 64 kernels (demo::kTunings: top-k path, tensor cores, lean I/O with and without the
+// momentum refetch, L2 prefetch, all-warp bin search) agrees with the host reference too: the fp32 ones bit for
+// bit, the tensor-core ones to cm::compare_compress's tolerances.
 TEST(every_tuning_matches_host_reference) {
     const auto sign = cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.5f, 9);
     const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {64, 67}, {7}});
+    EXPECT(demo::make_kernel_config(cm::plan_tables(sign, layout), 1).vec4_io);  // the lean I/O tunings run as such
     demo::for_each_tuning([&](auto tune) {
         constexpr int T = decltype(tune)::value;
         check_case<T>(std::string("small mixed sign/packed12/ema/k9, ") + demo::tuning_name(T), layout, sign, 80 + T,
                       emu::Order::Shuffled, 2);
     });
+}
+
+// A 64 x 64 tensor whose rows are not 16-byte aligned (it starts at element 7 of the buffer): the lean I/O
+// tunings cannot take it, and a launch runs their twins without lean I/O (demo::without_lean_io), same results.
+TEST(lean_io_tunings_fall_back_on_unaligned_rows) {
+    const auto fp32 = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9);
+    const ParamLayout layout = ParamLayout::of_shapes({{7}, {128, 192}, {64, 64}});
+    EXPECT(!demo::make_kernel_config(cm::plan_tables(fp32, layout), 1).vec4_io);
+    static_assert(demo::without_lean_io(2) == demo::kExactTuning && demo::without_lean_io(6) == demo::kTensorTuning &&
+                  demo::without_lean_io(9) == demo::kRadixTuning);
+    check_case<2>("unaligned 64x64 rows fp32/k9", layout, fp32, 130, emu::Order::Shuffled, 2);
+    check_case<6>("unaligned 64x64 rows fp32/k9", layout, fp32, 131, emu::Order::Shuffled, 2);
+    check_case<9>("unaligned 64x64 rows fp32/k9", layout, fp32, 132, emu::Order::Shuffled, 2);
 }
 
 // The tensor-core kernels on d12-like 64 x 64 chunks: fp32 values at k 32 (sparse decode rows), k 100 (every

@@ -9,8 +9,9 @@
 //  3. corrupt buckets (an index outside its chunk, a repeated index) raise the error flags.
 // Timing: the full d12 (124M parameters) apply of 1 and 8 ranks' buckets, GB/s of the bytes it must move
 // (buckets read, master read + write, floatX write), for every tuning of the 64 x 64 kernel that apply
-// distinguishes (demo::kTunings), each fp32 tuning checked bit-identical to tuning 0, each tensor-core tuning
-// with cm::compare_apply (signs may differ only where the decoded value is within rounding of 0). Exit 0 PASS, 1 FAIL, 77 SKIP.
+// distinguishes (demo::kTunings: tensor-core decode, lean I/O), each fp32 tuning checked bit-identical to tuning 0
+// (master weights and params), the tensor-core one with cm::compare_apply (signs may differ only where the
+// decoded value is within rounding of 0) and its lean I/O twin bit-identical to it. Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
 #include "demo/demo_cuda.cuh"
@@ -165,15 +166,17 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int 
     const cm::ApplyParams ap = cm::apply_params(cfg, 6e-4f, world, pt.bucket_bytes);
     DeviceBuffer<float> master0(n, "master");
     CUDA_CHECK(cudaMemcpyAsync(master0.data(), master.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
-    std::vector<float> master_t0;
-    // every tuning of the 64 x 64 kernel that apply distinguishes (the top-k choice is compress's), checked
-    // bit-identical to tuning 0 from the same master weights, then timed
+    std::vector<float> master_t0, master_tc;
+    std::vector<floatX> params_t0, params_tc;
+    auto same_bits = [](const std::vector<floatX>& a, const std::vector<floatX>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0;
+    };
+    // every tuning of the 64 x 64 kernel that apply distinguishes (decode on the tensor cores, lean I/O; the
+    // rest are compress's), checked bit-identical to tuning 0 (fp32 decode) or kTensorTuning (lean I/O on the
+    // tensor-core decode), the latter against tuning 0 to compare_apply's tolerance, then timed
     demo::for_each_tuning([&](auto tune) {
         constexpr int T = decltype(tune)::value;
-        constexpr demo::KernelTuning t = demo::kTunings[T], t0 = demo::kTunings[0];
-        if constexpr (T > 0 && t.min_blocks == t0.min_blocks && t.tile_j == t0.tile_j && t.tile_c == t0.tile_c &&
-                      t.tensor_dct == t0.tensor_dct)
-            return;
+        if constexpr (demo::apply_tuning(T) != T) return;  // the same apply kernel as an earlier tuning
         demo::prepare_tuning<T>(kc);
         CUDA_CHECK(cudaMemcpyAsync(master.data(), master0.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
         err.upload(std::vector<uint32_t>{0u, UINT32_MAX});
@@ -182,15 +185,23 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int 
         env.sync();
         if (T == 0) {
             master_t0 = master.download();
+            params_t0 = params.download();
         } else if constexpr (demo::is_exact_tuning(T)) {
-            ck.expect(master.download() == master_t0, "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) +
-                                                           " gives tuning 0's master weights");
+            ck.expect(master.download() == master_t0 && same_bits(params.download(), params_t0),
+                      "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) +
+                          " gives tuning 0's master weights and params");
+        } else if (T != demo::kTensorTuning) {
+            ck.expect(master.download() == master_tc && same_bits(params.download(), params_tc),
+                      "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) + " gives tuning " +
+                          std::to_string(demo::kTensorTuning) + "'s master weights and params");
         } else {  // the tensor-core decode: signs may differ only where the decoded value is within rounding of 0
             const std::vector<uint8_t> b = buckets.download();
             const cm::ApplyAgreement a = cm::compare_apply(pt, std::span(reinterpret_cast<const std::byte*>(b.data()), b.size()),
                                                            world, master.download(), master_t0);
             std::printf("  d12 W=%d tuning %d vs tuning 0: %s\n", world, T, a.describe().c_str());
             ck.expect(a.ok(), "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) + " agrees with tuning 0");
+            master_tc = master.download();
+            params_tc = params.download();
         }
         const float ms = check::time_ms(env.stream, 10, [&] {
             demo::launch_apply<T>(kc, tables.view, buckets.data(), master.data(), params.data(), ap, 42, true, err.data(),
