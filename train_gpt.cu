@@ -21,6 +21,8 @@
 //   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
 //                               bit-identical to the host reference) or on the tensor cores (3xTF32;
 //                               demo/demo_cuda.cuh);
+//   LLMC_DEMO_TUNING=N          --optimizer demo: the DeMo kernels of demo::kTunings[N] (the kernel lab's
+//                               candidates, for timing them in whole steps; demo/demo_cuda.cuh);
 //   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
 //                               instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
 //   LLMC_PROFILE_STEP=N         brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off`
@@ -105,14 +107,17 @@ std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const Tokenizer
 }
 
 void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, const CudaEnv& env,
-                          const GPT2Cuda& model, bool demo_tensor_cores, int argc, char** argv) {
+                          const GPT2Cuda& model, const demo::KernelChoice& demo_kernels, int argc, char** argv) {
     nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt", argc, argv);
     record["_run"]["device"] = env.describe();
     record["_run"]["precision"] = kFloatXName;
     record["_run"]["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
     record["_run"]["gelu_fusion"] = model.gelu_fusion();
     record["_run"]["attention"] = model.attention_name();
-    if (cfg.optimizer == "demo") record["_run"]["demo_dct"] = demo_tensor_cores ? "tensor" : "fp32";
+    if (cfg.optimizer == "demo") {
+        record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
+        if (demo_kernels.forced_tuning >= 0) record["_run"]["demo_tuning"] = demo_kernels.forced_tuning;
+    }
     write_run_record(cfg.out_dir, record);
 }
 
@@ -140,7 +145,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     }
     (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
     (void)gelu_fusion_from_env(0);              // any GPU work
-    const bool demo_tensor_cores = demo::demo_tensor_cores_from_env();  // a bad LLMC_DEMO_DCT fails here too
+    const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_TUNING fails here too
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through
@@ -191,11 +196,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
-        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_tensor_cores, argc, argv);
+        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         const std::string optimizer =
-            cfg.optimizer == "demo" ? std::string("demo (DCTs ") + (demo_tensor_cores ? "on tensor cores, 3xTF32)" : "in fp32)")
-                                    : cfg.optimizer;
+            cfg.optimizer == "demo" ? "demo (" + demo_kernels.describe() + ")" : cfg.optimizer;
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "

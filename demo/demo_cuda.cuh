@@ -38,16 +38,59 @@
 
 namespace demo {
 
-// LLMC_DEMO_DCT=fp32|tensor (default fp32): the compress kernel's DCTs and decode in fp32 multiply-adds,
-// bit-identical to cm::compress_plan_host (tuning kExactTuning, or kRadixTuning from top-k kRadixTopkFrom on),
-// or on the tensor cores (3xTF32, demo_kernels.cuh: within 2e-6 of the chunk maximum of the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a
-// wash at small k, so the exact kernel stays the default. The apply kernel is always the fp32 one (its
-// tensor-core variant measured 3-7% slower). A bad value is an error; train_gpt checks it before any GPU work.
-inline bool demo_tensor_cores_from_env() {
-    const char* s = std::getenv("LLMC_DEMO_DCT");
-    const std::string choice = s ? s : "fp32";
-    LLMC_CHECK(choice == "fp32" || choice == "tensor", "LLMC_DEMO_DCT must be fp32 or tensor; got '" + choice + "'");
-    return choice == "tensor";
+// The kernels the trainer launches, chosen once from the environment (a bad value is an error; train_gpt
+// checks it before any GPU work):
+//  - LLMC_DEMO_DCT=fp32|tensor (default fp32): the compress kernel's DCTs and decode in fp32 multiply-adds,
+//    bit-identical to cm::compress_plan_host (tuning kExactTuning, or kRadixTuning from top-k kRadixTopkFrom
+//    on), or on the tensor cores (kTensorTuning: 3xTF32, demo_kernels.cuh, within 2e-6 of the chunk maximum of
+//    the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a wash at small k, so
+//    the exact kernel stays the default. The apply kernel is the fp32 one (its tensor-core variant measured
+//    3-7% slower).
+//  - LLMC_DEMO_TUNING=N (0 .. kNumTunings - 1): the 64 x 64 compress kernel of demo::kTunings[N] whatever the
+//    top-k, and the lean I/O apply (kLeanApplyTuning) when that tuning has lean I/O; for timing the kernel
+//    lab's candidates in whole training steps (dev/cuda/bench_train_gpt.sh, BENCH_DEMO_TUNINGS). Where
+//    LLMC_DEMO_DCT is set too, it must name the tuning's kind of DCT.
+struct KernelChoice {
+    bool tensor_cores = false;  // the compress kernel's DCTs on the tensor cores
+    int forced_tuning = -1;     // LLMC_DEMO_TUNING, or -1
+    int compress_tuning(size_t topk) const {
+        return forced_tuning >= 0 ? forced_tuning
+               : tensor_cores     ? kTensorTuning
+               : topk >= kRadixTopkFrom ? kRadixTuning
+                                        : kExactTuning;
+    }
+    int apply_tuning() const {
+        return forced_tuning >= 0 && kTunings[forced_tuning].lean_io ? kLeanApplyTuning : kExactTuning;
+    }
+    // "DCTs in fp32" / "DCTs on tensor cores, 3xTF32", with ", kernel tuning N (<name>)" when forced
+    std::string describe() const {
+        std::string s = tensor_cores ? "DCTs on tensor cores, 3xTF32" : "DCTs in fp32";
+        if (forced_tuning >= 0)
+            s += ", kernel tuning " + std::to_string(forced_tuning) + " (" + tuning_name(forced_tuning) + ")";
+        return s;
+    }
+};
+inline KernelChoice demo_kernels_from_env() {
+    KernelChoice k;
+    const char* dct = std::getenv("LLMC_DEMO_DCT");
+    if (dct) {
+        const std::string v = dct;
+        LLMC_CHECK(v == "fp32" || v == "tensor", "LLMC_DEMO_DCT must be fp32 or tensor; got '" + v + "'");
+        k.tensor_cores = v == "tensor";
+    }
+    if (const char* tune = std::getenv("LLMC_DEMO_TUNING")) {
+        const std::string v = tune;
+        const bool digits = !v.empty() && v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
+        const int t = digits ? std::stoi(v) : -1;
+        LLMC_CHECK(t >= 0 && t < kNumTunings, "LLMC_DEMO_TUNING must be a tuning number from 0 to " +
+                                                  std::to_string(kNumTunings - 1) + " (demo::kTunings); got '" + v + "'");
+        LLMC_CHECK(!dct || k.tensor_cores == kTunings[t].tensor_dct,
+                   "LLMC_DEMO_TUNING=" + v + " runs the DCTs " + (kTunings[t].tensor_dct ? "on the tensor cores" : "in fp32") +
+                       " but LLMC_DEMO_DCT=" + dct + " asks otherwise (unset one of them)");
+        k.forced_tuning = t;
+        k.tensor_cores = kTunings[t].tensor_dct;
+    }
+    return k;
 }
 
 class CudaDemo final : public llmc::DeviceOptimizer {
@@ -57,13 +100,17 @@ public:
              cudaStream_t stream, bool stochastic_rounding = true, uint32_t seed = 1337)
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
           stochastic_(stochastic_rounding && !llmc::kFloatXIsFloat), seed_(seed),
-          tensor_cores_(demo_tensor_cores_from_env()) {
+          kernel_choice_(demo_kernels_from_env()) {
         cm::validate_options(config_);
         tables_ = cm::plan_tables(config_, layout);
         world_ = transport.world_size();
         LLMC_CHECK(world_ >= 1, "DeMo: transport reports no ranks");
         kernels_ = make_kernel_config(tables_, world_);
         prepare_kernels(kernels_, tables_.plan);
+        if (kernel_choice_.forced_tuning >= 0 && kernels_.threads == 256) {
+            prepare_tuning_at(kernel_choice_.compress_tuning(tables_.plan.topk), kernels_);
+            prepare_tuning_at(kernel_choice_.apply_tuning(), kernels_);
+        }
         nccl_ = dynamic_cast<llmc::NcclTransport*>(&transport);
 
         const size_t n = layout.num_params, bytes = tables_.bucket_bytes;
@@ -125,10 +172,8 @@ public:
         CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
         CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
         const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
-        if (tensor_cores_) launch_compress<kTensorTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
-        else if (tables_.plan.topk >= kRadixTopkFrom)
-            launch_compress<kRadixTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
-        else launch_compress<kExactTuning>(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
+        launch_compress_at(kernel_choice_.compress_tuning(tables_.plan.topk), kernels_, device_tables_, momentum_, grads,
+                           bucket_, cp, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
 
         // the exchange waits for the bucket anyway; timing it from there keeps the compress out of its figure
@@ -141,8 +186,8 @@ public:
         const uint32_t init_error[2] = {0u, UINT32_MAX};
         CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        launch_apply<kExactTuning>(kernels_, device_tables_, gathered_, master_, params,
-                                   cm::apply_params(config_, lr, world_, bytes), step_seed(t_), stochastic_, error_, stream_);
+        launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, gathered_, master_, params,
+                        cm::apply_params(config_, lr, world_, bytes), step_seed(t_), stochastic_, error_, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
         uint32_t error[2] = {0u, 0u};
         CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
@@ -244,7 +289,7 @@ private:
     cudaStream_t stream_;
     bool stochastic_;
     uint32_t seed_;
-    bool tensor_cores_;  // LLMC_DEMO_DCT
+    KernelChoice kernel_choice_;  // LLMC_DEMO_DCT, LLMC_DEMO_TUNING
     cm::PlanTables tables_;
     int world_ = 1;
     KernelConfig kernels_;

@@ -141,6 +141,10 @@ inline constexpr int apply_tuning(int t) {
     return t;
 }
 inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct; }
+// The fp32 apply with lean I/O (the trainer's apply when LLMC_DEMO_TUNING picks a lean_io tuning).
+inline constexpr int kLeanApplyTuning = 1;
+static_assert(kTunings[kLeanApplyTuning].lean_io && !kTunings[kLeanApplyTuning].tensor_dct &&
+              apply_tuning(kLeanApplyTuning) == kLeanApplyTuning);
 
 // ---------------------------------------------------------------------------------------------------------
 // The tensor-core path of the 64 x 64 kernels (tunings with tensor_dct; apply uses it for its decode). The
@@ -1501,6 +1505,42 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
         else LLMC_LAUNCH(grid, 1024, smem, stream, demo_apply_kernel<1024, 0>)(args);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+// Tuning numbers chosen at run time (the trainer's LLMC_DEMO_TUNING) -> the launches above; every tuning's
+// kernels are compiled in.
+inline void prepare_tuning_at(int tune, const KernelConfig& kc) {
+    bool found = false;
+    for_each_tuning([&](auto t) {
+        if (decltype(t)::value == tune) {
+            prepare_tuning<decltype(t)::value>(kc);
+            found = true;
+        }
+    });
+    LLMC_CHECK(found, "DeMo: no kernel tuning " + std::to_string(tune));
+}
+inline void launch_compress_at(int tune, const KernelConfig& kc, const DeviceTables& t, float* momentum,
+                               const float* grads, uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
+    bool found = false;
+    for_each_tuning([&](auto u) {
+        if (decltype(u)::value == tune) {
+            launch_compress<decltype(u)::value>(kc, t, momentum, grads, bucket, p, stream);
+            found = true;
+        }
+    });
+    LLMC_CHECK(found, "DeMo: no kernel tuning " + std::to_string(tune));
+}
+inline void launch_apply_at(int tune, const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets,
+                            float* master, llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed,
+                            bool stochastic, uint32_t* error, cudaStream_t stream) {
+    bool found = false;
+    for_each_tuning([&](auto u) {
+        if (decltype(u)::value == tune && apply_tuning(decltype(u)::value) == decltype(u)::value) {
+            launch_apply<decltype(u)::value>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
+            found = true;
+        }
+    });
+    LLMC_CHECK(found, "DeMo: tuning " + std::to_string(tune) + " is not an apply tuning (apply_tuning)");
 }
 
 // Bytes a compress launch moves through DRAM (momentum read + write, gradient read, bucket write), for GB/s.

@@ -10,6 +10,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
+- DeMo with the kernel lab's lean I/O tunings (LLMC_DEMO_TUNING=2, 9, 8 in fp32, 7 in bf16) gives the default
+  kernels' bits (tuning 8: the tensor-core default's).
 - The fp32 DeMo run and the bf16 flash-attention run give the same bits with every launch's threads run in
   shuffled and warp-by-warp order (LLMC_EMU_ORDER), as they must: a missing barrier would show.
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
@@ -32,7 +34,7 @@ BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32",
         "1", "--val_every", "0", "--val_batches", "1", "--sample_every", "0", "--checkpoint_every", "0"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
+for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_TUNING", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
              "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER"):
     ENV.pop(knob, None)
 failures = []
@@ -115,6 +117,13 @@ def main():
     compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs CPU trainer", tensor, cpu_demo1, "loss", 1e-4)
     compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs fp32 DCTs", tensor, emu_demo1, "loss", 1e-5)
 
+    # The kernel lab's candidates in whole steps (LLMC_DEMO_TUNING): the lean I/O tunings (16-byte accesses, the
+    # momentum refetched, L2 prefetch, all-warp bin search; the lean apply) give the default kernels' bits, on
+    # the fp32 DCTs and on the tensor cores alike.
+    for tune, base, tag in (("2", emu_demo1, "fp32"), ("9", emu_demo1, "fp32"), ("8", tensor, "LLMC_DEMO_DCT=tensor")):
+        lean = run(EMU["fp32"], f"fp32-demo-1-tuning{tune}", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": tune})
+        same(f"fp32 demo, 1 rank, LLMC_DEMO_TUNING={tune}: the default {tag} run's losses and norms", lean, base)
+
     # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
     # losses and samples (same logits to rounding, same sampling RNG) are the CPU trainer's.
     extras = steps + ["--total_batch_size", "256", "--val_every", "2", "--val_batches", "2", "--sample_every", "2",
@@ -186,6 +195,10 @@ def main():
         resumed = run(EMU["bf16"], f"bf16-{opt}-resumed", keep + ["--optimizer", opt, "--resume", step2])
         same(f"bf16 {opt}: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
              full[-2:] if full else None)
+        if opt == "demo":  # the lean apply's bf16 copy (stochastic rounding, 8-byte stores): the same bits
+            lean = run(EMU["bf16"], "bf16-demo-tuning7", keep + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": "7"})
+            same("bf16 demo, LLMC_DEMO_TUNING=7 (lean I/O compress and apply): the default run's losses and norms",
+                 lean, full)
 
     # A checkpoint of the CPU trainer continues on the emulated GPU trainer (fp32) at the CPU trainer's losses.
     cpu_full = run(CPU, "cpu-handover", keep)

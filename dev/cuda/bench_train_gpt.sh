@@ -9,7 +9,9 @@
 # timed against its alternative, and DeMo with LLMC_DEMO_DCT=tensor (the compress kernel's DCTs on the tensor
 # cores instead of in fp32 multiply-adds). When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same
 # batch and data, for a same-GPU baseline. BENCH_QUICK=1 runs only the three default-attention runs (AdamW,
-# DeMo, DeMo with tensor-core DCTs), for short GPU sessions.
+# DeMo, DeMo with tensor-core DCTs), for short GPU sessions. BENCH_DEMO_TUNINGS="1 5 9" adds a DeMo run per
+# listed tuning of the DeMo kernels (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
+# after the default DeMo run.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
 # Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
 set -euo pipefail
@@ -65,10 +67,14 @@ ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
 
 : >"$out/summary.txt"
 nvidia-smi -L
-unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT
+unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_TUNING
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
+for tuning in ${BENCH_DEMO_TUNINGS:-}; do
+  LLMC_DEMO_TUNING=$tuning run_ours "demo-tuning$tuning" demo --demo_topk 32
+  ratio adamw "demo-tuning$tuning" "DeMo step with LLMC_DEMO_TUNING=$tuning / AdamW step"
+done
 LLMC_DEMO_DCT=tensor run_ours demo-tensordct demo --demo_topk 32
 ratio adamw demo-tensordct "DeMo step with LLMC_DEMO_DCT=tensor / AdamW step"
 [[ ${BENCH_QUICK:-0} == 1 ]] && exit 0
