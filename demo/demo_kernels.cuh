@@ -83,7 +83,8 @@ struct KernelTuning {
     bool tensor_dct;       // compress and apply: the dense products on the tensor cores (3xTF32, see below)
     bool lean_io;          // compress: 16-byte loads and stores of the momentum and gradient from 4 per-thread
                            // offsets (lean_prologue / lean_feedback); apply: of the master weights and the floatX
-                           // copy (lean_apply_update). Needs KernelConfig::vec4_io and aligned buffers.
+                           // copy (lean_apply_update), and first senders found by their `touched` bit instead of
+                           // zeroed sums and counts. Needs KernelConfig::vec4_io and aligned buffers.
     bool refetch;          // compress, with lean_io: the updated momentum goes to global memory at once and is read
                            // back (from L2) for the error feedback, instead of 16 registers held across the kernel
     bool prefetch_l2;      // compress: each block asks L2 for the chunk one wave of resident blocks ahead
@@ -989,23 +990,25 @@ __device__ __forceinline__ void lean_feedback(float* momentum, uint32_t cols, fl
 // Apply's last step with lean I/O: thread t owns columns 4 (t % 16) + [0, 4) of rows t / 16 + 16 s (s < 4) of
 // the chunk at `origin`; 16-byte loads and stores of the master weights, the floatX copy as one 8-byte (bf16)
 // or 16-byte (fp32) store per row. Same per-element arithmetic and rounding as the base kernel.
-__device__ __forceinline__ void store_floatx4(llmc::floatX* dst, const float (&p)[4], uint64_t index, uint32_t seed,
-                                              bool stochastic) {
+template <bool STOCHASTIC>
+__device__ __forceinline__ void store_floatx4(llmc::floatX* dst, const float (&p)[4], uint64_t index, uint32_t seed) {
     if constexpr (llmc::kFloatXIsFloat) {
         store4(reinterpret_cast<float*>(dst), p);
     } else {
         uint16_t h[4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            h[j] = stochastic ? llmc::km::bf16_bits_stochastic(p[j], llmc::km::element_noise(index + j, seed))
+            h[j] = STOCHASTIC ? llmc::km::bf16_bits_stochastic(p[j], llmc::km::element_noise(index + j, seed))
                               : llmc::km::bf16_bits_rne(p[j]);
         LLMC_REQUIRE_ALIGNED(dst, 8);
         *reinterpret_cast<uint2*>(dst) = make_uint2(uint32_t(h[0]) | (uint32_t(h[1]) << 16), uint32_t(h[2]) | (uint32_t(h[3]) << 16));
     }
 }
+// STOCHASTIC as a template parameter: the caller branches once, not per element.
+template <bool STOCHASTIC>
 __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* params, uint64_t origin, uint32_t cols,
                                                   const float* dec, int lde, const cm::ApplyParams& ap, bool decays,
-                                                  uint32_t seed, bool stochastic) {
+                                                  uint32_t seed) {
     const uint32_t col = 4u * (threadIdx.x & 15u), b0 = threadIdx.x >> 4;
     float m[4][4];
 #pragma unroll
@@ -1018,7 +1021,7 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
         for (int j = 0; j < 4; j++)
             p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays);
         store4(master + origin + off, p);
-        store_floatx4(params + origin + off, p, origin + off, seed, stochastic);
+        store_floatx4<STOCHASTIC>(params + origin + off, p, origin + off, seed);
     }
 }
 
@@ -1261,9 +1264,13 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     uint32_t* scan = reinterpret_cast<uint32_t*>(sm + a.L.scratch);
     const uint32_t n = uint32_t(d.elems), k = ct.k;
 
-    for (uint32_t i = tid; i < n; i += THREADS) {
-        Q[i] = 0.0f;
-        cnt[i] = 0u;
+    // lean I/O: no clearing of the sums and counts; a coefficient's first sender is told by its `touched` bit
+    constexpr bool kLeanApply = FIXED == int(cm::kFixedChunk) && kTune.lean_io;
+    if constexpr (!kLeanApply) {
+        for (uint32_t i = tid; i < n; i += THREADS) {
+            Q[i] = 0.0f;
+            cnt[i] = 0u;
+        }
     }
     touched[tid] = 0u;
     __syncthreads();
@@ -1298,10 +1305,17 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
                     continue;
                 }
                 const float v = Lval[e];
-                const uint32_t c0 = cnt[i];
-                Q[i] = c0 == 0 ? v : cm::add_rn(Q[i], v);
-                cnt[i] = c0 + 1;
-                if (c0 == 0) atomicOr(touched + (i >> 5), 1u << (i & 31));
+                if constexpr (kLeanApply) {  // Q[i] and cnt[i] hold garbage until i's first sender writes them
+                    const uint32_t bit = 1u << (i & 31);
+                    const bool first = (atomicOr(touched + (i >> 5), bit) & bit) == 0u;
+                    Q[i] = first ? v : cm::add_rn(Q[i], v);
+                    cnt[i] = first ? 1u : cnt[i] + 1u;
+                } else {
+                    const uint32_t c0 = cnt[i];
+                    Q[i] = c0 == 0 ? v : cm::add_rn(Q[i], v);
+                    cnt[i] = c0 + 1;
+                    if (c0 == 0) atomicOr(touched + (i >> 5), 1u << (i & 31));
+                }
             }
             __syncthreads();
         }
@@ -1334,7 +1348,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     const bool decays = a.p.apply_wd && ct.decays;
     if constexpr (FIXED == int(cm::kFixedChunk) && kTune.lean_io) {
         static_assert(THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
-        lean_apply_update(a.master, a.params, origin, ct.cols, Q, d.lde, a.p, decays, a.seed, a.stochastic);
+        if (a.stochastic) lean_apply_update<true>(a.master, a.params, origin, ct.cols, Q, d.lde, a.p, decays, a.seed);
+        else lean_apply_update<false>(a.master, a.params, origin, ct.cols, Q, d.lde, a.p, decays, a.seed);
     } else {
 #pragma unroll
         for (int r = 0; r < kMaxElemsPerThread; r++) {

@@ -300,6 +300,15 @@ TEST(lean_io_tunings_fall_back_on_unaligned_rows) {
     check_case<9>("unaligned 64x64 rows fp32/k9", layout, fp32, 132, emu::Order::Shuffled, 2);
 }
 
+// The lean I/O apply on chunks where many coefficients are sent by several of 4 ranks (k = 100: the mean over
+// 2-4 senders, the first sender told by its `touched` bit), fp32 and tensor-core decode.
+TEST(lean_io_apply_with_shared_coefficients) {
+    const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
+    const auto cfg = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100);
+    check_case<1>("64x64 bf16/smallest/ema/a0.2/k100, lean I/O", layout, cfg, 140, emu::Order::Shuffled, 4);
+    check_case<5>("64x64 bf16/smallest/ema/a0.2/k100, tensor cores, lean I/O", layout, cfg, 141, emu::Order::Reverse, 4);
+}
+
 // The tensor-core kernels on d12-like 64 x 64 chunks: fp32 values at k 32 (sparse decode rows), k 100 (every
 // one of the 64 rows can hold a sent coefficient: the decode's full K), EMA momentum with alpha 0.2, 4 ranks.
 TEST(tensor_core_kernels_agree_with_host_reference) {
