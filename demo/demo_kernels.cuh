@@ -63,11 +63,13 @@ inline constexpr uint32_t kScratchWords = 36 + 12 + 4;  // block scan (33), top-
 struct KernelConfig {
     int threads = 256;
     SmemLayout compress, apply;                  // the 64 x 64 launch group (cm::launch_tables)
+    SmemLayout compress_compact;                 // its fp32 compress in the least memory (compact_smem tunings)
     SmemLayout compress_general, apply_general;  // every other chunk shape
     int world = 1;
     bool vec4_io = true;  // every 64 x 64 tensor's offset and row length are multiples of 4 floats (lean_io)
     size_t max_bytes() const {
-        return std::max({compress.bytes(), apply.bytes(), compress_general.bytes(), apply_general.bytes()});
+        return std::max({compress.bytes(), compress_compact.bytes(), apply.bytes(), compress_general.bytes(),
+                     apply_general.bytes()});
     }
 };
 
@@ -89,28 +91,34 @@ struct KernelTuning {
                            // back (from L2) for the error feedback, instead of 16 registers held across the kernel
     bool prefetch_l2;      // compress: each block asks L2 for the chunk one wave of resident blocks ahead
     bool wide_bin_search;  // compress: every warp sums histogram groups for the bin search, not warp 0 alone
+    bool compact_smem;     // compress, fp32: KernelConfig::compress_compact (no tensor-core padding, one copy of
+                           // the folded basis: n1 = n2) and 5 blocks per SM (48 registers): 5 x 44.5 KB fit an
+                           // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32
 };
 inline constexpr KernelTuning kTunings[] = {
-    // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide
-    {4, 8, 2, true, false, false, false, false, false},  // 0: the fp32 kernels, bit-identical to the host reference
-    {4, 8, 2, true, false, true, false, false, false},   // 1: 0 + lean I/O
-    {4, 8, 2, true, false, true, true, false, false},    // 2: 0 + lean I/O, momentum refetched from L2
-    {4, 8, 2, false, false, false, false, false, false}, // 3: RadixSelect only
-    {4, 8, 2, true, true, false, false, false, false},   // 4: tensor-core products
-    {4, 8, 2, true, true, true, false, false, false},    // 5: 4 + lean I/O
-    {4, 8, 2, true, true, true, true, false, false},     // 6: 4 + lean I/O, momentum refetched from L2
-    {4, 8, 2, true, false, true, true, true, true},      // 7: 2 + L2 prefetch one wave ahead + all-warp bin search
-    {4, 8, 2, true, true, true, true, true, true},       // 8: 6 + L2 prefetch one wave ahead + all-warp bin search
-    {4, 8, 2, false, false, true, false, false, false},  // 9: 3 + lean I/O (the lean twin of the k >= 16 default)
+    // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide, compact
+    {4, 8, 2, true, false, false, false, false, false, false},   // 0: the fp32 kernels, bit-identical to the host reference
+    {4, 8, 2, true, false, true, false, false, false, false},    // 1: 0 + lean I/O
+    {4, 8, 2, true, false, true, true, false, false, false},     // 2: 0 + lean I/O, momentum refetched from L2
+    {4, 8, 2, false, false, false, false, false, false, false},  // 3: RadixSelect only
+    {4, 8, 2, true, true, false, false, false, false, false},    // 4: tensor-core products
+    {4, 8, 2, true, true, true, false, false, false, false},     // 5: 4 + lean I/O
+    {4, 8, 2, true, true, true, true, false, false, false},      // 6: 4 + lean I/O, momentum refetched from L2
+    {4, 8, 2, true, false, true, true, true, true, false},       // 7: 2 + L2 prefetch one wave ahead + all-warp bin search
+    {4, 8, 2, true, true, true, true, true, true, false},        // 8: 6 + L2 prefetch one wave ahead + all-warp bin search
+    {4, 8, 2, false, false, true, false, false, false, false},   // 9: 3 + lean I/O (the lean twin of the k >= 16 default)
+    {4, 8, 2, true, false, true, true, false, false, true},      // 10: 2 + compact, 5 blocks per SM
+    {4, 8, 2, false, false, true, true, false, false, true},     // 11: 10 with RadixSelect only
+    {4, 8, 2, true, false, true, true, true, true, true},        // 12: 7 + compact, 5 blocks per SM
 };
-inline constexpr int kNumTunings = 10;
+inline constexpr int kNumTunings = 13;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels: the trainer's apply, and its compress at small top-k
 inline constexpr int kRadixTuning = 3;   // the trainer's compress from top-k kRadixTopkFrom on (same bits as 0)
 inline constexpr int kTensorTuning = 4;  // the tensor-core compress (LLMC_DEMO_DCT=tensor)
 // RadixSelect alone beats the histogram fast path at k = 32 (1.740 against 1.804 ms on an H100, d12) and loses
 // by 0.2-0.9% at k = 3 and 5; measured at those three k only, so the threshold between them is a guess.
 inline constexpr size_t kRadixTopkFrom = 16;
-inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false};  // any chunk shape
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false};  // any shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k",
                                                    "lean I/O",
@@ -121,8 +129,15 @@ inline const char* tuning_name(int t) {
                                                    "tensor cores, lean I/O, momentum refetched",
                                                    "lean I/O, refetch, L2 prefetch, all-warp bin search",
                                                    "tensor cores, lean I/O, refetch, L2 prefetch, all-warp bin search",
-                                                   "RadixSelect top-k only, lean I/O"};
+                                                   "RadixSelect top-k only, lean I/O",
+                                                   "lean I/O, refetch, compact, 5 blocks/SM",
+                                                   "RadixSelect, lean I/O, refetch, compact, 5 blocks/SM",
+                                                   "lean I/O, refetch, L2 prefetch, all-warp bin search, compact, 5 blocks/SM"};
     return names[t];
+}
+// The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
+__host__ __device__ inline constexpr int compress_min_blocks(const KernelTuning& t) {
+    return t.compact_smem ? 5 : t.min_blocks;
 }
 // The tuning a launch runs instead of t when its buffers cannot take lean I/O's 16-byte accesses.
 inline constexpr int without_lean_io(int t) {
@@ -218,12 +233,15 @@ void for_each_tuning(F&& f) {
 
 inline uint32_t words4(size_t v) { return static_cast<uint32_t>((v + 3) & ~size_t{3}); }
 
-// The shared-memory layouts of one launch group: maxima over its tensors (`in_group` picks them); `fixed` for
-// the 64 x 64 group, whose tensor-core tunings take wider rows (tensor_core_dims).
+// The shared-memory layouts of one launch group: maxima over its tensors (`in_group` picks them); `compact`
+// (non-null) for the 64 x 64 group, whose tensor-core tunings take wider rows (tensor_core_dims): it gets the fp32
+// compress layout without them and with one copy of the folded basis (n1 = n2 = 64), for compact_smem tunings.
 template <class InGroup>
-void carve_layouts(const cm::PlanTables& pt, int world, size_t T, bool fixed, InGroup in_group, SmemLayout& compress,
-                   SmemLayout& apply) {
+void carve_layouts(const cm::PlanTables& pt, int world, size_t T, InGroup in_group, SmemLayout& compress,
+                   SmemLayout& apply, SmemLayout* compact) {
+    const bool fixed = compact != nullptr;
     size_t cP = 0, cQ = 0, cB = 0, cL = 0, aP = 0, aQ = 0, aB = 0, aC = 0, aL = 0, segs = 0;
+    size_t kP = 0, kQ = 0, kB = 0;  // the compact layout's
     for (const cm::ChunkTensor& ct : pt.tensors) {
         if (!in_group(ct)) continue;
         LLMC_CHECK(uint64_t(ct.n1) * ct.cols < (uint64_t{1} << 32),
@@ -236,6 +254,9 @@ void carve_layouts(const cm::PlanTables& pt, int world, size_t T, bool fixed, In
         cP = std::max({cP, size_t(d.n1) * d.ldx, size_t(d.n1) * d.ldf, R * d.ldt, size_t(cm::kCoarseBins)});
         cQ = std::max({cQ, size_t(d.n1) * d.ldz, size_t(d.n1) * d.lde});
         cB = std::max({cB, size_t(cm::folded_basis_floats(d.n1) + cm::folded_basis_floats(d.n2)), R * d.ldas});
+        kP = std::max({kP, size_t(d.n1) * d.ldx, size_t(d.n1) * d.ldf, R * d.ldt, size_t(cm::kCoarseBins)});
+        kQ = std::max({kQ, size_t(d.n1) * d.ldz, size_t(d.n1) * d.lde});
+        kB = std::max({kB, size_t(cm::folded_basis_floats(d.n1)), R * d.ldas});
         cL = std::max<size_t>(cL, ct.k);
         // apply decodes the union of every rank's coefficients: at most min(n1, world k) distinct rows
         const size_t R_apply = std::min<size_t>(d.n1, size_t(world) * ct.k);
@@ -276,6 +297,7 @@ void carve_layouts(const cm::PlanTables& pt, int world, size_t T, bool fixed, In
     };
     carve(compress, cP, cQ, cB, 0, cL, 2 * T);
     carve(apply, aP, aQ, aB, aC, aL, T);
+    if (compact) carve(*compact, kP, kQ, kB, 0, cL, 2 * T);
 }
 
 // One layout per launch group: the general group's blocks (biases and LayerNorm weights of a GPT-2: 64-element
@@ -291,9 +313,9 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
     auto is_fixed = [fixed_kernels](const cm::ChunkTensor& ct) {  // cm::launch_tables' rule
         return fixed_kernels && ct.n1 == cm::kFixedChunk && ct.n2 == cm::kFixedChunk;
     };
-    carve_layouts(pt, world, size_t(kc.threads), true, is_fixed, kc.compress, kc.apply);
-    carve_layouts(pt, world, size_t(kc.threads), false, [&](const cm::ChunkTensor& ct) { return !is_fixed(ct); },
-                  kc.compress_general, kc.apply_general);
+    carve_layouts(pt, world, size_t(kc.threads), is_fixed, kc.compress, kc.apply, &kc.compress_compact);
+    carve_layouts(pt, world, size_t(kc.threads), [&](const cm::ChunkTensor& ct) { return !is_fixed(ct); },
+                  kc.compress_general, kc.apply_general, nullptr);
     for (const cm::ChunkTensor& ct : pt.tensors)
         if (is_fixed(ct) && (ct.offset % 4 != 0 || ct.cols % 4 != 0)) kc.vec4_io = false;
     return kc;
@@ -1030,7 +1052,8 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
 // 64 x 64 kernel's tuning (kTunings): tuning 0 holds it to 64 registers so 4 blocks share an SM (53 KB of
 // shared memory each; ptxas spills ~14 floats to L1).
 template <int THREADS, int FIXED, int TUNE = 0>
-__global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1) demo_compress_kernel(const CompressArgs a) {
+__global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[TUNE]) : 1)
+    demo_compress_kernel(const CompressArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
@@ -1040,6 +1063,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
     static_assert(!kLean || THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
     static_assert(!kTune.refetch || kTune.lean_io, "refetch is a variant of lean I/O");
+    constexpr bool kCompact = FIXED == int(cm::kFixedChunk) && kTune.compact_smem;
+    static_assert(!kCompact || !kTensor, "the compact layout has no room for the tensor-core padding");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -1055,7 +1080,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         // the chunk a block one wave later will read: its 64 rows x 256 bytes of momentum and of gradient, one
         // 128-byte line per thread (row tid / 4, half (tid / 2) % 2, gradient when tid is odd)
         static_assert(FIXED * FIXED * 2 * 4 / 128 == THREADS, "one line per thread");
-        const uint64_t ahead = gchunk + uint64_t(sm_id_count()) * kTune.min_blocks;  // one wave of resident blocks
+        const uint64_t ahead = gchunk + uint64_t(sm_id_count()) * compress_min_blocks(kTune);  // one wave ahead
         if (ahead < gridDim.x) {
             const cm::ChunkTensor& nt = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, ahead)];
             const uint64_t next = block_chunk_origin(nt, uint32_t(ahead - nt.chunk_offset));
@@ -1078,7 +1103,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     // fragments of them; histograms cleared
     const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
     float* fold1 = B;
-    float* fold2 = B + f1;
+    float* fold2 = kCompact ? fold1 : B + f1;  // compact: n1 = n2, so the two bases are one (ct.fold1 == ct.fold2)
     if constexpr (kTensor) {
         LLMC_REQUIRE_ALIGNED(B, 16);
         build_tensor_basis(a.folded + ct.fold1, reinterpret_cast<float4*>(B));
@@ -1090,7 +1115,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         LLMC_REQUIRE_ALIGNED(fold1, 16);
         LLMC_REQUIRE_ALIGNED(fold2, 16);
         for (int i = tid; i < f1 / 4; i += THREADS) reinterpret_cast<float4*>(fold1)[i] = s1[i];
-        for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
+        if constexpr (!kCompact)
+            for (int i = tid; i < f2 / 4; i += THREADS) reinterpret_cast<float4*>(fold2)[i] = s2[i];
     }
     hist[tid] = 0u;
     hist[THREADS + tid] = 0u;
@@ -1419,11 +1445,17 @@ inline void raise_smem_limit(const void* kernel, size_t bytes) {
     have = bytes;
 }
 
+// The shared-memory layout of tuning t's 64 x 64 compress launch.
+inline const SmemLayout& fixed_compress_layout(const KernelConfig& kc, int t) {
+    return kTunings[t].compact_smem ? kc.compress_compact : kc.compress;
+}
+
 // The 64 x 64 kernels of tuning TUNE (prepare_kernels does the fp32 and the tensor-core tunings).
 template <int TUNE>
 inline void prepare_tuning(const KernelConfig& kc) {
     if (kc.threads != 256) return;
-    raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>), kc.compress.bytes());
+    raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>),
+                     fixed_compress_layout(kc, TUNE).bytes());
     raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE)>),
                      kc.apply.bytes());
 }
@@ -1474,8 +1506,9 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
     LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
     if (t.fixed_chunks) {
-        const CompressArgs args{t.tensors, t.fixed_tensors, t.folded, t.natural, momentum, grads, bucket, p, kc.compress};
-        LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, kc.compress.bytes(), stream,
+        const SmemLayout& L = fixed_compress_layout(kc, TUNE);
+        const CompressArgs args{t.tensors, t.fixed_tensors, t.folded, t.natural, momentum, grads, bucket, p, L};
+        LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, L.bytes(), stream,
                     demo_compress_kernel<256, cm::kFixedChunk, TUNE>)(args);
         CUDA_CHECK_LAUNCH();
     }

@@ -77,7 +77,7 @@ std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<fl
         if (kc.threads == 256) demo::demo_compress_kernel<256, 0>(a);
         else demo::demo_compress_kernel<1024, 0>(a);
     };
-    emulate_launches(kc, lt, kc.compress, kc.compress_general, order, args, fixed, general);
+    emulate_launches(kc, lt, demo::fixed_compress_layout(kc, TUNE), kc.compress_general, order, args, fixed, general);
     std::vector<std::byte> out(bucket.size());
     std::memcpy(out.data(), bucket.data(), bucket.size());
     return out;

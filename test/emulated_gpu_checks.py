@@ -10,8 +10,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
-- DeMo with the kernel lab's lean I/O tunings (LLMC_DEMO_TUNING=2, 9, 8 in fp32, 7 in bf16) gives the default
-  kernels' bits (tuning 8: the tensor-core default's).
+- DeMo with the kernel lab's lean I/O tunings (LLMC_DEMO_TUNING=2, 9, 12, 8 in fp32, 7 in bf16) gives the
+  default kernels' bits (tuning 8: the tensor-core default's).
 - The fp32 DeMo run and the bf16 flash-attention run give the same bits with every launch's threads run in
   shuffled and warp-by-warp order (LLMC_EMU_ORDER), as they must: a missing barrier would show.
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
@@ -118,9 +118,10 @@ def main():
     compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs fp32 DCTs", tensor, emu_demo1, "loss", 1e-5)
 
     # The kernel lab's candidates in whole steps (LLMC_DEMO_TUNING): the lean I/O tunings (16-byte accesses, the
-    # momentum refetched, L2 prefetch, all-warp bin search; the lean apply) give the default kernels' bits, on
-    # the fp32 DCTs and on the tensor cores alike.
-    for tune, base, tag in (("2", emu_demo1, "fp32"), ("9", emu_demo1, "fp32"), ("8", tensor, "LLMC_DEMO_DCT=tensor")):
+    # momentum refetched, L2 prefetch, all-warp bin search, the compact layout; the lean apply) give the default
+    # kernels' bits, on the fp32 DCTs and on the tensor cores alike.
+    for tune, base, tag in (("2", emu_demo1, "fp32"), ("9", emu_demo1, "fp32"), ("12", emu_demo1, "fp32"),
+                            ("8", tensor, "LLMC_DEMO_DCT=tensor")):
         lean = run(EMU["fp32"], f"fp32-demo-1-tuning{tune}", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": tune})
         same(f"fp32 demo, 1 rank, LLMC_DEMO_TUNING={tune}: the default {tag} run's losses and norms", lean, base)
 

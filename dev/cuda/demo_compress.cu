@@ -182,7 +182,7 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, cons
         std::printf("  %s: %.1f GB/s = %.0f%% of this GPU's HBM peak %.0f GB/s (%zu chunks, %d threads/block, "
                     "%zu B shared/block for 64 x 64 chunks, %zu for the rest)%s\n",
                     name, achieved / 1e9, 100.0 * achieved / peak, peak / 1e9, pt.plan.total_chunks, kc.threads,
-                    kc.compress.bytes(), kc.compress_general.bytes(), achieved >= 0.6 * peak ? "" : "  [below the 60% target]");
+                    demo::fixed_compress_layout(kc, T).bytes(), kc.compress_general.bytes(), achieved >= 0.6 * peak ? "" : "  [below the 60% target]");
     });
 }
 
