@@ -132,7 +132,8 @@ inline const char* tuning_name(int t) {
                                                    "RadixSelect top-k only, lean I/O",
                                                    "lean I/O, refetch, compact, 5 blocks/SM",
                                                    "RadixSelect, lean I/O, refetch, compact, 5 blocks/SM",
-                                                   "lean I/O, refetch, L2 prefetch, all-warp bin search, compact, 5 blocks/SM"};
+                                                   "lean I/O, refetch, L2 prefetch, all-warp bin search, compact, "
+                                                   "5 blocks/SM"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
@@ -936,8 +937,9 @@ __device__ __forceinline__ void store4(float* p, const float (&v)[4]) {
 // Steps 1-2: momentum update and the row fold into FX (rows of ldx, a multiple of 4). REFETCH: the updated
 // momentum is written back at once (lean_feedback reads it again) and own_* are left alone.
 template <bool REFETCH>
-__device__ __forceinline__ void lean_prologue(float* momentum, const float* grads, uint32_t cols, const cm::CompressParams& p,
-                                              int ldx, float* FX, float (&own_top)[kMaxPairsPerThread],
+__device__ __forceinline__ void lean_prologue(float* momentum, const float* grads, uint32_t cols,
+                                              const cm::CompressParams& p, int ldx, float* FX,
+                                              float (&own_top)[kMaxPairsPerThread],
                                               float (&own_bot)[kMaxPairsPerThread]) {
     const LeanOffsets o = lean_offsets(cols);
     float mt[2][4], gt[2][4], mb[2][4], gb[2][4];
@@ -1023,7 +1025,8 @@ __device__ __forceinline__ void store_floatx4(llmc::floatX* dst, const float (&p
             h[j] = STOCHASTIC ? llmc::km::bf16_bits_stochastic(p[j], llmc::km::element_noise(index + j, seed))
                               : llmc::km::bf16_bits_rne(p[j]);
         LLMC_REQUIRE_ALIGNED(dst, 8);
-        *reinterpret_cast<uint2*>(dst) = make_uint2(uint32_t(h[0]) | (uint32_t(h[1]) << 16), uint32_t(h[2]) | (uint32_t(h[3]) << 16));
+        *reinterpret_cast<uint2*>(dst) =
+            make_uint2(uint32_t(h[0]) | (uint32_t(h[1]) << 16), uint32_t(h[2]) | (uint32_t(h[3]) << 16));
     }
 }
 // STOCHASTIC as a template parameter: the caller branches once, not per element.
@@ -1486,7 +1489,8 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
 // Whether a launch of these buffers can take the lean_io tunings' accesses of 4 elements (16 bytes of fp32, 8 of
 // bf16): compress reads and writes momentum and gradient, apply the master weights and the floatX copy.
 inline bool lean_io_fits(const KernelConfig& kc, const float* momentum, const float* grads) {
-    return kc.vec4_io && reinterpret_cast<uintptr_t>(momentum) % 16 == 0 && reinterpret_cast<uintptr_t>(grads) % 16 == 0;
+    return kc.vec4_io && reinterpret_cast<uintptr_t>(momentum) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(grads) % 16 == 0;
 }
 inline bool lean_apply_fits(const KernelConfig& kc, const float* master, const llmc::floatX* params) {
     return kc.vec4_io && reinterpret_cast<uintptr_t>(master) % 16 == 0 &&
