@@ -1457,8 +1457,11 @@ inline const SmemLayout& fixed_compress_layout(const KernelConfig& kc, int t) {
 template <int TUNE>
 inline void prepare_tuning(const KernelConfig& kc) {
     if (kc.threads != 256) return;
-    raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>),
-                     fixed_compress_layout(kc, TUNE).bytes());
+    const void* compress = reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>);
+    raise_smem_limit(compress, fixed_compress_layout(kc, TUNE).bytes());
+    if constexpr (kTunings[TUNE].compact_smem)  // 5 blocks x 45.5 KB need the largest shared-memory carveout
+        CUDA_CHECK(cudaFuncSetAttribute(compress, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
     raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE)>),
                      kc.apply.bytes());
 }
