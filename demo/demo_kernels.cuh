@@ -1564,38 +1564,30 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
 
 // Tuning numbers chosen at run time (the trainer's LLMC_DEMO_TUNING) -> the launches above; every tuning's
 // kernels are compiled in.
-inline void prepare_tuning_at(int tune, const KernelConfig& kc) {
+template <class F>
+inline void at_tuning(int tune, F&& f) {  // f(std::integral_constant<int, tune>{})
     bool found = false;
     for_each_tuning([&](auto t) {
         if (decltype(t)::value == tune) {
-            prepare_tuning<decltype(t)::value>(kc);
+            f(t);
             found = true;
         }
     });
     LLMC_CHECK(found, "DeMo: no kernel tuning " + std::to_string(tune));
 }
+inline void prepare_tuning_at(int tune, const KernelConfig& kc) {
+    at_tuning(tune, [&](auto t) { prepare_tuning<decltype(t)::value>(kc); });
+}
 inline void launch_compress_at(int tune, const KernelConfig& kc, const DeviceTables& t, float* momentum,
                                const float* grads, uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
-    bool found = false;
-    for_each_tuning([&](auto u) {
-        if (decltype(u)::value == tune) {
-            launch_compress<decltype(u)::value>(kc, t, momentum, grads, bucket, p, stream);
-            found = true;
-        }
-    });
-    LLMC_CHECK(found, "DeMo: no kernel tuning " + std::to_string(tune));
+    at_tuning(tune, [&](auto u) { launch_compress<decltype(u)::value>(kc, t, momentum, grads, bucket, p, stream); });
 }
 inline void launch_apply_at(int tune, const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets,
                             float* master, llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed,
                             bool stochastic, uint32_t* error, cudaStream_t stream) {
-    bool found = false;
-    for_each_tuning([&](auto u) {
-        if (decltype(u)::value == tune && apply_tuning(decltype(u)::value) == decltype(u)::value) {
-            launch_apply<decltype(u)::value>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
-            found = true;
-        }
+    at_tuning(tune, [&](auto u) {
+        launch_apply<decltype(u)::value>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
     });
-    LLMC_CHECK(found, "DeMo: tuning " + std::to_string(tune) + " is not an apply tuning (apply_tuning)");
 }
 
 // Bytes a compress launch moves through DRAM (momentum read + write, gradient read, bucket write), for GB/s.

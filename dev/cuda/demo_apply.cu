@@ -196,12 +196,12 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int 
                           std::to_string(demo::kTensorTuning) + "'s master weights and params");
         } else {  // the tensor-core decode: signs may differ only where the decoded value is within rounding of 0
             const std::vector<uint8_t> b = buckets.download();
-            const cm::ApplyAgreement a = cm::compare_apply(pt, std::span(reinterpret_cast<const std::byte*>(b.data()), b.size()),
-                                                           world, master.download(), master_t0);
-            std::printf("  d12 W=%d tuning %d vs tuning 0: %s\n", world, T, a.describe().c_str());
-            ck.expect(a.ok(), "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) + " agrees with tuning 0");
             master_tc = master.download();
             params_tc = params.download();
+            const cm::ApplyAgreement a = cm::compare_apply(pt, std::span(reinterpret_cast<const std::byte*>(b.data()), b.size()),
+                                                           world, master_tc, master_t0);
+            std::printf("  d12 W=%d tuning %d vs tuning 0: %s\n", world, T, a.describe().c_str());
+            ck.expect(a.ok(), "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) + " agrees with tuning 0");
         }
         const float ms = check::time_ms(env.stream, 10, [&] {
             demo::launch_apply<T>(kc, tables.view, buckets.data(), master.data(), params.data(), ap, 42, true, err.data(),
