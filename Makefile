@@ -55,7 +55,8 @@ EMU_SRCS := $(wildcard test/emu_*.cpp)
 EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
 # The CUDA trainer and GPU tests on the emulated device (rules below).
 EMU_PROGRAMS := train_gpt $(basename $(notdir $(wildcard test/gpu_*.cu)))
-EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGRAMS:%=$(BUILD)/emu-fp32/%))
+EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGRAMS:%=$(BUILD)/emu-fp32/%) \
+                   $(BUILD)/emu/nccl_transport)
 EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o $(BUILD)/emu/obj/emu_nccl.o
 
 .PHONY: all test bench gpu-check clean cuda emu
@@ -133,18 +134,16 @@ EMU_COMPILE = $(CXX) $(EMU_CXXFLAGS) -x c++ -include dev/cuda/block_emulator.h
 $(BUILD)/emu/obj/%.o: dev/cuda/%.cpp dev/cuda/block_emulator.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
-$(BUILD)/emu/train_gpt: train_gpt.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
-	@mkdir -p $(dir $@)
-	$(EMU_COMPILE) $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
-$(BUILD)/emu-fp32/train_gpt: train_gpt.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
-	@mkdir -p $(dir $@)
-	$(EMU_COMPILE) -DENABLE_FP32 $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
-$(BUILD)/emu/%: test/%.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
-	@mkdir -p $(dir $@)
-	$(EMU_COMPILE) $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
-$(BUILD)/emu-fp32/%: test/%.cu $(CUDA_HEADERS) dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
-	@mkdir -p $(dir $@)
-	$(EMU_COMPILE) -DENABLE_FP32 $< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $@ $(LDLIBS)
+# emu_program OUTPUT SOURCE FLAGS: one program on the emulated device.
+define emu_program
+$(1): $(2) $(CUDA_HEADERS) dev/cuda/common.h dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
+	@mkdir -p $$(dir $$@)
+	$$(EMU_COMPILE) $(3) $$< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $$@ $$(LDLIBS)
+endef
+$(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu/$(p),$(if $(filter train_gpt,$(p)),train_gpt.cu,test/$(p).cu),)))
+$(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu-fp32/$(p),$(if $(filter train_gpt,$(p)),train_gpt.cu,test/$(p).cu),-DENABLE_FP32)))
+# the NCCL transport's checker, its collectives served over MPI (test/test_emulated_gpu.sh runs it at 1-3 ranks)
+$(eval $(call emu_program,$(BUILD)/emu/nccl_transport,dev/cuda/nccl_transport.cu,))
 $(BUILD)/test/test_cublas_emu: $(BUILD)/emu/obj/emu_cublas.o
 $(BUILD)/test/test_cublas_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_cublas.o
 emu: $(EMU_DEVICE_BINS)

@@ -25,6 +25,9 @@
 //                               candidates, for timing them in whole steps; demo/demo_cuda.cuh);
 //   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
 //                               instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
+//   LLMC_DDP_OVERLAP=0|1        --optimizer adamw over NCCL with several ranks: 1 (default) starts each layer's
+//                               gradient all-reduce as soon as the backward has finished it, overlapping the
+//                               rest of the backward (llmc/adamw.cuh); 0 all-reduces after the backward;
 //   LLMC_PROFILE_STEP=N         brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off`
 //                               or `nsys profile --capture-range=cudaProfilerApi`.
 #include <chrono>
@@ -74,13 +77,23 @@ bool env_flag(const char* name, bool default_value) {
 // --optimizer demo: CudaDemo (demo/demo_cuda.cuh): fused compress / apply kernels (demo/demo_kernels.cuh), the
 // buckets exchanged with NcclTransport::allgather_device (or through host memory without NCCL), the same state blob as demo::DemoOptimizer so
 // checkpoints move between trainers.
+// overlap: the NCCL transport's overlapped all-reduce for AdamW-DDP (null: all-reduce after the backward).
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
-                                                       Transport& transport, CudaEnv& env) {
+                                                       Transport& transport, CudaEnv& env, OverlappedGradReduce* overlap) {
     if (cfg.optimizer == "demo")
         return std::make_unique<demo::CudaDemo>(cfg.optimizer_config(), layout, transport, env.stream,
                                                 env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
     return std::make_unique<CudaAdamW>(cfg.optimizer_config(), layout, transport, env.stream,
-                                       env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
+                                       env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed),
+                                       overlap);
+}
+
+// LLMC_DDP_OVERLAP: 0 or 1 (default 1); anything else is an error.
+bool ddp_overlap_from_env() {
+    const char* s = std::getenv("LLMC_DDP_OVERLAP");
+    const std::string v = s ? s : "1";
+    LLMC_CHECK(v == "0" || v == "1", "LLMC_DDP_OVERLAP must be 0 or 1; got '" + v + "'");
+    return v == "1";
 }
 // ---------------------------------------------------------------------------------------------------------
 
@@ -107,13 +120,15 @@ std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const Tokenizer
 }
 
 void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, const CudaEnv& env,
-                          const GPT2Cuda& model, const demo::KernelChoice& demo_kernels, int argc, char** argv) {
+                          const GPT2Cuda& model, const demo::KernelChoice& demo_kernels, bool ddp_overlap, int argc,
+                          char** argv) {
     nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt", argc, argv);
     record["_run"]["device"] = env.describe();
     record["_run"]["precision"] = kFloatXName;
     record["_run"]["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
     record["_run"]["gelu_fusion"] = model.gelu_fusion();
     record["_run"]["attention"] = model.attention_name();
+    if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     if (cfg.optimizer == "demo") {
         record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
         if (demo_kernels.forced_tuning >= 0) record["_run"]["demo_tuning"] = demo_kernels.forced_tuning;
@@ -146,6 +161,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
     (void)gelu_fusion_from_env(0);              // any GPU work
     const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_TUNING fails here too
+    const bool overlap_requested = ddp_overlap_from_env();
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through
@@ -156,11 +172,17 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     if (transport_kind != "nccl" && transport_kind != "mpi")
         fail("LLMC_TRANSPORT='" + transport_kind + "' is not a transport: use nccl (default) or mpi");
     std::unique_ptr<Transport> training_transport;
-    if (transport_kind == "mpi") training_transport = std::make_unique<HostStagedTransport>(world_transport, env.stream);
-    else training_transport = std::make_unique<NcclTransport>(world_transport, env.stream);
+    OverlappedGradReduce* overlap = nullptr;  // AdamW-DDP's all-reduce during the backward: NCCL, several ranks
+    if (transport_kind == "mpi") {
+        training_transport = std::make_unique<HostStagedTransport>(world_transport, env.stream);
+    } else {
+        auto nccl = std::make_unique<NcclTransport>(world_transport, env.stream);
+        if (overlap_requested && nccl->uses_nccl() && cfg.optimizer == "adamw") overlap = nccl.get();
+        training_transport = std::move(nccl);
+    }
     Transport& transport = *training_transport;
     GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env);
-    std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env);
+    std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env, overlap);
     DataLoader train_loader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size);
     std::unique_ptr<DataLoader> val_loader;
@@ -196,7 +218,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
-        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, argc, argv);
+        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap != nullptr, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         const std::string optimizer =
             cfg.optimizer == "demo" ? "demo (" + demo_kernels.describe() + ")" : cfg.optimizer;
@@ -217,6 +239,9 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     StepReporter reporter(cfg, start_step, log.get());
     const char* profile_env = std::getenv("LLMC_PROFILE_STEP");
     const int profile_step = profile_env ? std::atoi(profile_env) : -1;
+    const GPT2Cuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
+        optimizer->on_gradients_final(model.grads(), ranges);
+    };
     for (int step = start_step; step < cfg.steps; step++) {
         if (step == profile_step) CUDA_CHECK(cudaProfilerStart());
         const auto t0 = StepReporter::Clock::now();
@@ -225,8 +250,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
+            // the last micro-step's backward tells the optimizer which gradients are final, layer by layer
+            const bool last = micro == grad_accum - 1;
             loss += model.forward_backward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len,
-                                           1.0f / static_cast<float>(grad_accum));
+                                           1.0f / static_cast<float>(grad_accum), last ? grads_final : GPT2Cuda::GradsFinal());
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);

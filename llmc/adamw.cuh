@@ -6,9 +6,12 @@
 //    seed, so the result does not depend on the launch shape). Weight decay is on or off per range: the caller
 //    passes its mask by calling once per run of same-mask tensors.
 //  - CudaAdamW: the DeviceOptimizer of --optimizer adamw (AdamW-DDP): all-reduce-mean of the gradient
-//    through the Transport, deterministic global norm (global_norm.cuh) and clipping folded into the update
-//    as a gradient scale, then the update. Master weights, m and v are one allocation. Its state blob is the
-//    CPU AdamW's (name, count, step, m, v), so checkpoints are interchangeable.
+//    through the Transport (fp32, or bf16 with --grad_wire bf16), deterministic global norm (global_norm.cuh)
+//    and clipping folded into the update as a gradient scale, then the update. Given an OverlappedGradReduce
+//    (NCCL, several ranks), the all-reduce starts range by range as the backward finishes each layer's
+//    gradients (on_gradients_final) and step() only waits for it, as PyTorch's DDP overlaps its buckets.
+//    Master weights, m and v are one allocation. Its state blob is the CPU AdamW's (name, count, step, m, v),
+//    so checkpoints are interchangeable.
 #pragma once
 #include <chrono>
 #include <span>
@@ -58,11 +61,12 @@ inline uint32_t adamw_step_seed(uint32_t base_seed, int64_t t) {
 
 class CudaAdamW final : public DeviceOptimizer {
 public:
-    // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank).
+    // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank). overlap (may be
+    // null): the transport's overlapped all-reduce, used when the trainer reports final gradient ranges.
     CudaAdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport, cudaStream_t stream,
-              bool stochastic_rounding, uint32_t seed)
+              bool stochastic_rounding, uint32_t seed, OverlappedGradReduce* overlap = nullptr)
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
-          stochastic_(stochastic_rounding && !kFloatXIsFloat), seed_(seed) {
+          stochastic_(stochastic_rounding && !kFloatXIsFloat), seed_(seed), overlap_(overlap) {
         const AdamWConfig& a = config.adamw;
         LLMC_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "--beta1 must be in [0, 1), got " + std::to_string(a.beta1));
         LLMC_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "--beta2 must be in [0, 1), got " + std::to_string(a.beta2));
@@ -97,13 +101,27 @@ public:
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
 
+    void on_gradients_final(float* grads, std::span<const ParamRange> ranges) override {
+        if (overlap_ == nullptr) return;
+        for (const ParamRange& r : ranges) overlapped_ += r.numel;
+        overlap_->allreduce_mean_start(grads, layout_.num_params, ranges, bf16_wire());
+    }
+
     StepResult step(floatX* params, float* grads, float lr) override {
         using clock = std::chrono::steady_clock;
         const size_t n = layout_.num_params;
         StepResult result;
         auto start = clock::now();
-        CUDA_CHECK(cudaStreamSynchronize(stream_));  // gradients complete before the collective reads them
-        transport_.allreduce_mean(std::span<float>(grads, n));
+        if (overlapped_ > 0) {
+            LLMC_CHECK(overlapped_ == n, "AdamW: the backward reported " + std::to_string(overlapped_) + " of " +
+                                             std::to_string(n) + " gradients as final; the overlapped all-reduce needs all");
+            overlapped_ = 0;
+            overlap_->allreduce_mean_finish();  // the compute stream now waits for it
+        } else {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // gradients complete before the collective reads them
+            if (bf16_wire()) transport_.allreduce_mean_bf16(std::span<float>(grads, n));
+            else transport_.allreduce_mean(std::span<float>(grads, n));
+        }
         result.seconds.exchange = seconds_since(start);
 
         start = clock::now();
@@ -164,6 +182,7 @@ private:
         size_t offset, numel;
         bool decays;
     };
+    bool bf16_wire() const { return config_.adamw.grad_wire == GradWire::bf16; }
     static double seconds_since(std::chrono::steady_clock::time_point s) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
     }
@@ -180,6 +199,8 @@ private:
     float* m_ = nullptr;
     float* v_ = nullptr;
     float* norm_scratch_ = nullptr;
+    OverlappedGradReduce* overlap_ = nullptr;
+    size_t overlapped_ = 0;  // gradients whose all-reduce on_gradients_final started this step
     int64_t t_ = 0;
 };
 

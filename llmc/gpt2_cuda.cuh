@@ -20,6 +20,7 @@
 // LayerNorm gradients), so the same inputs give bit-identical gradients on the same GPU.
 #pragma once
 #include <cstdlib>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -107,14 +108,22 @@ public:
         return targets ? mean_loss(B * T) : 0.0f;
     }
 
+    // The backward's report of gradient ranges no later kernel of it writes (DeviceOptimizer::on_gradients_final):
+    // called on the host while the GPU still runs the backward, once the kernels producing the ranges are queued.
+    using GradsFinal = std::function<void(std::span<const ParamRange>)>;
+
     // One training micro-step: forward, then backward of loss_scale * mean loss, ADDING into grads() (call
     // zero_grad() at the start of each optimizer step; pass 1/grad_accum as loss_scale). Returns the mean loss.
-    float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f) {
+    // on_final (the last micro-step of an optimizer step): told of every gradient range once, in backward order:
+    // ln_f and the last layer, each layer down to the first, then wte and wpe (wte last: the encoder backward
+    // adds to the classifier's part of it).
+    float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
+                           const GradsFinal& on_final = {}) {
         LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
         run_forward(inputs, targets, B, T, true, loss_scale);
         plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
         plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
-        run_backward(B, T);
+        run_backward(B, T, on_final);
         return mean_loss(B * T);
     }
 
@@ -306,7 +315,26 @@ private:
             fused_classifier(a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits, s);
     }
 
-    void run_backward(int B, int T) {
+    // The gradient ranges of layer l (its twelve tensors; plus ln_f's two for the last layer) and of the embeddings.
+    std::vector<ParamRange> layer_ranges(int l) const {
+        std::vector<ParamRange> r;
+        if (l == config_.num_layers - 1)
+            for (ParamKind k : {ParamKind::lnfw, ParamKind::lnfb})
+                r.push_back({layout_.kind_offset[int(k)], layout_.kind_numel[int(k)]});
+        for (int k = int(ParamKind::ln1w); k <= int(ParamKind::fcprojb); k++) {
+            const size_t per = layout_.kind_numel[k] / config_.num_layers;
+            r.push_back({layout_.kind_offset[k] + size_t(l) * per, per});
+        }
+        return r;
+    }
+    std::vector<ParamRange> embedding_ranges() const {
+        std::vector<ParamRange> r;
+        for (ParamKind k : {ParamKind::wte, ParamKind::wpe})
+            r.push_back({layout_.kind_offset[int(k)], layout_.kind_numel[int(k)]});
+        return r;
+    }
+
+    void run_backward(int B, int T, const GradsFinal& on_final) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size;
         const int N = B * T;
@@ -351,9 +379,11 @@ private:
                             layer(p, ParamKind::qkvw, l), N, C, 3 * C);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
                                residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s);
+            if (on_final) on_final(layer_ranges(l));
         }
         encoder_backward(at(g, ParamKind::wte, layout_), at(g, ParamKind::wpe, layout_), a_.dresidual, plan_,
                          a_.encoder_plan, B, T, C, s);
+        if (on_final) on_final(embedding_ranges());
     }
 
     // Mean of the per-row losses, summed on the host in a fixed order (synchronizes).

@@ -38,6 +38,12 @@ struct ParamTensor {
     bool is_matrix() const { return shape.size() == 2; }
 };
 
+// A range [offset, offset + numel) of the flat buffer (gradients the backward has finished, for instance).
+struct ParamRange {
+    size_t offset = 0;
+    size_t numel = 0;
+};
+
 struct ParamLayout {
     ModelConfig config;
     size_t num_params = 0;

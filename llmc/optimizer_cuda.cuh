@@ -10,6 +10,7 @@
 // scatter-mean, inverse DCT and the sign update on the master weights); train_gpt.cu picks one in
 // make_device_optimizer.
 #pragma once
+#include <span>
 #include <string_view>
 
 #include "llmc/cuda_common.cuh"
@@ -17,6 +18,19 @@
 #include "llmc/optimizer.h"
 
 namespace llmc {
+
+// Gradient averaging that can run while the backward is still producing other gradients (NcclTransport
+// implements it): start() enqueues the mean over ranks of some ranges of a device buffer behind the compute
+// stream's work so far and returns at once; finish() makes the compute stream wait for everything started
+// since the last finish(), blocking the host until it is complete.
+class OverlappedGradReduce {
+public:
+    virtual ~OverlappedGradReduce() = default;
+    // `base` holds `total` floats (the whole gradient); `ranges` lie inside it. bf16: GradWire::bf16's
+    // arithmetic (Transport::allreduce_mean_bf16).
+    virtual void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) = 0;
+    virtual void allreduce_mean_finish() = 0;
+};
 
 class DeviceOptimizer {
 public:
@@ -29,6 +43,11 @@ public:
     // One step on this rank's local gradient `grads` (fp32, device; may be modified: averaged, clipped).
     // Updates the master weights and rewrites `params`. `lr` is this step's scheduled learning rate.
     virtual StepResult step(floatX* params, float* grads, float lr) = 0;
+    // Called during the last backward before step() (on the host, in backward order) with ranges of `grads`
+    // that no later kernel of this step writes: an optimizer may start exchanging them while the backward goes
+    // on. Every range of the buffer is reported exactly once per step, or none is (the trainer may not
+    // call this at all). The default ignores it.
+    virtual void on_gradients_final(float* /*grads*/, std::span<const ParamRange> /*ranges*/) {}
     // The fp32 master weights on the device (model checkpoints are written from these; the trainer also
     // re-zeroes the padded vocabulary rows of wte in them after each step, as the CPU trainer does).
     virtual float* master_weights() = 0;

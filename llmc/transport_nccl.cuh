@@ -4,14 +4,22 @@
 //    LLMC_USE_MPI, else a world of one) gives rank and world size and broadcasts the ncclUniqueId from rank 0;
 //    each rank then joins the NCCL communicator. A world of one never touches NCCL.
 //  - allreduce_mean: ncclAllReduce(ncclAvg) in place on a device float buffer (a host buffer is staged).
+//    allreduce_mean_bf16 (--grad_wire bf16): the values rounded to bf16 on the device, ncclAllReduce(ncclSum)
+//    of bf16 (NCCL adds in fp32 and rounds each partial sum to bf16, the MPI transport's arithmetic), then
+//    x = float(sum) / world as the CPU transport does.
+//  - allreduce_mean_start / _finish (OverlappedGradReduce, optimizer_cuda.cuh): the same averages per range,
+//    enqueued while the backward still runs (AdamW-DDP's overlap, LLMC_DDP_OVERLAP in train_gpt.cu); each
+//    start is one NCCL group of all-reduces behind an event of the compute stream, and only finish() blocks.
 //  - allgather_bytes: size exchange (ncclAllGather of one uint64 per rank), then one grouped ncclBroadcast per
 //    rank with its exact size, straight into the concatenated layout (no padding to the largest bucket).
 //    The interface returns a host vector; allgather_device() is the same collective leaving the result on the
 //    device (what a CUDA DeMo wants). `mine` may be host or device memory.
 //  - allreduce_sum / allreduce_max (host doubles), host broadcast, barrier, abort: delegated to the process
 //    transport (MPI), where scalars belong; a device buffer passed to broadcast() goes through ncclBroadcast.
-//  - Counters follow transport.h's ring model (the same numbers MpiTransport reports for the same sizes);
-//    `seconds` is host wall time from the start of a counted collective until its result is complete.
+//  - Counters follow transport.h's ring model (the same numbers MpiTransport reports for the same sizes; the
+//    overlapped all-reduce counts the ranges of one finish() as one buffer); `seconds` is host wall time from
+//    the start of a counted collective until its result is complete, and for the overlapped all-reduce the
+//    host's wait in finish() (the communication the backward did not hide).
 // Every NCCL collective runs inside a CollectiveWatchdog scope with the world transport's --comm_timeout: NCCL
 // waits forever for a peer that hangs (on NVLink or shared memory nothing reports it), the watchdog does not.
 // The compute stream is made to wait for nothing: callers hand in buffers whose producers are complete (the
@@ -27,6 +35,7 @@
 #include <vector>
 
 #include "llmc/cuda_common.cuh"
+#include "llmc/optimizer_cuda.cuh"
 #include "llmc/transport.h"
 
 namespace llmc {
@@ -84,7 +93,18 @@ inline int local_device_index(int fallback_rank) {
     return count > 0 ? local % count : 0;
 }
 
-class NcclTransport final : public Transport {
+// --grad_wire bf16 on the device: fp32 -> bf16 (round to nearest even) before the all-reduce, and the sum back
+// to fp32 times 1 / world after it (transport_mpi.cpp's arithmetic).
+__global__ void bf16_wire_pack_kernel(uint16_t* wire, const float* x, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        wire[i] = km::bf16_bits_rne(x[i]);
+}
+__global__ void bf16_wire_unpack_kernel(float* x, const uint16_t* wire, size_t n, float inv_world) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        x[i] = km::bf16_bits_to_float(wire[i]) * inv_world;
+}
+
+class NcclTransport final : public Transport, public OverlappedGradReduce {
 public:
     // `world`: the process transport (rank, size, id broadcast, scalars). `compute_stream`: where the buffers
     // handed to collectives are produced. The current CUDA device must already be set. A world of one skips
@@ -93,6 +113,7 @@ public:
         : world_(world), compute_(compute_stream) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
         set_collective_timeout(world.collective_timeout());
         if (world_.world_size() > 1 || nccl_for_one_rank) {
             ncclUniqueId id;
@@ -106,6 +127,7 @@ public:
     ~NcclTransport() override {
         if (comm_) (void)ncclCommDestroy(comm_);
         if (ready_) (void)cudaEventDestroy(ready_);
+        if (reduced_) (void)cudaEventDestroy(reduced_);
         if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
     }
     NcclTransport(const NcclTransport&) = delete;
@@ -136,6 +158,84 @@ public:
             CUDA_CHECK(cudaMemcpyAsync(data.data(), buf, data.size_bytes(), cudaMemcpyDeviceToHost, comm_stream_));
         CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
         const uint64_t wire = 2 * static_cast<uint64_t>(W - 1) * data.size_bytes() / W;
+        counters_.bytes_sent += wire;
+        counters_.bytes_recv += wire;
+    }
+
+    void allreduce_mean_bf16(std::span<float> data) override {
+        if (data.empty()) return;
+        float* buf = data.data();
+        const bool on_device = comm_ == nullptr || is_device_pointer(buf);
+        if (!on_device) {
+            stage_.reserve_bytes(data.size_bytes());
+            buf = reinterpret_cast<float*>(stage_.ptr);
+            CUDA_CHECK(cudaMemcpy(buf, data.data(), data.size_bytes(), cudaMemcpyHostToDevice));
+        }
+        const ParamRange whole{0, data.size()};
+        allreduce_mean_start(buf, data.size(), std::span<const ParamRange>(&whole, 1), true);
+        allreduce_mean_finish();
+        if (!on_device) CUDA_CHECK(cudaMemcpy(data.data(), buf, data.size_bytes(), cudaMemcpyDeviceToHost));
+    }
+
+    // OverlappedGradReduce. A world of one only counts the payload (allreduce_mean's behaviour).
+    void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) override {
+        LLMC_CHECK(pending_elems_ == 0 || (bf16 == pending_bf16_ && total == pending_total_),
+                   "NCCL overlapped all-reduce: one finish() covers one buffer in one wire format");
+        size_t elems = 0;
+        for (const ParamRange& r : ranges) {
+            LLMC_CHECK(r.offset + r.numel <= total, "NCCL overlapped all-reduce: a range lies outside the buffer");
+            elems += r.numel;
+        }
+        pending_elems_ += elems;
+        pending_bf16_ = bf16;
+        pending_total_ = total;
+        if (comm_ == nullptr || elems == 0) return;
+        const auto watched = watch("NCCL all-reduce of the gradients (enqueue)");
+        uint16_t* wire = nullptr;
+        if (bf16) {
+            if (pending_ranges_ == 0) wire_.reserve_bytes(total * sizeof(uint16_t));  // nothing in flight reads it
+            LLMC_CHECK(wire_.bytes >= total * sizeof(uint16_t), "NCCL overlapped all-reduce: the bf16 buffer grew mid-step");
+            wire = reinterpret_cast<uint16_t*>(wire_.ptr);
+        }
+        wait_for_compute();
+        if (bf16)
+            for (const ParamRange& r : ranges)
+                if (r.numel)
+                    LLMC_LAUNCH(grid_stride_blocks(r.numel, 256), 256, 0, comm_stream_, bf16_wire_pack_kernel)(
+                        wire + r.offset, base + r.offset, r.numel);
+        NCCL_CHECK(ncclGroupStart());
+        for (const ParamRange& r : ranges) {
+            if (r.numel == 0) continue;
+            if (bf16)
+                NCCL_CHECK(ncclAllReduce(wire + r.offset, wire + r.offset, r.numel, ncclBfloat16, ncclSum, comm_, comm_stream_));
+            else
+                NCCL_CHECK(ncclAllReduce(base + r.offset, base + r.offset, r.numel, ncclFloat, ncclAvg, comm_, comm_stream_));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        if (bf16) {
+            const float inv = 1.0f / static_cast<float>(world_size());
+            for (const ParamRange& r : ranges)
+                if (r.numel)
+                    LLMC_LAUNCH(grid_stride_blocks(r.numel, 256), 256, 0, comm_stream_, bf16_wire_unpack_kernel)(
+                        base + r.offset, wire + r.offset, r.numel, inv);
+        }
+        CUDA_CHECK_LAUNCH();
+        pending_ranges_ += ranges.size();
+    }
+
+    void allreduce_mean_finish() override {
+        const size_t elems = pending_elems_, bytes = elems * (pending_bf16_ ? sizeof(uint16_t) : sizeof(float));
+        const bool exchanged = pending_ranges_ > 0;
+        pending_elems_ = pending_ranges_ = pending_total_ = 0;
+        counters_.payload_bytes += bytes;
+        if (!exchanged) return;
+        Timed timed(counters_);
+        const auto watched = watch("NCCL all-reduce of the gradients");
+        CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_, 0));
+        CUDA_CHECK(cudaEventSynchronize(reduced_));
+        const int W = world_size();
+        const uint64_t wire = 2 * static_cast<uint64_t>(W - 1) * bytes / W;
         counters_.bytes_sent += wire;
         counters_.bytes_recv += wire;
     }
@@ -271,8 +371,12 @@ private:
     cudaStream_t compute_;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t ready_ = nullptr;
+    cudaEvent_t reduced_ = nullptr;  // the overlapped all-reduce's end, for finish()
     ncclComm_t comm_ = nullptr;
-    Scratch stage_, gather_, sizes_;
+    Scratch stage_, gather_, sizes_, wire_;
+    // the overlapped all-reduce since the last finish(): elements, enqueued ranges, format, buffer size
+    size_t pending_elems_ = 0, pending_ranges_ = 0, pending_total_ = 0;
+    bool pending_bf16_ = false;
 };
 
 }  // namespace llmc

@@ -3,7 +3,9 @@ by dev/cuda/block_emulator.h, the CUDA runtime, cuBLASLt and NCCL served by dev/
 the CPU trainer on the tiny config and the default corpus (run by test/test_emulated_gpu.sh).
 
 - fp32 build: per-step losses and gradient norms of AdamW and DeMo, 1 rank and 2 ranks (the NCCL transport's
-  code over MPI), match ./train_gpt_cpu to summation-order noise, and the byte counters match exactly; so do
+  code over MPI), match ./train_gpt_cpu to summation-order noise, and the byte counters match exactly; AdamW's
+  all-reduce overlapped with the backward (the default) gives the bits of the one after it, with and without
+  gradient accumulation; --grad_wire bf16 gives the CPU trainer's losses and bytes on every path; so do
   DeMo's 1-bit and bf16 values, 12-bit indices, EMA momentum and non-64 chunk shapes (2 ranks), and, with
   gradient accumulation, the validation losses and the text samples; LLMC_TRANSPORT=mpi (buckets and
   gradients through pinned host memory) gives the NCCL path's losses.
@@ -110,6 +112,44 @@ def main():
         staged = run(EMU["fp32"], f"fp32-{opt}-2-mpi", steps + ["--optimizer", opt], ranks=2,
                      env={"LLMC_TRANSPORT": "mpi"})
         compare(f"fp32 {opt}, 2 ranks, LLMC_TRANSPORT=mpi vs NCCL transport", staged, emu2, "loss", 1e-6)
+        if opt == "adamw":
+            adamw2, cpu_adamw2 = emu2, cpu2
+
+    # AdamW-DDP's all-reduce overlapped with the backward (the NCCL default: each layer's gradients all-reduced
+    # as soon as the backward has finished them): the same bits as the all-reduce after the backward, also with
+    # 2 micro-steps per step (only the last one's backward starts it). A range started before its gradients
+    # are complete, or never waited for, would read or leave stale gradients (the emulated streams give them).
+    plain = run(EMU["fp32"], "fp32-adamw-2-no-overlap", steps + ["--optimizer", "adamw"], ranks=2,
+                env={"LLMC_DDP_OVERLAP": "0"})
+    same("fp32 adamw, 2 ranks: LLMC_DDP_OVERLAP=0 (all-reduce after the backward) gives the overlapped run's bits",
+         plain, adamw2, keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
+    record = os.path.join(TMP, "fp32-adamw-2", "config.json")
+    with open(record) as f:
+        check(json.load(f)["_run"].get("ddp_overlap") is True, "the default 2-rank AdamW run records ddp_overlap true")
+    accum = steps + ["--optimizer", "adamw", "--total_batch_size", "512"]
+    accum_overlap = run(EMU["fp32"], "fp32-adamw-2-accum", accum, ranks=2)
+    accum_plain = run(EMU["fp32"], "fp32-adamw-2-accum-no-overlap", accum, ranks=2, env={"LLMC_DDP_OVERLAP": "0"})
+    same("fp32 adamw, 2 ranks, 2 micro-steps: overlapped all-reduce gives LLMC_DDP_OVERLAP=0's bits", accum_overlap,
+         accum_plain)
+    # --grad_wire bf16 (gradients rounded to bf16 on the wire, partial sums rounded to bf16): the GPU trainer's
+    # NCCL path (bf16 ncclAllReduce, overlapped or not) and its MPI path give the CPU trainer's arithmetic and
+    # half the bytes.
+    bf16_args = steps + ["--optimizer", "adamw", "--grad_wire", "bf16"]
+    cpu_bf16 = run(CPU, "cpu-adamw-2-wire-bf16", bf16_args, ranks=2)
+    wire = {mode: run(EMU["fp32"], f"fp32-adamw-2-wire-bf16-{mode}", bf16_args, ranks=2, env=env)
+            for mode, env in (("overlap", None), ("no-overlap", {"LLMC_DDP_OVERLAP": "0"}),
+                              ("mpi", {"LLMC_TRANSPORT": "mpi"}))}
+    compare("fp32 adamw, 2 ranks, --grad_wire bf16 (NCCL, overlapped), vs CPU trainer", wire["overlap"], cpu_bf16,
+            "loss", 2e-5)
+    same("fp32 adamw, 2 ranks, --grad_wire bf16: bytes per step equal the CPU trainer's", wire["overlap"], cpu_bf16,
+         keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+    check(wire["overlap"] is not None and cpu_adamw2 is not None and
+          all(2 * b["bytes_sent"] == f["bytes_sent"] for b, f in zip(wire["overlap"], cpu_adamw2)),
+          "fp32 adamw, 2 ranks, --grad_wire bf16 sends half the fp32 wire's bytes")
+    same("fp32 adamw, 2 ranks, --grad_wire bf16: LLMC_DDP_OVERLAP=0 gives the overlapped run's bits",
+         wire["no-overlap"], wire["overlap"])
+    same("fp32 adamw, 2 ranks, --grad_wire bf16: LLMC_TRANSPORT=mpi gives the NCCL transport's bits", wire["mpi"],
+         wire["overlap"])
 
     # DeMo's compress with its DCTs on the tensor cores (LLMC_DEMO_DCT=tensor, 3xTF32) instead of the default fp32
     # multiply-adds: within DeMo's tolerance of the CPU trainer, and close to the default run.

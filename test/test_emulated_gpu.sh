@@ -5,6 +5,7 @@
 #  - the GPU tests: the CUDA GPT-2 against the independent PyTorch reference (logits, loss, every gradient, 10
 #    AdamW steps; bf16 with both attentions and the DGELU epilogue, and fp32) and CudaDemo against the CPU DeMo
 #    optimizer (10 steps, fp32);
+#  - dev/cuda/nccl_transport.cu (the NCCL transport's collectives, bf16 wire and overlapped all-reduce) at 1-3 ranks;
 #  - test/emulated_gpu_checks.py: the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over
 #    the NCCL and the MPI transport, both attentions, every GELU fusion level and the epilogue fallback,
 #    resume, a CPU checkpoint continued on the GPU trainer).
@@ -17,7 +18,7 @@ python=/usr/bin/python3
 # program is a build failure, not a reason to skip.
 cuda_headers=$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")/../include/cuda_runtime.h
 for b in build/emu/train_gpt build/emu-fp32/train_gpt build/emu/gpu_test_gpt2 build/emu-fp32/gpu_test_gpt2 \
-         build/emu-fp32/gpu_test_demo train_gpt_cpu; do
+         build/emu-fp32/gpu_test_demo build/emu/nccl_transport train_gpt_cpu; do
   if [[ ! -x "$b" ]]; then
     [[ -f "$cuda_headers" ]] || { echo "SKIP: no CUDA headers ($cuda_headers), so no emulated device"; exit 77; }
     echo "error: $b is not built although the CUDA headers are installed (make emu)"
@@ -60,6 +61,11 @@ gpu_test --expect "LLMC_GELU_FUSION 0" LLMC_GELU_FUSION=0 build/emu/gpu_test_gpt
 gpu_test --expect "attention flash" build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test build/emu-fp32/gpu_test_gpt2 $refs/tiny
 gpu_test build/emu-fp32/gpu_test_demo $refs/tiny  # bf16 DeMo: the trainer checks below
+# the NCCL transport's checker (its collectives over MPI): 1, 2 and 3 ranks (3: the ring model's rounding)
+for np in 1 2 3; do
+  gpu_test OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    mpirun -np $np build/emu/nccl_transport
+done
 echo "== test/emulated_gpu_checks.py"
 "$python" test/emulated_gpu_checks.py || status=1
 exit $status

@@ -2,8 +2,8 @@
 # The CUDA trainer's command line, checked on machines without a GPU (CI): ./train_gpt has the CPU trainer's
 # flags and help (one config schema: the help texts are identical but for the program name), bad flags,
 # values and config files get the same one-line errors and a non-zero exit before any GPU work, and with no
-# GPU the trainer says so in one line and exits non-zero instead of crashing; a bad LLMC_ATTENTION or
-# LLMC_GELU_FUSION is refused before any GPU work. Skips when ./train_gpt is not
+# GPU the trainer says so in one line and exits non-zero instead of crashing; a bad LLMC_ATTENTION,
+# LLMC_GELU_FUSION, LLMC_DEMO_DCT, LLMC_DEMO_TUNING or LLMC_DDP_OVERLAP is refused before any GPU work. Skips when ./train_gpt is not
 # built (no CUDA toolkit). Everything after the parser is checked on a GPU (make gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +66,10 @@ done
 LLMC_DEMO_TUNING=5 LLMC_DEMO_DCT=fp32 run ./train_gpt --steps 1 --out_dir "$TMP/run"
 check "LLMC_DEMO_TUNING=5 with LLMC_DEMO_DCT=fp32 -> one-line error" one_line_error \
   "LLMC_DEMO_TUNING=5 runs the DCTs on the tensor cores but LLMC_DEMO_DCT=fp32 asks otherwise (unset one of them)"
+for bad in 2 yes ""; do
+  LLMC_DDP_OVERLAP=$bad run ./train_gpt --steps 1 --out_dir "$TMP/run"
+  check "LLMC_DDP_OVERLAP='$bad' -> one-line error" one_line_error "LLMC_DDP_OVERLAP must be 0 or 1; got '$bad'"
+done
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "(a GPU is present: the no-GPU message is not checked here)"

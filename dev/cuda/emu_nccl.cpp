@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dev/cuda/emu_streams.h"
+#include "llmc/kernel_math.h"
 
 #if defined(LLMC_USE_MPI)
 #include <mpi.h>
@@ -45,6 +46,16 @@ ncclResult_t collective(cudaStream_t stream, void* recv, std::shared_ptr<std::ve
     emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
     return ncclSuccess;
 }
+
+#if defined(LLMC_USE_MPI)
+// NCCL's bf16 sum: each partial sum computed in fp32 and rounded to bf16.
+void bf16_sum_op(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; i++)
+        b[i] = llmc::km::bf16_bits_rne(llmc::km::bf16_bits_to_float(a[i]) + llmc::km::bf16_bits_to_float(b[i]));
+}
+#endif
 
 size_t type_bytes(ncclDataType_t t) {
     switch (t) {
@@ -129,12 +140,20 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
                            ncclComm_t comm, cudaStream_t stream) {
     if (!comm || !send || !recv) return ncclInvalidArgument;
     if (op != ncclSum && op != ncclAvg && op != ncclMax) return ncclInvalidArgument;
-    if (type != ncclFloat32 && type != ncclFloat64) return ncclInvalidArgument;  // what the transport sends
+    // what the transport sends: fp32 / fp64 sums, averages and maxima, bf16 sums (--grad_wire bf16)
+    if (type != ncclFloat32 && type != ncclFloat64 && !(type == ncclBfloat16 && op == ncclSum)) return ncclInvalidArgument;
     if (comm->nranks > 1 && count > size_t(0x7fffffff)) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
     return collective(stream, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
         std::memcpy(out, send, bytes);
 #if defined(LLMC_USE_MPI)
+        if (comm->nranks > 1 && type == ncclBfloat16) {
+            MPI_Op bf16_sum;
+            MPI_Op_create(&bf16_sum_op, /*commute=*/1, &bf16_sum);
+            const int rc = MPI_Allreduce(MPI_IN_PLACE, out, int(count), MPI_UINT16_T, bf16_sum, comm->mpi);
+            MPI_Op_free(&bf16_sum);
+            return rc == MPI_SUCCESS;
+        }
         if (comm->nranks > 1 && MPI_Allreduce(MPI_IN_PLACE, out, int(count), type == ncclFloat32 ? MPI_FLOAT : MPI_DOUBLE,
                                               op == ncclMax ? MPI_MAX : MPI_SUM, comm->mpi) != MPI_SUCCESS)
             return false;

@@ -1,8 +1,10 @@
 // Checker for llmc/transport_nccl.cuh on one GPU (a one-rank NCCL communicator, so every NCCL call runs) or,
 // under mpirun with one GPU per rank, across ranks:
 //   mpirun -np 2 build/cuda/nccl_transport
-// Checks allreduce_mean (device and host buffers), allgather_bytes (device and host contributions, uneven and
+// Checks allreduce_mean (device and host buffers), allreduce_mean_bf16, the overlapped all-reduce
+// (allreduce_mean_start / _finish, both wires), allgather_bytes (device and host contributions, uneven and
 // empty buckets), allgather_device, device broadcast, scalar reductions and the byte counters' ring model.
+// The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
 #include <cstring>
 
@@ -42,6 +44,58 @@ int main(int argc, char** argv) {
         // host buffer
         t.allreduce_mean(std::span<float>(host));
         ck.compare("allreduce_mean (host)", host, want, 1e-6f, 1e-6f);
+
+        // allreduce_mean_bf16 (--grad_wire bf16). Values r + (i % 4) / 4 and their sums (W <= 8) are exact in bf16,
+        // so the mean is sum * (1 / W) in fp32 whatever the reduction order; every 1000th element is 1 + 2^-9 on
+        // every rank, which bf16 rounds to 1 before the sum: the mean is 1, not 1 + 2^-9 as an fp32 wire gives.
+        {
+            const size_t nb = 100003;
+            std::vector<float> x(nb), want_bf16(nb);
+            for (size_t i = 0; i < nb; i++) {
+                const bool rounds = i % 1000 == 0;
+                x[i] = rounds ? 1.0f + 1.0f / 512.0f : float(r) + 0.25f * float(i % 4);
+                const float sum = rounds ? float(W) : float(W * (W - 1) / 2) + float(W) * 0.25f * float(i % 4);
+                want_bf16[i] = sum * (1.0f / float(W));
+            }
+            DeviceBuffer<float> xd(nb);
+            xd.upload(x);
+            t.reset_counters();
+            t.allreduce_mean_bf16(std::span<float>(xd.data(), nb));
+            ck.compare("allreduce_mean_bf16 (device)", xd.download(), want_bf16, 0.0f, 0.0f);
+            const uint64_t wire16 = 2 * uint64_t(W - 1) * nb * 2 / W;
+            ck.expect(t.counters().bytes_sent == wire16 && t.counters().bytes_recv == wire16 &&
+                          t.counters().payload_bytes == nb * 2,
+                      "allreduce_mean_bf16 counters (ring model, 2 bytes per value)");
+            t.allreduce_mean_bf16(std::span<float>(x));
+            ck.compare("allreduce_mean_bf16 (host)", x, want_bf16, 0.0f, 0.0f);
+        }
+
+        // The overlapped all-reduce (OverlappedGradReduce): ranges in backward order (high offsets first), over two
+        // start() calls, one empty range and a gap [gap_lo, gap_hi) that no range covers and must stay as it was.
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const size_t no = 70001, gap_lo = 30000, gap_hi = 30017;
+            std::vector<float> x(no), want_o(no);
+            for (size_t i = 0; i < no; i++) {
+                x[i] = float(r) + 0.25f * float(i % 4);
+                const float sum = float(W * (W - 1) / 2) + float(W) * 0.25f * float(i % 4);
+                want_o[i] = i >= gap_lo && i < gap_hi ? x[i] : bf16 ? sum * (1.0f / float(W)) : sum / float(W);
+            }
+            DeviceBuffer<float> xd(no);
+            xd.upload(x);
+            t.reset_counters();
+            const ParamRange first[] = {{50000, no - 50000}, {gap_hi, 50000 - gap_hi}};
+            const ParamRange second[] = {{1000, 0}, {1, gap_lo - 1}, {0, 1}};
+            t.allreduce_mean_start(xd.data(), no, first, bf16 != 0);
+            t.allreduce_mean_start(xd.data(), no, second, bf16 != 0);
+            t.allreduce_mean_finish();
+            const std::string what = std::string("overlapped all-reduce (") + (bf16 ? "bf16" : "fp32") + " wire)";
+            ck.compare(what, xd.download(), want_o, bf16 ? 0.0f : 1e-6f, bf16 ? 0.0f : 1e-6f);
+            const uint64_t covered = (no - (gap_hi - gap_lo)) * (bf16 ? 2 : 4);
+            const uint64_t wire_o = 2 * uint64_t(W - 1) * covered / W;
+            ck.expect(t.counters().bytes_sent == wire_o && t.counters().bytes_recv == wire_o &&
+                          t.counters().payload_bytes == covered,
+                      what + ": counters of the covered elements as one buffer (ring model)");
+        }
 
         // allgather_bytes: rank q contributes size(q) bytes with value (7q + j) & 0xff; rank 1 contributes nothing
         auto size_of = [&](int q) { return (W > 1 && q == 1) ? size_t(0) : size_t(37 * q + 5); };
@@ -95,11 +149,13 @@ int main(int argc, char** argv) {
         ck.expect(mx[0] == W - 1, "allreduce_max (host scalars)");
         t.barrier();
 
+#if !defined(LLMC_BLOCK_EMULATOR)  // the emulated build checks the results only
         // timing: all-reduce of a 124M-parameter gradient
         DeviceBuffer<float> grads(124475904);
         CUDA_CHECK(cudaMemset(grads.data(), 0, grads.bytes()));
         const float ms = check::time_ms(env.stream, 5, [&] { t.allreduce_mean(std::span<float>(grads.data(), grads.size())); });
         if (r == 0) check::report_bandwidth("allreduce_mean 124M fp32 (bus bw)", ms, 2.0 * (W - 1) / std::max(W, 1) * grads.bytes() + (W == 1 ? grads.bytes() : 0));
+#endif
 
         std::printf("rank %d: %s\n", r, ck.failures == 0 ? "PASS" : "FAIL");
         const int rc = ck.failures == 0 ? 0 : 1;
