@@ -1060,6 +1060,44 @@ inline uint32_t apply_chunk_host(const PlanTables& pt, const ChunkTensor& ct, ui
     return err;
 }
 
+// The momentum of the CUDA kernels' dct_momentum tunings (demo_kernels.cuh): every chunk of the 64 x 64 launch
+// group (launch_tables) to the DCT domain, M = C1 m C2^T (forward), or back, m = C1^T M C2, in double from the
+// natural bases; other chunks stay as they are. CudaDemo's checkpoint transform, and the tests' and lab's.
+inline void dct_domain_momentum_host(const PlanTables& pt, std::vector<float>& m, bool forward) {
+    constexpr int N = int(kFixedChunk);
+    if (pt.plan.max_n > kFixedChunk) return;  // no 64 x 64 launch group
+    std::vector<std::pair<size_t, uint64_t>> chunks;
+    for (size_t t = 0; t < pt.tensors.size(); t++)
+        if (pt.tensors[t].n1 == kFixedChunk && pt.tensors[t].n2 == kFixedChunk)
+            for (uint64_t c = 0; c < pt.plan.tensors[t].num_chunks; c++) chunks.emplace_back(t, c);
+#pragma omp parallel
+    {
+        std::vector<double> x(N * N), y(N * N), z(N * N);
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < chunks.size(); i++) {
+            const ChunkTensor& ct = pt.tensors[chunks[i].first];
+            const float* c1 = pt.bases.natural.data() + ct.nat1;  // C[k][n], row-major
+            const float* c2 = pt.bases.natural.data() + ct.nat2;
+            const uint64_t origin = chunk_origin(ct, chunks[i].second);
+            for (int b = 0; b < N; b++)
+                for (int n = 0; n < N; n++) x[b * N + n] = m[origin + uint64_t(b) * ct.cols + n];
+            // y = x C2^T (forward) or x C2, then z = C1 y or C1^T y
+            std::fill(y.begin(), y.end(), 0.0);
+            std::fill(z.begin(), z.end(), 0.0);
+            for (int b = 0; b < N; b++)
+                for (int n = 0; n < N; n++)
+                    for (int q = 0; q < N; q++) y[b * N + q] += x[b * N + n] * (forward ? c2[q * N + n] : c2[n * N + q]);
+            for (int p = 0; p < N; p++)
+                for (int b = 0; b < N; b++) {
+                    const double a = forward ? c1[p * N + b] : c1[b * N + p];
+                    for (int q = 0; q < N; q++) z[p * N + q] += a * y[b * N + q];
+                }
+            for (int p = 0; p < N; p++)
+                for (int q = 0; q < N; q++) m[origin + uint64_t(p) * ct.cols + q] = static_cast<float>(z[p * N + q]);
+        }
+    }
+}
+
 // Whole-plan drivers (chunks in parallel; each chunk's result does not depend on the thread count).
 inline void compress_plan_host(const PlanTables& pt, float* delta, const float* grads, const CompressParams& cp,
                                std::vector<std::byte>& bucket) {

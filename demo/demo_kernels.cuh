@@ -94,31 +94,38 @@ struct KernelTuning {
     bool compact_smem;     // compress, fp32: KernelConfig::compress_compact (no tensor-core padding, one copy of
                            // the folded basis: n1 = n2) and 5 blocks per SM (48 registers): 5 x 44.5 KB fit an
                            // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32
+    bool dct_momentum;     // compress, with lean_io: the 64 x 64 chunks' momentum is kept in the DCT domain (M = C1 m
+                           // C2^T, see "DCT-domain momentum" below): M = decay M + s DCT(g), top-k of |M|, then
+                           // M[sent] -= alpha v; no decode and no dense error feedback. Same math as the reference up
+                           // to rounding; the caller keeps M (CudaDemo transforms checkpoints). With refetch, M is
+                           // read after the DCT passes instead of held in registers across them
 };
 inline constexpr KernelTuning kTunings[] = {
-    // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide, compact
-    {4, 8, 2, true, false, false, false, false, false, false},   // 0: the fp32 kernels, bit-identical to the host reference
-    {4, 8, 2, true, false, true, false, false, false, false},    // 1: 0 + lean I/O
-    {4, 8, 2, true, false, true, true, false, false, false},     // 2: 0 + lean I/O, momentum refetched from L2
-    {4, 8, 2, false, false, false, false, false, false, false},  // 3: RadixSelect only
-    {4, 8, 2, true, true, false, false, false, false, false},    // 4: tensor-core products
-    {4, 8, 2, true, true, true, false, false, false, false},     // 5: 4 + lean I/O
-    {4, 8, 2, true, true, true, true, false, false, false},      // 6: 4 + lean I/O, momentum refetched from L2
-    {4, 8, 2, true, false, true, true, true, true, false},       // 7: 2 + L2 prefetch one wave ahead + all-warp bin search
-    {4, 8, 2, true, true, true, true, true, true, false},        // 8: 6 + L2 prefetch one wave ahead + all-warp bin search
-    {4, 8, 2, false, false, true, false, false, false, false},   // 9: 3 + lean I/O (the lean twin of the k >= 16 default)
-    {4, 8, 2, true, false, true, true, false, false, true},      // 10: 2 + compact, 5 blocks per SM
-    {4, 8, 2, false, false, true, true, false, false, true},     // 11: 10 with RadixSelect only
-    {4, 8, 2, true, false, true, true, true, true, true},        // 12: 7 + compact, 5 blocks per SM
+    // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide, compact, dct momentum
+    {4, 8, 2, true, false, false, false, false, false, false, false},   // 0: the fp32 kernels, bit-identical to the host reference
+    {4, 8, 2, true, false, true, false, false, false, false, false},    // 1: 0 + lean I/O
+    {4, 8, 2, true, false, true, true, false, false, false, false},     // 2: 0 + lean I/O, momentum refetched from L2
+    {4, 8, 2, false, false, false, false, false, false, false, false},  // 3: RadixSelect only
+    {4, 8, 2, true, true, false, false, false, false, false, false},    // 4: tensor-core products
+    {4, 8, 2, true, true, true, false, false, false, false, false},     // 5: 4 + lean I/O
+    {4, 8, 2, true, true, true, true, false, false, false, false},      // 6: 4 + lean I/O, momentum refetched from L2
+    {4, 8, 2, true, false, true, true, true, true, false, false},       // 7: 2 + L2 prefetch one wave ahead + all-warp bin search
+    {4, 8, 2, true, true, true, true, true, true, false, false},        // 8: 6 + L2 prefetch one wave ahead + all-warp bin search
+    {4, 8, 2, false, false, true, false, false, false, false, false},   // 9: 3 + lean I/O (the lean twin of the k >= 16 default)
+    {4, 8, 2, true, false, true, true, false, false, true, false},      // 10: 2 + compact, 5 blocks per SM
+    {4, 8, 2, false, false, true, true, false, false, true, false},     // 11: 10 with RadixSelect only
+    {4, 8, 2, true, false, true, true, true, true, true, false},        // 12: 7 + compact, 5 blocks per SM
+    {4, 8, 2, true, false, true, true, true, true, false, true},        // 13: 7 with the momentum in the DCT domain
+    {4, 8, 2, true, true, true, true, true, true, false, true},         // 14: 8 with the momentum in the DCT domain
 };
-inline constexpr int kNumTunings = 13;
+inline constexpr int kNumTunings = 15;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels: the trainer's apply, and its compress at small top-k
 inline constexpr int kRadixTuning = 3;   // the trainer's compress from top-k kRadixTopkFrom on (same bits as 0)
 inline constexpr int kTensorTuning = 4;  // the tensor-core compress (LLMC_DEMO_DCT=tensor)
 // RadixSelect alone beats the histogram fast path at k = 32 (1.740 against 1.804 ms on an H100, d12) and loses
 // by 0.2-0.9% at k = 3 and 5; measured at those three k only, so the threshold between them is a guess.
 inline constexpr size_t kRadixTopkFrom = 16;
-inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false};  // any shape
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false};  // any shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k",
                                                    "lean I/O",
@@ -133,16 +140,20 @@ inline const char* tuning_name(int t) {
                                                    "lean I/O, refetch, compact, 5 blocks/SM",
                                                    "RadixSelect, lean I/O, refetch, compact, 5 blocks/SM",
                                                    "lean I/O, refetch, L2 prefetch, all-warp bin search, compact, "
-                                                   "5 blocks/SM"};
+                                                   "5 blocks/SM",
+                                                   "lean I/O, L2 prefetch, all-warp bin search, DCT-domain momentum",
+                                                   "tensor cores, lean I/O, L2 prefetch, all-warp bin search, "
+                                                   "DCT-domain momentum"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
 __host__ __device__ inline constexpr int compress_min_blocks(const KernelTuning& t) {
     return t.compact_smem ? 5 : t.min_blocks;
 }
-// The tuning a launch runs instead of t when its buffers cannot take lean I/O's 16-byte accesses.
+// The tuning a launch runs instead of t when its buffers cannot take lean I/O's 16-byte accesses (a dct_momentum
+// tuning has none: its momentum means something else; launch_compress refuses such buffers).
 inline constexpr int without_lean_io(int t) {
-    return !kTunings[t].lean_io ? t : kTunings[t].tensor_dct ? kTensorTuning
+    return !kTunings[t].lean_io || kTunings[t].dct_momentum ? t : kTunings[t].tensor_dct ? kTensorTuning
                                   : kTunings[t].coarse_topk  ? kExactTuning
                                                              : kRadixTuning;
 }
@@ -157,7 +168,10 @@ inline constexpr int apply_tuning(int t) {
     }
     return t;
 }
-inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct; }
+// Whether tuning t's compress (is_exact_tuning) or apply (is_exact_apply) gives the host reference's bits: the
+// tensor cores sum in their own order, and the DCT-domain momentum rounds differently (both agree to rounding).
+inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct && !kTunings[t].dct_momentum; }
+inline constexpr bool is_exact_apply(int t) { return !kTunings[t].tensor_dct; }
 // The fp32 apply with lean I/O (the trainer's apply when LLMC_DEMO_TUNING picks a lean_io tuning).
 inline constexpr int kLeanApplyTuning = 1;
 static_assert(kTunings[kLeanApplyTuning].lean_io && !kTunings[kLeanApplyTuning].tensor_dct &&
@@ -1011,6 +1025,99 @@ __device__ __forceinline__ void lean_feedback(float* momentum, uint32_t cols, fl
     }
 }
 
+// ---- DCT-domain momentum (tunings with dct_momentum) ------------------------------------------------------
+// The chunk DCT is linear and orthonormal, so the reference step on the spatial momentum m (m = decay m + s g,
+// E = C1 m C2^T, top-k of |E|, m -= alpha decode(sent)) is, on M = C1 m C2^T: M = decay M + s DCT(g), top-k of
+// |M|, M[sent] -= alpha v. The same coefficients up to rounding, without the decode (an inverse DCT of the sent
+// coefficients: segments, gathered basis rows and a product) and the dense error feedback. M of a 64 x 64 chunk
+// sits where the chunk's m would, coefficient (k1, k2) at row k1, column k2. Checkpoints hold m: CudaDemo
+// transforms on save and load (cm::dct_domain_momentum_host).
+//
+// Steps 1-2 on the gradient: its rows folded into FX (the same fold lean_prologue makes of the updated
+// momentum); with LOAD_M the thread's momentum coefficients (the lean mapping) into own_*, else left for later.
+template <bool LOAD_M>
+__device__ __forceinline__ void lean_prologue_dct(const float* momentum, const float* grads, uint32_t cols, int ldx,
+                                                  float* FX, float (&own_top)[kMaxPairsPerThread],
+                                                  float (&own_bot)[kMaxPairsPerThread]) {
+    const LeanOffsets o = lean_offsets(cols);
+    float gt[2][4], gb[2][4];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        load4_readonly(gt[s], grads + o.top[s]);
+        load4_readonly(gb[s], grads + o.bot[s]);
+        if constexpr (LOAD_M) {
+            float mt[4], mb[4];
+            load4(mt, momentum + o.top[s]);
+            load4(mb, momentum + o.bot[s]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) own_top[4 * s + j] = mt[j], own_bot[4 * s + j] = mb[j];
+        }
+    }
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        float sum[4], dif[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            sum[j] = cm::add_rn(gt[s][j], gb[s][j]);
+            dif[j] = cm::sub_rn(gt[s][j], gb[s][j]);
+        }
+        const int b = b0 + 16 * s;
+        store4(FX + b * ldx + col, sum);
+        store4(FX + (32 + b) * ldx + col, dif);
+    }
+}
+// After the DCT of the gradient (E, rows of lde): E = decay M + s E for the thread's coefficients (M from own_*,
+// or read now with REFETCH). No barrier inside.
+template <bool REFETCH>
+__device__ __forceinline__ void lean_dct_momentum_update(const float* momentum, uint32_t cols,
+                                                         const cm::CompressParams& p, float* E, int lde,
+                                                         const float (&own_top)[kMaxPairsPerThread],
+                                                         const float (&own_bot)[kMaxPairsPerThread]) {
+    const LeanOffsets o = lean_offsets(cols);
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        float mt[4], mb[4];
+        if constexpr (REFETCH) {
+            load4(mt, momentum + o.top[s]);
+            load4(mb, momentum + o.bot[s]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) mt[j] = own_top[4 * s + j], mb[j] = own_bot[4 * s + j];
+        }
+        float* et = E + (b0 + 16 * s) * lde + col;
+        float* eb = E + (63 - b0 - 16 * s) * lde + col;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            et[j] = cm::momentum_update(mt[j], et[j], p.clip, p.decay, p.grad_scale);
+            eb[j] = cm::momentum_update(mb[j], eb[j], p.clip, p.decay, p.grad_scale);
+        }
+    }
+}
+// The sent coefficients' feedback in place (Lidx/Lval[0, k): indices and dequantized values), a barrier, then the
+// one write of the thread's coefficients. Starts after a barrier that ended every read of E and Lval's writes.
+template <int THREADS>
+__device__ __forceinline__ void lean_dct_feedback(float* momentum, uint32_t cols, float alpha, float* E, int lde,
+                                                  const uint32_t* Lidx, const float* Lval, uint32_t k) {
+    for (uint32_t j = threadIdx.x; j < k; j += THREADS) {  // indices of a chunk are distinct: no two threads meet
+        const uint32_t i = Lidx[j];
+        float& e = E[(i / uint32_t(cm::kFixedChunk)) * uint32_t(lde) + i % uint32_t(cm::kFixedChunk)];
+        e = cm::feedback(e, Lval[j], alpha);
+    }
+    __syncthreads();
+    const LeanOffsets o = lean_offsets(cols);
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const float* et = E + (b0 + 16 * s) * lde + col;
+        const float* eb = E + (63 - b0 - 16 * s) * lde + col;
+        const float t[4] = {et[0], et[1], et[2], et[3]}, u[4] = {eb[0], eb[1], eb[2], eb[3]};
+        store4(momentum + o.top[s], t);
+        store4(momentum + o.bot[s], u);
+    }
+}
+
 // Apply's last step with lean I/O: thread t owns columns 4 (t % 16) + [0, 4) of rows t / 16 + 16 s (s < 4) of
 // the chunk at `origin`; 16-byte loads and stores of the master weights, the floatX copy as one 8-byte (bf16)
 // or 16-byte (fp32) store per row. Same per-element arithmetic and rounding as the base kernel.
@@ -1063,6 +1170,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     constexpr bool kTensor = FIXED == int(cm::kFixedChunk) && kTune.tensor_dct;
     constexpr bool kLean = FIXED == int(cm::kFixedChunk) && kTune.lean_io;
     constexpr bool kRefetch = kLean && kTune.refetch;
+    constexpr bool kDctMomentum = kLean && kTune.dct_momentum;
+    static_assert(!kTune.dct_momentum || kTune.lean_io, "the DCT-domain momentum uses lean I/O's mapping");
     static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
     static_assert(!kLean || THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
     static_assert(!kTune.refetch || kTune.lean_io, "refetch is a variant of lean I/O");
@@ -1132,7 +1241,9 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     float* const momentum = a.momentum + origin;
     const float* const grads = a.grads + origin;
     const uint32_t cols32 = uint32_t(cols);
-    if constexpr (kLean) {
+    if constexpr (kDctMomentum) {
+        lean_prologue_dct<!kRefetch>(momentum, grads, cols32, d.ldx, P, own_top, own_bot);
+    } else if constexpr (kLean) {
         lean_prologue<kRefetch>(momentum, grads, cols32, a.p, d.ldx, P, own_top, own_bot);
     } else {
         float m_top[kMaxPairsPerThread], g_top[kMaxPairsPerThread], m_bot[kMaxPairsPerThread], g_bot[kMaxPairsPerThread];
@@ -1192,6 +1303,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     else
         run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
+    if constexpr (kDctMomentum) {  // E holds DCT(g): the momentum update in the DCT domain
+        lean_dct_momentum_update<kRefetch>(momentum, cols32, a.p, Q, d.lde, own_top, own_bot);
+        __syncthreads();
+    }
 
     // 6: top-k (radix select), placed in index order into the list. Keys of natural indices tid + r * THREADS.
     const uint32_t n = uint32_t(d.elems), k = ct.k;
@@ -1227,6 +1342,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
             cm::store_u32(a.bucket + ct.scales_off + 4 * c, llmc::km::float_to_bits(scale));
     }
     __syncthreads();
+    if constexpr (kDctMomentum) {  // 9-10 in the DCT domain: the sent coefficients' feedback, the one write
+        lean_dct_feedback<THREADS>(momentum, cols32, a.p.alpha, Q, d.lde, Lidx, Lval, k);
+        return;
+    }
 
     // 9: decode what was sent (T in P, gathered C1 rows in B, dec in Q)
     decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B,
@@ -1506,7 +1625,10 @@ inline bool lean_apply_fits(const KernelConfig& kc, const float* master, const l
 template <int TUNE = kExactTuning>
 inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
                             uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
-    if constexpr (kTunings[TUNE].lean_io) {
+    if constexpr (kTunings[TUNE].dct_momentum) {
+        LLMC_CHECK(lean_io_fits(kc, momentum, grads), "DeMo compress tuning " + std::to_string(TUNE) +
+                                                          " (DCT-domain momentum) needs 16-byte aligned 64 x 64 rows");
+    } else if constexpr (kTunings[TUNE].lean_io) {
         if (!lean_io_fits(kc, momentum, grads))
             return launch_compress<without_lean_io(TUNE)>(kc, t, momentum, grads, bucket, p, stream);
     }

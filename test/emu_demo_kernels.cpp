@@ -63,7 +63,11 @@ template <int TUNE = 0>
 std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<float>& momentum,
                                         const std::vector<float>& grads, const cm::CompressParams& cp, emu::Order order) {
     const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
-    if constexpr (demo::kTunings[TUNE].lean_io) {
+    if constexpr (demo::kTunings[TUNE].dct_momentum) {
+        const bool fits = demo::lean_io_fits(kc, momentum.data(), grads.data());  // launch_compress refuses the rest
+        EXPECT(fits);
+        if (!fits) return {};
+    } else if constexpr (demo::kTunings[TUNE].lean_io) {
         if (!demo::lean_io_fits(kc, momentum.data(), grads.data()))
             return emulate_compress<demo::without_lean_io(TUNE)>(pt, momentum, grads, cp, order);
     }
@@ -161,7 +165,10 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
 
     std::vector<float> m_emu = m0, m_ref = m0;
     count_topk_paths(pt, m0, grads, cp);
+    constexpr bool kDctMomentum = demo::kTunings[TUNE].dct_momentum;
+    if (kDctMomentum) cm::dct_domain_momentum_host(pt, m_emu, true);  // the kernel's momentum is M, compared as m
     const std::vector<std::byte> b_emu = emulate_compress<TUNE>(pt, m_emu, grads, cp, order);
+    if (kDctMomentum) cm::dct_domain_momentum_host(pt, m_emu, false);
     std::vector<std::byte> b_ref;
     cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);
     size_t byte_diffs = b_emu.size() == b_ref.size() ? 0 : SIZE_MAX, mom_diffs = 0;
@@ -179,11 +186,13 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
         EXPECT_EQ(byte_diffs, size_t{0});
         EXPECT_EQ(mom_diffs, size_t{0});
     } else {
-        // the tensor cores' sums: held to the tolerances the GPU is held to against the CPU optimizer
+        // the tensor cores' sums, the DCT-domain momentum's rounding: held to the tolerances the GPU is held to
+        // against the CPU optimizer
         const cm::CompressAgreement ag = cm::compare_compress(pt, b_emu, b_ref, m_emu, m_ref, m0, grads, cp);
-        std::printf("\n    (tensor cores) vs host reference: %s", ag.describe().c_str());
+        std::printf("\n    (%s) vs host reference: %s", kDctMomentum ? "DCT-domain momentum" : "tensor cores",
+                    ag.describe().c_str());
         EXPECT(ag.ok(2e-5, 2e-5));
-        EXPECT(lt.fixed_chunks > 0);  // the tensor-core kernel ran
+        EXPECT(lt.fixed_chunks > 0);  // the 64 x 64 kernel ran
     }
 
     std::vector<std::byte> all = b_emu;
@@ -212,7 +221,7 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
         if (stochastic) std::printf("; apply (%d rank(s)) %zu master weights and %zu params differ\n", world, master_diffs, param_diffs);
         EXPECT_EQ(a.error[0], 0u);
         EXPECT_EQ(param_diffs, size_t{0});
-        if constexpr (kExact) {
+        if constexpr (demo::is_exact_apply(TUNE)) {
             EXPECT_EQ(master_diffs, size_t{0});
         } else {
             const cm::ApplyAgreement ag = cm::compare_apply(pt, all, world, a.master, p_ref);
@@ -320,6 +329,24 @@ TEST(tensor_core_kernels_agree_with_host_reference) {
     check_case<T>("64x64 bf16/smallest/ema/a0.2/k100, tensor cores", layout,
                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100),
                   120, emu::Order::WarpSerial, 4);
+}
+
+// The DCT-domain momentum (tunings 13 and 14): fed M = C1 m C2^T of the spatial momentum, the
+// kernels send the reference's coefficients (values to rounding, the same index sets) and leave C1^T M' C2 within
+// rounding of the reference's updated momentum, for lr-scaled and EMA momentum, alpha 1 and 0.2, and fp32, bf16
+// and sign values; the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::dct_domain_momentum_host).
+TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
+    static_assert(demo::kTunings[13].dct_momentum && demo::kTunings[14].dct_momentum && demo::kTunings[14].tensor_dct);
+    const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
+    check_case<13>("64x64 fp32/smallest/lr/k32, DCT-domain momentum", layout,
+                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                   140, emu::Order::Forward, 2);
+    check_case<13>("64x64 bf16/smallest/ema/a0.2/k100, DCT-domain momentum", layout,
+                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100),
+                   150, emu::Order::WarpSerial, 3);
+    check_case<14>("64x64 sign/packed12/lr/k5, DCT-domain momentum, tensor cores", layout,
+                   cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
+                   160, emu::Order::Shuffled, 2);
 }
 
 // The emulated mma.sync m16n8k8 TF32 against a plain 16 x 8 x 8 product of the matrices its fragments encode (the

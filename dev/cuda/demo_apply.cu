@@ -186,7 +186,7 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, int 
         if (T == 0) {
             master_t0 = master.download();
             params_t0 = params.download();
-        } else if constexpr (demo::is_exact_tuning(T)) {
+        } else if constexpr (demo::is_exact_apply(T)) {
             ck.expect(master.download() == master_t0 && same_bits(params.download(), params_t0),
                       "d12 W=" + std::to_string(world) + ": tuning " + std::to_string(T) +
                           " gives tuning 0's master weights and params");

@@ -13,10 +13,12 @@
 // gradient read, bucket write) and the fraction of this GPU's HBM peak (target >= 60% on an H100), for every
 // tuning of the 64 x 64 kernel (demo::kTunings), each fp32 tuning checked bit-identical to tuning 0 and each
 // tensor-core tuning (3xTF32) held to the tolerances of 2. against it (and bit-identical to kTensorTuning: the
-// others change the I/O and the top-k search, not the sums); the mixed and d12-shape cases also run the
-// tensor-core kernel against the host reference with those tolerances.
+// others change the I/O and the top-k search, not the sums), each DCT-domain momentum tuning too (started from
+// C1 m0 C2^T, its momentum transformed back: cm::dct_domain_momentum_host); the mixed and d12-shape cases also
+// run the tensor-core kernel against the host reference with those tolerances.
 // Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "demo/demo_cuda.cuh"
@@ -138,10 +140,19 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, cons
     std::vector<uint8_t> bucket_t0, bucket_tc;
     std::vector<float> m_t0, m_tc;
     const std::vector<float> m0_host = m0.download(), g_host = g.download();
+    std::unique_ptr<DeviceBuffer<float>> m0_dct;  // the DCT-domain tunings' start: M = C1 m0 C2^T per 64 x 64 chunk
     demo::for_each_tuning([&](auto tune) {
         constexpr int T = decltype(tune)::value;
+        constexpr bool kDct = demo::kTunings[T].dct_momentum;
         demo::prepare_tuning<T>(kc);
-        CUDA_CHECK(cudaMemcpyAsync(m.data(), m0.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
+        if (kDct && !m0_dct) {
+            std::vector<float> M = m0_host;
+            cm::dct_domain_momentum_host(pt, M, true);
+            m0_dct = std::make_unique<DeviceBuffer<float>>(n, "momentum");
+            m0_dct->upload(M);
+        }
+        CUDA_CHECK(cudaMemcpyAsync(m.data(), kDct ? m0_dct->data() : m0.data(), n * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, env.stream));
         CUDA_CHECK(cudaMemsetAsync(bucket.data(), 0, bucket.bytes(), env.stream));
         CUDA_CHECK(cudaMemcpyAsync(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes, cudaMemcpyHostToDevice,
                                    env.stream));  // the header the trainer writes once (the comparison decodes it)
@@ -157,16 +168,18 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, cons
         } else {
             auto as_bytes = [](const std::vector<uint8_t>& v) { return std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()); };
             const std::vector<uint8_t> b = bucket.download();
-            const std::vector<float> mt = m.download();
+            std::vector<float> mt = m.download();
+            if (kDct) cm::dct_domain_momentum_host(pt, mt, false);  // compared as the spatial momentum
             const cm::CompressAgreement a = cm::compare_compress(pt, as_bytes(b), as_bytes(bucket_t0), mt, m_t0, m0_host, g_host, cp);
             std::printf("  d12 %s tuning %d vs tuning 0: %s\n", label, T, a.describe().c_str());
             ck.expect(a.ok(2e-5, 2e-5), std::string("d12 ") + label + ": tuning " + std::to_string(T) + " (" +
                                             demo::tuning_name(T) + ") agrees with tuning 0");
             // the other tensor-core tunings change the I/O and the top-k search, not the sums: kTensorTuning's bits
+            // (the DCT-domain ones sum something else)
             if (T == demo::kTensorTuning) {
                 bucket_tc = b;
                 m_tc = mt;
-            } else {
+            } else if (!kDct) {
                 ck.expect(b == bucket_tc && mt == m_tc, std::string("d12 ") + label + ": tuning " + std::to_string(T) +
                                                             " (" + demo::tuning_name(T) + ") gives tuning " +
                                                             std::to_string(demo::kTensorTuning) + "'s bucket and momentum");
