@@ -723,9 +723,58 @@ inline void check_bucket_header(const ModelPlan& plan, WireFormat format, std::s
                                   " for this rank's plan and encoding");
 }
 
-// The DemoOptimizer state blob (demo_optimizer.cpp save_state / load_state), byte for byte.
-inline constexpr uint32_t kStateVersion = 1;
-inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<const float> momentum) {
+// The chunk size of the CUDA kernels' fixed launch group (launch_tables below).
+inline constexpr uint32_t kFixedChunk = 64;
+
+// Where the momentum of the chunks of the CUDA kernels' 64 x 64 launch group (launch_tables: n1 = n2 = 64 and
+// no chunk larger than 64) lives: as the reference keeps it, or in the DCT domain, M = C1 m C2^T (the
+// dct_momentum tunings of demo_kernels.cuh). Every other chunk is always spatial.
+enum class MomentumDomain : uint32_t { spatial = 0, dct64 = 1 };
+
+// Those chunks of `m` from one domain to the other: M = C1 m C2^T or m = C1^T M C2, in double (demo::dct_basis_f64);
+// nothing when from == to. Checkpoints, the tests and the kernel lab use it.
+inline void convert_momentum(const ModelPlan& plan, std::vector<float>& m, MomentumDomain from, MomentumDomain to) {
+    constexpr int N = int(kFixedChunk);
+    if (from == to || plan.max_n > kFixedChunk) return;
+    const bool forward = to == MomentumDomain::dct64;
+    const std::vector<double> c = dct_basis_f64(N);  // C[k][n], row-major
+    std::vector<std::pair<size_t, size_t>> chunks;
+    for (size_t t = 0; t < plan.tensors.size(); t++)
+        if (plan.tensors[t].n1 == kFixedChunk && plan.tensors[t].n2 == kFixedChunk)
+            for (size_t k = 0; k < plan.tensors[t].num_chunks; k++) chunks.emplace_back(t, k);
+#pragma omp parallel
+    {
+        std::vector<double> x(N * N), y(N * N), z(N * N);
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < chunks.size(); i++) {
+            const TensorPlan& tp = plan.tensors[chunks[i].first];
+            const size_t k = chunks[i].second;
+            const size_t origin = tp.offset + (k / tp.block_cols) * N * tp.cols + (k % tp.block_cols) * N;
+            for (int b = 0; b < N; b++)
+                for (int n = 0; n < N; n++) x[b * N + n] = m[origin + size_t(b) * tp.cols + n];
+            // y = x C^T (forward) or x C, then z = C y or C^T y
+            std::fill(y.begin(), y.end(), 0.0);
+            std::fill(z.begin(), z.end(), 0.0);
+            for (int b = 0; b < N; b++)
+                for (int n = 0; n < N; n++)
+                    for (int q = 0; q < N; q++) y[b * N + q] += x[b * N + n] * (forward ? c[q * N + n] : c[n * N + q]);
+            for (int p = 0; p < N; p++)
+                for (int b = 0; b < N; b++) {
+                    const double a = forward ? c[p * N + b] : c[b * N + p];
+                    for (int q = 0; q < N; q++) z[p * N + q] += a * y[b * N + q];
+                }
+            for (int p = 0; p < N; p++)
+                for (int q = 0; q < N; q++) m[origin + size_t(p) * tp.cols + q] = static_cast<float>(z[p * N + q]);
+        }
+    }
+}
+
+// The DemoOptimizer state blob (demo_optimizer.cpp save_state / load_state, CudaDemo's), byte for byte. Version 2
+// adds the momentum's domain (version 1 blobs, always spatial, are still read), so a CUDA run keeping it in the
+// DCT domain saves it exactly and resumes bit for bit, while read_state hands every reader its own domain.
+inline constexpr uint32_t kStateVersion = 2;
+inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<const float> momentum,
+                        MomentumDomain domain = MomentumDomain::spatial) {
     out.put_string("demo");
     out.put<uint32_t>(kStateVersion);
     out.put<uint64_t>(plan.tensors.size());
@@ -733,15 +782,19 @@ inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<
     out.put<uint64_t>(plan.chunk);
     out.put<uint64_t>(plan.topk);
     out.put<uint64_t>(plan.fingerprint());
+    out.put<uint32_t>(static_cast<uint32_t>(domain));
     out.put_array(momentum);
 }
-inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<float>& momentum) {
+// Reads a blob into `momentum`, converted to `want` when it was saved in the other domain.
+inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<float>& momentum,
+                       MomentumDomain want = MomentumDomain::spatial) {
     const std::string& src = in.source();
     const std::string name = in.get_string("optimizer name");
     LLMC_CHECK(name == "demo", src + ": optimizer state is for '" + name + "', not 'demo'");
     const uint32_t version = in.get<uint32_t>("DeMo state version");
-    LLMC_CHECK(version == kStateVersion, src + ": DeMo state version " + std::to_string(version) +
-                                             ", this build reads version " + std::to_string(kStateVersion));
+    LLMC_CHECK(version == 1 || version == kStateVersion, src + ": DeMo state version " + std::to_string(version) +
+                                                             ", this build reads versions 1 and " +
+                                                             std::to_string(kStateVersion));
     const uint64_t tensors = in.get<uint64_t>("tensor count");
     const uint64_t numel = in.get<uint64_t>("parameter count");
     LLMC_CHECK(tensors == plan.tensors.size() && numel == plan.num_params,
@@ -757,8 +810,11 @@ inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<
     const uint64_t fingerprint = in.get<uint64_t>("plan fingerprint");
     LLMC_CHECK(fingerprint == plan.fingerprint(),
                src + ": DeMo state was saved for tensors of other shapes (chunk plan differs)");
+    const uint32_t domain = version >= 2 ? in.get<uint32_t>("momentum domain") : 0u;
+    LLMC_CHECK(domain <= 1u, src + ": DeMo state has momentum domain " + std::to_string(domain) + " (0 or 1 expected)");
     std::vector<float> m(plan.num_params);
     in.get_array(std::span<float>(m), "DeMo momentum");
+    convert_momentum(plan, m, static_cast<MomentumDomain>(domain), want);
     momentum = std::move(m);
 }
 
@@ -837,7 +893,6 @@ inline llmc::OptimizerConfig demo_config(llmc::DemoValueEncoding values, llmc::D
 // plan's chunks are all at most 64 x 64 they get a kernel compiled with every chunk size a constant), then every
 // other shape (the kernel for any shape). chunk_offset counts from the start of the tensor's group, so a
 // group's launch has one block per chunk of its tensors. Offsets into the buckets and tables are unchanged.
-inline constexpr uint32_t kFixedChunk = 64;
 struct LaunchTables {
     std::vector<ChunkTensor> tensors;  // the fixed group, then the general one
     int fixed_tensors = 0;
@@ -1058,44 +1113,6 @@ inline uint32_t apply_chunk_host(const PlanTables& pt, const ChunkTensor& ct, ui
                                     ap.apply_wd && ct.decays);
         }
     return err;
-}
-
-// The momentum of the CUDA kernels' dct_momentum tunings (demo_kernels.cuh): every chunk of the 64 x 64 launch
-// group (launch_tables) to the DCT domain, M = C1 m C2^T (forward), or back, m = C1^T M C2, in double from the
-// natural bases; other chunks stay as they are. CudaDemo's checkpoint transform, and the tests' and lab's.
-inline void dct_domain_momentum_host(const PlanTables& pt, std::vector<float>& m, bool forward) {
-    constexpr int N = int(kFixedChunk);
-    if (pt.plan.max_n > kFixedChunk) return;  // no 64 x 64 launch group
-    std::vector<std::pair<size_t, uint64_t>> chunks;
-    for (size_t t = 0; t < pt.tensors.size(); t++)
-        if (pt.tensors[t].n1 == kFixedChunk && pt.tensors[t].n2 == kFixedChunk)
-            for (uint64_t c = 0; c < pt.plan.tensors[t].num_chunks; c++) chunks.emplace_back(t, c);
-#pragma omp parallel
-    {
-        std::vector<double> x(N * N), y(N * N), z(N * N);
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < chunks.size(); i++) {
-            const ChunkTensor& ct = pt.tensors[chunks[i].first];
-            const float* c1 = pt.bases.natural.data() + ct.nat1;  // C[k][n], row-major
-            const float* c2 = pt.bases.natural.data() + ct.nat2;
-            const uint64_t origin = chunk_origin(ct, chunks[i].second);
-            for (int b = 0; b < N; b++)
-                for (int n = 0; n < N; n++) x[b * N + n] = m[origin + uint64_t(b) * ct.cols + n];
-            // y = x C2^T (forward) or x C2, then z = C1 y or C1^T y
-            std::fill(y.begin(), y.end(), 0.0);
-            std::fill(z.begin(), z.end(), 0.0);
-            for (int b = 0; b < N; b++)
-                for (int n = 0; n < N; n++)
-                    for (int q = 0; q < N; q++) y[b * N + q] += x[b * N + n] * (forward ? c2[q * N + n] : c2[n * N + q]);
-            for (int p = 0; p < N; p++)
-                for (int b = 0; b < N; b++) {
-                    const double a = forward ? c1[p * N + b] : c1[b * N + p];
-                    for (int q = 0; q < N; q++) z[p * N + q] += a * y[b * N + q];
-                }
-            for (int p = 0; p < N; p++)
-                for (int q = 0; q < N; q++) m[origin + uint64_t(p) * ct.cols + q] = static_cast<float>(z[p * N + q]);
-        }
-    }
 }
 
 // Whole-plan drivers (chunks in parallel; each chunk's result does not depend on the thread count).

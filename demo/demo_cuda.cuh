@@ -50,9 +50,9 @@ namespace demo {
 //    top-k, and the lean I/O apply (kLeanApplyTuning) when that tuning has lean I/O; for timing the kernel
 //    lab's candidates in whole training steps (dev/cuda/bench_train_gpt.sh, BENCH_DEMO_TUNINGS). Where
 //    LLMC_DEMO_DCT is set too, it must name the tuning's kind of DCT. With a dct_momentum tuning the 64 x 64
-//    chunks' momentum lives in the DCT domain on the device; checkpoints still hold the spatial momentum (CudaDemo
-//    transforms it on save and load, cm::dct_domain_momentum_host), so they move between trainers and tunings,
-//    but a resume continues within rounding of the straight run, not bit for bit.
+//    chunks' momentum lives in the DCT domain on the device, and checkpoints say so (cm::MomentumDomain): a
+//    resume with the same tuning continues bit for bit, and any other reader (the CPU trainer, another tuning)
+//    gets the spatial momentum (cm::read_state converts).
 struct KernelChoice {
     bool tensor_cores = false;  // the compress kernel's DCTs on the tensor cores
     int forced_tuning = -1;     // LLMC_DEMO_TUNING, or -1
@@ -211,19 +211,18 @@ public:
 
     float* master_weights() override { return master_; }
 
-    // The state blob holds the spatial momentum whatever the tuning (a dct_momentum tuning's is transformed).
+    // The state blob records the momentum's domain (a dct_momentum tuning's is saved as it is, and read_state
+    // converts a blob of the other domain).
     void save_state(llmc::ByteWriter& out) const override {
         std::vector<float> m(layout_.num_params);
         CUDA_CHECK(cudaMemcpyAsync(m.data(), momentum_, m.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        if (dct_momentum()) cm::dct_domain_momentum_host(tables_, m, false);
-        cm::write_state(out, tables_.plan, m);
+        cm::write_state(out, tables_.plan, m, momentum_domain());
     }
 
     void load_state(llmc::ByteReader& in) override {
         std::vector<float> m;
-        cm::read_state(in, tables_.plan, m);
-        if (dct_momentum()) cm::dct_domain_momentum_host(tables_, m, true);
+        cm::read_state(in, tables_.plan, m, momentum_domain());
         upload(momentum_, m.data(), m.size() * sizeof(float));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         t_ = 0;
@@ -240,9 +239,11 @@ public:
     const KernelConfig& kernel_config() const { return kernels_; }
     const DeviceTables& device_tables() const { return device_tables_; }
     bool exchanges_on_device() const { return nccl_ != nullptr; }
-    // The 64 x 64 chunks' momentum is kept in the DCT domain (the compress tuning's dct_momentum).
-    bool dct_momentum() const {
-        return kernels_.threads == 256 && kTunings[kernel_choice_.compress_tuning(tables_.plan.topk)].dct_momentum;
+    // Where the 64 x 64 chunks' momentum lives on the device (the compress tuning's dct_momentum).
+    cm::MomentumDomain momentum_domain() const {
+        return kernels_.threads == 256 && kTunings[kernel_choice_.compress_tuning(tables_.plan.topk)].dct_momentum
+                   ? cm::MomentumDomain::dct64
+                   : cm::MomentumDomain::spatial;
     }
 
 private:

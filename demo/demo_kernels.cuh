@@ -97,7 +97,7 @@ struct KernelTuning {
     bool dct_momentum;     // compress, with lean_io: the 64 x 64 chunks' momentum is kept in the DCT domain (M = C1 m
                            // C2^T, see "DCT-domain momentum" below): M = decay M + s DCT(g), top-k of |M|, then
                            // M[sent] -= alpha v; no decode and no dense error feedback. Same math as the reference up
-                           // to rounding; the caller keeps M (CudaDemo transforms checkpoints). With refetch, M is
+                           // to rounding; the caller keeps M (cm::MomentumDomain::dct64). With refetch, M is
                            // read after the DCT passes instead of held in registers across them
 };
 inline constexpr KernelTuning kTunings[] = {
@@ -1030,8 +1030,8 @@ __device__ __forceinline__ void lean_feedback(float* momentum, uint32_t cols, fl
 // E = C1 m C2^T, top-k of |E|, m -= alpha decode(sent)) is, on M = C1 m C2^T: M = decay M + s DCT(g), top-k of
 // |M|, M[sent] -= alpha v. The same coefficients up to rounding, without the decode (an inverse DCT of the sent
 // coefficients: segments, gathered basis rows and a product) and the dense error feedback. M of a 64 x 64 chunk
-// sits where the chunk's m would, coefficient (k1, k2) at row k1, column k2. Checkpoints hold m: CudaDemo
-// transforms on save and load (cm::dct_domain_momentum_host).
+// sits where the chunk's m would, coefficient (k1, k2) at row k1, column k2; checkpoints record the domain
+// (cm::MomentumDomain, cm::convert_momentum).
 //
 // Steps 1-2 on the gradient: its rows folded into FX (the same fold lean_prologue makes of the updated
 // momentum); with LOAD_M the thread's momentum coefficients (the lean mapping) into own_*, else left for later.

@@ -166,9 +166,10 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     std::vector<float> m_emu = m0, m_ref = m0;
     count_topk_paths(pt, m0, grads, cp);
     constexpr bool kDctMomentum = demo::kTunings[TUNE].dct_momentum;
-    if (kDctMomentum) cm::dct_domain_momentum_host(pt, m_emu, true);  // the kernel's momentum is M, compared as m
+    using Domain = cm::MomentumDomain;  // a dct_momentum kernel's momentum is M, compared as m
+    if (kDctMomentum) cm::convert_momentum(pt.plan, m_emu, Domain::spatial, Domain::dct64);
     const std::vector<std::byte> b_emu = emulate_compress<TUNE>(pt, m_emu, grads, cp, order);
-    if (kDctMomentum) cm::dct_domain_momentum_host(pt, m_emu, false);
+    if (kDctMomentum) cm::convert_momentum(pt.plan, m_emu, Domain::dct64, Domain::spatial);
     std::vector<std::byte> b_ref;
     cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);
     size_t byte_diffs = b_emu.size() == b_ref.size() ? 0 : SIZE_MAX, mom_diffs = 0;
@@ -334,7 +335,7 @@ TEST(tensor_core_kernels_agree_with_host_reference) {
 // The DCT-domain momentum (tunings 13 and 14): fed M = C1 m C2^T of the spatial momentum, the
 // kernels send the reference's coefficients (values to rounding, the same index sets) and leave C1^T M' C2 within
 // rounding of the reference's updated momentum, for lr-scaled and EMA momentum, alpha 1 and 0.2, and fp32, bf16
-// and sign values; the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::dct_domain_momentum_host).
+// and sign values; the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::convert_momentum).
 TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
     static_assert(demo::kTunings[13].dct_momentum && demo::kTunings[14].dct_momentum && demo::kTunings[14].tensor_dct);
     const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});

@@ -515,4 +515,86 @@ TEST(apply_flags_corrupt_buckets) {
     EXPECT_EQ(cm::apply_plan_host(pt, bad.data(), p.data(), ap) & cm::kErrNotAscending, cm::kErrNotAscending);
 }
 
+// The momentum's domain in the state blob (the CUDA dct_momentum tunings keep the 64 x 64 chunks' momentum as
+// M = C1 m C2^T): cm::convert_momentum against the CPU module's own block DCT (demo::encode_blocks, sgemm) on the
+// 64 x 64 chunks, the other chunks untouched, the round trip within rounding; a blob saved in the DCT domain reads
+// back bit for bit in that domain and converted in the other; version-1 blobs (no domain field) still read as
+// spatial; an unknown domain is refused with a message.
+TEST(momentum_domain_in_state_blobs) {
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{128, 64}, {96, 50}, {7}});
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 8);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    const size_t n = layout.num_params;
+    const std::vector<float> m = testing::random_normal(n, 21, 1e-3);
+    using Domain = cm::MomentumDomain;
+    std::vector<float> M = m;
+    cm::convert_momentum(pt.plan, M, Domain::spatial, Domain::dct64);
+    // the 128 x 64 tensor (two 64 x 64 chunks) against encode_blocks; the rest unchanged
+    demo::DctBases bases;
+    bases.ensure(64);
+    demo::BlockScratch scratch;
+    std::vector<float> e(128 * 64);
+    demo::encode_blocks(m.data(), e.data(), 128, 64, 64, 64, bases, scratch);
+    float worst = 0.0f, scale = 0.0f;
+    for (size_t i = 0; i < e.size(); i++) {
+        worst = std::max(worst, std::fabs(M[i] - e[i]));
+        scale = std::max(scale, std::fabs(e[i]));
+    }
+    std::printf("  convert_momentum vs encode_blocks: max err %.2e of max |E| %.2e\n", worst, scale);
+    EXPECT(worst <= 1e-6f * scale);
+    EXPECT(std::equal(M.begin() + 128 * 64, M.end(), m.begin() + 128 * 64));
+    std::vector<float> back = M;
+    cm::convert_momentum(pt.plan, back, Domain::dct64, Domain::spatial);
+    float round_trip = 0.0f;
+    for (size_t i = 0; i < n; i++) round_trip = std::max(round_trip, std::fabs(back[i] - m[i]));
+    EXPECT(round_trip <= 1e-6f * 4e-3f);
+    std::vector<float> same = m;
+    cm::convert_momentum(pt.plan, same, Domain::dct64, Domain::dct64);
+    EXPECT(same == m);
+
+    llmc::ByteWriter w;
+    cm::write_state(w, pt.plan, M, Domain::dct64);
+    std::vector<float> got;
+    {
+        llmc::ByteReader r(w.bytes(), "state.bin");
+        cm::read_state(r, pt.plan, got, Domain::dct64);
+        EXPECT(r.at_end());
+        EXPECT(got == M);
+    }
+    {
+        llmc::ByteReader r(w.bytes(), "state.bin");
+        cm::read_state(r, pt.plan, got, Domain::spatial);
+        EXPECT(got == back);
+    }
+    {  // the CPU optimizer reads it as spatial
+        llmc::LocalTransport transport;
+        demo::DemoOptimizer opt(cfg, layout, transport);
+        llmc::ByteReader r(w.bytes(), "state.bin");
+        opt.load_state(r);
+        EXPECT(std::equal(back.begin(), back.end(), opt.momentum().begin()));
+    }
+    // version 1: the same fields without the domain
+    llmc::ByteWriter v1;
+    v1.put_string("demo");
+    v1.put<uint32_t>(1);
+    v1.put<uint64_t>(pt.plan.tensors.size());
+    v1.put<uint64_t>(n);
+    v1.put<uint64_t>(pt.plan.chunk);
+    v1.put<uint64_t>(pt.plan.topk);
+    v1.put<uint64_t>(pt.plan.fingerprint());
+    v1.put_array(std::span<const float>(m));
+    {
+        llmc::ByteReader r(v1.bytes(), "old.bin");
+        cm::read_state(r, pt.plan, got, Domain::spatial);
+        EXPECT(r.at_end());
+        EXPECT(got == m);
+    }
+    // an unknown domain (the field right before the momentum array's length)
+    std::vector<std::byte> bad = w.bytes();
+    const size_t domain_at = bad.size() - n * sizeof(float) - sizeof(uint64_t) - sizeof(uint32_t);
+    bad[domain_at] = std::byte{7};
+    EXPECT_EQ(error_of([&] { llmc::ByteReader r(bad, "bad.bin"); cm::read_state(r, pt.plan, got); }),
+              std::string("bad.bin: DeMo state has momentum domain 7 (0 or 1 expected)"));
+}
+
 TEST_MAIN()

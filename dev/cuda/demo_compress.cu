@@ -14,7 +14,7 @@
 // tuning of the 64 x 64 kernel (demo::kTunings), each fp32 tuning checked bit-identical to tuning 0 and each
 // tensor-core tuning (3xTF32) held to the tolerances of 2. against it (and bit-identical to kTensorTuning: the
 // others change the I/O and the top-k search, not the sums), each DCT-domain momentum tuning too (started from
-// C1 m0 C2^T, its momentum transformed back: cm::dct_domain_momentum_host); the mixed and d12-shape cases also
+// C1 m0 C2^T, its momentum transformed back: cm::convert_momentum); the mixed and d12-shape cases also
 // run the tensor-core kernel against the host reference with those tolerances.
 // Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
@@ -147,7 +147,7 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, cons
         demo::prepare_tuning<T>(kc);
         if (kDct && !m0_dct) {
             std::vector<float> M = m0_host;
-            cm::dct_domain_momentum_host(pt, M, true);
+            cm::convert_momentum(pt.plan, M, cm::MomentumDomain::spatial, cm::MomentumDomain::dct64);
             m0_dct = std::make_unique<DeviceBuffer<float>>(n, "momentum");
             m0_dct->upload(M);
         }
@@ -169,7 +169,8 @@ void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, cons
             auto as_bytes = [](const std::vector<uint8_t>& v) { return std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()); };
             const std::vector<uint8_t> b = bucket.download();
             std::vector<float> mt = m.download();
-            if (kDct) cm::dct_domain_momentum_host(pt, mt, false);  // compared as the spatial momentum
+            if (kDct)  // compared as the spatial momentum
+                cm::convert_momentum(pt.plan, mt, cm::MomentumDomain::dct64, cm::MomentumDomain::spatial);
             const cm::CompressAgreement a = cm::compare_compress(pt, as_bytes(b), as_bytes(bucket_t0), mt, m_t0, m0_host, g_host, cp);
             std::printf("  d12 %s tuning %d vs tuning 0: %s\n", label, T, a.describe().c_str());
             ck.expect(a.ok(2e-5, 2e-5), std::string("d12 ") + label + ": tuning " + std::to_string(T) + " (" +
