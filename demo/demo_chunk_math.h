@@ -731,41 +731,22 @@ inline constexpr uint32_t kFixedChunk = 64;
 // dct_momentum tunings of demo_kernels.cuh). Every other chunk is always spatial.
 enum class MomentumDomain : uint32_t { spatial = 0, dct64 = 1 };
 
-// Those chunks of `m` from one domain to the other: M = C1 m C2^T or m = C1^T M C2, in double (demo::dct_basis_f64);
-// nothing when from == to. Checkpoints, the tests and the kernel lab use it.
+// Those chunks of `m` from one domain to the other, M = C1 m C2^T or m = C1^T M C2, by the CPU module's block DCT
+// (demo::encode_blocks / decode_blocks, fp32 sgemm: within ~3e-7 of the chunk maximum of exact); nothing when
+// from == to. Checkpoints, the tests and the kernel lab use it.
 inline void convert_momentum(const ModelPlan& plan, std::vector<float>& m, MomentumDomain from, MomentumDomain to) {
-    constexpr int N = int(kFixedChunk);
     if (from == to || plan.max_n > kFixedChunk) return;
-    const bool forward = to == MomentumDomain::dct64;
-    const std::vector<double> c = dct_basis_f64(N);  // C[k][n], row-major
-    std::vector<std::pair<size_t, size_t>> chunks;
-    for (size_t t = 0; t < plan.tensors.size(); t++)
-        if (plan.tensors[t].n1 == kFixedChunk && plan.tensors[t].n2 == kFixedChunk)
-            for (size_t k = 0; k < plan.tensors[t].num_chunks; k++) chunks.emplace_back(t, k);
-#pragma omp parallel
-    {
-        std::vector<double> x(N * N), y(N * N), z(N * N);
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < chunks.size(); i++) {
-            const TensorPlan& tp = plan.tensors[chunks[i].first];
-            const size_t k = chunks[i].second;
-            const size_t origin = tp.offset + (k / tp.block_cols) * N * tp.cols + (k % tp.block_cols) * N;
-            for (int b = 0; b < N; b++)
-                for (int n = 0; n < N; n++) x[b * N + n] = m[origin + size_t(b) * tp.cols + n];
-            // y = x C^T (forward) or x C, then z = C y or C^T y
-            std::fill(y.begin(), y.end(), 0.0);
-            std::fill(z.begin(), z.end(), 0.0);
-            for (int b = 0; b < N; b++)
-                for (int n = 0; n < N; n++)
-                    for (int q = 0; q < N; q++) y[b * N + q] += x[b * N + n] * (forward ? c[q * N + n] : c[n * N + q]);
-            for (int p = 0; p < N; p++)
-                for (int b = 0; b < N; b++) {
-                    const double a = forward ? c[p * N + b] : c[b * N + p];
-                    for (int q = 0; q < N; q++) z[p * N + q] += a * y[b * N + q];
-                }
-            for (int p = 0; p < N; p++)
-                for (int q = 0; q < N; q++) m[origin + size_t(p) * tp.cols + q] = static_cast<float>(z[p * N + q]);
-        }
+    DctBases bases;
+    bases.ensure(kFixedChunk);
+    BlockScratch scratch;
+    std::vector<float> out;
+    for (const TensorPlan& tp : plan.tensors) {
+        if (tp.n1 != kFixedChunk || tp.n2 != kFixedChunk || tp.num_chunks == 0) continue;
+        float* x = m.data() + tp.offset;
+        out.resize(tp.numel());
+        if (to == MomentumDomain::dct64) encode_blocks(x, out.data(), tp.rows, tp.cols, kFixedChunk, kFixedChunk, bases, scratch);
+        else decode_blocks(x, out.data(), tp.rows, tp.cols, kFixedChunk, kFixedChunk, bases, scratch);
+        std::copy(out.begin(), out.end(), x);
     }
 }
 

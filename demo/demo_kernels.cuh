@@ -948,6 +948,20 @@ __device__ __forceinline__ void store4(float* p, const float (&v)[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// The row fold of lean slot s: the sums of the thread's rows b and 63 - b (b = t / 16 + 16 s) into row b of FX
+// (rows of ldx), their differences into row 32 + b.
+__device__ __forceinline__ void lean_fold_rows(float* FX, int ldx, int s, const float (&top)[4], const float (&bot)[4]) {
+    const int col = 4 * int(threadIdx.x & 15u), b = int(threadIdx.x >> 4) + 16 * s;
+    float sum[4], dif[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        sum[j] = cm::add_rn(top[j], bot[j]);
+        dif[j] = cm::sub_rn(top[j], bot[j]);
+    }
+    store4(FX + b * ldx + col, sum);
+    store4(FX + (32 + b) * ldx + col, dif);
+}
+
 // Steps 1-2: momentum update and the row fold into FX (rows of ldx, a multiple of 4). REFETCH: the updated
 // momentum is written back at once (lean_feedback reads it again) and own_* are left alone.
 template <bool REFETCH>
@@ -964,16 +978,13 @@ __device__ __forceinline__ void lean_prologue(float* momentum, const float* grad
         load4(mb[s], momentum + o.bot[s]);
         load4_readonly(gb[s], grads + o.bot[s]);
     }
-    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
 #pragma unroll
     for (int s = 0; s < 2; s++) {
-        float xt[4], xb[4], sum[4], dif[4];
+        float xt[4], xb[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             xt[j] = cm::momentum_update(mt[s][j], gt[s][j], p.clip, p.decay, p.grad_scale);
             xb[j] = cm::momentum_update(mb[s][j], gb[s][j], p.clip, p.decay, p.grad_scale);
-            sum[j] = cm::add_rn(xt[j], xb[j]);
-            dif[j] = cm::sub_rn(xt[j], xb[j]);
             if constexpr (!REFETCH) {
                 own_top[4 * s + j] = xt[j];
                 own_bot[4 * s + j] = xb[j];
@@ -983,9 +994,7 @@ __device__ __forceinline__ void lean_prologue(float* momentum, const float* grad
             store4(momentum + o.top[s], xt);
             store4(momentum + o.bot[s], xb);
         }
-        const int b = b0 + 16 * s;
-        store4(FX + b * ldx + col, sum);
-        store4(FX + (32 + b) * ldx + col, dif);
+        lean_fold_rows(FX, ldx, s, xt, xb);
     }
 }
 
@@ -1053,19 +1062,8 @@ __device__ __forceinline__ void lean_prologue_dct(const float* momentum, const f
             for (int j = 0; j < 4; j++) own_top[4 * s + j] = mt[j], own_bot[4 * s + j] = mb[j];
         }
     }
-    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
 #pragma unroll
-    for (int s = 0; s < 2; s++) {
-        float sum[4], dif[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            sum[j] = cm::add_rn(gt[s][j], gb[s][j]);
-            dif[j] = cm::sub_rn(gt[s][j], gb[s][j]);
-        }
-        const int b = b0 + 16 * s;
-        store4(FX + b * ldx + col, sum);
-        store4(FX + (32 + b) * ldx + col, dif);
-    }
+    for (int s = 0; s < 2; s++) lean_fold_rows(FX, ldx, s, gt[s], gb[s]);
 }
 // After the DCT of the gradient (E, rows of lde): E = decay M + s E for the thread's coefficients (M from own_*,
 // or read now with REFETCH). No barrier inside.

@@ -166,9 +166,11 @@ private:
         return base + layout.kind_offset[int(kind)];
     }
     // Tensor of one layer: kind block + layer * per-layer size.
+    size_t layer_numel(ParamKind kind) const { return layout_.kind_numel[int(kind)] / config_.num_layers; }
+    size_t layer_offset(ParamKind kind, int l) const { return layout_.kind_offset[int(kind)] + size_t(l) * layer_numel(kind); }
     template <typename T>
     T* layer(T* base, ParamKind kind, int l) const {
-        return base + layout_.kind_offset[int(kind)] + size_t(l) * (layout_.kind_numel[int(kind)] / config_.num_layers);
+        return base + layer_offset(kind, l);
     }
 
     struct Activations {
@@ -321,10 +323,8 @@ private:
         if (l == config_.num_layers - 1)
             for (ParamKind k : {ParamKind::lnfw, ParamKind::lnfb})
                 r.push_back({layout_.kind_offset[int(k)], layout_.kind_numel[int(k)]});
-        for (int k = int(ParamKind::ln1w); k <= int(ParamKind::fcprojb); k++) {
-            const size_t per = layout_.kind_numel[k] / config_.num_layers;
-            r.push_back({layout_.kind_offset[k] + size_t(l) * per, per});
-        }
+        for (int k = int(ParamKind::ln1w); k <= int(ParamKind::fcprojb); k++)
+            r.push_back({layer_offset(ParamKind(k), l), layer_numel(ParamKind(k))});
         return r;
     }
     std::vector<ParamRange> embedding_ranges() const {

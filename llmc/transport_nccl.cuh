@@ -193,8 +193,9 @@ public:
         const auto watched = watch("NCCL all-reduce of the gradients (enqueue)");
         uint16_t* wire = nullptr;
         if (bf16) {
-            if (pending_ranges_ == 0) wire_.reserve_bytes(total * sizeof(uint16_t));  // nothing in flight reads it
-            LLMC_CHECK(wire_.bytes >= total * sizeof(uint16_t), "NCCL overlapped all-reduce: the bf16 buffer grew mid-step");
+            // grows only on a step's first start (total is the same for every start until finish), when nothing
+            // in flight reads it
+            wire_.reserve_bytes(total * sizeof(uint16_t));
             wire = reinterpret_cast<uint16_t*>(wire_.ptr);
         }
         wait_for_compute();

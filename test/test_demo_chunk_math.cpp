@@ -516,8 +516,8 @@ TEST(apply_flags_corrupt_buckets) {
 }
 
 // The momentum's domain in the state blob (the CUDA dct_momentum tunings keep the 64 x 64 chunks' momentum as
-// M = C1 m C2^T): cm::convert_momentum against the CPU module's own block DCT (demo::encode_blocks, sgemm) on the
-// 64 x 64 chunks, the other chunks untouched, the round trip within rounding; a blob saved in the DCT domain reads
+// M = C1 m C2^T): cm::convert_momentum against the DCT's definition in double on the 64 x 64 chunks, the other
+// chunks untouched, the round trip within rounding; a blob saved in the DCT domain reads
 // back bit for bit in that domain and converted in the other; version-1 blobs (no domain field) still read as
 // spatial; an unknown domain is refused with a message.
 TEST(momentum_domain_in_state_blobs) {
@@ -529,18 +529,25 @@ TEST(momentum_domain_in_state_blobs) {
     using Domain = cm::MomentumDomain;
     std::vector<float> M = m;
     cm::convert_momentum(pt.plan, M, Domain::spatial, Domain::dct64);
-    // the 128 x 64 tensor (two 64 x 64 chunks) against encode_blocks; the rest unchanged
-    demo::DctBases bases;
-    bases.ensure(64);
-    demo::BlockScratch scratch;
-    std::vector<float> e(128 * 64);
-    demo::encode_blocks(m.data(), e.data(), 128, 64, 64, 64, bases, scratch);
-    float worst = 0.0f, scale = 0.0f;
+    // the 128 x 64 tensor (two 64 x 64 chunks) against the definition, E = C m C^T in double with
+    // C[k][n] = sqrt((k == 0 ? 1 : 2) / 64) cos(pi (2n + 1) k / 128); the rest unchanged
+    std::vector<double> c(64 * 64), e(128 * 64, 0.0);
+    for (int k = 0; k < 64; k++)
+        for (int i = 0; i < 64; i++) c[k * 64 + i] = std::sqrt((k == 0 ? 1.0 : 2.0) / 64.0) * std::cos(M_PI * (2 * i + 1) * k / 128.0);
+    for (int chunk = 0; chunk < 2; chunk++)
+        for (int p = 0; p < 64; p++)
+            for (int q = 0; q < 64; q++) {
+                double acc = 0.0;
+                for (int b = 0; b < 64; b++)
+                    for (int i = 0; i < 64; i++) acc += c[p * 64 + b] * double(m[(chunk * 64 + b) * 64 + i]) * c[q * 64 + i];
+                e[(chunk * 64 + p) * 64 + q] = acc;
+            }
+    double worst = 0.0, scale = 0.0;
     for (size_t i = 0; i < e.size(); i++) {
-        worst = std::max(worst, std::fabs(M[i] - e[i]));
+        worst = std::max(worst, std::fabs(double(M[i]) - e[i]));
         scale = std::max(scale, std::fabs(e[i]));
     }
-    std::printf("  convert_momentum vs encode_blocks: max err %.2e of max |E| %.2e\n", worst, scale);
+    std::printf("  convert_momentum vs the DCT's definition: max err %.2e of max |E| %.2e\n", worst, scale);
     EXPECT(worst <= 1e-6f * scale);
     EXPECT(std::equal(M.begin() + 128 * 64, M.end(), m.begin() + 128 * 64));
     std::vector<float> back = M;
