@@ -19,8 +19,10 @@
 //                               bf16 build, head size 64) or the cuBLASLt + softmax attention; auto (default):
 //                               flash where it can run;
 //   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
-//                               bit-identical to the host reference) or on the tensor cores (3xTF32;
-//                               demo/demo_cuda.cuh);
+//                               bit-identical to the host reference) or on the tensor cores (3xTF32);
+//   LLMC_DEMO_MOMENTUM=spatial|dct  --optimizer demo: the 64 x 64 chunks' momentum as the reference keeps it
+//                               (default) or in the DCT domain (the same step to rounding, a faster compress;
+//                               checkpoints record it; demo/demo_cuda.cuh);
 //   LLMC_DEMO_TUNING=N          --optimizer demo: the DeMo kernels of demo::kTunings[N] (the kernel lab's
 //                               candidates, for timing them in whole steps; demo/demo_cuda.cuh);
 //   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
@@ -131,6 +133,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     if (cfg.optimizer == "demo") {
         record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
+        record["_run"]["demo_momentum"] = demo_kernels.dct_momentum ? "dct" : "spatial";
         if (demo_kernels.forced_tuning >= 0) record["_run"]["demo_tuning"] = demo_kernels.forced_tuning;
     }
     write_run_record(cfg.out_dir, record);
@@ -160,7 +163,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     }
     (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
     (void)gelu_fusion_from_env(0);              // any GPU work
-    const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_TUNING fails here too
+    const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_MOMENTUM/_TUNING fails here too
     const bool overlap_requested = ddp_overlap_from_env();
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 

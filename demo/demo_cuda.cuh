@@ -39,35 +39,41 @@
 namespace demo {
 
 // The kernels the trainer launches, chosen once from the environment (a bad value is an error; train_gpt
-// checks it before any GPU work):
-//  - LLMC_DEMO_DCT=fp32|tensor (default fp32): the compress kernel's DCTs and decode in fp32 multiply-adds,
-//    bit-identical to cm::compress_plan_host (tuning kExactTuning, or kRadixTuning from top-k kRadixTopkFrom
-//    on), or on the tensor cores (kTensorTuning: 3xTF32, demo_kernels.cuh, within 2e-6 of the chunk maximum of
-//    the fp32 result). Measured on an H100 (d12): tensor 1.77 ms against 1.80 at k=32, a wash at small k, so
-//    the exact kernel stays the default. The apply kernel is the fp32 one (its tensor-core variant measured
-//    3-7% slower).
-//  - LLMC_DEMO_TUNING=N (0 .. kNumTunings - 1): the 64 x 64 compress kernel of demo::kTunings[N] whatever the
-//    top-k, and the lean I/O apply (kLeanApplyTuning) when that tuning has lean I/O; for timing the kernel
-//    lab's candidates in whole training steps (dev/cuda/bench_train_gpt.sh, BENCH_DEMO_TUNINGS). Where
-//    LLMC_DEMO_DCT is set too, it must name the tuning's kind of DCT. With a dct_momentum tuning the 64 x 64
-//    chunks' momentum lives in the DCT domain on the device, and checkpoints say so (cm::MomentumDomain): a
-//    resume with the same tuning continues bit for bit, and any other reader (the CPU trainer, another tuning)
-//    gets the spatial momentum (cm::read_state converts).
+// checks it before any GPU work). The apply is always the lean I/O fp32 kernel (kLeanApplyTuning: the exact
+// apply's bits, 0.86 against 1.25 ms at d12 on an H200). The 64 x 64 compress by two knobs:
+//  - LLMC_DEMO_DCT=fp32|tensor (default fp32): the DCTs in fp32 multiply-adds or on the tensor cores (3xTF32,
+//    demo_kernels.cuh: within 2e-6 of the chunk maximum of the fp32 result);
+//  - LLMC_DEMO_MOMENTUM=spatial|dct (default spatial): the 64 x 64 chunks' momentum as the reference keeps it,
+//    or in the DCT domain (M = C1 m C2^T: the same step up to rounding with no decode in the compress;
+//    checkpoints record the domain, cm::MomentumDomain, and every reader converts: a resume with the same
+//    setting continues bit for bit, the CPU trainer and the other settings read the spatial momentum).
+//  fp32 + spatial is kDefaultTuning, bit-identical to cm::compress_plan_host (the CPU module's bucket bits);
+//  tensor + spatial kTensorLeanTuning, fp32 + dct kDctMomentumTuning, tensor + dct kDctMomentumTensorTuning (the
+//  fastest: 1.158 against 1.569 ms at d12, k = 32, on an H200; dev/bench/README.md). The DCT-domain tunings need
+//  16-byte aligned 64 x 64 rows (every GPT-2 shape; others are refused with a message); the rest fall back to
+//  their twins without lean I/O.
+//  - LLMC_DEMO_TUNING=N (0 .. kNumTunings - 1): the 64 x 64 compress kernel of demo::kTunings[N] (and the exact
+//    apply when that tuning has no lean I/O), for timing the kernel lab's candidates in whole training steps
+//    (dev/cuda/bench_train_gpt.sh, BENCH_DEMO_TUNINGS). Where LLMC_DEMO_DCT or LLMC_DEMO_MOMENTUM is set too,
+//    it must agree with the tuning.
 struct KernelChoice {
     bool tensor_cores = false;  // the compress kernel's DCTs on the tensor cores
+    bool dct_momentum = false;  // the 64 x 64 chunks' momentum in the DCT domain
     int forced_tuning = -1;     // LLMC_DEMO_TUNING, or -1
-    int compress_tuning(size_t topk) const {
+    int compress_tuning() const {
         return forced_tuning >= 0 ? forced_tuning
-               : tensor_cores     ? kTensorTuning
-               : topk >= kRadixTopkFrom ? kRadixTuning
-                                        : kExactTuning;
+               : dct_momentum     ? (tensor_cores ? kDctMomentumTensorTuning : kDctMomentumTuning)
+               : tensor_cores     ? kTensorLeanTuning
+                                  : kDefaultTuning;
     }
     int apply_tuning() const {
-        return forced_tuning >= 0 && kTunings[forced_tuning].lean_io ? kLeanApplyTuning : kExactTuning;
+        return forced_tuning >= 0 && !kTunings[forced_tuning].lean_io ? kExactTuning : kLeanApplyTuning;
     }
-    // "DCTs in fp32" / "DCTs on tensor cores, 3xTF32", with ", kernel tuning N (<name>)" when forced
+    // "DCTs in fp32" / "DCTs on tensor cores, 3xTF32", then ", momentum in the DCT domain" and
+    // ", kernel tuning N (<name>)" when forced
     std::string describe() const {
         std::string s = tensor_cores ? "DCTs on tensor cores, 3xTF32" : "DCTs in fp32";
+        if (dct_momentum) s += ", momentum in the DCT domain";
         if (forced_tuning >= 0)
             s += ", kernel tuning " + std::to_string(forced_tuning) + " (" + tuning_name(forced_tuning) + ")";
         return s;
@@ -81,6 +87,12 @@ inline KernelChoice demo_kernels_from_env() {
         LLMC_CHECK(v == "fp32" || v == "tensor", "LLMC_DEMO_DCT must be fp32 or tensor; got '" + v + "'");
         k.tensor_cores = v == "tensor";
     }
+    const char* momentum = std::getenv("LLMC_DEMO_MOMENTUM");
+    if (momentum) {
+        const std::string v = momentum;
+        LLMC_CHECK(v == "spatial" || v == "dct", "LLMC_DEMO_MOMENTUM must be spatial or dct; got '" + v + "'");
+        k.dct_momentum = v == "dct";
+    }
     if (const char* tune = std::getenv("LLMC_DEMO_TUNING")) {
         const std::string v = tune;
         const bool digits = !v.empty() && v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
@@ -90,8 +102,12 @@ inline KernelChoice demo_kernels_from_env() {
         LLMC_CHECK(!dct || k.tensor_cores == kTunings[t].tensor_dct,
                    "LLMC_DEMO_TUNING=" + v + " runs the DCTs " + (kTunings[t].tensor_dct ? "on the tensor cores" : "in fp32") +
                        " but LLMC_DEMO_DCT=" + dct + " asks otherwise (unset one of them)");
+        LLMC_CHECK(!momentum || k.dct_momentum == kTunings[t].dct_momentum,
+                   "LLMC_DEMO_TUNING=" + v + " keeps the momentum " + (kTunings[t].dct_momentum ? "in the DCT domain" : "spatial") +
+                       " but LLMC_DEMO_MOMENTUM=" + momentum + " asks otherwise (unset one of them)");
         k.forced_tuning = t;
         k.tensor_cores = kTunings[t].tensor_dct;
+        k.dct_momentum = kTunings[t].dct_momentum;
     }
     return k;
 }
@@ -110,8 +126,11 @@ public:
         LLMC_CHECK(world_ >= 1, "DeMo: transport reports no ranks");
         kernels_ = make_kernel_config(tables_, world_);
         prepare_kernels(kernels_, tables_.plan);
-        if (kernel_choice_.forced_tuning >= 0 && kernels_.threads == 256) {
-            prepare_tuning_at(kernel_choice_.compress_tuning(tables_.plan.topk), kernels_);
+        if (kernels_.threads == 256) {
+            LLMC_CHECK(!kTunings[kernel_choice_.compress_tuning()].dct_momentum || kernels_.vec4_io,
+                       "DeMo: the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct) needs every 64 x 64 tensor's "
+                       "offset and row length to be multiples of 4; this model's are not (use LLMC_DEMO_MOMENTUM=spatial)");
+            prepare_tuning_at(kernel_choice_.compress_tuning(), kernels_);
             prepare_tuning_at(kernel_choice_.apply_tuning(), kernels_);
         }
         nccl_ = dynamic_cast<llmc::NcclTransport*>(&transport);
@@ -175,7 +194,7 @@ public:
         CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
         CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
         const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
-        launch_compress_at(kernel_choice_.compress_tuning(tables_.plan.topk), kernels_, device_tables_, momentum_, grads,
+        launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
                            bucket_, cp, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
 
@@ -241,7 +260,7 @@ public:
     bool exchanges_on_device() const { return nccl_ != nullptr; }
     // Where the 64 x 64 chunks' momentum lives on the device (the compress tuning's dct_momentum).
     cm::MomentumDomain momentum_domain() const {
-        return kernels_.threads == 256 && kTunings[kernel_choice_.compress_tuning(tables_.plan.topk)].dct_momentum
+        return kernels_.threads == 256 && kTunings[kernel_choice_.compress_tuning()].dct_momentum
                    ? cm::MomentumDomain::dct64
                    : cm::MomentumDomain::spatial;
     }
@@ -300,7 +319,7 @@ private:
     cudaStream_t stream_;
     bool stochastic_;
     uint32_t seed_;
-    KernelChoice kernel_choice_;  // LLMC_DEMO_DCT, LLMC_DEMO_TUNING
+    KernelChoice kernel_choice_;  // LLMC_DEMO_DCT, LLMC_DEMO_MOMENTUM, LLMC_DEMO_TUNING
     cm::PlanTables tables_;
     int world_ = 1;
     KernelConfig kernels_;

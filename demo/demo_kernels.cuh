@@ -25,8 +25,8 @@
 // Both come in two instantiations per launch (cm::launch_tables): FIXED = 64 for the tensors with 64 x 64
 // chunks (every GPT-2 matrix; all sizes compile-time constants) and FIXED = 0 for any other shape, each group
 // with its own shared-memory layout. The 64 x 64 kernels also come in tunings (kTunings); those with tensor_dct
-// run the dense products on the tensor cores (3xTF32, see "The tensor-core path" below; LLMC_DEMO_DCT picks
-// them in the trainer), agreeing with the host reference to rounding instead of bit for bit.
+// run the dense products on the tensor cores (3xTF32, see "The tensor-core path" below; LLMC_DEMO_DCT=tensor
+// picks them in the trainer), agreeing with the host reference to rounding instead of bit for bit.
 //
 // Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
 // output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16
@@ -73,11 +73,12 @@ struct KernelConfig {
     }
 };
 
-// Tunings of the 64 x 64 kernels. The trainer launches kExactTuning (its compress: kRadixTuning at large top-k,
-// kTensorTuning with LLMC_DEMO_DCT=tensor); the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every
-// one, so one GPU run decides between them. The fp32 tunings give the same bits; the tensor-core ones agree to
-// rounding. The compress-only fields (refetch, prefetch_l2, wide_bin_search) leave the apply kernel as the
-// tuning without them (apply_tuning).
+// Tunings of the 64 x 64 kernels. The trainer launches kDefaultTuning's compress (or kTensorLeanTuning,
+// kDctMomentumTuning, kDctMomentumTensorTuning: LLMC_DEMO_DCT, LLMC_DEMO_MOMENTUM) and kLeanApplyTuning's apply;
+// the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every one, so one GPU run decides between
+// them. The fp32 tunings give the same bits; the tensor-core and DCT-domain ones agree to rounding. The
+// compress-only fields (refetch, prefetch_l2, wide_bin_search) leave the apply kernel as the tuning without them
+// (apply_tuning).
 struct KernelTuning {
     int min_blocks;        // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
     int tile_j, tile_c;    // run_jobs register tile
@@ -117,14 +118,23 @@ inline constexpr KernelTuning kTunings[] = {
     {4, 8, 2, true, false, true, true, true, true, true, false},        // 12: 7 + compact, 5 blocks per SM
     {4, 8, 2, true, false, true, true, true, true, false, true},        // 13: 7 with the momentum in the DCT domain
     {4, 8, 2, true, true, true, true, true, true, false, true},         // 14: 8 with the momentum in the DCT domain
+    {4, 8, 2, false, true, true, true, true, false, false, true},       // 15: 14 with RadixSelect only
+    {4, 8, 2, true, true, true, true, false, true, false, true},        // 16: 14 without the L2 prefetch
+    {4, 8, 2, false, true, true, true, false, false, false, true},      // 17: 16 with RadixSelect only
 };
-inline constexpr int kNumTunings = 15;
-inline constexpr int kExactTuning = 0;   // the fp32 kernels: the trainer's apply, and its compress at small top-k
-inline constexpr int kRadixTuning = 3;   // the trainer's compress from top-k kRadixTopkFrom on (same bits as 0)
-inline constexpr int kTensorTuning = 4;  // the tensor-core compress (LLMC_DEMO_DCT=tensor)
-// RadixSelect alone beats the histogram fast path at k = 32 (1.740 against 1.804 ms on an H100, d12) and loses
-// by 0.2-0.9% at k = 3 and 5; measured at those three k only, so the threshold between them is a guess.
-inline constexpr size_t kRadixTopkFrom = 16;
+inline constexpr int kNumTunings = 18;
+inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked against
+inline constexpr int kRadixTuning = 3;   // RadixSelect alone, same bits as 0 (the fallback of tuning 11)
+inline constexpr int kTensorTuning = 4;  // the tensor-core compress (the fallback of tuning 6)
+// The trainer's compress for each LLMC_DEMO_DCT x LLMC_DEMO_MOMENTUM (demo_cuda.cuh's KernelChoice): the fastest
+// tuning of each kind in the kernel lab on an H200 (2026-11-27, d12, k = 32 / 5 / 3 with fp32 / bf16 + 12-bit /
+// sign values; dev/bench/README.md): 11 (1.569 / 1.276 / 1.246 ms, against 1.801 / 1.423 / 1.386 for tuning 0),
+// 6 (1.657 / 1.334 / 1.321), 13 (1.342 / 1.239 / 1.233) and 16 (1.158 / 1.048 / 1.047; 14: 1.195 / 1.087 / 1.079,
+// 15: 1.151 / 1.096 / 1.100; 17 untimed).
+inline constexpr int kDefaultTuning = 11;    // fp32 DCTs, spatial momentum: bit-identical to the host reference
+inline constexpr int kTensorLeanTuning = 6;  // tensor-core DCTs, spatial momentum
+inline constexpr int kDctMomentumTuning = 13;        // fp32 DCTs, momentum in the DCT domain
+inline constexpr int kDctMomentumTensorTuning = 16;  // tensor-core DCTs, momentum in the DCT domain
 inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false};  // any shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k",
@@ -143,7 +153,13 @@ inline const char* tuning_name(int t) {
                                                    "5 blocks/SM",
                                                    "lean I/O, L2 prefetch, all-warp bin search, DCT-domain momentum",
                                                    "tensor cores, lean I/O, L2 prefetch, all-warp bin search, "
-                                                   "DCT-domain momentum"};
+                                                   "DCT-domain momentum",
+                                                   "tensor cores, lean I/O, L2 prefetch, RadixSelect only, "
+                                                   "DCT-domain momentum",
+                                                   "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum "
+                                                   "(no L2 prefetch)",
+                                                   "tensor cores, lean I/O, RadixSelect only, DCT-domain momentum "
+                                                   "(no L2 prefetch)"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
@@ -172,8 +188,15 @@ inline constexpr int apply_tuning(int t) {
 // tensor cores sum in their own order, and the DCT-domain momentum rounds differently (both agree to rounding).
 inline constexpr bool is_exact_tuning(int t) { return !kTunings[t].tensor_dct && !kTunings[t].dct_momentum; }
 inline constexpr bool is_exact_apply(int t) { return !kTunings[t].tensor_dct; }
-// The fp32 apply with lean I/O (the trainer's apply when LLMC_DEMO_TUNING picks a lean_io tuning).
+// The fp32 apply with lean I/O: the trainer's apply (the exact apply's bits; it runs as kExactTuning's when the
+// buffers do not fit 16-byte accesses), except when LLMC_DEMO_TUNING picks a tuning without lean I/O.
 inline constexpr int kLeanApplyTuning = 1;
+static_assert(is_exact_tuning(kDefaultTuning) && kTunings[kDefaultTuning].lean_io &&
+              without_lean_io(kDefaultTuning) == kRadixTuning && is_exact_tuning(kRadixTuning));
+static_assert(kTunings[kTensorLeanTuning].tensor_dct && !kTunings[kTensorLeanTuning].dct_momentum &&
+              without_lean_io(kTensorLeanTuning) == kTensorTuning);
+static_assert(kTunings[kDctMomentumTuning].dct_momentum && !kTunings[kDctMomentumTuning].tensor_dct &&
+              kTunings[kDctMomentumTensorTuning].dct_momentum && kTunings[kDctMomentumTensorTuning].tensor_dct);
 static_assert(kTunings[kLeanApplyTuning].lean_io && !kTunings[kLeanApplyTuning].tensor_dct &&
               apply_tuning(kLeanApplyTuning) == kLeanApplyTuning);
 

@@ -12,10 +12,12 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
-- DeMo with the momentum in the DCT domain (LLMC_DEMO_TUNING=13, 14) trains as the CPU trainer to rounding; its
-  checkpoints record the domain (its own resume is bit-identical, the CPU trainer resumes it converted).
-- DeMo with the kernel lab's lean I/O tunings (LLMC_DEMO_TUNING=2, 9, 12, 8 in fp32, 7 in bf16) gives the
-  default kernels' bits (tuning 8: the tensor-core default's).
+- DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
+  the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
+  trainer resumes it converted).
+- DeMo with the kernel lab's tunings (LLMC_DEMO_TUNING=0, 2, 9, 12, 8 in fp32, 0 and 7 in bf16) gives the
+  default kernels' bits (tuning 8: LLMC_DEMO_DCT=tensor's); tuning 0 runs the exact apply, the default the lean
+  I/O one.
 - The fp32 DeMo run and the bf16 flash-attention run give the same bits with every launch's threads run in
   shuffled and warp-by-warp order (LLMC_EMU_ORDER), as they must: a missing barrier would show.
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
@@ -38,7 +40,7 @@ BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32",
         "1", "--val_every", "0", "--val_batches", "1", "--sample_every", "0", "--checkpoint_every", "0"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_TUNING", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
+for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_MOMENTUM", "LLMC_DEMO_TUNING", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
              "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER"):
     ENV.pop(knob, None)
 failures = []
@@ -159,32 +161,37 @@ def main():
     compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs CPU trainer", tensor, cpu_demo1, "loss", 1e-4)
     compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs fp32 DCTs", tensor, emu_demo1, "loss", 1e-5)
 
-    # The kernel lab's candidates in whole steps (LLMC_DEMO_TUNING): the lean I/O tunings (16-byte accesses, the
-    # momentum refetched, L2 prefetch, all-warp bin search, the compact layout; the lean apply) give the default
-    # kernels' bits, on the fp32 DCTs and on the tensor cores alike.
-    for tune, base, tag in (("2", emu_demo1, "fp32"), ("9", emu_demo1, "fp32"), ("12", emu_demo1, "fp32"),
+    # The kernel lab's candidates in whole steps (LLMC_DEMO_TUNING): the first kernels (tuning 0, with the apply
+    # without lean I/O) and the lean I/O tunings (16-byte accesses, the momentum refetched, L2 prefetch, all-warp
+    # bin search, the compact layout) give the default kernels' bits, on the fp32 DCTs and on the tensor cores.
+    for tune, base, tag in (("0", emu_demo1, "fp32"), ("2", emu_demo1, "fp32"), ("9", emu_demo1, "fp32"), ("12", emu_demo1, "fp32"),
                             ("8", tensor, "LLMC_DEMO_DCT=tensor")):
         lean = run(EMU["fp32"], f"fp32-demo-1-tuning{tune}", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": tune})
         same(f"fp32 demo, 1 rank, LLMC_DEMO_TUNING={tune}: the default {tag} run's losses and norms", lean, base)
 
-    # The DCT-domain momentum (LLMC_DEMO_TUNING=13: fp32 DCTs, 14: tensor cores; the 64 x 64 chunks' momentum kept
-    # as C1 m C2^T, no decode in the compress): the same training to rounding; its checkpoints record the domain,
-    # so its own resume continues bit for bit and the CPU trainer, reading the momentum converted to its spatial
-    # form, continues at its own straight run's losses (the DCT-domain momentum read as spatial would not).
-    for tune in ("13", "14"):
-        dct = run(EMU["fp32"], f"fp32-demo-1-tuning{tune}", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": tune})
-        compare(f"fp32 demo, 1 rank, LLMC_DEMO_TUNING={tune} (DCT-domain momentum), vs CPU trainer", dct, cpu_demo1,
-                "loss", 1e-4)
+    # The DCT-domain momentum (LLMC_DEMO_MOMENTUM=dct: tuning 13 with fp32 DCTs, 16 with LLMC_DEMO_DCT=tensor; the
+    # 64 x 64 chunks' momentum kept as C1 m C2^T, no decode in the compress): the same training to rounding; its
+    # checkpoints record the domain, so its own resume continues bit for bit and the CPU trainer, reading the
+    # momentum converted to its spatial form, continues at its own straight run's losses (the DCT-domain
+    # momentum read as spatial would not).
+    for name, knobs in (("dct", {"LLMC_DEMO_MOMENTUM": "dct"}),
+                        ("dct-tensor", {"LLMC_DEMO_MOMENTUM": "dct", "LLMC_DEMO_DCT": "tensor"})):
+        dct = run(EMU["fp32"], f"fp32-demo-1-momentum-{name}", steps + ["--optimizer", "demo"], env=knobs)
+        compare(f"fp32 demo, 1 rank, {' '.join(f'{k}={v}' for k, v in knobs.items())}, vs CPU trainer", dct,
+                cpu_demo1, "loss", 1e-4)
+    record = os.path.join(TMP, "fp32-demo-1-momentum-dct", "config.json")
+    check(os.path.exists(record) and json.load(open(record))["_run"].get("demo_momentum") == "dct",
+          "a LLMC_DEMO_MOMENTUM=dct run records demo_momentum dct in its config.json")
     keep_demo = ["--steps", "4", "--checkpoint_every", "2", "--keep_checkpoints", "0", "--optimizer", "demo"]
-    dct13 = {"LLMC_DEMO_TUNING": "13"}
-    full = run(EMU["fp32"], "fp32-demo-tuning13-full", keep_demo, env=dct13)
-    step2 = os.path.join(TMP, "fp32-demo-tuning13-full", "checkpoints", "step_00000002")
-    resumed = run(EMU["fp32"], "fp32-demo-tuning13-resumed", keep_demo + ["--resume", step2], env=dct13)
-    same("fp32 demo, LLMC_DEMO_TUNING=13: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
+    dct = {"LLMC_DEMO_MOMENTUM": "dct"}
+    full = run(EMU["fp32"], "fp32-demo-dct-full", keep_demo, env=dct)
+    step2 = os.path.join(TMP, "fp32-demo-dct-full", "checkpoints", "step_00000002")
+    resumed = run(EMU["fp32"], "fp32-demo-dct-resumed", keep_demo + ["--resume", step2], env=dct)
+    same("fp32 demo, LLMC_DEMO_MOMENTUM=dct: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
          full[-2:] if full else None)
     cpu_full = run(CPU, "cpu-demo-full", keep_demo)
-    cpu_resumed = run(CPU, "cpu-demo-from-tuning13", keep_demo + ["--resume", step2])
-    compare("the CPU trainer resumes the LLMC_DEMO_TUNING=13 checkpoint: steps 3-4 vs its straight run", cpu_resumed,
+    cpu_resumed = run(CPU, "cpu-demo-from-dct", keep_demo + ["--resume", step2])
+    compare("the CPU trainer resumes the LLMC_DEMO_MOMENTUM=dct checkpoint: steps 3-4 vs its straight run", cpu_resumed,
             cpu_full[-2:] if cpu_full else None, "loss", 1e-4)
 
     # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
@@ -258,10 +265,11 @@ def main():
         resumed = run(EMU["bf16"], f"bf16-{opt}-resumed", keep + ["--optimizer", opt, "--resume", step2])
         same(f"bf16 {opt}: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
              full[-2:] if full else None)
-        if opt == "demo":  # the lean apply's bf16 copy (stochastic rounding, 8-byte stores): the same bits
-            lean = run(EMU["bf16"], "bf16-demo-tuning7", keep + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": "7"})
-            same("bf16 demo, LLMC_DEMO_TUNING=7 (lean I/O compress and apply): the default run's losses and norms",
-                 lean, full)
+        if opt == "demo":  # the lean apply's bf16 copy (stochastic rounding, 8-byte stores): the exact apply's bits
+            for tune, what in (("0", "the exact compress and apply"), ("7", "lean I/O compress and apply")):
+                other = run(EMU["bf16"], f"bf16-demo-tuning{tune}", keep + ["--optimizer", "demo"],
+                            env={"LLMC_DEMO_TUNING": tune})
+                same(f"bf16 demo, LLMC_DEMO_TUNING={tune} ({what}): the default run's losses and norms", other, full)
 
     # A checkpoint of the CPU trainer continues on the emulated GPU trainer (fp32) at the CPU trainer's losses.
     cpu_full = run(CPU, "cpu-handover", keep)

@@ -3,7 +3,9 @@
 // reference model of dev/reference/gpt2_reference.py), one rank, lr 1e-3, weight decay 0.1, clip 1.0, DeMo
 // defaults (topk 32, chunk 64, decay 0.999, fp32 values). Compares the loss before every step and the loss
 // drop over the run; also checks that two GPU runs are bit-identical, and that the state blob moves between
-// CudaDemo and DemoOptimizer unchanged.
+// CudaDemo and DemoOptimizer unchanged (with LLMC_DEMO_MOMENTUM=dct, whose momentum the GPU keeps in the DCT
+// domain: that DemoOptimizer reads it as cm::convert_momentum's spatial momentum, and CudaDemo reads the CPU's blob
+// back to within rounding of the CPU's momentum).
 // Tolerances: the fp32 build (-DENABLE_FP32) is tight (GPU and CPU gradients differ by summation order only;
 // measured on the CPU, 1e-6 relative gradient noise moves the 10-step losses by < 4e-5 and 1e-2 noise by
 // < 4e-3); the bf16 build is loose (bf16 activations: the step-0 loss alone differs by up to 2e-2).
@@ -45,7 +47,7 @@ OptimizerConfig demo_config() {
 }
 
 struct GpuRun {
-    std::vector<float> losses, norms, master, momentum;
+    std::vector<float> losses, norms, master, momentum;  // momentum: spatial (converted from the DCT domain)
     std::vector<std::byte> state;
     double transform = 0, exchange = 0, apply = 0;
 };
@@ -75,6 +77,7 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     r.momentum.resize(layout.num_params);
     CUDA_CHECK(cudaMemcpy(r.master.data(), opt.master_weights(), r.master.size() * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(r.momentum.data(), opt.momentum(), r.momentum.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    demo::cm::convert_momentum(opt.plan(), r.momentum, opt.momentum_domain(), demo::cm::MomentumDomain::spatial);
     ByteWriter w;
     opt.save_state(w);
     r.state = std::move(w.bytes());
@@ -147,19 +150,34 @@ int main(int argc, char** argv) {
                    std::memcmp(via_nccl.state.data(), again.state.data(), again.state.size()) == 0,
                "NCCL device exchange (allgather_device) gives the same run");
 
-        // state blob: GPU -> CPU -> GPU, unchanged
+        // state blob: GPU -> CPU -> GPU, unchanged (the DCT-domain momentum: converted, to rounding on the way back)
         demo::DemoOptimizer cpu2(demo_config(), layout, cpu_transport);
         ByteReader r1(gpu.state, "gpu state");
         cpu2.load_state(r1);
         ByteWriter w2;
         cpu2.save_state(w2);
-        checks.expect(w2.bytes() == gpu.state, "GPU state blob loads into DemoOptimizer and saves back identically");
         demo::CudaDemo gpu2(demo_config(), layout, cpu_transport, env.stream, false, 1337);
         ByteReader r2(w2.bytes(), "cpu state");
         gpu2.load_state(r2);
         ByteWriter w3;
         gpu2.save_state(w3);
-        checks.expect(w3.bytes() == gpu.state, "the CPU blob loads into CudaDemo and saves back identically");
+        if (gpu2.momentum_domain() == demo::cm::MomentumDomain::spatial) {
+            checks.expect(w2.bytes() == gpu.state, "GPU state blob loads into DemoOptimizer and saves back identically");
+            checks.expect(w3.bytes() == gpu.state, "the CPU blob loads into CudaDemo and saves back identically");
+        } else {
+            const std::vector<float> cpu2_momentum(cpu2.momentum().begin(), cpu2.momentum().end());
+            checks.expect(cpu2_momentum == gpu.momentum,
+                          "GPU state blob (DCT domain) loads into DemoOptimizer as the converted momentum, bit for bit");
+            checks.expect(w3.bytes() != w2.bytes() && w3.bytes().size() == gpu.state.size(),
+                          "CudaDemo saves the CPU's blob back in its own domain");
+            demo::DemoOptimizer cpu3(demo_config(), layout, cpu_transport);
+            ByteReader r3(w3.bytes(), "gpu state, second");
+            cpu3.load_state(r3);
+            const std::vector<float> back(cpu3.momentum().begin(), cpu3.momentum().end());
+            const double round_trip = rel_l2(back, cpu2_momentum);
+            std::printf("  momentum through CudaDemo's DCT domain and back: rel L2 diff %.3e\n", round_trip);
+            checks.expect(round_trip < 1e-6, "the CPU blob loads into CudaDemo and saves back to within 1e-6 (rel L2)");
+        }
     } catch (const std::exception& e) {
         std::printf("error: %s\n", e.what());
         checks.fail();

@@ -4,7 +4,7 @@
 # NCCL-over-MPI from dev/cuda/emu_*.cpp). This runs
 #  - the GPU tests: the CUDA GPT-2 against the independent PyTorch reference (logits, loss, every gradient, 10
 #    AdamW steps; bf16 with both attentions and the DGELU epilogue, and fp32) and CudaDemo against the CPU DeMo
-#    optimizer (10 steps, fp32);
+#    optimizer (10 steps, fp32; also with LLMC_DEMO_MOMENTUM=dct, the state blob converted both ways);
 #  - dev/cuda/nccl_transport.cu (the NCCL transport's collectives, bf16 wire and overlapped all-reduce) at 1-3 ranks;
 #  - test/emulated_gpu_checks.py: the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over
 #    the NCCL and the MPI transport, both attentions, every GELU fusion level and the epilogue fallback,
@@ -61,6 +61,7 @@ gpu_test --expect "LLMC_GELU_FUSION 0" LLMC_GELU_FUSION=0 build/emu/gpu_test_gpt
 gpu_test --expect "attention flash" build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test build/emu-fp32/gpu_test_gpt2 $refs/tiny
 gpu_test build/emu-fp32/gpu_test_demo $refs/tiny  # bf16 DeMo: the trainer checks below
+gpu_test --expect "DCT domain" LLMC_DEMO_MOMENTUM=dct build/emu-fp32/gpu_test_demo $refs/tiny
 # the NCCL transport's checker (its collectives over MPI): 1, 2 and 3 ranks (3: the ring model's rounding)
 for np in 1 2 3; do
   gpu_test OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \

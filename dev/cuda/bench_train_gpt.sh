@@ -6,11 +6,12 @@
 # relative to AdamW's (issue target: within 5%). The first two runs use the trainer's defaults (flash
 # attention; on Hopper both GELU epilogues); then both optimizers with LLMC_ATTENTION=matmul (cuBLASLt +
 # softmax attention), and AdamW with LLMC_GELU_FUSION=1 (the forward GELU epilogue only), so every default is
-# timed against its alternative, and DeMo with LLMC_DEMO_DCT=tensor (the compress kernel's DCTs on the tensor
-# cores instead of in fp32 multiply-adds). When LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same
-# batch and data, for a same-GPU baseline. BENCH_QUICK=1 runs only the three default-attention runs (AdamW,
-# DeMo, DeMo with tensor-core DCTs), for short GPU sessions. BENCH_DEMO_TUNINGS="1 5 9" adds a DeMo run per
-# listed tuning of the DeMo kernels (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
+# timed against its alternative, and DeMo with its other kernel choices: LLMC_DEMO_DCT=tensor (the compress
+# kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
+# LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
+# baseline. BENCH_QUICK=1 runs only the default-attention runs (AdamW and the four DeMo kernel choices), for
+# short GPU sessions. BENCH_DEMO_TUNINGS="1 5 9" adds a DeMo run per listed tuning of the DeMo kernels
+# (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
 # Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
@@ -67,7 +68,7 @@ ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
 
 : >"$out/summary.txt"
 nvidia-smi -L
-unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_TUNING
+unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO_TUNING
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
@@ -77,6 +78,10 @@ for tuning in ${BENCH_DEMO_TUNINGS:-}; do
 done
 LLMC_DEMO_DCT=tensor run_ours demo-tensordct demo --demo_topk 32
 ratio adamw demo-tensordct "DeMo step with LLMC_DEMO_DCT=tensor / AdamW step"
+LLMC_DEMO_MOMENTUM=dct run_ours demo-dctmomentum demo --demo_topk 32
+ratio adamw demo-dctmomentum "DeMo step with LLMC_DEMO_MOMENTUM=dct / AdamW step"
+LLMC_DEMO_DCT=tensor LLMC_DEMO_MOMENTUM=dct run_ours demo-tensordct-dctmomentum demo --demo_topk 32
+ratio adamw demo-tensordct-dctmomentum "DeMo step with LLMC_DEMO_DCT=tensor LLMC_DEMO_MOMENTUM=dct / AdamW step"
 [[ ${BENCH_QUICK:-0} == 1 ]] && exit 0
 LLMC_ATTENTION=matmul run_ours adamw-matmul adamw
 LLMC_ATTENTION=matmul run_ours demo-matmul demo --demo_topk 32

@@ -3,7 +3,7 @@
 # of ./train_gpt give bit-identical losses, and a run resumed from its step-3 checkpoint gives steps 4-6 and
 # the final val loss bit-identical to the uninterrupted run (master weights, optimizer state, data position
 # and the stochastic-rounding stream all continue); AdamW once more with LLMC_ATTENTION=flash, DeMo once more with
-# its momentum in the DCT domain (LLMC_DEMO_TUNING=13). Small model
+# its momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct). Small model
 # (configs/tiny.json) on the default corpus.
 # Exit 0 pass, 1 fail, 77 skipped (no GPU, no ./train_gpt or no data).
 set -uo pipefail
@@ -27,7 +27,7 @@ for opt in adamw demo adamw-flash demo-dct; do
   # adamw-flash: LLMC_ATTENTION=flash, which needs a head size of 64 (the tiny model with one head)
   if [[ $opt == *-flash ]]; then export LLMC_ATTENTION=flash; common+=(--num_heads 1); else export LLMC_ATTENTION=matmul; fi
   # demo-dct: the momentum kept in the DCT domain (tuning 13), saved in that domain by the checkpoint
-  if [[ $opt == demo-dct ]]; then export LLMC_DEMO_TUNING=13; else unset LLMC_DEMO_TUNING; fi
+  if [[ $opt == demo-dct ]]; then export LLMC_DEMO_MOMENTUM=dct; else unset LLMC_DEMO_MOMENTUM; fi
   ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-a" >"$TMP/$opt-a.log" 2>&1 &&
     ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-b" >"$TMP/$opt-b.log" 2>&1 &&
     ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-r" --resume "$TMP/$opt-a/checkpoints/step_00000003" >"$TMP/$opt-r.log" 2>&1

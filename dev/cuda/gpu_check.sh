@@ -99,8 +99,10 @@ variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/cuda/gpu_test_gpt2
 for level in 0 1 2; do
   variant gpu_test_gpt2_gelu$level LLMC_GELU_FUSION=$level build/cuda/gpu_test_gpt2 build/reference/tiny
 done
-# DeMo with its compress kernel's DCTs on the tensor cores, 10 steps against the CPU optimizer
+# DeMo with its compress kernel's DCTs on the tensor cores, and with the momentum in the DCT domain (the state
+# blob converted on the way to the CPU optimizer and back), 10 steps against the CPU optimizer
 variant gpu_test_demo_tensor LLMC_DEMO_DCT=tensor build/cuda/gpu_test_demo build/reference/tiny
+variant gpu_test_demo_dct LLMC_DEMO_MOMENTUM=dct build/cuda/gpu_test_demo build/reference/tiny
 
 # The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
 if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
