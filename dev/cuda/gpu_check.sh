@@ -10,11 +10,13 @@
 # Without a GPU (no nvidia-smi, or it lists no device) it prints "no CUDA device: GPU checks skipped" and exits
 # 0. Otherwise it exits 1 when any binary failed. Full logs: build/cuda-logs/<name>.log.
 # Each binary gets GPU_CHECK_TIMEOUT seconds (default 180); a hang counts as a failure. GPU_CHECK_BENCH=0 leaves
-# out the end-to-end benchmark (e.g. when it was run on its own first).
+# out the end-to-end benchmark (e.g. when it was run on its own first); GPU_CHECK_SKIP="name ..." leaves out
+# those rows (dev/cuda/gpu_session.sh runs some first, on their own).
 # Usage: dev/cuda/gpu_check.sh [name-filter]
 set -u
 cd "$(dirname "$0")/../.."
 filter="${1:-}"
+skipped_by_request() { [[ " ${GPU_CHECK_SKIP:-} " == *" $1 "* ]]; }
 # build/cuda-fp32/ holds the GPU tests of the fp32 build (-DENABLE_FP32): their rows end in _fp32.
 display_name() { if [[ $1 == build/cuda-fp32/* ]]; then echo "$(basename "$1")_fp32"; else basename "$1"; fi; }
 
@@ -28,6 +30,7 @@ for bin in build/cuda/* build/cuda-fp32/*; do
   [[ -f "$bin" && -x "$bin" ]] || continue
   name=$(display_name "$bin")
   [[ -n "$filter" && "$name" != *"$filter"* ]] && continue
+  skipped_by_request "$name" && continue
   bins+=("$bin")
 done
 if [[ ${#bins[@]} -eq 0 ]]; then
@@ -83,6 +86,7 @@ variant() {  # variant <row name> <VAR=value> <binary> <args...>
   local name=$1 setting=$2 bin=$3
   shift 3
   [[ -x $bin && ( -z "$filter" || "$name" == *"$filter"* ) ]] || return 0
+  skipped_by_request "$name" && return 0
   local start secs rc status
   start=$(date +%s.%N)
   env "$setting" timeout "${GPU_CHECK_TIMEOUT:-180}" "$bin" "$@" >"$logdir/$name.log" 2>&1; rc=$?
@@ -105,7 +109,7 @@ variant gpu_test_demo_tensor LLMC_DEMO_DCT=tensor build/cuda/gpu_test_demo build
 variant gpu_test_demo_dct LLMC_DEMO_MOMENTUM=dct build/cuda/gpu_test_demo build/reference/tiny
 
 # The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
-if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]]; then
+if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]] && ! skipped_by_request train_gpt_resume; then
   start=$(date +%s.%N)
   dev/cuda/check_train_gpt_resume.sh >"$logdir/train_gpt_resume.log" 2>&1; rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
