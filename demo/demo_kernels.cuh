@@ -121,8 +121,9 @@ inline constexpr KernelTuning kTunings[] = {
     {4, 8, 2, false, true, true, true, true, false, false, true},       // 15: 14 with RadixSelect only
     {4, 8, 2, true, true, true, true, false, true, false, true},        // 16: 14 without the L2 prefetch
     {4, 8, 2, false, true, true, true, false, false, false, true},      // 17: 16 with RadixSelect only
+    {4, 8, 2, true, true, true, false, false, true, false, true},       // 18: 16 with the momentum read at the start
 };
-inline constexpr int kNumTunings = 18;
+inline constexpr int kNumTunings = 19;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked against
 inline constexpr int kRadixTuning = 3;   // RadixSelect alone, same bits as 0 (the fallback of tuning 11)
 inline constexpr int kTensorTuning = 4;  // the tensor-core compress (the fallback of tuning 6)
@@ -130,7 +131,7 @@ inline constexpr int kTensorTuning = 4;  // the tensor-core compress (the fallba
 // tuning of each kind in the kernel lab on an H200 (2026-11-27, d12, k = 32 / 5 / 3 with fp32 / bf16 + 12-bit /
 // sign values; dev/bench/README.md): 11 (1.569 / 1.276 / 1.246 ms, against 1.801 / 1.423 / 1.386 for tuning 0),
 // 6 (1.657 / 1.334 / 1.321), 13 (1.342 / 1.239 / 1.233) and 16 (1.158 / 1.048 / 1.047; 14: 1.195 / 1.087 / 1.079,
-// 15: 1.151 / 1.096 / 1.100; 17 untimed).
+// 15: 1.151 / 1.096 / 1.100; 17 and 18 untimed).
 inline constexpr int kDefaultTuning = 11;    // fp32 DCTs, spatial momentum: bit-identical to the host reference
 inline constexpr int kTensorLeanTuning = 6;  // tensor-core DCTs, spatial momentum
 inline constexpr int kDctMomentumTuning = 13;        // fp32 DCTs, momentum in the DCT domain
@@ -159,7 +160,9 @@ inline const char* tuning_name(int t) {
                                                    "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum "
                                                    "(no L2 prefetch)",
                                                    "tensor cores, lean I/O, RadixSelect only, DCT-domain momentum "
-                                                   "(no L2 prefetch)"};
+                                                   "(no L2 prefetch)",
+                                                   "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum "
+                                                   "read with the gradient (no L2 prefetch)"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).

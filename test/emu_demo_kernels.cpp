@@ -332,7 +332,7 @@ TEST(tensor_core_kernels_agree_with_host_reference) {
                   120, emu::Order::WarpSerial, 4);
 }
 
-// The DCT-domain momentum (tunings 13 to 16): fed M = C1 m C2^T of the spatial momentum, the
+// The DCT-domain momentum (tunings 13 to 18): fed M = C1 m C2^T of the spatial momentum, the
 // kernels send the reference's coefficients (values to rounding, the same index sets) and leave C1^T M' C2 within
 // rounding of the reference's updated momentum, for lr-scaled and EMA momentum, alpha 1 and 0.2, and fp32, bf16
 // and sign values; the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::convert_momentum).
@@ -348,7 +348,9 @@ TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
     check_case<14>("64x64 sign/packed12/lr/k5, DCT-domain momentum, tensor cores", layout,
                    cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
                    160, emu::Order::Shuffled, 2);
-    // 15: 14 with RadixSelect alone; 16: 14 without the L2 prefetch (17, both, is in every_tuning_... above)
+    // 15: 14 with RadixSelect alone; 16: 14 without the L2 prefetch (17, both, is in every_tuning_... above);
+    // 18: 16 with the momentum read with the gradient at the start (no refetch: the only DCT-domain tuning that
+    // holds it in registers across the DCT passes)
     static_assert(demo::kTunings[15].dct_momentum && !demo::kTunings[15].coarse_topk && demo::kTunings[16].dct_momentum &&
                   !demo::kTunings[16].prefetch_l2);
     check_case<15>("64x64 fp32/smallest/ema/a0.2/k32, DCT-domain momentum, tensor cores, RadixSelect", layout,
@@ -357,6 +359,10 @@ TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
     check_case<16>("64x64 bf16/packed12/lr/k9, DCT-domain momentum, tensor cores, no L2 prefetch", layout,
                    cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 9),
                    180, emu::Order::Forward, 2);
+    static_assert(demo::kTunings[18].dct_momentum && !demo::kTunings[18].refetch);
+    check_case<18>("64x64 fp32/smallest/lr/a0.2/k32, DCT-domain momentum read at the start, tensor cores", layout,
+                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 0.2f, 32),
+                   190, emu::Order::Shuffled, 3);
 }
 
 // The emulated mma.sync m16n8k8 TF32 against a plain 16 x 8 x 8 product of the matrices its fragments encode (the
