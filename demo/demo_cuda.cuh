@@ -58,7 +58,7 @@ namespace demo {
 //    it must agree with the tuning.
 struct KernelChoice {
     bool tensor_cores = false;  // the compress kernel's DCTs on the tensor cores
-    bool dct_momentum = false;  // the 64 x 64 chunks' momentum in the DCT domain
+    bool dct_momentum = false;  // the 64 x 64 chunks' momentum in the DCT domain (== compress_tuning()'s)
     int forced_tuning = -1;     // LLMC_DEMO_TUNING, or -1
     int compress_tuning() const {
         return forced_tuning >= 0 ? forced_tuning
@@ -127,7 +127,7 @@ public:
         kernels_ = make_kernel_config(tables_, world_);
         prepare_kernels(kernels_, tables_.plan);
         if (kernels_.threads == 256) {
-            LLMC_CHECK(!kTunings[kernel_choice_.compress_tuning()].dct_momentum || kernels_.vec4_io,
+            LLMC_CHECK(!kernel_choice_.dct_momentum || kernels_.vec4_io,
                        "DeMo: the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct) needs every 64 x 64 tensor's "
                        "offset and row length to be multiples of 4; this model's are not (use LLMC_DEMO_MOMENTUM=spatial)");
             prepare_tuning_at(kernel_choice_.compress_tuning(), kernels_);
@@ -258,9 +258,9 @@ public:
     const KernelConfig& kernel_config() const { return kernels_; }
     const DeviceTables& device_tables() const { return device_tables_; }
     bool exchanges_on_device() const { return nccl_ != nullptr; }
-    // Where the 64 x 64 chunks' momentum lives on the device (the compress tuning's dct_momentum).
+    // Where the 64 x 64 chunks' momentum lives on the device (LLMC_DEMO_MOMENTUM, or the forced tuning's).
     cm::MomentumDomain momentum_domain() const {
-        return kernels_.threads == 256 && kTunings[kernel_choice_.compress_tuning()].dct_momentum
+        return kernels_.threads == 256 && kernel_choice_.dct_momentum
                    ? cm::MomentumDomain::dct64
                    : cm::MomentumDomain::spatial;
     }
