@@ -133,7 +133,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     if (cfg.optimizer == "demo") {
         record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
-        record["_run"]["demo_momentum"] = demo_kernels.dct_momentum ? "dct" : "spatial";
+        record["_run"]["demo_momentum_domain"] = demo_kernels.dct_momentum ? "dct" : "spatial";
         if (demo_kernels.forced_tuning >= 0) record["_run"]["demo_tuning"] = demo_kernels.forced_tuning;
     }
     write_run_record(cfg.out_dir, record);

@@ -180,8 +180,8 @@ def main():
         compare(f"fp32 demo, 1 rank, {' '.join(f'{k}={v}' for k, v in knobs.items())}, vs CPU trainer", dct,
                 cpu_demo1, "loss", 1e-4)
     record = os.path.join(TMP, "fp32-demo-1-momentum-dct", "config.json")
-    check(os.path.exists(record) and json.load(open(record))["_run"].get("demo_momentum") == "dct",
-          "a LLMC_DEMO_MOMENTUM=dct run records demo_momentum dct in its config.json")
+    check(os.path.exists(record) and json.load(open(record))["_run"].get("demo_momentum_domain") == "dct",
+          "a LLMC_DEMO_MOMENTUM=dct run records _run.demo_momentum_domain dct in its config.json")
     keep_demo = ["--steps", "4", "--checkpoint_every", "2", "--keep_checkpoints", "0", "--optimizer", "demo"]
     dct = {"LLMC_DEMO_MOMENTUM": "dct"}
     full = run(EMU["fp32"], "fp32-demo-dct-full", keep_demo, env=dct)
