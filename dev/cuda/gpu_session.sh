@@ -5,9 +5,11 @@
 #   2. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
 #   3. the end-to-end benchmark, quick form (AdamW and DeMo's four kernel settings; BENCH_DEMO_TUNINGS adds
 #      forced tunings);
-#   4. the trainer's determinism and resume check;
-#   5. the DeMo apply lab;
-#   6. the PyTorch references, then the other rows of dev/cuda/gpu_check.sh (GPU_CHECK_SKIP: not those above;
+#   4. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="16 17" profiles
+#      those tunings instead): its stall samples per function and source line;
+#   5. the trainer's determinism and resume check;
+#   6. the DeMo apply lab;
+#   7. the PyTorch references, then the other rows of dev/cuda/gpu_check.sh (GPU_CHECK_SKIP: not those above;
 #      not its benchmark).
 # A step gets at most its own limit and never more than what is left of the budget (default 480 s; a step with
 # under 25 s left is skipped). LD_LIBRARY_PATH gets NCCL's directory (the system's, or a Python wheel's),
@@ -50,6 +52,11 @@ missing=$(ldd ./train_gpt 2>&1 | grep 'not found' || true)
 step nccl_transport 60 build/cuda/nccl_transport
 step demo_compress 180 build/cuda/demo_compress
 BENCH_QUICK=1 step bench_train_gpt 240 dev/cuda/bench_train_gpt.sh
+for tuning in ${PROFILE_TUNINGS:-default}; do
+  if [[ $tuning == default ]]; then step profile_compress 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
+  else LLMC_DEMO_TUNING=$tuning step "profile_compress_$tuning" 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
+  fi
+done
 step train_gpt_resume 100 dev/cuda/check_train_gpt_resume.sh
 step demo_apply 90 build/cuda/demo_apply
 refs='python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny &&
