@@ -78,7 +78,9 @@ struct KernelConfig {
 // the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every one, so one GPU run decides between
 // them. The fp32 tunings give the same bits; the tensor-core and DCT-domain ones agree to rounding. The
 // compress-only fields (refetch, prefetch_l2, wide_bin_search) leave the apply kernel as the tuning without them
-// (apply_tuning).
+// (apply_tuning). The table keeps the kernels the trainer runs, their fallbacks and references, and the fastest
+// candidate; dev/bench/README.md has the timings of the ones retired on 2026-11-27 (each slower than a kept one in
+// every format on an H100, most on an H200 too) under their old numbers.
 struct KernelTuning {
     int min_blocks;        // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
     int tile_j, tile_c;    // run_jobs register tile
@@ -95,74 +97,49 @@ struct KernelTuning {
     bool compact_smem;     // compress, fp32: KernelConfig::compress_compact (no tensor-core padding, one copy of
                            // the folded basis: n1 = n2) and 5 blocks per SM (48 registers): 5 x 44.5 KB fit an
                            // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32
-    bool dct_momentum;     // compress, with lean_io: the 64 x 64 chunks' momentum is kept in the DCT domain (M = C1 m
-                           // C2^T, see "DCT-domain momentum" below): M = decay M + s DCT(g), top-k of |M|, then
-                           // M[sent] -= alpha v; no decode and no dense error feedback. Same math as the reference up
-                           // to rounding; the caller keeps M (cm::MomentumDomain::dct64). With refetch, M is
-                           // read after the DCT passes instead of held in registers across them
+    bool dct_momentum;     // compress, with lean_io and refetch: the 64 x 64 chunks' momentum is kept in the DCT
+                           // domain (M = C1 m C2^T, see "DCT-domain momentum" below): M = decay M + s DCT(g), top-k
+                           // of |M|, then M[sent] -= alpha v; no decode and no dense error feedback. Same math as the
+                           // reference up to rounding; the caller keeps M (cm::MomentumDomain::dct64). M is read
+                           // after the DCT passes (holding it in registers across them was 1-2% slower)
 };
 inline constexpr KernelTuning kTunings[] = {
     // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide, compact, dct momentum
-    {4, 8, 2, true, false, false, false, false, false, false, false},   // 0: the fp32 kernels, bit-identical to the host reference
-    {4, 8, 2, true, false, true, false, false, false, false, false},    // 1: 0 + lean I/O
-    {4, 8, 2, true, false, true, true, false, false, false, false},     // 2: 0 + lean I/O, momentum refetched from L2
-    {4, 8, 2, false, false, false, false, false, false, false, false},  // 3: RadixSelect only
-    {4, 8, 2, true, true, false, false, false, false, false, false},    // 4: tensor-core products
-    {4, 8, 2, true, true, true, false, false, false, false, false},     // 5: 4 + lean I/O
-    {4, 8, 2, true, true, true, true, false, false, false, false},      // 6: 4 + lean I/O, momentum refetched from L2
-    {4, 8, 2, true, false, true, true, true, true, false, false},       // 7: 2 + L2 prefetch one wave ahead + all-warp bin search
-    {4, 8, 2, true, true, true, true, true, true, false, false},        // 8: 6 + L2 prefetch one wave ahead + all-warp bin search
-    {4, 8, 2, false, false, true, false, false, false, false, false},   // 9: 3 + lean I/O (the lean twin of the k >= 16 default)
-    {4, 8, 2, true, false, true, true, false, false, true, false},      // 10: 2 + compact, 5 blocks per SM
-    {4, 8, 2, false, false, true, true, false, false, true, false},     // 11: 10 with RadixSelect only
-    {4, 8, 2, true, false, true, true, true, true, true, false},        // 12: 7 + compact, 5 blocks per SM
-    {4, 8, 2, true, false, true, true, true, true, false, true},        // 13: 7 with the momentum in the DCT domain
-    {4, 8, 2, true, true, true, true, true, true, false, true},         // 14: 8 with the momentum in the DCT domain
-    {4, 8, 2, false, true, true, true, true, false, false, true},       // 15: 14 with RadixSelect only
-    {4, 8, 2, true, true, true, true, false, true, false, true},        // 16: 14 without the L2 prefetch
-    {4, 8, 2, false, true, true, true, false, false, false, true},      // 17: 16 with RadixSelect only
-    {4, 8, 2, true, true, true, false, false, true, false, true},       // 18: 16 with the momentum read at the start
+    {4, 8, 2, true, false, false, false, false, false, false, false},   // 0: fp32 products and I/O as first written
+    {4, 8, 2, true, false, true, false, false, false, false, false},    // 1: 0 + lean I/O (the trainer's apply)
+    {4, 8, 2, false, false, false, false, false, false, false, false},  // 2: 0 with RadixSelect only
+    {4, 8, 2, true, true, false, false, false, false, false, false},    // 3: 0 with tensor-core products
+    {4, 8, 2, true, true, true, true, false, false, false, false},      // 4: 3 + lean I/O, momentum refetched
+    {4, 8, 2, false, false, true, true, false, false, true, false},     // 5: 2 + lean I/O, refetch, compact layout
+    {4, 8, 2, true, false, true, true, true, true, false, true},        // 6: 1 + refetch, L2 prefetch, all-warp bin
+                                                                        //    search, momentum in the DCT domain
+    {4, 8, 2, true, true, true, true, false, true, false, true},        // 7: 4 + all-warp bin search, DCT domain
+    {4, 8, 2, false, true, true, true, false, false, false, true},      // 8: 7 with RadixSelect only
 };
-inline constexpr int kNumTunings = 19;
+inline constexpr int kNumTunings = 9;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked against
-inline constexpr int kRadixTuning = 3;   // RadixSelect alone, same bits as 0 (the fallback of tuning 11)
-inline constexpr int kTensorTuning = 4;  // the tensor-core compress (the fallback of tuning 6)
+inline constexpr int kRadixTuning = 2;   // RadixSelect alone, same bits as 0 (the fallback of tuning 5)
+inline constexpr int kTensorTuning = 3;  // the tensor-core compress (the fallback of tuning 4)
 // The trainer's compress for each LLMC_DEMO_DCT x LLMC_DEMO_MOMENTUM (demo_cuda.cuh's KernelChoice): the fastest
-// tuning of each kind in the kernel lab on an H200 (2026-11-27, d12, k = 32 / 5 / 3 with fp32 / bf16 + 12-bit /
-// sign values; dev/bench/README.md): 11 (1.569 / 1.276 / 1.246 ms, against 1.801 / 1.423 / 1.386 for tuning 0),
-// 6 (1.657 / 1.334 / 1.321), 13 (1.342 / 1.239 / 1.233) and 16 (1.158 / 1.048 / 1.047; 14: 1.195 / 1.087 / 1.079,
-// 15: 1.151 / 1.096 / 1.100; 17 and 18 untimed).
-inline constexpr int kDefaultTuning = 11;    // fp32 DCTs, spatial momentum: bit-identical to the host reference
-inline constexpr int kTensorLeanTuning = 6;  // tensor-core DCTs, spatial momentum
-inline constexpr int kDctMomentumTuning = 13;        // fp32 DCTs, momentum in the DCT domain
-inline constexpr int kDctMomentumTensorTuning = 16;  // tensor-core DCTs, momentum in the DCT domain
+// tuning of each kind in the kernel lab (d12, k = 32 / 5 / 3 with fp32 / bf16 + 12-bit / sign values; H100,
+// 2026-11-27, dev/bench/README.md): 5 (1.590 / 1.285 / 1.257 ms, against 1.804 / 1.421 / 1.380 for tuning 0),
+// 4 (1.660 / 1.340 / 1.327), 6 (1.380 / 1.308 / 1.300) and 7 (1.157 / 1.049 / 1.045; 8: 1.112 / 1.061 / 1.065).
+inline constexpr int kDefaultTuning = 5;             // fp32 DCTs, spatial momentum: bit-identical to the host reference
+inline constexpr int kTensorLeanTuning = 4;          // tensor-core DCTs, spatial momentum
+inline constexpr int kDctMomentumTuning = 6;         // fp32 DCTs, momentum in the DCT domain
+inline constexpr int kDctMomentumTensorTuning = 7;   // tensor-core DCTs, momentum in the DCT domain
 inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false};  // any shape
 inline const char* tuning_name(int t) {
-    static const char* const names[kNumTunings] = {"64 regs, 8x2 tiles, histogram top-k",
-                                                   "lean I/O",
-                                                   "lean I/O, momentum refetched",
-                                                   "RadixSelect top-k only",
-                                                   "3xTF32 tensor cores",
-                                                   "tensor cores, lean I/O",
-                                                   "tensor cores, lean I/O, momentum refetched",
-                                                   "lean I/O, refetch, L2 prefetch, all-warp bin search",
-                                                   "tensor cores, lean I/O, refetch, L2 prefetch, all-warp bin search",
-                                                   "RadixSelect top-k only, lean I/O",
-                                                   "lean I/O, refetch, compact, 5 blocks/SM",
-                                                   "RadixSelect, lean I/O, refetch, compact, 5 blocks/SM",
-                                                   "lean I/O, refetch, L2 prefetch, all-warp bin search, compact, "
-                                                   "5 blocks/SM",
-                                                   "lean I/O, L2 prefetch, all-warp bin search, DCT-domain momentum",
-                                                   "tensor cores, lean I/O, L2 prefetch, all-warp bin search, "
-                                                   "DCT-domain momentum",
-                                                   "tensor cores, lean I/O, L2 prefetch, RadixSelect only, "
-                                                   "DCT-domain momentum",
-                                                   "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum "
-                                                   "(no L2 prefetch)",
-                                                   "tensor cores, lean I/O, RadixSelect only, DCT-domain momentum "
-                                                   "(no L2 prefetch)",
-                                                   "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum "
-                                                   "read with the gradient (no L2 prefetch)"};
+    static const char* const names[kNumTunings] = {
+        "64 regs, 8x2 tiles, histogram top-k",
+        "lean I/O",
+        "RadixSelect top-k only",
+        "3xTF32 tensor cores",
+        "tensor cores, lean I/O, momentum refetched",
+        "RadixSelect, lean I/O, refetch, compact, 5 blocks/SM",
+        "lean I/O, L2 prefetch, all-warp bin search, DCT-domain momentum",
+        "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum",
+        "tensor cores, lean I/O, RadixSelect only, DCT-domain momentum"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
@@ -202,6 +179,12 @@ static_assert(kTunings[kDctMomentumTuning].dct_momentum && !kTunings[kDctMomentu
               kTunings[kDctMomentumTensorTuning].dct_momentum && kTunings[kDctMomentumTensorTuning].tensor_dct);
 static_assert(kTunings[kLeanApplyTuning].lean_io && !kTunings[kLeanApplyTuning].tensor_dct &&
               apply_tuning(kLeanApplyTuning) == kLeanApplyTuning);
+inline constexpr bool dct_momentum_tunings_refetch() {
+    for (const KernelTuning& t : kTunings)
+        if (t.dct_momentum && !(t.lean_io && t.refetch)) return false;
+    return true;
+}
+static_assert(dct_momentum_tunings_refetch(), "a DCT-domain momentum tuning reads M after the DCT passes (refetch)");
 
 // ---------------------------------------------------------------------------------------------------------
 // The tensor-core path of the 64 x 64 kernels (tunings with tensor_dct; apply uses it for its decode). The
@@ -1069,47 +1052,29 @@ __device__ __forceinline__ void lean_feedback(float* momentum, uint32_t cols, fl
 // (cm::MomentumDomain, cm::convert_momentum).
 //
 // Steps 1-2 on the gradient: its rows folded into FX (the same fold lean_prologue makes of the updated
-// momentum); with LOAD_M the thread's momentum coefficients (the lean mapping) into own_*, else left for later.
-template <bool LOAD_M>
-__device__ __forceinline__ void lean_prologue_dct(const float* momentum, const float* grads, uint32_t cols, int ldx,
-                                                  float* FX, float (&own_top)[kMaxPairsPerThread],
-                                                  float (&own_bot)[kMaxPairsPerThread]) {
+// momentum); the momentum is read later, by lean_dct_momentum_update.
+__device__ __forceinline__ void lean_prologue_dct(const float* grads, uint32_t cols, int ldx, float* FX) {
     const LeanOffsets o = lean_offsets(cols);
     float gt[2][4], gb[2][4];
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         load4_readonly(gt[s], grads + o.top[s]);
         load4_readonly(gb[s], grads + o.bot[s]);
-        if constexpr (LOAD_M) {
-            float mt[4], mb[4];
-            load4(mt, momentum + o.top[s]);
-            load4(mb, momentum + o.bot[s]);
-#pragma unroll
-            for (int j = 0; j < 4; j++) own_top[4 * s + j] = mt[j], own_bot[4 * s + j] = mb[j];
-        }
     }
 #pragma unroll
     for (int s = 0; s < 2; s++) lean_fold_rows(FX, ldx, s, gt[s], gb[s]);
 }
-// After the DCT of the gradient (E, rows of lde): E = decay M + s E for the thread's coefficients (M from own_*,
-// or read now with REFETCH). No barrier inside.
-template <bool REFETCH>
+// After the DCT of the gradient (E, rows of lde): E = decay M + s E for the thread's coefficients, M read now. No
+// barrier inside.
 __device__ __forceinline__ void lean_dct_momentum_update(const float* momentum, uint32_t cols,
-                                                         const cm::CompressParams& p, float* E, int lde,
-                                                         const float (&own_top)[kMaxPairsPerThread],
-                                                         const float (&own_bot)[kMaxPairsPerThread]) {
+                                                         const cm::CompressParams& p, float* E, int lde) {
     const LeanOffsets o = lean_offsets(cols);
     const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         float mt[4], mb[4];
-        if constexpr (REFETCH) {
-            load4(mt, momentum + o.top[s]);
-            load4(mb, momentum + o.bot[s]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; j++) mt[j] = own_top[4 * s + j], mb[j] = own_bot[4 * s + j];
-        }
+        load4(mt, momentum + o.top[s]);
+        load4(mb, momentum + o.bot[s]);
         float* et = E + (b0 + 16 * s) * lde + col;
         float* eb = E + (63 - b0 - 16 * s) * lde + col;
 #pragma unroll
@@ -1266,7 +1231,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     const float* const grads = a.grads + origin;
     const uint32_t cols32 = uint32_t(cols);
     if constexpr (kDctMomentum) {
-        lean_prologue_dct<!kRefetch>(momentum, grads, cols32, d.ldx, P, own_top, own_bot);
+        lean_prologue_dct(grads, cols32, d.ldx, P);
     } else if constexpr (kLean) {
         lean_prologue<kRefetch>(momentum, grads, cols32, a.p, d.ldx, P, own_top, own_bot);
     } else {
@@ -1328,7 +1293,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
         run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
     if constexpr (kDctMomentum) {  // E holds DCT(g): the momentum update in the DCT domain
-        lean_dct_momentum_update<kRefetch>(momentum, cols32, a.p, Q, d.lde, own_top, own_bot);
+        lean_dct_momentum_update(momentum, cols32, a.p, Q, d.lde);
         __syncthreads();
     }
 

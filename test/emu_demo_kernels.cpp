@@ -303,11 +303,11 @@ TEST(lean_io_tunings_fall_back_on_unaligned_rows) {
     const auto fp32 = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9);
     const ParamLayout layout = ParamLayout::of_shapes({{7}, {128, 192}, {64, 64}});
     EXPECT(!demo::make_kernel_config(cm::plan_tables(fp32, layout), 1).vec4_io);
-    static_assert(demo::without_lean_io(2) == demo::kExactTuning && demo::without_lean_io(6) == demo::kTensorTuning &&
-                  demo::without_lean_io(9) == demo::kRadixTuning);
-    check_case<2>("unaligned 64x64 rows fp32/k9", layout, fp32, 130, emu::Order::Shuffled, 2);
-    check_case<6>("unaligned 64x64 rows fp32/k9", layout, fp32, 131, emu::Order::Shuffled, 2);
-    check_case<9>("unaligned 64x64 rows fp32/k9", layout, fp32, 132, emu::Order::Shuffled, 2);
+    static_assert(demo::without_lean_io(1) == demo::kExactTuning && demo::without_lean_io(4) == demo::kTensorTuning &&
+                  demo::without_lean_io(5) == demo::kRadixTuning);
+    check_case<1>("unaligned 64x64 rows fp32/k9", layout, fp32, 130, emu::Order::Shuffled, 2);
+    check_case<4>("unaligned 64x64 rows fp32/k9", layout, fp32, 131, emu::Order::Shuffled, 2);
+    check_case<5>("unaligned 64x64 rows fp32/k9", layout, fp32, 132, emu::Order::Shuffled, 2);
 }
 
 // The lean I/O apply on chunks where many coefficients are sent by several of 4 ranks (k = 100: the mean over
@@ -316,7 +316,7 @@ TEST(lean_io_apply_with_shared_coefficients) {
     const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
     const auto cfg = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100);
     check_case<1>("64x64 bf16/smallest/ema/a0.2/k100, lean I/O", layout, cfg, 140, emu::Order::Shuffled, 4);
-    check_case<5>("64x64 bf16/smallest/ema/a0.2/k100, tensor cores, lean I/O", layout, cfg, 141, emu::Order::Reverse, 4);
+    check_case<4>("64x64 bf16/smallest/ema/a0.2/k100, tensor cores, lean I/O", layout, cfg, 141, emu::Order::Reverse, 4);
 }
 
 // The tensor-core kernels on d12-like 64 x 64 chunks: fp32 values at k 32 (sparse decode rows), k 100 (every
@@ -332,37 +332,30 @@ TEST(tensor_core_kernels_agree_with_host_reference) {
                   120, emu::Order::WarpSerial, 4);
 }
 
-// The DCT-domain momentum (tunings 13 to 18): fed M = C1 m C2^T of the spatial momentum, the
-// kernels send the reference's coefficients (values to rounding, the same index sets) and leave C1^T M' C2 within
-// rounding of the reference's updated momentum, for lr-scaled and EMA momentum, alpha 1 and 0.2, and fp32, bf16
-// and sign values; the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::convert_momentum).
+// The DCT-domain momentum (tunings 6 to 8): fed M = C1 m C2^T of the spatial momentum, the kernels send the
+// reference's coefficients (values to rounding, the same index sets) and leave C1^T M' C2 within rounding of the
+// reference's updated momentum, for lr-scaled and EMA momentum, alpha 1 and 0.2, and fp32, bf16 and sign values;
+// the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::convert_momentum).
 TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
-    static_assert(demo::kTunings[13].dct_momentum && demo::kTunings[14].dct_momentum && demo::kTunings[14].tensor_dct);
+    static_assert(demo::kTunings[6].dct_momentum && !demo::kTunings[6].tensor_dct && demo::kTunings[6].prefetch_l2 &&
+                  demo::kTunings[7].dct_momentum && demo::kTunings[7].tensor_dct && demo::kTunings[8].dct_momentum &&
+                  !demo::kTunings[8].coarse_topk);
     const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
-    check_case<13>("64x64 fp32/smallest/lr/k32, DCT-domain momentum", layout,
-                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
-                   140, emu::Order::Forward, 2);
-    check_case<13>("64x64 bf16/smallest/ema/a0.2/k100, DCT-domain momentum", layout,
-                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100),
-                   150, emu::Order::WarpSerial, 3);
-    check_case<14>("64x64 sign/packed12/lr/k5, DCT-domain momentum, tensor cores", layout,
-                   cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
-                   160, emu::Order::Shuffled, 2);
-    // 15: 14 with RadixSelect alone; 16: 14 without the L2 prefetch (17, both, is in every_tuning_... above);
-    // 18: 16 with the momentum read with the gradient at the start (no refetch: the only DCT-domain tuning that
-    // holds it in registers across the DCT passes)
-    static_assert(demo::kTunings[15].dct_momentum && !demo::kTunings[15].coarse_topk && demo::kTunings[16].dct_momentum &&
-                  !demo::kTunings[16].prefetch_l2);
-    check_case<15>("64x64 fp32/smallest/ema/a0.2/k32, DCT-domain momentum, tensor cores, RadixSelect", layout,
-                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 32),
-                   170, emu::Order::WarpSerial, 3);
-    check_case<16>("64x64 bf16/packed12/lr/k9, DCT-domain momentum, tensor cores, no L2 prefetch", layout,
-                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 9),
-                   180, emu::Order::Forward, 2);
-    static_assert(demo::kTunings[18].dct_momentum && !demo::kTunings[18].refetch);
-    check_case<18>("64x64 fp32/smallest/lr/a0.2/k32, DCT-domain momentum read at the start, tensor cores", layout,
-                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 0.2f, 32),
-                   190, emu::Order::Shuffled, 3);
+    check_case<6>("64x64 fp32/smallest/lr/k32, DCT-domain momentum", layout,
+                  cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                  140, emu::Order::Forward, 2);
+    check_case<6>("64x64 bf16/smallest/ema/a0.2/k100, DCT-domain momentum", layout,
+                  cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100),
+                  150, emu::Order::WarpSerial, 3);
+    check_case<7>("64x64 sign/packed12/lr/k5, DCT-domain momentum, tensor cores", layout,
+                  cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 5),
+                  160, emu::Order::Shuffled, 2);
+    check_case<7>("64x64 bf16/packed12/lr/a0.2/k9, DCT-domain momentum, tensor cores", layout,
+                  cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.2f, 9),
+                  180, emu::Order::Forward, 2);
+    check_case<8>("64x64 fp32/smallest/ema/a0.2/k32, DCT-domain momentum, tensor cores, RadixSelect", layout,
+                  cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 32),
+                  170, emu::Order::WarpSerial, 3);
 }
 
 // The emulated mma.sync m16n8k8 TF32 against a plain 16 x 8 x 8 product of the matrices its fragments encode (the

@@ -15,9 +15,9 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
   the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
   trainer resumes it converted).
-- DeMo with the kernel lab's tunings (LLMC_DEMO_TUNING=0, 2, 9, 12, 8 in fp32, 0 and 7 in bf16) gives the
-  default kernels' bits (tuning 8: LLMC_DEMO_DCT=tensor's); tuning 0 runs the exact apply, the default the lean
-  I/O one.
+- DeMo with the kernel lab's tunings (LLMC_DEMO_TUNING=0, 1, 2, 3 in fp32, 0 and 1 in bf16) gives the
+  default kernels' bits (tuning 3: LLMC_DEMO_DCT=tensor's); tunings 0, 2 and 3 run the exact apply, the default
+  the lean I/O one.
 - The fp32 DeMo run and the bf16 flash-attention run give the same bits with every launch's threads run in
   shuffled and warp-by-warp order (LLMC_EMU_ORDER), as they must: a missing barrier would show.
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
@@ -162,14 +162,14 @@ def main():
     compare("fp32 demo, 1 rank, LLMC_DEMO_DCT=tensor vs fp32 DCTs", tensor, emu_demo1, "loss", 1e-5)
 
     # The kernel lab's candidates in whole steps (LLMC_DEMO_TUNING): the first kernels (tuning 0, with the apply
-    # without lean I/O) and the lean I/O tunings (16-byte accesses, the momentum refetched, L2 prefetch, all-warp
-    # bin search, the compact layout) give the default kernels' bits, on the fp32 DCTs and on the tensor cores.
-    for tune, base, tag in (("0", emu_demo1, "fp32"), ("2", emu_demo1, "fp32"), ("9", emu_demo1, "fp32"), ("12", emu_demo1, "fp32"),
-                            ("8", tensor, "LLMC_DEMO_DCT=tensor")):
+    # without lean I/O), lean I/O without the refetch (1) and RadixSelect alone (2) give the default kernels' bits
+    # (RadixSelect, lean I/O, refetch, compact layout), and the first tensor-core kernels (3) LLMC_DEMO_DCT=tensor's.
+    for tune, base, tag in (("0", emu_demo1, "fp32"), ("1", emu_demo1, "fp32"), ("2", emu_demo1, "fp32"),
+                            ("3", tensor, "LLMC_DEMO_DCT=tensor")):
         lean = run(EMU["fp32"], f"fp32-demo-1-tuning{tune}", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": tune})
         same(f"fp32 demo, 1 rank, LLMC_DEMO_TUNING={tune}: the default {tag} run's losses and norms", lean, base)
 
-    # The DCT-domain momentum (LLMC_DEMO_MOMENTUM=dct: tuning 13 with fp32 DCTs, 16 with LLMC_DEMO_DCT=tensor; the
+    # The DCT-domain momentum (LLMC_DEMO_MOMENTUM=dct: tuning 6 with fp32 DCTs, 7 with LLMC_DEMO_DCT=tensor; the
     # 64 x 64 chunks' momentum kept as C1 m C2^T, no decode in the compress): the same training to rounding; its
     # checkpoints record the domain, so its own resume continues bit for bit and the CPU trainer, reading the
     # momentum converted to its spatial form, continues at its own straight run's losses (the DCT-domain
@@ -266,7 +266,7 @@ def main():
         same(f"bf16 {opt}: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
              full[-2:] if full else None)
         if opt == "demo":  # the lean apply's bf16 copy (stochastic rounding, 8-byte stores): the exact apply's bits
-            for tune, what in (("0", "the exact compress and apply"), ("7", "lean I/O compress and apply")):
+            for tune, what in (("0", "the exact compress and apply"), ("1", "lean I/O compress and apply")):
                 other = run(EMU["bf16"], f"bf16-demo-tuning{tune}", keep + ["--optimizer", "demo"],
                             env={"LLMC_DEMO_TUNING": tune})
                 same(f"bf16 demo, LLMC_DEMO_TUNING={tune} ({what}): the default run's losses and norms", other, full)

@@ -10,7 +10,7 @@
 # kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
 # baseline. BENCH_QUICK=1 runs only the default-attention runs (AdamW and the four DeMo kernel choices), for
-# short GPU sessions. BENCH_DEMO_TUNINGS="1 5 9" adds a DeMo run per listed tuning of the DeMo kernels
+# short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]

@@ -26,7 +26,7 @@ for opt in adamw demo adamw-flash demo-dct; do
           --val_every 0 --val_batches 2 --checkpoint_every 3 --keep_checkpoints 0 --log_every 6)
   # adamw-flash: LLMC_ATTENTION=flash, which needs a head size of 64 (the tiny model with one head)
   if [[ $opt == *-flash ]]; then export LLMC_ATTENTION=flash; common+=(--num_heads 1); else export LLMC_ATTENTION=matmul; fi
-  # demo-dct: the momentum kept in the DCT domain (tuning 13), saved in that domain by the checkpoint
+  # demo-dct: the momentum kept in the DCT domain (tuning 6), saved in that domain by the checkpoint
   if [[ $opt == demo-dct ]]; then export LLMC_DEMO_MOMENTUM=dct; else unset LLMC_DEMO_MOMENTUM; fi
   ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-a" >"$TMP/$opt-a.log" 2>&1 &&
     ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-b" >"$TMP/$opt-b.log" 2>&1 &&

@@ -117,9 +117,9 @@ __global__ void fill_kernel(float* x, size_t n, uint32_t seed, float scale) {
         x[i] = scale * (float(km::element_noise(i, seed)) * 2.3283064e-10f - 0.5f);
 }
 
-// The full d12 compress, timed for every tuning of the 64 x 64 kernel (the trainer launches tuning 0 below top-k
-// 16 and tuning 3 from there on, tuning 4 with LLMC_DEMO_DCT=tensor); each tuning first runs once from the same momentum and must give tuning 0's
-// bucket and momentum bit for bit (fp32 tunings) or to cm::compare_compress's tolerances (tensor-core ones).
+// The full d12 compress, timed for every tuning of the 64 x 64 kernel (the trainer's: demo::KernelChoice); each
+// tuning first runs once from the same momentum and must give tuning 0's bucket and momentum bit for bit (fp32
+// tunings) or to cm::compare_compress's tolerances (tensor-core and DCT-domain ones).
 void time_d12(CudaEnv& env, check::Checker& ck, const OptimizerConfig& cfg, const char* label) {
     const ParamLayout layout = d12_layout(12);
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);

@@ -5,7 +5,7 @@
 #   2. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
 #   3. the end-to-end benchmark, quick form (AdamW and DeMo's four kernel settings; BENCH_DEMO_TUNINGS adds
 #      forced tunings);
-#   4. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="16 17" profiles
+#   4. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
 #   5. the trainer's determinism and resume check;
 #   6. the DeMo apply lab;
