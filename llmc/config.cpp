@@ -91,7 +91,7 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"sample_every", &TrainConfig::sample_every, "print a text sample every N steps (0 = never)"},
              {"sample_tokens", &TrainConfig::sample_tokens, "tokens per sample"},
              {"out_dir", &TrainConfig::out_dir, "metrics.jsonl, config.json and checkpoints go here"},
-             {"checkpoint_every", &TrainConfig::checkpoint_every, "checkpoint every N steps (0 = only at the end)"},
+             {"checkpoint_every", &TrainConfig::checkpoint_every, "checkpoint every N steps (0 = only at the end, -1 = never)"},
              {"keep_checkpoints", &TrainConfig::keep_checkpoints, "complete checkpoints kept (0 = all)"},
              {"resume", &TrainConfig::resume, "'auto' (latest checkpoint in out_dir) or a checkpoint directory"},
              {"reset_momentum", &TrainConfig::reset_momentum,
@@ -312,9 +312,10 @@ void validate_config(const TrainConfig& c) {
     LLMC_CHECK(c.final_lr_frac >= 0.0f && c.final_lr_frac <= 1.0f, "--final_lr_frac must be in [0, 1]");
     LLMC_CHECK(c.warmup_start_frac >= 0.0f && c.warmup_start_frac <= 1.0f, "--warmup_start_frac must be in [0, 1]");
     LLMC_CHECK(c.val_every >= 0 && c.val_batches >= 0 && c.sample_every >= 0 && c.sample_tokens >= 0 &&
-                   c.checkpoint_every >= 0 && c.keep_checkpoints >= 0 && c.threads >= 0,
-               "--val_every, --val_batches, --sample_every, --sample_tokens, --checkpoint_every, "
-               "--keep_checkpoints and --threads must be >= 0");
+                   c.keep_checkpoints >= 0 && c.threads >= 0,
+               "--val_every, --val_batches, --sample_every, --sample_tokens, --keep_checkpoints and --threads must "
+               "be >= 0");
+    LLMC_CHECK(c.checkpoint_every >= -1, "--checkpoint_every must be >= -1 (0: only at the end, -1: never)");
     positive(c.log_every, "log_every");
     LLMC_CHECK(c.comm_timeout >= 0.0f, "--comm_timeout must be >= 0 (seconds; 0 waits forever)");
     LLMC_CHECK(!c.out_dir.empty(), "--out_dir must not be empty");

@@ -88,7 +88,7 @@ double evaluate_loss(Model& model, DataLoader& loader, const TrainConfig& cfg, T
 int sample_token(std::span<const float> logits, int vocab_size, Rng& rng);
 
 // What the end of optimizer step `step` (0-based) owes, from the config's cadences: the last step always
-// validates, samples (when sampling is on) and checkpoints.
+// validates, samples (when sampling is on) and checkpoints (unless --checkpoint_every -1: benchmarks).
 struct StepDuties {
     bool validate = false, sample = false, checkpoint = false;
 };
@@ -96,7 +96,7 @@ inline StepDuties step_duties(const TrainConfig& cfg, int step) {
     const bool last = step + 1 == cfg.steps;
     auto every = [&](int n) { return n > 0 && (step + 1) % n == 0; };
     return {last || every(cfg.val_every), cfg.sample_every > 0 && (last || every(cfg.sample_every)),
-            last || every(cfg.checkpoint_every)};
+            cfg.checkpoint_every >= 0 && (last || every(cfg.checkpoint_every))};
 }
 
 // The validation pass (every rank; val_loader may be null: no validation data) and the text sample

@@ -7,6 +7,7 @@
 #include "llmc/config.h"
 #include "llmc/error.h"
 #include "llmc/schedule.h"
+#include "llmc/train_common.h"
 #include "test/testing.h"
 
 using namespace llmc;
@@ -103,6 +104,8 @@ TEST(bad_flags_are_named) {
     EXPECT_ERROR(parse({"--batch_size", "0"}, cfg), "--batch_size must be > 0");
     TrainConfig fresh;
     EXPECT_ERROR(parse({"--comm_timeout", "-1"}, fresh), "--comm_timeout must be >= 0");
+    TrainConfig fresh2;
+    EXPECT_ERROR(parse({"--checkpoint_every", "-2"}, fresh2), "--checkpoint_every must be >= -1");
     EXPECT_ERROR(parse({"--num_heads", "5"}, cfg), "not divisible by num_heads");
     EXPECT_ERROR(parse({"--steps", "99999999999"}, cfg), "out of range");
 }
@@ -130,6 +133,25 @@ TEST(optimizer_config_maps_choices) {
     EXPECT(o.demo.momentum == DemoMomentum::ema);
     EXPECT(o.decay_groups == DecayGroups::all);
     EXPECT(o.demo.indices == DemoIndexEncoding::packed12);
+}
+
+// Which steps checkpoint (of 6 steps, 0-based): every N-th and the last; 0 only the last; -1 none.
+TEST(checkpoint_cadence) {
+    auto checkpoints = [](int every) {
+        TrainConfig cfg;
+        cfg.steps = 6;
+        cfg.checkpoint_every = every;
+        std::vector<int> at;
+        for (int step = 0; step < cfg.steps; step++)
+            if (step_duties(cfg, step).checkpoint) at.push_back(step);
+        return at;
+    };
+    EXPECT(checkpoints(4) == std::vector<int>({3, 5}));
+    EXPECT(checkpoints(2) == std::vector<int>({1, 3, 5}));
+    EXPECT(checkpoints(0) == std::vector<int>({5}));
+    EXPECT(checkpoints(-1).empty());
+    TrainConfig cfg;
+    EXPECT(parse({"--checkpoint_every", "-1"}, cfg) && cfg.checkpoint_every == -1);
 }
 
 TEST(lr_schedule_warmup_and_cosine) {

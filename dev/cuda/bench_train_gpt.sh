@@ -53,7 +53,7 @@ run_ours() {  # [KNOB=value] run_ours <label> <optimizer> [flags]: environment k
   local label=$1 opt=$2; shift 2
   rm -rf "${out:?}/$label"
   ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps "$STEPS" \
-    --optimizer "$opt" --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 10 \
+    --optimizer "$opt" --val_every 0 --val_data= --sample_every 0 --checkpoint_every -1 --log_every 10 \
     --out_dir "$out/$label" "$@" >"$out/$label.log" 2>&1 ||
     { echo "bench_train_gpt: train_gpt $label failed:"; tail -5 "$out/$label.log"; return 1; }
   summarize "train_gpt $label" "$out/$label/metrics.jsonl" | tee -a "$out/summary.txt"

@@ -149,7 +149,7 @@ mkdir -p "$out"
 LLMC_PROFILE_STEP=4 "$NCU" --profile-from-start off --clock-control none -k "regex:$REGEX" --launch-count 1 \
   --set full --import-source yes -f -o "$out/kernel" \
   ./train_gpt --config configs/d12.json --batch_size 4 --seq_len 1024 --steps 5 --optimizer "$OPT" \
-  --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 1 --out_dir "$out/run" "$@" \
+  --val_every 0 --val_data= --sample_every 0 --checkpoint_every -1 --log_every 1 --out_dir "$out/run" "$@" \
   >"$out/ncu.log" 2>&1 || { echo "profile_kernel: ncu/train_gpt failed:"; tail -5 "$out/ncu.log"; exit 1; }
 grep -q "No kernels were profiled" "$out/ncu.log" && { echo "profile_kernel: no kernel matched '$REGEX' in step 4"; exit 1; }
 "$NCU" -i "$out/kernel.ncu-rep" --page details --csv >"$out/details.csv" 2>/dev/null

@@ -86,7 +86,7 @@ mkdir -p "$out"
 # Step 4: after cuBLASLt's heuristics and the allocations of the first steps.
 LLMC_PROFILE_STEP=4 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
   ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps 5 --optimizer "$OPT" \
-  --val_every 0 --val_data= --sample_every 0 --checkpoint_every 0 --log_every 1 --out_dir "$out/$OPT" "$@" \
+  --val_every 0 --val_data= --sample_every 0 --checkpoint_every -1 --log_every 1 --out_dir "$out/$OPT" "$@" \
   >"$out/$OPT.csv" 2>"$out/$OPT.err" || { echo "profile_step: ncu/train_gpt failed:"; tail -5 "$out/$OPT.err"; exit 1; }
 echo "train_gpt --optimizer $OPT, B=$B, T=$T, attention ${LLMC_ATTENTION:-auto}:"
 table "$out/$OPT.csv"
