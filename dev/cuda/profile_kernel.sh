@@ -4,7 +4,7 @@
 # matches a regex with every section and the per-instruction source counters, and prints the kernel's headline
 # figures (time, instructions, issue slots, occupancy, DRAM) and a table of its warp stall samples and executed
 # instructions per function and per source line, with the top stall reasons of each. Functions are found in the
-# source files this tree holds (the build machine's paths are matched by their longest existing suffix), so
+# source files this tree holds (a build machine's path is matched by its shortest suffix that names a file here), so
 # inlined helpers (block_select_topk, tensor_dct_pass, ...) get their own rows. Needs a build with -lineinfo (the
 # Makefile's NVCCFLAGS have it). Environment knobs of train_gpt pass through (e.g. LLMC_DEMO_TUNING=7).
 #   dev/cuda/profile_kernel.sh [REGEX=demo_compress_kernel] [optimizer=demo] [more train_gpt flags...]
