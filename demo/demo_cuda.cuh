@@ -49,7 +49,7 @@ namespace demo {
 //    setting continues bit for bit, the CPU trainer and the other settings read the spatial momentum).
 //  fp32 + spatial is kDefaultTuning, bit-identical to cm::compress_plan_host (the CPU module's bucket bits);
 //  tensor + spatial kTensorLeanTuning, fp32 + dct kDctMomentumTuning, tensor + dct kDctMomentumTensorTuning (the
-//  fastest: 1.157 against 1.590 ms at d12, k = 32, on an H100; dev/bench/README.md). The DCT-domain tunings need
+//  fastest: 1.025 against 1.581 ms at d12, k = 32, on an H100; dev/bench/README.md). The DCT-domain tunings need
 //  16-byte aligned 64 x 64 rows (every GPT-2 shape; others are refused with a message); the rest fall back to
 //  their twins without lean I/O.
 //  - LLMC_DEMO_TUNING=N (0 .. kNumTunings - 1): the 64 x 64 compress kernel of demo::kTunings[N] (and the exact

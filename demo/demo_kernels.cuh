@@ -9,7 +9,8 @@
 //    two folded passes (the DCT-II symmetry halves the multiply-adds) over shared memory with the bases in
 //    shared memory, top-k by |E| (ties to the lower index; block_select_topk: one shared-memory histogram of
 //    the top 11 bits of |E|'s fp32 bits, then an exact ranking among the few keys of the k-th largest's bin;
-//    cm::RadixSelect, at most 4 histogram rounds over 8-bit digits, when that bin is crowded by ties),
+//    cm::RadixSelect, at most 4 histogram rounds over 8-bit digits, when that bin is crowded by ties; the 64 x 64
+//    tunings with register_topk apply the same rule to the coefficients each thread holds in registers),
 //    placement of the selection in index order (warp ballots and one scan of per-warp counts), value
 //    quantization (fp32 / bf16 RNE / sign with the per-chunk
 //    mean |v| summed in double in index order), packing into the bucket at codec.h's offsets (bit-packed
@@ -77,10 +78,10 @@ struct KernelConfig {
 // kDctMomentumTuning, kDctMomentumTensorTuning: LLMC_DEMO_DCT, LLMC_DEMO_MOMENTUM) and kLeanApplyTuning's apply;
 // the kernel lab (dev/cuda/demo_compress.cu and demo_apply.cu) times every one, so one GPU run decides between
 // them. The fp32 tunings give the same bits; the tensor-core and DCT-domain ones agree to rounding. The
-// compress-only fields (refetch, prefetch_l2, wide_bin_search) leave the apply kernel as the tuning without them
-// (apply_tuning). The table keeps the kernels the trainer runs, their fallbacks and references, and the fastest
-// candidate; dev/bench/README.md has the timings of the ones retired on 2026-11-27 (each slower than a kept one in
-// every format on an H100, most on an H200 too) under their old numbers.
+// compress-only fields (refetch, warp_lookup, register_topk, prefetch_own) leave the apply kernel as the tuning
+// without them (apply_tuning). The table keeps the kernels the trainer runs, their fallbacks, references and
+// bit-for-bit twins, and the candidates; dev/bench/README.md has the timings of the ones retired on 2026-11-27
+// (each slower than a kept one in every format on an H100) under their old numbers.
 struct KernelTuning {
     int min_blocks;        // __launch_bounds__ minimum blocks per SM: 4 caps registers at 64, 3 at 85
     int tile_j, tile_c;    // run_jobs register tile
@@ -92,8 +93,6 @@ struct KernelTuning {
                            // zeroed sums and counts. Needs KernelConfig::vec4_io and aligned buffers.
     bool refetch;          // compress, with lean_io: the updated momentum goes to global memory at once and is read
                            // back (from L2) for the error feedback, instead of 16 registers held across the kernel
-    bool prefetch_l2;      // compress: each block asks L2 for the chunk one wave of resident blocks ahead
-    bool wide_bin_search;  // compress: every warp sums histogram groups for the bin search, not warp 0 alone
     bool compact_smem;     // compress, fp32: KernelConfig::compress_compact (no tensor-core padding, one copy of
                            // the folded basis: n1 = n2) and 5 blocks per SM (48 registers): 5 x 44.5 KB fit an
                            // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32
@@ -102,33 +101,45 @@ struct KernelTuning {
                            // of |M|, then M[sent] -= alpha v; no decode and no dense error feedback. Same math as the
                            // reference up to rounding; the caller keeps M (cm::MomentumDomain::dct64). M is read
                            // after the DCT passes (holding it in registers across them was 1-2% slower)
+    bool warp_lookup;      // compress: each warp finds the chunk's tensor with a ballot over the table (independent
+                           // loads) instead of tensor_of_chunk's binary search (dependent loads)
+    bool register_topk;    // compress, with lean_io and coarse_topk: register_topk (below) on the thread's 16
+                           // coefficients in lean I/O's mapping, 4 runs of 4 instead of block_select_topk's 16 slots
+                           // in index order: with dct_momentum those the momentum update left in registers (and the
+                           // coarse bins cleared before its barrier), else read from E
+    bool prefetch_own;     // compress, with dct_momentum: the block asks L2 for its own chunk's momentum as it starts,
+                           // so the read after the DCT passes finds it there (no registers held, unlike a load)
 };
 inline constexpr KernelTuning kTunings[] = {
-    // blocks, tile, coarse, tensor, lean, refetch, prefetch, wide, compact, dct momentum
-    {4, 8, 2, true, false, false, false, false, false, false, false},   // 0: fp32 products and I/O as first written
-    {4, 8, 2, true, false, true, false, false, false, false, false},    // 1: 0 + lean I/O (the trainer's apply)
-    {4, 8, 2, false, false, false, false, false, false, false, false},  // 2: 0 with RadixSelect only
-    {4, 8, 2, true, true, false, false, false, false, false, false},    // 3: 0 with tensor-core products
-    {4, 8, 2, true, true, true, true, false, false, false, false},      // 4: 3 + lean I/O, momentum refetched
-    {4, 8, 2, false, false, true, true, false, false, true, false},     // 5: 2 + lean I/O, refetch, compact layout
-    {4, 8, 2, true, false, true, true, true, true, false, true},        // 6: 1 + refetch, L2 prefetch, all-warp bin
-                                                                        //    search, momentum in the DCT domain
-    {4, 8, 2, true, true, true, true, false, true, false, true},        // 7: 4 + all-warp bin search, DCT domain
-    {4, 8, 2, false, true, true, true, false, false, false, true},      // 8: 7 with RadixSelect only
+    // blocks, tile, coarse, tensor, lean, refetch, compact, dct momentum, warp lookup, register top-k, prefetch own
+    {4, 8, 2, true, false, false, false, false, false, false, false, false},   // 0: fp32 products and I/O as first written
+    {4, 8, 2, true, false, true, false, false, false, false, false, false},    // 1: 0 + lean I/O (the trainer's apply)
+    {4, 8, 2, false, false, false, false, false, false, false, false, false},  // 2: 0 with RadixSelect only
+    {4, 8, 2, true, true, false, false, false, false, false, false, false},    // 3: 0 with tensor-core products
+    {4, 8, 2, true, true, true, true, false, false, false, false, false},      // 4: 3 + lean I/O, momentum refetched
+    {4, 8, 2, false, false, true, true, true, false, false, false, false},     // 5: 2 + lean I/O, refetch, compact layout
+    {4, 8, 2, true, false, true, true, true, true, true, true, true},          // 6: 5 with register top-k, DCT domain
+    {4, 8, 2, true, true, true, true, false, true, true, true, true},          // 7: 4 + register top-k, DCT domain
+    {4, 8, 2, true, false, true, true, false, false, true, true, false},       // 8: 1 + refetch, register top-k (default)
+    {4, 8, 2, true, true, true, true, false, false, true, true, false},        // 9: 4 + register top-k
+    {4, 8, 2, false, true, true, true, false, true, false, false, true},       // 10: 7 with RadixSelect (its twin)
+    {4, 8, 2, false, false, true, true, true, true, true, false, true},        // 11: 6 with RadixSelect (its twin)
 };
-inline constexpr int kNumTunings = 9;
-inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked against
+inline constexpr int kNumTunings = 12;
+inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked
+                                         // against (and the fallback of tunings 1 and 8)
 inline constexpr int kRadixTuning = 2;   // RadixSelect alone, same bits as 0 (the fallback of tuning 5)
-inline constexpr int kTensorTuning = 3;  // the tensor-core compress (the fallback of tuning 4)
+inline constexpr int kTensorTuning = 3;  // the tensor-core compress (the fallback of tunings 4 and 9)
 // The trainer's compress for each LLMC_DEMO_DCT x LLMC_DEMO_MOMENTUM (demo_cuda.cuh's KernelChoice): the fastest
 // tuning of each kind in the kernel lab (d12, k = 32 / 5 / 3 with fp32 / bf16 + 12-bit / sign values; H100,
-// 2026-11-27, dev/bench/README.md): 5 (1.590 / 1.285 / 1.257 ms, against 1.804 / 1.421 / 1.380 for tuning 0),
-// 4 (1.660 / 1.340 / 1.327), 6 (1.380 / 1.308 / 1.300) and 7 (1.157 / 1.049 / 1.045; 8: 1.112 / 1.061 / 1.065).
-inline constexpr int kDefaultTuning = 5;             // fp32 DCTs, spatial momentum: bit-identical to the host reference
-inline constexpr int kTensorLeanTuning = 4;          // tensor-core DCTs, spatial momentum
+// 2026-11-27, third session, dev/bench/README.md): 8 (1.581 / 1.211 / 1.181 ms, against 1.586 / 1.284 / 1.255
+// for 5 and 1.802 / 1.419 / 1.380 for 0), 9 (1.536 / 1.204 / 1.192; 4: 1.657 / 1.340 / 1.327), 6 (1.097 / 0.991
+// / 0.987) and 7 (1.025 / 0.907 / 0.907: 1,463 GB/s at k = 32, 1,647 at k = 5).
+inline constexpr int kDefaultTuning = 8;             // fp32 DCTs, spatial momentum: bit-identical to the host reference
+inline constexpr int kTensorLeanTuning = 9;          // tensor-core DCTs, spatial momentum
 inline constexpr int kDctMomentumTuning = 6;         // fp32 DCTs, momentum in the DCT domain
 inline constexpr int kDctMomentumTensorTuning = 7;   // tensor-core DCTs, momentum in the DCT domain
-inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false};  // any shape
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false, false};  // any shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {
         "64 regs, 8x2 tiles, histogram top-k",
@@ -137,9 +148,12 @@ inline const char* tuning_name(int t) {
         "3xTF32 tensor cores",
         "tensor cores, lean I/O, momentum refetched",
         "RadixSelect, lean I/O, refetch, compact, 5 blocks/SM",
-        "lean I/O, L2 prefetch, all-warp bin search, DCT-domain momentum",
-        "tensor cores, lean I/O, all-warp bin search, DCT-domain momentum",
-        "tensor cores, lean I/O, RadixSelect only, DCT-domain momentum"};
+        "register top-k, compact, 5 blocks/SM, DCT-domain momentum",
+        "tensor cores, register top-k, DCT-domain momentum",
+        "register top-k, lean I/O, refetch",
+        "tensor cores, register top-k, lean I/O, refetch",
+        "tensor cores, RadixSelect, DCT-domain momentum",
+        "RadixSelect, compact, 5 blocks/SM, DCT-domain momentum"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
@@ -172,7 +186,7 @@ inline constexpr bool is_exact_apply(int t) { return !kTunings[t].tensor_dct; }
 // buffers do not fit 16-byte accesses), except when LLMC_DEMO_TUNING picks a tuning without lean I/O.
 inline constexpr int kLeanApplyTuning = 1;
 static_assert(is_exact_tuning(kDefaultTuning) && kTunings[kDefaultTuning].lean_io &&
-              without_lean_io(kDefaultTuning) == kRadixTuning && is_exact_tuning(kRadixTuning));
+              without_lean_io(kDefaultTuning) == kExactTuning && is_exact_tuning(kRadixTuning));
 static_assert(kTunings[kTensorLeanTuning].tensor_dct && !kTunings[kTensorLeanTuning].dct_momentum &&
               without_lean_io(kTensorLeanTuning) == kTensorTuning);
 static_assert(kTunings[kDctMomentumTuning].dct_momentum && !kTunings[kDctMomentumTuning].tensor_dct &&
@@ -528,13 +542,45 @@ __device__ __forceinline__ void block_place_topk(const uint32_t (&keys)[kMaxElem
     __syncthreads();
 }
 
-// Shared words of block_select_topk beyond the chunk buffers.
+// The coarse bin of the k-th largest key, found by one warp alone: lane l sums bins top - 2l and top - 2l - 1
+// of a 64-bin window that starts at `top` (the bin of the largest key: nothing above it) and moves down until
+// the keys counted reach k (k <= the number of keys). Every lane returns the bin, the keys in higher bins and
+// the bin's count. Uniform in the warp; no barrier.
+struct CoarseBin {
+    uint32_t bin, above, count;
+};
+__device__ __forceinline__ CoarseBin anchored_bin_search(const uint32_t* coarse, int top, uint32_t k) {
+    const int lane = int(threadIdx.x & 31u);
+    uint32_t base = 0;  // keys in the windows above this one
+    for (;; top -= 64) {
+        const int b0 = top - 2 * lane, b1 = b0 - 1;
+        const uint32_t h0 = b0 >= 0 ? coarse[b0] : 0u, h1 = b1 >= 0 ? coarse[b1] : 0u;
+        uint32_t pin = h0 + h1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, pin, o);
+            if (lane >= o) pin += y;
+        }
+        const uint32_t total = __shfl_sync(0xffffffffu, pin, 31);
+        if (base + total >= k) {
+            const uint32_t a0 = base + pin - h0 - h1;  // keys above bin b0
+            const bool in0 = a0 < k && k <= a0 + h0;
+            const bool in1 = !in0 && a0 + h0 < k && k <= a0 + h0 + h1;
+            const int L = __ffs(int(__ballot_sync(0xffffffffu, in0 || in1))) - 1;
+            const uint32_t bin = uint32_t(in0 ? b0 : b1), above = in0 ? a0 : a0 + h0, count = in0 ? h0 : h1;
+            return CoarseBin{__shfl_sync(0xffffffffu, bin, L), __shfl_sync(0xffffffffu, above, L),
+                             __shfl_sync(0xffffffffu, count, L)};
+        }
+        base += total;
+    }
+}
+
+// Shared words of block_select_topk (and register_topk) beyond the chunk buffers.
 struct TopkShared {
-    uint32_t* coarse;  // cm::kCoarseBins words (any contents: zeroed here)
+    uint32_t* coarse;  // cm::kCoarseBins words (any contents: zeroed here; register_topk: zeroed by the caller)
     uint32_t* small;   // zeroed: the placement table, then 2 * cm::kMaxTopkCandidates words of candidates;
                        // RadixSelect's two histograms (512 words) on the fallback path
-    uint32_t* res;     // 12 words, res[6] zeroed (the candidate count)
-    uint32_t* groups;  // 32 words (any contents): the group sums of the all-warp bin search (WIDE)
+    uint32_t* res;     // 12 words, res[6] zeroed (the candidate count), res[7] zeroed (register_topk: the largest key)
 };
 
 // Step 6 whole: the top-k of the block's keys placed in index order into Lidx/Lval (k entries). Fast path
@@ -544,9 +590,8 @@ struct TopkShared {
 // listed; warp 0 ranks the candidates against each other, adds theirs to the table and scans it; every thread
 // places its keys. 6 barriers. When B holds more candidates (heavy ties or zeros) or k >= n: RadixSelect and
 // the general placement. Starts after a barrier that ended the writes of E and every use of `coarse`; ends
-// with a barrier. WIDE: the 32 group sums come from all warps (32 / warps groups each) into sh.groups, then one
-// more barrier, instead of warp 0's 32 sequential reductions while the other warps wait.
-template <int THREADS, bool COARSE = true, bool WIDE = false>
+// with a barrier.
+template <int THREADS, bool COARSE = true>
 __device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxElemsPerThread], uint32_t n, uint32_t k,
                                                   const cm::ChunkDims& d, const float* e, const TopkShared& sh,
                                                   uint32_t* Lidx, float* Lval) {
@@ -565,26 +610,13 @@ __device__ __forceinline__ void block_select_topk(const uint32_t (&keys)[kMaxEle
             if (i < n) atomicAdd(sh.coarse + cm::coarse_bin(keys[r]), 1u);
         }
         __syncthreads();
-        if constexpr (WIDE) {
-            static_assert(kWarps <= 32 && 32 % kWarps == 0, "the 32 groups split evenly over the warps");
-            for (int g = warp; g < 32; g += kWarps) {
-                const int lo = kBins - kGroup * (g + 1);
-                const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
-                if (lane == 0) sh.groups[g] = tot;
-            }
-            __syncthreads();
-        }
         if (warp == 0) {
             // group g = bins [kBins - 64 (g + 1), kBins - 64 g): group sums in descending order, lane g holds S_g
             uint32_t S = 0;
-            if constexpr (WIDE) {
-                S = sh.groups[lane];
-            } else {
-                for (int g = 0; g < 32; g++) {
-                    const int lo = kBins - kGroup * (g + 1);
-                    const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
-                    if (lane == g) S = tot;
-                }
+            for (int g = 0; g < 32; g++) {
+                const int lo = kBins - kGroup * (g + 1);
+                const uint32_t tot = __reduce_add_sync(0xffffffffu, sh.coarse[lo + lane] + sh.coarse[lo + 32 + lane]);
+                if (lane == g) S = tot;
             }
             uint32_t incl = S;
 #pragma unroll
@@ -889,6 +921,21 @@ __device__ __forceinline__ uint64_t block_chunk_origin(const cm::ChunkTensor& t,
     return t.offset + uint64_t(row) * t.n1 * t.cols + uint64_t(col) * t.n2;
 }
 
+// The tensor holding global chunk g (cm::tensor_of_chunk's answer), found by one warp at once: lane l tests
+// tensors l, l + 32, ... (ascending chunk offsets), and the count of those starting at or before g, less one, is
+// the index. One or two rounds of independent loads for a GPT-2's ~50 tensors instead of ~6 dependent ones. Every
+// lane of a converged warp must call it; all get the same index.
+__device__ __forceinline__ int warp_tensor_of_chunk(const cm::ChunkTensor* tensors, int count, uint64_t g) {
+    const int lane = int(threadIdx.x & 31u);
+    int starting = 0;
+#pragma unroll 2
+    for (int base = 0; base < count; base += 32) {
+        const int t = base + lane;
+        starting += __popc(__ballot_sync(0xffffffffu, t < count && tensors[t].chunk_offset <= g));
+    }
+    return starting - 1;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 struct CompressArgs {
     const cm::ChunkTensor* tensors;
@@ -908,19 +955,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 #else
     (void)p;
-#endif
-}
-// %nsmid: one more than the highest SM id (the SM count, or a little above where ids have gaps); 3 in the
-// emulator, so that the lookahead's index arithmetic runs there. Read in the kernel rather than passed in
-// CompressArgs: a larger CompressArgs changes ptxas's allocation of every tuning (measured: tuning 0's spills
-// went from 56 to 8 bytes), and those have GPU timings that a build without a GPU must not disturb.
-__device__ __forceinline__ uint32_t sm_id_count() {
-#if defined(__CUDA_ARCH__) && !defined(LLMC_BLOCK_EMULATOR)
-    uint32_t n;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
-    return n;
-#else
-    return 3u;
 #endif
 }
 
@@ -1064,10 +1098,12 @@ __device__ __forceinline__ void lean_prologue_dct(const float* grads, uint32_t c
 #pragma unroll
     for (int s = 0; s < 2; s++) lean_fold_rows(FX, ldx, s, gt[s], gb[s]);
 }
-// After the DCT of the gradient (E, rows of lde): E = decay M + s E for the thread's coefficients, M read now. No
-// barrier inside.
+// After the DCT of the gradient (E, rows of lde): E = decay M + s E for the thread's coefficients, M read now; v
+// gets them too (v[8 s + j]: row t / 16 + 16 s, v[8 s + 4 + j]: row 63 - t / 16 - 16 s; column 4 (t % 16) + j),
+// for register_topk. No barrier inside.
 __device__ __forceinline__ void lean_dct_momentum_update(const float* momentum, uint32_t cols,
-                                                         const cm::CompressParams& p, float* E, int lde) {
+                                                         const cm::CompressParams& p, float* E, int lde,
+                                                         float (&v)[16]) {
     const LeanOffsets o = lean_offsets(cols);
     const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
 #pragma unroll
@@ -1079,10 +1115,165 @@ __device__ __forceinline__ void lean_dct_momentum_update(const float* momentum, 
         float* eb = E + (63 - b0 - 16 * s) * lde + col;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            et[j] = cm::momentum_update(mt[j], et[j], p.clip, p.decay, p.grad_scale);
-            eb[j] = cm::momentum_update(mb[j], eb[j], p.clip, p.decay, p.grad_scale);
+            v[8 * s + j] = et[j] = cm::momentum_update(mt[j], et[j], p.clip, p.decay, p.grad_scale);
+            v[8 * s + 4 + j] = eb[j] = cm::momentum_update(mb[j], eb[j], p.clip, p.decay, p.grad_scale);
         }
     }
+}
+
+// The thread's 16 coefficients of E in lean I/O's mapping, as lean_dct_momentum_update leaves them in v.
+__device__ __forceinline__ void lean_read_coefficients(const float* E, int lde, float (&v)[16]) {
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[8 * s + j] = E[(b0 + 16 * s) * lde + col + j];
+            v[8 * s + 4 + j] = E[(63 - b0 - 16 * s) * lde + col + j];
+        }
+}
+
+// Top-k of a 64 x 64 chunk's coefficients from registers in lean I/O's mapping (v, as lean_dct_momentum_update
+// leaves them or lean_read_coefficients reads them), not from E in index order. The thread's 16 coefficients are
+// 4 runs of 4 consecutive indices, run g = 2 s + h in row t / 16 + 16 s (h = 0) or 63 - t / 16 - 16 s (h = 1), so
+// a warp's run g covers the row pair w + 8 s (h = 0) or 31 - w - 8 s (h = 1) of the 32 in the chunk, its lanes in
+// index order (h = 0) or with their halves swapped (h = 1: lanes 16-31 hold the lower row). Steps: the coarse
+// histogram and the largest key (bins cleared by the caller, before its barrier), then anchored_bin_search in every
+// warp (no barrier, no serial warp); per row pair the count of keys above the bin B of the k-th largest (or in it,
+// when it is taken whole) and the list of the candidates (keys in B); each candidate ranked by 8 threads at once (4
+// when there are over 32), each against an eighth of the list: it is selected when the candidates above it plus
+// those equal to it at lower indices number less than `need` (the reference's tie rule), and marked in a bit per
+// index and its row pair's count; every warp scans the 32 counts (one per lane) and places its selected
+// coefficients in index order into Lidx / Lval. 4 barriers (3 when B is taken whole), the last at the end; when B
+// holds more than cm::kMaxTopkCandidates keys, block_select_topk's RadixSelect fallback on keys read from E.
+// Starts after a barrier that ended the writes of E and the clearing of `coarse` (TopkShared's words as there).
+template <int THREADS>
+__device__ __forceinline__ void register_topk(const float (&v)[16], uint32_t k, const cm::ChunkDims& d, const float* E,
+                                              const TopkShared& sh, uint32_t* Lidx, float* Lval) {
+    static_assert(THREADS == 256, "lean I/O's mapping: 16 threads per row, 16 rows per 256 threads");
+    constexpr uint32_t n = cm::kFixedChunk * cm::kFixedChunk;
+    const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const uint32_t col = 4u * uint32_t(tid & 15), b0 = uint32_t(tid >> 4);
+    auto index_of = [&](int q) {  // natural index of v[q]
+        const int s = q >> 3, h = (q >> 2) & 1, j = q & 3;
+        const uint32_t row = h == 0 ? b0 + 16u * uint32_t(s) : 63u - b0 - 16u * uint32_t(s);
+        return row * cm::kFixedChunk + col + uint32_t(j);
+    };
+    auto pair_of = [&](int g) { return (g & 1) == 0 ? warp + 8 * (g >> 1) : 31 - warp - 8 * (g >> 1); };
+    if (k >= n) {  // every coefficient, at its own index
+#pragma unroll
+        for (int q = 0; q < 16; q++) {
+            Lidx[index_of(q)] = index_of(q);
+            Lval[index_of(q)] = v[q];
+        }
+        __syncthreads();
+        return;
+    }
+    uint32_t* res = sh.res;
+    uint32_t largest = 0;
+#pragma unroll
+    for (int q = 0; q < 16; q++) {
+        const uint32_t key = cm::magnitude_key(v[q]);
+        atomicAdd(sh.coarse + cm::coarse_bin(key), 1u);
+        largest = max(largest, key);
+    }
+    largest = __reduce_max_sync(0xffffffffu, largest);
+    if (lane == 0) atomicMax(res + 7, largest);
+    __syncthreads();
+    const CoarseBin cb = anchored_bin_search(sh.coarse, int(cm::coarse_bin(res[7])), k);
+    const uint32_t B = cb.bin, need = k - cb.above, C = cb.count;
+    const bool whole_bin = C == need;
+    if (!whole_bin && C > cm::kMaxTopkCandidates) {  // heavy ties or zeros: RadixSelect on keys in index order
+        uint32_t keys[kMaxElemsPerThread];
+#pragma unroll
+        for (int r = 0; r < kMaxElemsPerThread; r++) {
+            const uint32_t i = uint32_t(tid + r * THREADS);
+            keys[r] = cm::magnitude_key(E[(i / cm::kFixedChunk) * uint32_t(d.lde) + i % cm::kFixedChunk]);
+        }
+        const cm::TopkRule rule = block_radix_select<THREADS>(keys, n, k, sh.small, res);
+        block_place_topk<THREADS>(keys, n, rule, d, E, sh.small, Lidx, Lval);
+        return;
+    }
+    uint32_t* counts = sh.small;          // 32 row pairs: keys above B (or in B when whole)
+    uint32_t* ranked = sh.small + 32;     // 32 row pairs: selected candidates (zeroed)
+    uint32_t* cand = sh.small + 64;       // (key, index) pairs
+    uint32_t* chosen = sh.small + 64 + 2 * cm::kMaxTopkCandidates;  // a bit per index: the selected candidates
+    static_assert(64 + 2 * cm::kMaxTopkCandidates + 128 <= 2 * THREADS, "within the zeroed histogram words");
+    uint32_t sel = 0, mine = 0;           // bit q: v[q] selected / a candidate
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        uint32_t above = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int q = 4 * g + j;
+            const uint32_t bin = cm::coarse_bin(cm::magnitude_key(v[q]));
+            if (bin > B || (whole_bin && bin == B)) {
+                sel |= 1u << q;
+                above++;
+            } else if (bin == B) {
+                mine |= 1u << q;
+                const uint32_t slot = atomicAdd(res + 6, 1u);
+                cand[2 * slot] = cm::magnitude_key(v[q]);
+                cand[2 * slot + 1] = index_of(q);
+            }
+        }
+        above = __reduce_add_sync(0xffffffffu, above);
+        if (lane == 0) counts[pair_of(g)] = above;
+    }
+    __syncthreads();
+    if (!whole_bin) {
+        // candidate j = tid / L ranked by L consecutive lanes, lane r of them against candidates r, r + L, ...
+        const uint32_t L = C <= 32 ? 8u : 4u, j = uint32_t(tid) / L, r = uint32_t(tid) % L;
+        uint32_t before = 0;
+        uint32_t key = 0, i = 0;
+        if (j < C) {
+            key = cand[2 * j];
+            i = cand[2 * j + 1];
+            for (uint32_t c = r; c < C; c += L) {
+                const uint32_t kc = cand[2 * c], ic = cand[2 * c + 1];
+                before += kc > key || (kc == key && ic < i);
+            }
+        }
+        for (uint32_t o = 1; o < L; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, int(o));
+        if (j < C && r == 0 && before < need) {
+            atomicOr(chosen + (i >> 5), 1u << (i & 31u));
+            atomicAdd(ranked + i / (2u * cm::kFixedChunk), 1u);
+        }
+        __syncthreads();
+        for (uint32_t m = mine; m != 0u; m &= m - 1u) {
+            const int q = __ffs(int(m)) - 1;
+            const uint32_t iq = index_of(q);
+            if ((chosen[iq >> 5] >> (iq & 31u)) & 1u) sel |= 1u << q;
+        }
+    }
+    const uint32_t total = counts[lane] + ranked[lane];
+    uint32_t incl = total;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    const uint32_t start = incl - total;  // lane p: selected coefficients in row pairs before p
+    const uint32_t lower = (1u << lane) - 1u, swapped = (1u << (lane ^ 16)) - 1u;
+    const uint32_t lower_h1 = (swapped << 16) | (swapped >> 16);  // lanes ahead in index order when h = 1
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const uint32_t bits = (sel >> (4 * g)) & 15u, cnt = uint32_t(__popc(bits));
+        const uint32_t ahead = (g & 1) == 0 ? lower : lower_h1;
+        const uint32_t b_0 = __ballot_sync(0xffffffffu, cnt & 1u), b_1 = __ballot_sync(0xffffffffu, cnt & 2u),
+                       b_2 = __ballot_sync(0xffffffffu, cnt & 4u);
+        uint32_t pos = __shfl_sync(0xffffffffu, start, pair_of(g)) + uint32_t(__popc(b_0 & ahead)) +
+                       2u * uint32_t(__popc(b_1 & ahead)) + 4u * uint32_t(__popc(b_2 & ahead));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (bits & (1u << j)) {
+                Lidx[pos] = index_of(4 * g + j);
+                Lval[pos] = v[4 * g + j];
+                pos++;
+            }
+        }
+    }
+    __syncthreads();
 }
 // The sent coefficients' feedback in place (Lidx/Lval[0, k): indices and dequantized values), a barrier, then the
 // one write of the thread's coefficients. Starts after a barrier that ended every read of E and Lval's writes.
@@ -1170,24 +1361,19 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
     const uint64_t gchunk = blockIdx.x;
-    const cm::ChunkTensor ct = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
+    const cm::ChunkTensor ct = a.tensors[kTune.warp_lookup ? warp_tensor_of_chunk(a.tensors, a.num_tensors, gchunk)
+                                                           : cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
     const uint64_t c = gchunk - ct.chunk_offset;
     const cm::ChunkDims d = kTensor ? tensor_core_dims()
                             : FIXED ? cm::make_dims(FIXED, FIXED)
                                     : cm::make_dims(int(ct.n1), int(ct.n2));
     const uint64_t origin = block_chunk_origin(ct, uint32_t(c));
     const uint64_t cols = ct.cols;
-    if constexpr (FIXED != 0 && kTune.prefetch_l2) {
-        // the chunk a block one wave later will read: its 64 rows x 256 bytes of momentum and of gradient, one
-        // 128-byte line per thread (row tid / 4, half (tid / 2) % 2, gradient when tid is odd)
-        static_assert(FIXED * FIXED * 2 * 4 / 128 == THREADS, "one line per thread");
-        const uint64_t ahead = gchunk + uint64_t(sm_id_count()) * compress_min_blocks(kTune);  // one wave ahead
-        if (ahead < gridDim.x) {
-            const cm::ChunkTensor& nt = a.tensors[cm::tensor_of_chunk(a.tensors, a.num_tensors, ahead)];
-            const uint64_t next = block_chunk_origin(nt, uint32_t(ahead - nt.chunk_offset));
-            const float* base = (tid & 1) ? a.grads : a.momentum;
-            prefetch_l2(base + next + (uint32_t(tid >> 2) * nt.cols + 32u * uint32_t((tid >> 1) & 1)));
-        }
+    if constexpr (kDctMomentum && kTune.prefetch_own) {
+        // this chunk's 64 rows x 256 bytes of momentum, read after the DCT passes: one 128-byte line per thread
+        static_assert(FIXED * FIXED * 4 / 128 <= THREADS, "one line per thread");
+        if (tid < FIXED * FIXED * 4 / 128)
+            prefetch_l2(a.momentum + origin + (uint32_t(tid >> 1) * uint32_t(cols) + 32u * uint32_t(tid & 1)));
     }
     float* P = sm + a.L.P;
     float* Q = sm + a.L.Q;
@@ -1292,21 +1478,39 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     else
         run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
+    // the anchored top-k's coarse bins (in P, free since pass 2) are cleared before the momentum update's barrier
+    constexpr bool kRegisterTopk = kLean && kTune.register_topk;
+    constexpr bool kZeroedBins = kDctMomentum && kRegisterTopk;
+    static_assert(!kTune.register_topk || (kTune.lean_io && kTune.coarse_topk), "register_topk takes lean I/O's mapping");
+    const uint32_t k = ct.k;
+    const TopkShared topk_shared{reinterpret_cast<uint32_t*>(P), hist, res};
     if constexpr (kDctMomentum) {  // E holds DCT(g): the momentum update in the DCT domain
-        lean_dct_momentum_update(momentum, cols32, a.p, Q, d.lde);
+        float v[16];
+        lean_dct_momentum_update(momentum, cols32, a.p, Q, d.lde, v);
+        if constexpr (kZeroedBins)
+            for (int b = tid; b < cm::kCoarseBins / 4; b += THREADS) reinterpret_cast<float4*>(P)[b] = float4{0.0f, 0.0f, 0.0f, 0.0f};  // zero bits
         __syncthreads();
+        if constexpr (kRegisterTopk) register_topk<THREADS>(v, k, d, Q, topk_shared, Lidx, Lval);
+    } else if constexpr (kRegisterTopk) {  // the coarse bins (in P, free since pass 2) cleared before one more barrier
+        float v[16];
+        lean_read_coefficients(Q, d.lde, v);
+        for (int b = tid; b < cm::kCoarseBins / 4; b += THREADS) reinterpret_cast<float4*>(P)[b] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        __syncthreads();
+        register_topk<THREADS>(v, k, d, Q, topk_shared, Lidx, Lval);
     }
 
     // 6: top-k (radix select), placed in index order into the list. Keys of natural indices tid + r * THREADS.
-    const uint32_t n = uint32_t(d.elems), k = ct.k;
-    uint32_t keys[kMaxElemsPerThread];
+    if constexpr (!kRegisterTopk) {
+        const uint32_t n = uint32_t(d.elems);
+        uint32_t keys[kMaxElemsPerThread];
 #pragma unroll
-    for (int r = 0; r < kMaxElemsPerThread; r++) {
-        const uint32_t i = uint32_t(tid + r * THREADS);
-        keys[r] = i < n ? cm::magnitude_key(Q[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)]) : 0u;
+        for (int r = 0; r < kMaxElemsPerThread; r++) {
+            const uint32_t i = uint32_t(tid + r * THREADS);
+            keys[r] = i < n ? cm::magnitude_key(Q[(i / uint32_t(d.n2)) * d.lde + i % uint32_t(d.n2)]) : 0u;
+        }
+        block_select_topk<THREADS, kTune.coarse_topk>(
+            keys, n, k, d, Q, topk_shared, Lidx, Lval);
     }
-    block_select_topk<THREADS, kTune.coarse_topk, kTune.wide_bin_search>(
-        keys, n, k, d, Q, TopkShared{reinterpret_cast<uint32_t*>(P), hist, res, scan}, Lidx, Lval);
 
     // 7-8: quantize and pack
     float scale = 0.0f;

@@ -12,7 +12,9 @@
 // Built only where the CUDA headers exist (the Makefile's emu rule), with g++.
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the kernels below see its threadIdx, intrinsics and min/max.
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -304,10 +306,13 @@ TEST(lean_io_tunings_fall_back_on_unaligned_rows) {
     const ParamLayout layout = ParamLayout::of_shapes({{7}, {128, 192}, {64, 64}});
     EXPECT(!demo::make_kernel_config(cm::plan_tables(fp32, layout), 1).vec4_io);
     static_assert(demo::without_lean_io(1) == demo::kExactTuning && demo::without_lean_io(4) == demo::kTensorTuning &&
-                  demo::without_lean_io(5) == demo::kRadixTuning);
+                  demo::without_lean_io(5) == demo::kRadixTuning && demo::without_lean_io(8) == demo::kExactTuning &&
+                  demo::without_lean_io(9) == demo::kTensorTuning);
     check_case<1>("unaligned 64x64 rows fp32/k9", layout, fp32, 130, emu::Order::Shuffled, 2);
     check_case<4>("unaligned 64x64 rows fp32/k9", layout, fp32, 131, emu::Order::Shuffled, 2);
     check_case<5>("unaligned 64x64 rows fp32/k9", layout, fp32, 132, emu::Order::Shuffled, 2);
+    check_case<8>("unaligned 64x64 rows fp32/k9", layout, fp32, 133, emu::Order::Shuffled, 2);
+    check_case<9>("unaligned 64x64 rows fp32/k9", layout, fp32, 134, emu::Order::Shuffled, 2);
 }
 
 // The lean I/O apply on chunks where many coefficients are sent by several of 4 ranks (k = 100: the mean over
@@ -332,14 +337,15 @@ TEST(tensor_core_kernels_agree_with_host_reference) {
                   120, emu::Order::WarpSerial, 4);
 }
 
-// The DCT-domain momentum (tunings 6 to 8): fed M = C1 m C2^T of the spatial momentum, the kernels send the
+// The DCT-domain momentum (tunings 6, 7, 10 and 11): fed M = C1 m C2^T of the spatial momentum, the kernels send the
 // reference's coefficients (values to rounding, the same index sets) and leave C1^T M' C2 within rounding of the
 // reference's updated momentum, for lr-scaled and EMA momentum, alpha 1 and 0.2, and fp32, bf16 and sign values;
 // the 64 x 64 chunks' buffer holds M, the other chunks stay spatial (cm::convert_momentum).
 TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
-    static_assert(demo::kTunings[6].dct_momentum && !demo::kTunings[6].tensor_dct && demo::kTunings[6].prefetch_l2 &&
-                  demo::kTunings[7].dct_momentum && demo::kTunings[7].tensor_dct && demo::kTunings[8].dct_momentum &&
-                  !demo::kTunings[8].coarse_topk);
+    static_assert(demo::kTunings[6].dct_momentum && !demo::kTunings[6].tensor_dct && demo::kTunings[6].register_topk &&
+                  demo::kTunings[7].dct_momentum && demo::kTunings[7].tensor_dct && demo::kTunings[7].register_topk &&
+                  demo::kTunings[10].dct_momentum && demo::kTunings[10].tensor_dct && !demo::kTunings[10].coarse_topk &&
+                  demo::kTunings[11].dct_momentum && !demo::kTunings[11].tensor_dct && !demo::kTunings[11].coarse_topk);
     const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
     check_case<6>("64x64 fp32/smallest/lr/k32, DCT-domain momentum", layout,
                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
@@ -353,9 +359,166 @@ TEST(dct_domain_momentum_tunings_agree_with_host_reference) {
     check_case<7>("64x64 bf16/packed12/lr/a0.2/k9, DCT-domain momentum, tensor cores", layout,
                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 0.2f, 9),
                   180, emu::Order::Forward, 2);
-    check_case<8>("64x64 fp32/smallest/ema/a0.2/k32, DCT-domain momentum, tensor cores, RadixSelect", layout,
-                  cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 32),
-                  170, emu::Order::WarpSerial, 3);
+    check_case<10>("64x64 fp32/smallest/ema/a0.2/k32, DCT-domain momentum, tensor cores, RadixSelect", layout,
+                   cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 32),
+                   170, emu::Order::WarpSerial, 3);
+    check_case<7>("64x64 fp32/smallest/lr/k32, DCT-domain momentum, tensor cores", layout,
+                  cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                  190, emu::Order::WarpSerial, 2);
+    check_case<11>("64x64 bf16/packed12/ema/a0.2/k9, DCT-domain momentum, RadixSelect, compact", layout,
+                   cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 9),
+                   200, emu::Order::Reverse, 2);
+}
+
+// The warp lookup (tunings 6 to 9) finds the tensors the binary search finds, on a plan of 40 tensors of 64 x 64
+// chunks (two ballot rounds): tuning 8 gives the host reference's bits, tuning 7 those of its twin 10 (the binary
+// search, RadixSelect: the same DCT-domain sums and top-k rule).
+TEST(warp_lookup_finds_the_binary_search_tensors) {
+    static_assert(demo::kTunings[8].warp_lookup && demo::kTunings[7].warp_lookup && !demo::kTunings[10].warp_lookup &&
+                  demo::kTunings[10].dct_momentum && demo::kTunings[10].tensor_dct);
+    std::vector<std::vector<size_t>> shapes;
+    for (size_t i = 0; i < 40; i++) shapes.push_back({64, 64 * (1 + i % 3)});
+    shapes.push_back({64});
+    const ParamLayout layout = ParamLayout::of_shapes(shapes);
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 5);
+    check_case<8>("40 tensors of 64x64 chunks fp32/k5, warp lookup", layout, cfg, 270, emu::Order::Shuffled, 1);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    const size_t n = layout.num_params;
+    const std::vector<float> m0 = testing::random_normal(n, 280, 1e-3f), grads = testing::random_normal(n, 281, 1.0f);
+    const cm::CompressParams cp = cm::compress_params(cfg, 6e-4f, 1.0f);
+    std::vector<float> m10 = m0, m7 = m0;
+    const std::vector<std::byte> b10 = emulate_compress<10>(pt, m10, grads, cp, emu::Order::Forward);
+    const std::vector<std::byte> b7 = emulate_compress<7>(pt, m7, grads, cp, emu::Order::Shuffled);
+    const bool same_momentum = std::memcmp(m10.data(), m7.data(), n * sizeof(float)) == 0;
+    std::printf("  tuning 7 vs tuning 10 on %zu chunks: buckets %s, momentum %s\n", pt.plan.total_chunks,
+                b10 == b7 ? "equal" : "DIFFER", same_momentum ? "equal" : "DIFFERS");
+    EXPECT(!b7.empty() && b10 == b7);
+    EXPECT(same_momentum);
+}
+
+// register_topk's anchored bin search (tuning 8, exact) on the chunks that stress it, bit for bit against the host
+// reference: ties (the DCT of a comb), all zeros (the RadixSelect fallback), and a momentum that is constant up to noise 1e-6
+// of its size, whose chunks have one large DC coefficient and the k-th largest ~20 octaves (~160 coarse bins)
+// below it, so the search walks down several 64-bin windows (counted here from the reference's keys).
+template <int T>
+void check_anchored_search() {
+    static_assert(demo::kTunings[T].register_topk && demo::is_exact_tuning(T));
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 128}, {64}});
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    const size_t n = layout.num_params;
+    const cm::CompressParams cp = cm::compress_params(cfg, 1e-3f, 1.0f);
+    int far_chunks = 0;
+    for (int mode = 0; mode < 3; mode++) {
+        std::vector<float> m(n, 0.0f), g(n, 0.0f);
+        if (mode == 0)
+            for (size_t i = 0; i < n; i++) g[i] = (i % 5 == 0) ? 1.0f : 0.0f;
+        if (mode == 2) {
+            const std::vector<float> noise = testing::random_normal(n, 300, 1e-6f);
+            for (size_t i = 0; i < n; i++) m[i] = 1.0f + noise[i];
+            cm::ChunkScratch s;
+            std::vector<uint8_t> scratch_bucket(pt.bucket_bytes, 0);
+            std::vector<float> mm = m;
+            const cm::ChunkTensor& ct = pt.tensors[0];
+            for (uint64_t c = 0; c < pt.plan.tensors[0].num_chunks; c++) {
+                cm::compress_chunk_host(pt, ct, c, mm.data(), g.data(), cp, scratch_bucket.data(), s);
+                std::vector<uint32_t> keys = s.keys;
+                std::sort(keys.begin(), keys.end(), std::greater<>());
+                far_chunks += cm::coarse_bin(keys[0]) - cm::coarse_bin(keys[ct.k - 1]) >= 64;
+            }
+        }
+        count_topk_paths(pt, m, g, cp);
+        std::vector<float> m_emu = m, m_ref = m;
+        const std::vector<std::byte> b_emu = emulate_compress<T>(pt, m_emu, g, cp, emu::Order::Shuffled);
+        std::vector<std::byte> b_ref;
+        cm::compress_plan_host(pt, m_ref.data(), g.data(), cp, b_ref);
+        std::printf("  tuning %d, mode %d (%s): buckets %s, momentum %s\n", T, mode, mode == 0 ? "comb" : mode == 1 ? "zeros" : "constant + noise",
+                    b_emu == b_ref ? "equal" : "DIFFER",
+                    std::memcmp(m_emu.data(), m_ref.data(), n * sizeof(float)) == 0 ? "equal" : "DIFFERS");
+        EXPECT(b_emu == b_ref);
+        EXPECT(std::memcmp(m_emu.data(), m_ref.data(), n * sizeof(float)) == 0);
+    }
+    std::printf("  chunks whose k-th key lies 64 or more coarse bins below the largest: %d of 4\n", far_chunks);
+    EXPECT_EQ(far_chunks, 4);
+}
+TEST(anchored_bin_search_matches_host_reference) {
+    check_anchored_search<8>();
+    const ParamLayout layout = ParamLayout::of_shapes({{192, 128}, {64, 64}, {128}});
+    check_case<8>("64x64 fp32/smallest/lr/k32, register top-k", layout,
+                  cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                  210, emu::Order::WarpSerial, 2);
+    check_case<8>("64x64 bf16/packed12/ema/a0.2/k100, register top-k", layout,
+                  cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 100),
+                  220, emu::Order::Reverse, 3);
+}
+
+// register_topk changes only how the top-k is found and placed, so the tunings with it must give, bit for bit, the
+// buckets and momentum of their twins without it (the same DCTs and arithmetic): 7 those of 10 and 6 of 11 (the
+// DCT-domain momentum, tensor cores and fp32; the twins run RadixSelect), 9 of 4 (tensor cores) and 8 of 0 (fp32).
+// On every path: candidates ranked (k = 32), the bin taken whole (k = 3), ties decided by index (the DCT of a
+// comb), all zeros (the RadixSelect fallback), one large coefficient far above the rest (several 64-bin windows),
+// ~20 equal coefficients around the k-th largest (ranked by index), k = 4,096 (every coefficient), and k = 100
+// with bf16 values and EMA momentum; in different block orders.
+template <int A, int B>
+void expect_same_compress(const std::string& name, const cm::PlanTables& pt, const std::vector<float>& m0,
+                          const std::vector<float>& grads, const cm::CompressParams& cp, emu::Order order) {
+    std::vector<float> ma = m0, mb = m0;
+    const std::vector<std::byte> ba = emulate_compress<A>(pt, ma, grads, cp, order);
+    const std::vector<std::byte> bb = emulate_compress<B>(pt, mb, grads, cp, emu::Order::Forward);
+    const bool same_momentum = std::memcmp(ma.data(), mb.data(), ma.size() * sizeof(float)) == 0;
+    std::printf("  %s, tuning %d vs %d [%s]: buckets %s, momentum %s\n", name.c_str(), A, B, order_name(order),
+                ba == bb ? "equal" : "DIFFER", same_momentum ? "equal" : "DIFFERS");
+    EXPECT(!ba.empty() && ba == bb);
+    EXPECT(same_momentum);
+}
+
+TEST(register_topk_matches_its_twins) {
+    static_assert(demo::kTunings[7].register_topk && !demo::kTunings[10].register_topk && demo::kTunings[7].tensor_dct &&
+                  demo::kTunings[10].tensor_dct && demo::kTunings[7].dct_momentum && demo::kTunings[10].dct_momentum);
+    static_assert(demo::kTunings[6].register_topk && !demo::kTunings[11].register_topk && !demo::kTunings[6].tensor_dct &&
+                  !demo::kTunings[11].tensor_dct && demo::kTunings[6].dct_momentum && demo::kTunings[11].dct_momentum);
+    static_assert(demo::kTunings[9].register_topk && demo::kTunings[9].tensor_dct && !demo::kTunings[4].register_topk &&
+                  demo::kTunings[4].tensor_dct && demo::kTunings[8].register_topk && !demo::kTunings[8].tensor_dct);
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {64, 64}, {64}});
+    const size_t n = layout.num_params;
+    struct Case {
+        const char* name;
+        OptimizerConfig cfg;
+        int data;  // 0 random, 1 comb gradient, 2 zeros, 3 constant momentum + noise, 4 ties in the k-th key's bin
+    };
+    const std::vector<Case> cases = {
+        {"fp32/k32 random", cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32), 0},
+        {"sign/k3 random", cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.5f, 3), 0},
+        {"bf16/k100 random", cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::ema, 0.2f, 100), 0},
+        {"fp32/k9 comb", cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9), 1},
+        {"sign/k9 zeros", cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9), 2},
+        {"fp32/k9 constant + noise", cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9), 3},
+        {"fp32/k9 ~20 equal keys per chunk", cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9), 4},
+        {"fp32/k4096 every coefficient", cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 4096), 0},
+    };
+    for (size_t c = 0; c < cases.size(); c++) {
+        const Case& cs = cases[c];
+        const cm::PlanTables pt = cm::plan_tables(cs.cfg, layout);
+        std::vector<float> m(n, 0.0f), g(n, 0.0f);
+        if (cs.data == 0) {
+            m = testing::random_normal(n, 400 + c, 1e-3f);
+            g = testing::random_normal(n, 500 + c, 1.0f);
+        } else if (cs.data == 1) {
+            for (size_t i = 0; i < n; i++) g[i] = (i % 5 == 0) ? 1.0f : 0.0f;
+        } else if (cs.data == 3) {
+            const std::vector<float> noise = testing::random_normal(n, 600, 1e-6f);
+            for (size_t i = 0; i < n; i++) m[i] = (i % 4096 == 0 ? 50.0f : 0.0f) + noise[i];
+        } else if (cs.data == 4) {  // zero gradient: E = decay M, so the equal coefficients stay equal
+            const std::vector<float> small = testing::random_normal(n, 700, 1e-2f);
+            for (size_t i = 0; i < n; i++) m[i] = i % 199 == 7 ? (i % 2 ? 1.0f : -1.0f) : small[i];
+        }
+        const cm::CompressParams cp = cm::compress_params(cs.cfg, 1e-3f, 1.0f);
+        const emu::Order order = c % 2 ? emu::Order::Shuffled : emu::Order::WarpSerial;
+        expect_same_compress<7, 10>(cs.name, pt, m, g, cp, order);
+        expect_same_compress<6, 11>(cs.name, pt, m, g, cp, c % 2 ? emu::Order::Reverse : emu::Order::Shuffled);
+        expect_same_compress<9, 4>(cs.name, pt, m, g, cp, c % 2 ? emu::Order::Shuffled : emu::Order::Reverse);
+        expect_same_compress<8, 0>(cs.name, pt, m, g, cp, c % 2 ? emu::Order::WarpSerial : emu::Order::Reverse);
+    }
 }
 
 // The emulated mma.sync m16n8k8 TF32 against a plain 16 x 8 x 8 product of the matrices its fragments encode (the

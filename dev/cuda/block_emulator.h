@@ -684,6 +684,11 @@ inline unsigned atomicMin(unsigned* p, unsigned v) {
     *p = std::min(old, v);
     return old;
 }
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = std::max(old, v);
+    return old;
+}
 template <class T>
 T min(T a, T b) {
     return b < a ? b : a;
