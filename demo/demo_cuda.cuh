@@ -141,9 +141,10 @@ public:
         memory_.add(&norm_scratch_, llmc::kNormScratchFloats);
         memory_.add(&bucket_, bytes);
         memory_.add(&gathered_, bytes * size_t(world_));
-        const cm::LaunchTables order = cm::launch_tables(tables_);
+        const KernelTables kt = kernel_tables(tables_);
+        const cm::LaunchTables& order = kt.order;
         memory_.add(&tensors_, order.tensors.size());
-        memory_.add(&folded_, tables_.bases.folded.size());
+        memory_.add(&folded_, kt.folded.size());
         memory_.add(&natural_, tables_.bases.natural.size());
         memory_.add(&error_, 2);
         memory_.allocate("master weights + DeMo momentum, buckets and tables (" + std::to_string(n) +
@@ -151,7 +152,7 @@ public:
                          " bucket bytes)");
         memory_.zero(stream_);
         upload(tensors_, order.tensors.data(), order.tensors.size() * sizeof(cm::ChunkTensor));
-        upload(folded_, tables_.bases.folded.data(), tables_.bases.folded.size() * sizeof(float));
+        upload(folded_, kt.folded.data(), kt.folded.size() * sizeof(float));
         upload(natural_, tables_.bases.natural.data(), tables_.bases.natural.size() * sizeof(float));
         upload(bucket_, tables_.header.data(), kBucketHeaderBytes);  // the header never changes
         device_tables_ = demo::device_tables(order, tensors_, folded_, natural_);

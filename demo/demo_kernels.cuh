@@ -65,12 +65,14 @@ struct KernelConfig {
     int threads = 256;
     SmemLayout compress, apply;                  // the 64 x 64 launch group (cm::launch_tables)
     SmemLayout compress_compact;                 // its fp32 compress in the least memory (compact_smem tunings)
+    SmemLayout compress_tensor_compact;          // its tensor-core DCT-domain compress without a basis region
+                                                 // (compact_smem tunings with basis_table 2)
     SmemLayout compress_general, apply_general;  // every other chunk shape
     int world = 1;
     bool vec4_io = true;  // every 64 x 64 tensor's offset and row length are multiples of 4 floats (lean_io)
     size_t max_bytes() const {
-        return std::max({compress.bytes(), compress_compact.bytes(), apply.bytes(), compress_general.bytes(),
-                     apply_general.bytes()});
+        return std::max({compress.bytes(), compress_compact.bytes(), compress_tensor_compact.bytes(), apply.bytes(),
+                         compress_general.bytes(), apply_general.bytes()});
     }
 };
 
@@ -95,7 +97,8 @@ struct KernelTuning {
                            // back (from L2) for the error feedback, instead of 16 registers held across the kernel
     bool compact_smem;     // compress, fp32: KernelConfig::compress_compact (no tensor-core padding, one copy of
                            // the folded basis: n1 = n2) and 5 blocks per SM (48 registers): 5 x 44.5 KB fit an
-                           // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32
+                           // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32; tensor cores (with
+                           // dct_momentum and basis_table 2): compress_tensor_compact, ~39 KB, and 5 blocks per SM
     bool dct_momentum;     // compress, with lean_io and refetch: the 64 x 64 chunks' momentum is kept in the DCT
                            // domain (M = C1 m C2^T, see "DCT-domain momentum" below): M = decay M + s DCT(g), top-k
                            // of |M|, then M[sent] -= alpha v; no decode and no dense error feedback. Same math as the
@@ -109,23 +112,31 @@ struct KernelTuning {
                            // coarse bins cleared before its barrier), else read from E
     bool prefetch_own;     // compress, with dct_momentum: the block asks L2 for its own chunk's momentum as it starts,
                            // so the read after the DCT passes finds it there (no registers held, unlike a load)
+    int basis_table;       // compress, with tensor_dct: the split fragments of the basis built by each block from the
+                           // folded basis (0), copied from the precomputed table at the head of the folded table
+                           // (1: kernel_tables), or read from that table by the DCT passes themselves (2)
 };
 inline constexpr KernelTuning kTunings[] = {
-    // blocks, tile, coarse, tensor, lean, refetch, compact, dct momentum, warp lookup, register top-k, prefetch own
-    {4, 8, 2, true, false, false, false, false, false, false, false, false},   // 0: fp32 products and I/O as first written
-    {4, 8, 2, true, false, true, false, false, false, false, false, false},    // 1: 0 + lean I/O (the trainer's apply)
-    {4, 8, 2, false, false, false, false, false, false, false, false, false},  // 2: 0 with RadixSelect only
-    {4, 8, 2, true, true, false, false, false, false, false, false, false},    // 3: 0 with tensor-core products
-    {4, 8, 2, true, true, true, true, false, false, false, false, false},      // 4: 3 + lean I/O, momentum refetched
-    {4, 8, 2, false, false, true, true, true, false, false, false, false},     // 5: 2 + lean I/O, refetch, compact layout
-    {4, 8, 2, true, false, true, true, true, true, true, true, true},          // 6: 5 with register top-k, DCT domain
-    {4, 8, 2, true, true, true, true, false, true, true, true, true},          // 7: 4 + register top-k, DCT domain
-    {4, 8, 2, true, false, true, true, false, false, true, true, false},       // 8: 1 + refetch, register top-k (default)
-    {4, 8, 2, true, true, true, true, false, false, true, true, false},        // 9: 4 + register top-k
-    {4, 8, 2, false, true, true, true, false, true, false, false, true},       // 10: 7 with RadixSelect (its twin)
-    {4, 8, 2, false, false, true, true, true, true, true, false, true},        // 11: 6 with RadixSelect (its twin)
+    // blocks, tile, coarse, tensor, lean, refetch, compact, dct momentum, warp lookup, register top-k, prefetch own,
+    // basis table
+    {4, 8, 2, true, false, false, false, false, false, false, false, false, 0},   // 0: fp32 products and I/O as first written
+    {4, 8, 2, true, false, true, false, false, false, false, false, false, 0},    // 1: 0 + lean I/O (the trainer's apply)
+    {4, 8, 2, false, false, false, false, false, false, false, false, false, 0},  // 2: 0 with RadixSelect only
+    {4, 8, 2, true, true, false, false, false, false, false, false, false, 0},    // 3: 0 with tensor-core products
+    {4, 8, 2, true, true, true, true, false, false, false, false, false, 0},      // 4: 3 + lean I/O, momentum refetched
+    {4, 8, 2, false, false, true, true, true, false, false, false, false, 0},     // 5: 2 + lean I/O, refetch, compact layout
+    {4, 8, 2, true, false, true, true, true, true, true, true, true, 0},          // 6: 5 with register top-k, DCT domain
+    {4, 8, 2, true, true, true, true, false, true, true, true, true, 0},          // 7: 4 + register top-k, DCT domain
+    {4, 8, 2, true, false, true, true, false, false, true, true, false, 0},       // 8: 1 + refetch, register top-k (default)
+    {4, 8, 2, true, true, true, true, false, false, true, true, false, 0},        // 9: 4 + register top-k
+    {4, 8, 2, false, true, true, true, false, true, false, false, true, 0},       // 10: 7 with RadixSelect (its twin)
+    {4, 8, 2, false, false, true, true, true, true, true, false, true, 0},        // 11: 6 with RadixSelect (its twin)
+    // untimed candidates (2026-11-27): 7 with the basis fragments precomputed (tensor_basis_table)
+    {4, 8, 2, true, true, true, true, false, true, true, true, true, 1},           // 12: 7, basis fragments copied
+    {4, 8, 2, true, true, true, true, false, true, true, true, true, 2},           // 13: 7, basis fragments read by the passes
+    {4, 8, 2, true, true, true, true, true, true, true, true, true, 2},            // 14: 13, compact: 5 blocks/SM
 };
-inline constexpr int kNumTunings = 12;
+inline constexpr int kNumTunings = 15;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked
                                          // against (and the fallback of tunings 1 and 8)
 inline constexpr int kRadixTuning = 2;   // RadixSelect alone, same bits as 0 (the fallback of tuning 5)
@@ -139,7 +150,7 @@ inline constexpr int kDefaultTuning = 8;             // fp32 DCTs, spatial momen
 inline constexpr int kTensorLeanTuning = 9;          // tensor-core DCTs, spatial momentum
 inline constexpr int kDctMomentumTuning = 6;         // fp32 DCTs, momentum in the DCT domain
 inline constexpr int kDctMomentumTensorTuning = 7;   // tensor-core DCTs, momentum in the DCT domain
-inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false, false};  // any shape
+inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false, false, 0};  // any shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {
         "64 regs, 8x2 tiles, histogram top-k",
@@ -153,7 +164,10 @@ inline const char* tuning_name(int t) {
         "register top-k, lean I/O, refetch",
         "tensor cores, register top-k, lean I/O, refetch",
         "tensor cores, RadixSelect, DCT-domain momentum",
-        "RadixSelect, compact, 5 blocks/SM, DCT-domain momentum"};
+        "RadixSelect, compact, 5 blocks/SM, DCT-domain momentum",
+        "tensor cores, register top-k, DCT-domain momentum, basis fragments copied",
+        "tensor cores, register top-k, DCT-domain momentum, basis fragments from L1",
+        "tensor cores, register top-k, DCT-domain momentum, basis fragments from L1, 5 blocks/SM"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
@@ -276,7 +290,7 @@ inline uint32_t words4(size_t v) { return static_cast<uint32_t>((v + 3) & ~size_
 // compress layout without them and with one copy of the folded basis (n1 = n2 = 64), for compact_smem tunings.
 template <class InGroup>
 void carve_layouts(const cm::PlanTables& pt, int world, size_t T, InGroup in_group, SmemLayout& compress,
-                   SmemLayout& apply, SmemLayout* compact) {
+                   SmemLayout& apply, SmemLayout* compact, SmemLayout* tensor_compact) {
     const bool fixed = compact != nullptr;
     size_t cP = 0, cQ = 0, cB = 0, cL = 0, aP = 0, aQ = 0, aB = 0, aC = 0, aL = 0, segs = 0;
     size_t kP = 0, kQ = 0, kB = 0;  // the compact layout's
@@ -336,6 +350,11 @@ void carve_layouts(const cm::PlanTables& pt, int world, size_t T, InGroup in_gro
     carve(compress, cP, cQ, cB, 0, cL, 2 * T);
     carve(apply, aP, aQ, aB, aC, aL, T);
     if (compact) carve(*compact, kP, kQ, kB, 0, cL, 2 * T);
+    if (tensor_compact) {  // the DCT-domain tensor-core compress: no decode, the basis read from the folded table
+        const cm::ChunkDims t = tensor_core_dims();
+        carve(*tensor_compact, std::max({size_t(t.n1) * t.ldx, size_t(t.n1) * t.ldf, size_t(cm::kCoarseBins)}),
+              std::max(size_t(t.n1) * t.ldz, size_t(t.n1) * t.lde), 0, 0, cL, 2 * T);
+    }
 }
 
 // One layout per launch group: the general group's blocks (biases and LayerNorm weights of a GPT-2: 64-element
@@ -351,9 +370,10 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
     auto is_fixed = [fixed_kernels](const cm::ChunkTensor& ct) {  // cm::launch_tables' rule
         return fixed_kernels && ct.n1 == cm::kFixedChunk && ct.n2 == cm::kFixedChunk;
     };
-    carve_layouts(pt, world, size_t(kc.threads), is_fixed, kc.compress, kc.apply, &kc.compress_compact);
+    carve_layouts(pt, world, size_t(kc.threads), is_fixed, kc.compress, kc.apply, &kc.compress_compact,
+                  &kc.compress_tensor_compact);
     carve_layouts(pt, world, size_t(kc.threads), [&](const cm::ChunkTensor& ct) { return !is_fixed(ct); },
-                  kc.compress_general, kc.apply_general, nullptr);
+                  kc.compress_general, kc.apply_general, nullptr, nullptr);
     for (const cm::ChunkTensor& ct : pt.tensors)
         if (is_fixed(ct) && (ct.offset % 4 != 0 || ct.cols % 4 != 0)) kc.vec4_io = false;
     return kc;
@@ -778,6 +798,31 @@ __device__ __forceinline__ void build_tensor_basis(const float* __restrict__ fol
         tbl[(q * 2 + 1) * 32 + lane] = make_float4(llmc::km::bits_to_float(lo[0]), llmc::km::bits_to_float(lo[1]),
                                                    llmc::km::bits_to_float(lo[2]), llmc::km::bits_to_float(lo[3]));
     }
+}
+
+// build_tensor_basis's table computed once on the host (the same split, so the same bits) for the folded basis of
+// 64 (cm::folded_basis), kernel_tables puts it at the head of the device's folded table.
+inline std::vector<float> tensor_basis_table() {
+    const std::vector<float> fold = cm::folded_basis(64);
+    std::vector<float> tbl(kTensorBasisFloats);
+    for (int e = 0; e < 16 * 32; e++) {
+        const int q = e >> 5, lane = e & 31, g = lane >> 2, t = lane & 3;
+        const int p = q >> 3, mb = (q >> 2) & 1, ks = q & 3;
+        const float* a = fold.data() + p * 32 * 32;
+        const int j = 16 * mb + g, r = 8 * ks + t;
+        const float v[4] = {a[r * 32 + j], a[r * 32 + j + 8], a[(r + 4) * 32 + j], a[(r + 4) * 32 + j + 8]};
+        for (int i = 0; i < 4; i++) {
+            uint32_t hi, lo;
+            split_tf32(v[i], hi, lo);
+            tbl[((q * 2) * 32 + lane) * 4 + i] = llmc::km::bits_to_float(hi);
+            tbl[((q * 2 + 1) * 32 + lane) * 4 + i] = llmc::km::bits_to_float(lo);
+        }
+    }
+    return tbl;
+}
+// The precomputed table (kTensorBasisFloats at `table`, 16-byte aligned) into shared memory. No barrier inside.
+__device__ __forceinline__ void copy_tensor_basis(const float4* __restrict__ table, float4* tbl) {
+    for (int e = threadIdx.x; e < kTensorBasisFloats / 4; e += blockDim.x) tbl[e] = __ldg(table + e);
 }
 
 // One folded DCT pass on the tensor cores: for parity p in {0, 1}, Out(j, c) = sum_{r < 32} A_p(j, r) In_p(r, c)
@@ -1356,7 +1401,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     static_assert(!kLean || THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
     static_assert(!kTune.refetch || kTune.lean_io, "refetch is a variant of lean I/O");
     constexpr bool kCompact = FIXED == int(cm::kFixedChunk) && kTune.compact_smem;
-    static_assert(!kCompact || !kTensor, "the compact layout has no room for the tensor-core padding");
+    static_assert(!kCompact || !kTensor || (kTune.basis_table == 2 && kTune.dct_momentum),
+                  "the compact tensor-core layout has no basis region and no decode rows");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -1391,9 +1437,14 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
     float* fold1 = B;
     float* fold2 = kCompact ? fold1 : B + f1;  // compact: n1 = n2, so the two bases are one (ct.fold1 == ct.fold2)
+    const float4* basis = reinterpret_cast<const float4*>(kTensor && kTune.basis_table == 2 ? a.folded : B);
     if constexpr (kTensor) {
         LLMC_REQUIRE_ALIGNED(B, 16);
-        build_tensor_basis(a.folded + ct.fold1, reinterpret_cast<float4*>(B));
+        LLMC_REQUIRE_ALIGNED(a.folded, 16);
+        if constexpr (kTune.basis_table == 1)
+            copy_tensor_basis(reinterpret_cast<const float4*>(a.folded), reinterpret_cast<float4*>(B));
+        else if constexpr (kTune.basis_table == 0)
+            build_tensor_basis(a.folded + ct.fold1, reinterpret_cast<float4*>(B));
     } else {
         const float4* s1 = reinterpret_cast<const float4*>(a.folded + ct.fold1);
         const float4* s2 = reinterpret_cast<const float4*>(a.folded + ct.fold2);
@@ -1460,7 +1511,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
 
     // 3: pass 1 (along rows): FX (P) -> Z (Q)
     if constexpr (kTensor)
-        tensor_dct_pass(reinterpret_cast<const float4*>(B), P, d.he1 * d.ldx, d.ldx, 1, Q, d.ldz, 2 * d.ldz, 1);
+        tensor_dct_pass(basis, P, d.he1 * d.ldx, d.ldx, 1, Q, d.ldz, 2 * d.ldz, 1);
     else
         run_jobs<THREADS, kTileJ, kTileC>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
     __syncthreads();
@@ -1474,7 +1525,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     __syncthreads();
     // 5: pass 2 (along columns): FZ (P) -> E (Q)
     if constexpr (kTensor)
-        tensor_dct_pass(reinterpret_cast<const float4*>(B), P, d.he2, 1, d.ldf, Q, 1, 2, d.lde);
+        tensor_dct_pass(basis, P, d.he2, 1, d.ldf, Q, 1, 2, d.lde);
     else
         run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
     __syncthreads();
@@ -1732,19 +1783,36 @@ inline DeviceTables device_tables(const cm::LaunchTables& lt, const cm::ChunkTen
                         lt.fixed_chunks, lt.general_chunks, folded, natural};
 }
 
+// A plan's tables as the kernels read them: the launch tables (cm::launch_tables) and the folded bases with
+// tensor_basis_table in front (the fold offsets shifted past it), so tunings with basis_table find it at offset 0.
+struct KernelTables {
+    cm::LaunchTables order;
+    std::vector<float> folded;
+};
+inline KernelTables kernel_tables(const cm::PlanTables& pt) {
+    KernelTables kt{cm::launch_tables(pt), tensor_basis_table()};
+    static_assert(kTensorBasisFloats % 4 == 0, "the folded bases stay 16-byte aligned behind the table");
+    kt.folded.insert(kt.folded.end(), pt.bases.folded.begin(), pt.bases.folded.end());
+    for (cm::ChunkTensor& t : kt.order.tensors) {
+        t.fold1 += kTensorBasisFloats;
+        t.fold2 += kTensorBasisFloats;
+    }
+    return kt;
+}
+
 // Device copies of a plan's tables in their own buffers (checkers and tests; CudaDemo keeps them in its arena).
 struct OwnedDeviceTables {
-    cm::LaunchTables order;
+    KernelTables host;
     llmc::DeviceBuffer<cm::ChunkTensor> tensors;
     llmc::DeviceBuffer<float> folded, natural;
     DeviceTables view;
     explicit OwnedDeviceTables(const cm::PlanTables& pt)
-        : order(cm::launch_tables(pt)), tensors(order.tensors.size(), "DeMo tensor table"),
-          folded(pt.bases.folded.size(), "DeMo bases"), natural(pt.bases.natural.size(), "DeMo bases") {
-        tensors.upload(order.tensors);
-        folded.upload(pt.bases.folded);
+        : host(kernel_tables(pt)), tensors(host.order.tensors.size(), "DeMo tensor table"),
+          folded(host.folded.size(), "DeMo bases"), natural(pt.bases.natural.size(), "DeMo bases") {
+        tensors.upload(host.order.tensors);
+        folded.upload(host.folded);
         natural.upload(pt.bases.natural);
-        view = device_tables(order, tensors.data(), folded.data(), natural.data());
+        view = device_tables(host.order, tensors.data(), folded.data(), natural.data());
     }
 };
 
@@ -1762,7 +1830,9 @@ inline void raise_smem_limit(const void* kernel, size_t bytes) {
 
 // The shared-memory layout of tuning t's 64 x 64 compress launch.
 inline const SmemLayout& fixed_compress_layout(const KernelConfig& kc, int t) {
-    return kTunings[t].compact_smem ? kc.compress_compact : kc.compress;
+    return !kTunings[t].compact_smem ? kc.compress
+           : kTunings[t].tensor_dct  ? kc.compress_tensor_compact
+                                     : kc.compress_compact;
 }
 
 // The 64 x 64 kernels of tuning TUNE (prepare_kernels does the fp32 and the tensor-core tunings).

@@ -73,10 +73,11 @@ std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<fl
         if (!demo::lean_io_fits(kc, momentum.data(), grads.data()))
             return emulate_compress<demo::without_lean_io(TUNE)>(pt, momentum, grads, cp, order);
     }
-    const cm::LaunchTables lt = cm::launch_tables(pt);
+    const demo::KernelTables kt = demo::kernel_tables(pt);
+    const cm::LaunchTables& lt = kt.order;
     std::vector<uint8_t> bucket(pt.bucket_bytes, 0);
     std::memcpy(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes);
-    const demo::CompressArgs args{nullptr, 0, pt.bases.folded.data(), pt.bases.natural.data(), momentum.data(),
+    const demo::CompressArgs args{nullptr, 0, kt.folded.data(), pt.bases.natural.data(), momentum.data(),
                                   grads.data(), bucket.data(), cp, kc.compress};
     auto fixed = [](const demo::CompressArgs& a) { demo::demo_compress_kernel<256, cm::kFixedChunk, TUNE>(a); };
     auto general = [&kc](const demo::CompressArgs& a) {
@@ -518,6 +519,25 @@ TEST(register_topk_matches_its_twins) {
         expect_same_compress<6, 11>(cs.name, pt, m, g, cp, c % 2 ? emu::Order::Reverse : emu::Order::Shuffled);
         expect_same_compress<9, 4>(cs.name, pt, m, g, cp, c % 2 ? emu::Order::Shuffled : emu::Order::Reverse);
         expect_same_compress<8, 0>(cs.name, pt, m, g, cp, c % 2 ? emu::Order::WarpSerial : emu::Order::Reverse);
+    }
+}
+
+// The precomputed basis fragments (kernel_tables: tensor_basis_table at the head of the folded table) are the
+// ones build_tensor_basis makes, bit for bit, so tunings 12 (copied to shared memory), 13 (read by the passes) and
+// 14 (13 in the compact layout without a basis region) give tuning 7's buckets and momentum.
+TEST(basis_table_tunings_match_tuning_7) {
+    static_assert(demo::kTunings[12].basis_table == 1 && demo::kTunings[13].basis_table == 2 &&
+                  demo::kTunings[14].basis_table == 2 && demo::kTunings[14].compact_smem && demo::kTunings[7].basis_table == 0);
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {64, 64}, {64}});
+    const size_t n = layout.num_params;
+    for (const auto& cfg : {cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32),
+                            cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.5f, 3)}) {
+        const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+        const std::vector<float> m = testing::random_normal(n, 800, 1e-3f), g = testing::random_normal(n, 801, 1.0f);
+        const cm::CompressParams cp = cm::compress_params(cfg, 1e-3f, 1.0f);
+        expect_same_compress<12, 7>("precomputed basis", pt, m, g, cp, emu::Order::Shuffled);
+        expect_same_compress<13, 7>("precomputed basis", pt, m, g, cp, emu::Order::WarpSerial);
+        expect_same_compress<14, 7>("precomputed basis, compact layout", pt, m, g, cp, emu::Order::Reverse);
     }
 }
 
