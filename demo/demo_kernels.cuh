@@ -781,18 +781,33 @@ __device__ __forceinline__ void run_jobs(const cm::MatmulJob& j0, const cm::Matm
 // ---- the tensor-core products (256 threads = 8 warps, 64 x 64 chunks, tensor_core_dims) -------------------
 // The folded basis of 64 (even block, then odd block, 32 x 32 each, fold[r * 32 + j] = A(j, r)) as the A
 // fragments of the DCT passes, split hi / lo: float4 entries [(q * 2 + {0 hi, 1 lo}) * 32 + lane] for
-// q = (parity * 2 + row block) * 4 + k-step. Both passes use it (n1 = n2 = 64). No barrier inside.
+// q = (parity * 2 + row block) * 4 + k-step. Both passes use it (n1 = n2 = 64).
+// Entry e (< 16 * 32) of that table: the 4 values lane e % 32 holds of A fragment q = e / 32, split hi / lo. The
+// table's one definition, for the kernels (build_tensor_basis) and the host (tensor_basis_table).
+__host__ __device__ __forceinline__ void tensor_basis_entry(const float* __restrict__ fold, int e, uint32_t (&hi)[4],
+                                                            uint32_t (&lo)[4]) {
+    const int q = e >> 5, lane = e & 31, g = lane >> 2, t = lane & 3;
+    const int p = q >> 3, mb = (q >> 2) & 1, ks = q & 3;
+    const float* a = fold + p * 32 * 32;
+    const int j = 16 * mb + g, r = 8 * ks + t;
+    auto load = [](const float* x) {  // read-only cache on the device
+#ifdef __CUDA_ARCH__
+        return __ldg(x);
+#else
+        return *x;
+#endif
+    };
+    const float v[4] = {load(a + r * 32 + j), load(a + r * 32 + j + 8), load(a + (r + 4) * 32 + j),
+                        load(a + (r + 4) * 32 + j + 8)};
+#pragma unroll
+    for (int i = 0; i < 4; i++) split_tf32(v[i], hi[i], lo[i]);
+}
+// The table built into shared memory by the block. No barrier inside.
 __device__ __forceinline__ void build_tensor_basis(const float* __restrict__ fold, float4* tbl) {
     for (int e = threadIdx.x; e < 16 * 32; e += blockDim.x) {
-        const int q = e >> 5, lane = e & 31, g = lane >> 2, t = lane & 3;
-        const int p = q >> 3, mb = (q >> 2) & 1, ks = q & 3;
-        const float* a = fold + p * 32 * 32;
-        const int j = 16 * mb + g, r = 8 * ks + t;
-        const float v[4] = {__ldg(a + r * 32 + j), __ldg(a + r * 32 + j + 8), __ldg(a + (r + 4) * 32 + j),
-                            __ldg(a + (r + 4) * 32 + j + 8)};
         uint32_t hi[4], lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) split_tf32(v[i], hi[i], lo[i]);
+        tensor_basis_entry(fold, e, hi, lo);
+        const int q = e >> 5, lane = e & 31;
         tbl[(q * 2) * 32 + lane] = make_float4(llmc::km::bits_to_float(hi[0]), llmc::km::bits_to_float(hi[1]),
                                                llmc::km::bits_to_float(hi[2]), llmc::km::bits_to_float(hi[3]));
         tbl[(q * 2 + 1) * 32 + lane] = make_float4(llmc::km::bits_to_float(lo[0]), llmc::km::bits_to_float(lo[1]),
@@ -800,22 +815,18 @@ __device__ __forceinline__ void build_tensor_basis(const float* __restrict__ fol
     }
 }
 
-// build_tensor_basis's table computed once on the host (the same split, so the same bits) for the folded basis of
-// 64 (cm::folded_basis), kernel_tables puts it at the head of the device's folded table.
+// build_tensor_basis's table computed once on the host (the same entries, so the same bits) for the folded basis
+// of 64 (cm::folded_basis); kernel_tables puts it at the head of the device's folded table.
 inline std::vector<float> tensor_basis_table() {
     const std::vector<float> fold = cm::folded_basis(64);
     std::vector<float> tbl(kTensorBasisFloats);
     for (int e = 0; e < 16 * 32; e++) {
-        const int q = e >> 5, lane = e & 31, g = lane >> 2, t = lane & 3;
-        const int p = q >> 3, mb = (q >> 2) & 1, ks = q & 3;
-        const float* a = fold.data() + p * 32 * 32;
-        const int j = 16 * mb + g, r = 8 * ks + t;
-        const float v[4] = {a[r * 32 + j], a[r * 32 + j + 8], a[(r + 4) * 32 + j], a[(r + 4) * 32 + j + 8]};
+        uint32_t hi[4], lo[4];
+        tensor_basis_entry(fold.data(), e, hi, lo);
+        const int q = e >> 5, lane = e & 31;
         for (int i = 0; i < 4; i++) {
-            uint32_t hi, lo;
-            split_tf32(v[i], hi, lo);
-            tbl[((q * 2) * 32 + lane) * 4 + i] = llmc::km::bits_to_float(hi);
-            tbl[((q * 2 + 1) * 32 + lane) * 4 + i] = llmc::km::bits_to_float(lo);
+            tbl[((q * 2) * 32 + lane) * 4 + i] = llmc::km::bits_to_float(hi[i]);
+            tbl[((q * 2 + 1) * 32 + lane) * 4 + i] = llmc::km::bits_to_float(lo[i]);
         }
     }
     return tbl;
@@ -1164,6 +1175,14 @@ __device__ __forceinline__ void lean_dct_momentum_update(const float* momentum, 
             v[8 * s + 4 + j] = eb[j] = cm::momentum_update(mb[j], eb[j], p.clip, p.decay, p.grad_scale);
         }
     }
+}
+
+// register_topk's coarse histogram (cm::kCoarseBins words at `bins`, 16-byte aligned) zeroed by the block. No
+// barrier inside.
+template <int THREADS>
+__device__ __forceinline__ void clear_coarse_bins(float* bins) {
+    for (int b = threadIdx.x; b < cm::kCoarseBins / 4; b += THREADS)
+        reinterpret_cast<float4*>(bins)[b] = float4{0.0f, 0.0f, 0.0f, 0.0f};  // zero bits
 }
 
 // The thread's 16 coefficients of E in lean I/O's mapping, as lean_dct_momentum_update leaves them in v.
@@ -1538,14 +1557,13 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     if constexpr (kDctMomentum) {  // E holds DCT(g): the momentum update in the DCT domain
         float v[16];
         lean_dct_momentum_update(momentum, cols32, a.p, Q, d.lde, v);
-        if constexpr (kZeroedBins)
-            for (int b = tid; b < cm::kCoarseBins / 4; b += THREADS) reinterpret_cast<float4*>(P)[b] = float4{0.0f, 0.0f, 0.0f, 0.0f};  // zero bits
+        if constexpr (kZeroedBins) clear_coarse_bins<THREADS>(P);
         __syncthreads();
         if constexpr (kRegisterTopk) register_topk<THREADS>(v, k, d, Q, topk_shared, Lidx, Lval);
     } else if constexpr (kRegisterTopk) {  // the coarse bins (in P, free since pass 2) cleared before one more barrier
         float v[16];
         lean_read_coefficients(Q, d.lde, v);
-        for (int b = tid; b < cm::kCoarseBins / 4; b += THREADS) reinterpret_cast<float4*>(P)[b] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        clear_coarse_bins<THREADS>(P);
         __syncthreads();
         register_topk<THREADS>(v, k, d, Q, topk_shared, Lidx, Lval);
     }
