@@ -13,7 +13,10 @@
 //             no atomics: every output element has one owner and one summation order, so gradients are
 //             bit-identical from run to run. The scratch is 16 KB per tile pair (428 MB for GPT-2 124M at B=16,
 //             T=1024), written once and read once: ~0.3 ms of HBM traffic where recomputing S and dP per query
-//             tile (the other deterministic way) costs two more tile products per pair.
+//             tile (the other deterministic way) costs two more tile products per pair. FlashDq::Ordered (below)
+//             drops the scratch and the last kernel: the key tiles of a head add their shares into one fp32
+//             accumulator per query tile, in a fixed order, each waiting for its turn; still one summation
+//             order per element, so still bit-identical from run to run.
 //
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
@@ -271,8 +274,8 @@ struct Head {
     const bf16 *q, *k, *v;
     size_t y_offset, row_offset;
 };
-__device__ __forceinline__ Head head_of_block(const bf16* qkv, int T, int NH) {
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+__device__ __forceinline__ Head head_of_block(const bf16* qkv, int T, int NH, int bh = int(blockIdx.y)) {
+    const int b = bh / NH, h = bh % NH;
     Head hd;
     hd.C = NH * kHeadSize;
     hd.stride = 3 * size_t(hd.C);
@@ -297,6 +300,50 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
         cp_async_wait<0>();
     }
     __syncthreads();
+}
+
+// ---- the ordered dQ: a cross-block protocol -------------------------------------------------------------------
+// How the backward sums each query tile's dQ over its key tiles (flash_attention_backward):
+//   Shares:  every tile pair writes its share (64 x 64 fp32) to a slot of its own and a second kernel sums the
+//            slots of each query tile in key-tile order (16 KB written and read back through HBM per pair).
+//   Ordered: the key tiles of a head add their shares into one fp32 accumulator per query tile, in the fixed
+//            order key tile qt, qt - 1, ..., 0, each warp waiting for its 16 rows' count of the contributions
+//            made so far before it adds its own; key tile 0 writes the scaled bf16 result into dqkv. The
+//            accumulators of the heads in flight (256 KB each at T = 1024) stay in L2. Blocks draw their work
+//            from a ticket counter, key tiles of a head from the last to the first, so every block a block waits
+//            for has drawn its ticket earlier and is running or done: no hang whatever order the GPU starts
+//            blocks in, as long as a head's key tiles fit on the GPU at once (flash_ordered_dq_fits).
+// Both sum in a fixed order (every run gives the same bits); they differ from each other by fp32 rounding.
+enum class FlashDq { Shares, Ordered };
+
+// The ordered dQ's synchronization words: the ticket counter, then one contribution count per (batch x head,
+// query tile, warp). Zeroed before every launch.
+__host__ __device__ inline size_t ordered_dq_sync_words(int BNH, int T) {
+    return 1 + size_t(BNH) * ((T + kTile - 1) / kTile) * kWarps;
+}
+
+// Waits (one lane of the warp spins, the warp then proceeds together) until *count == expected, as written by
+// signal_contribution of the blocks before this one; what they wrote before signalling is then visible.
+__device__ __forceinline__ void wait_for_contributions(const unsigned* count, unsigned expected, int lane) {
+#if defined(LLMC_BLOCK_EMULATOR)
+    if (lane == 0) emu::wait_for_value(count, expected, "flash ordered dQ: a warp's turn to add its dQ share");
+#else
+    if (lane == 0) {
+        unsigned seen;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+            if (seen == expected) break;
+            __nanosleep(64);
+        }
+    }
+#endif
+    __syncwarp();
+}
+// After this warp's writes of its rows: makes them visible GPU-wide, then counts this contribution.
+__device__ __forceinline__ void signal_contribution(unsigned* count, int lane) {
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) atomicAdd(count, 1u);
 }
 
 // ---- kernels ---------------------------------------------------------------------------------------------------
@@ -421,12 +468,16 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
 // grid (key tiles, B * NH), kThreads threads, kBackwardSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
 // on transposed products (rows are keys): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
 // dK += dS^T Q; then, with dS^T staged in shared memory, warp w computes rows 16 w .. + 15 of the pair's dQ share
-// dS K into dq_share. At the end dK * scale and dV go to dqkv's k and v parts.
-__global__ void __launch_bounds__(kThreads, 2) flash_attention_backward_kv_kernel(bf16* dqkv, float* dq_share,
-                                                                                 const bf16* qkv, const bf16* dout,
-                                                                                 const float* lse, const float* delta,
-                                                                                 int T, int NH, float scale_log2,
-                                                                                 float scale) {
+// dS K: DQ = Shares writes it to the pair's slot of dq_scratch; DQ = Ordered adds it to the query tile's
+// accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32) in its turn, or, for key tile 0, writes the
+// scaled total into dqkv's q part (dq_sync: ordered_dq_sync_words, zeroed). At the end dK * scale and dV go to
+// dqkv's k and v parts.
+template <FlashDq DQ>
+__global__ void __launch_bounds__(kThreads, 2) flash_attention_backward_kv_kernel(bf16* dqkv, float* dq_scratch,
+                                                                                 unsigned* dq_sync, const bf16* qkv,
+                                                                                 const bf16* dout, const float* lse,
+                                                                                 const float* delta, int T, int NH,
+                                                                                 float scale_log2, float scale) {
     LLMC_DYNAMIC_SHARED(float4, flash_smem);
     // sK, sV, sdS, then two buffers of (Q, dO) tiles, then two of (lse, delta) rows
     bf16* sK = reinterpret_cast<bf16*>(flash_smem);
@@ -438,13 +489,19 @@ __global__ void __launch_bounds__(kThreads, 2) flash_attention_backward_kv_kerne
     auto sL = [&](int buf) { return rows + 2 * buf * kTile; };
     auto sD = [&](int buf) { return rows + (2 * buf + 1) * kTile; };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int ktile = blockIdx.x;  // low key tiles see the most query tiles: first
-    const Head hd = head_of_block(qkv, T, NH);
+    const int tiles = (T + kTile - 1) / kTile;
+    int ktile = blockIdx.x, bh = blockIdx.y;  // Shares: low key tiles see the most query tiles: first
+    if constexpr (DQ == FlashDq::Ordered) {   // the last key tile of a head first: it adds its dQ share first
+        __shared__ unsigned ticket;
+        if (threadIdx.x == 0) ticket = atomicAdd(dq_sync, 1u);
+        __syncthreads();
+        bh = int(ticket / unsigned(tiles));
+        ktile = tiles - 1 - int(ticket % unsigned(tiles));
+    }
+    const Head hd = head_of_block(qkv, T, NH, bh);
     const bf16* dy = dout + hd.y_offset;
     const int k0 = ktile * kTile;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-    const int tiles = (T + kTile - 1) / kTile;
-    float* shares = dq_share + size_t(blockIdx.y) * tile_pairs(T) * kShareFloats;
 
     stage_tile(sK, hd.k, hd.stride, k0, T);
     stage_tile(sV, hd.v, hd.stride, k0, T);
@@ -497,8 +554,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_attention_backward_kv_kerne
                 *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * r) * kPitch + nt * 8 + 2 * t) =
                     pack_bf16x2(ds[nt][2 * r], ds[nt][2 * r + 1]);
         __syncthreads();
-        float* share = shares + tile_pair(qt, ktile) * kShareFloats + size_t(warp) * 16 * kHeadSize;
         const bf16* kbase = sK + (lane & 15) * kPitch + (lane >> 4) * 8;
+        const size_t slot = DQ == FlashDq::Shares ? size_t(bh) * tile_pairs(T) + tile_pair(qt, ktile)
+                                                  : size_t(bh) * tiles + qt;
+        float* rows16 = dq_scratch + slot * kShareFloats + size_t(warp) * 16 * kHeadSize;  // this warp's rows
+        unsigned* count = DQ == FlashDq::Ordered ? dq_sync + 1 + slot * kWarps + warp : nullptr;
+        const bool first = ktile == qt, last = ktile == 0;      // Ordered: the first and the last to add
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             float acc[kNT / 2][4] = {};
@@ -514,15 +575,33 @@ __global__ void __launch_bounds__(kThreads, 2) flash_attention_backward_kv_kerne
                     mma_16816(acc[2 * np + 1], a, b[2], b[3]);
                 }
             }
+            if (DQ == FlashDq::Ordered && half == 0 && !first)
+                wait_for_contributions(count, unsigned(qt - ktile), lane);
 #pragma unroll
             for (int nt = 0; nt < kNT / 2; nt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    float* dst = share + (g + 8 * r) * kHeadSize + half * 32 + nt * 8 + 2 * t;
+                    const int col = half * 32 + nt * 8 + 2 * t;
+                    float2* dst = reinterpret_cast<float2*>(rows16 + (g + 8 * r) * kHeadSize + col);
                     LLMC_REQUIRE_ALIGNED(dst, 8);
-                    *reinterpret_cast<float2*>(dst) = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+                    float2 v = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+                    if constexpr (DQ == FlashDq::Shares) {
+                        *dst = v;
+                        continue;
+                    }
+                    if (!first) {  // L2, where the previous key tile's block wrote it (not a stale L1 line)
+                        const float2 sum = __ldcg(dst);
+                        v = make_float2(sum.x + v.x, sum.y + v.y);
+                    }
+                    const int q = q0 + warp * 16 + g + 8 * r;
+                    if (!last)
+                        __stcg(dst, v);
+                    else if (q < T)
+                        store_bf16x2(dqkv + (hd.q - qkv) + size_t(q) * hd.stride + col,
+                                     pack_bf16x2(v.x * scale, v.y * scale));
                 }
         }
+        if (DQ == FlashDq::Ordered && !last) signal_contribution(count, lane);
         // No barrier here: what the next iteration overwrites before its own top barrier, the (Q, dO, lse, delta)
         // buffer of this tile, was last read before the barrier above, and sdS is rewritten only after the next
         // top barrier, which every warp reaches only once done with this share.
@@ -583,9 +662,37 @@ inline std::string flash_attention_unsupported(int C, int NH) {
     return "";
 }
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
-// The backward's scratch: delta (B, NH, T), then, 16-byte aligned, the dQ shares (flash::tile_pair).
-inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH) {
-    return (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4 + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
+// The backward's scratch: delta (B, NH, T), then, 16-byte aligned, the dQ shares (flash::tile_pair) or the
+// ordered dQ's accumulators (B * NH, query tiles, 64 x 64) and synchronization words.
+inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flash::FlashDq dq) {
+    const size_t delta = (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4;
+    const size_t tiles = size_t(ceil_div(T, flash::kTile));
+    if (dq == flash::FlashDq::Shares) return delta + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
+    return delta + size_t(B) * NH * tiles * flash::kShareFloats + flash::ordered_dq_sync_words(B * NH, T);
+}
+
+// LLMC_FLASH_DQ=shares|ordered (default shares): how the flash backward sums dQ (flash::FlashDq). A bad value is
+// an error.
+inline flash::FlashDq flash_dq_from_env() {
+    const char* s = std::getenv("LLMC_FLASH_DQ");
+    const std::string choice = s ? s : "shares";
+    LLMC_CHECK(choice == "shares" || choice == "ordered", "LLMC_FLASH_DQ must be shares or ordered; got '" + choice + "'");
+    return choice == "ordered" ? flash::FlashDq::Ordered : flash::FlashDq::Shares;
+}
+
+// Why the ordered dQ cannot run on this GPU at sequence length T, or "" when it can: a head's key tiles wait on
+// one another, so they must all be resident at once; one per SM is the margin asked (the kernel fits two, and
+// other streams' kernels may hold some SMs). The block emulator runs blocks in ticket order and never waits.
+inline std::string flash_ordered_dq_unsupported(const CudaEnv& env, int T) {
+#if defined(LLMC_BLOCK_EMULATOR)
+    (void)env, (void)T;
+    return "";
+#else
+    const int tiles = ceil_div(T, flash::kTile);
+    if (tiles <= env.num_sms()) return "";
+    return "LLMC_FLASH_DQ=ordered needs at least as many SMs (" + std::to_string(env.num_sms()) +
+           ") as 64-token tiles in a sequence (" + std::to_string(tiles) + "); use LLMC_FLASH_DQ=shares";
+#endif
 }
 
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
@@ -604,31 +711,46 @@ inline void flash_attention_forward(const CudaEnv& env, floatX* out, float* lse,
 }
 
 // dqkv (B, T, 3C) <- gradient of the qkv input, given dout (B, T, C), the forward's out, qkv and lse.
-// scratch: flash_attention_backward_scratch_floats(B, T, NH) floats (16-byte aligned).
+// scratch: flash_attention_backward_scratch_floats(B, T, NH, dq) floats (16-byte aligned).
 inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* scratch, const floatX* dout,
                                      const floatX* out, const floatX* qkv, const float* lse, int B, int T, int C,
-                                     int NH) {
+                                     int NH, flash::FlashDq dq = flash::FlashDq::Shares) {
     const std::string why = flash_attention_unsupported(C, NH);
     LLMC_CHECK(why.empty(), why);
     LLMC_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(out) && aligned16(qkv) && aligned16(scratch),
                "flash_attention_backward: buffers must be 16-byte aligned");
     using flash::bf16;
+    using flash::FlashDq;
     const size_t rows = flash_attention_lse_floats(B, T, NH);
     float* delta = scratch;
-    float* dq_share = scratch + (rows + 3) / 4 * 4;
+    float* dq_scratch = scratch + (rows + 3) / 4 * 4;
+    unsigned* dq_sync = nullptr;
+    if (dq == FlashDq::Ordered) {
+        const std::string cannot = flash_ordered_dq_unsupported(env, T);
+        LLMC_CHECK(cannot.empty(), cannot);
+        dq_sync = reinterpret_cast<unsigned*>(dq_scratch + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats);
+        CUDA_CHECK(cudaMemsetAsync(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned), env.stream));
+    }
     LLMC_LAUNCH(unsigned(ceil_div<size_t>(rows, 256)), 256, 0, env.stream, flash::flash_attention_delta_kernel)(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
     CUDA_CHECK_LAUNCH();
     const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));
-    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(flash::flash_attention_backward_kv_kernel),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(flash::kBackwardSmem)));
-    LLMC_LAUNCH(grid, flash::kThreads, flash::kBackwardSmem, env.stream, flash::flash_attention_backward_kv_kernel)(
-        reinterpret_cast<bf16*>(dqkv), dq_share, reinterpret_cast<const bf16*>(qkv), reinterpret_cast<const bf16*>(dout),
-        lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
-    CUDA_CHECK_LAUNCH();
+    auto launch_kv = [&](auto kernel) {
+        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(flash::kBackwardSmem)));
+        LLMC_LAUNCH(grid, flash::kThreads, flash::kBackwardSmem, env.stream, kernel)(
+            reinterpret_cast<bf16*>(dqkv), dq_scratch, dq_sync, reinterpret_cast<const bf16*>(qkv),
+            reinterpret_cast<const bf16*>(dout), lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
+        CUDA_CHECK_LAUNCH();
+    };
+    if (dq == FlashDq::Ordered) {
+        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Ordered>);
+        return;  // key tile 0's blocks wrote dQ
+    }
+    launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Shares>);
     const size_t threads = rows * (flash::kHeadSize / 8);
     LLMC_LAUNCH(unsigned(ceil_div<size_t>(threads, 256)), 256, 0, env.stream, flash::flash_attention_dq_reduce_kernel)(
-        reinterpret_cast<bf16*>(dqkv), dq_share, B, T, NH, flash::softmax_scale());
+        reinterpret_cast<bf16*>(dqkv), dq_scratch, B, T, NH, flash::softmax_scale());
     CUDA_CHECK_LAUNCH();
 }
 

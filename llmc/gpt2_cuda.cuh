@@ -76,6 +76,11 @@ public:
         // separate kernels (the epilogues were not measured faster there).
         gelu_fusion_ = gelu_fusion_from_env(env.props.major >= 9 ? 2 : 0);
         flash_attention_ = flash_attention_from_env(config);
+        flash_dq_ = flash_dq_from_env();
+        if (flash_attention_ && flash_dq_ == flash::FlashDq::Ordered) {
+            const std::string why = flash_ordered_dq_unsupported(env, max_T);
+            LLMC_CHECK(why.empty(), why);
+        }
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -95,7 +100,10 @@ public:
     size_t activation_bytes() const { return act_mem_.bytes(); }
     int gelu_fusion() const { return gelu_fusion_; }
     bool flash_attention() const { return flash_attention_; }
-    const char* attention_name() const { return flash_attention_ ? "flash" : "matmul"; }
+    const char* attention_name() const {
+        if (!flash_attention_) return "matmul";
+        return flash_dq_ == flash::FlashDq::Ordered ? "flash (ordered dQ)" : "flash";
+    }
     int max_batch() const { return max_B_; }
     int max_seq() const { return max_T_; }
 
@@ -199,7 +207,7 @@ private:
         floatX *dbt4c;                         // (N, 4C) dfch, then dqkv
         floatX *dqkvr;                         // (3, N, C); flash: none
         floatX *dy;                            // (N, C) attention backward scratch; flash: none
-        float *flash_scratch;                  // flash: the backward's delta and dQ shares (flash_attention.cuh)
+        float *flash_scratch;                  // flash: the backward's delta and dQ sums (flash_attention.cuh)
         float *fscratch;                       // column-reduction partials
         int *inputs, *targets;                 // (N)
         int *encoder_plan;                     // EncoderBackwardPlan::device_ints(N)
@@ -242,7 +250,7 @@ private:
         m.add(&a_.dbt4c, N * 4 * C);
         m.add(&a_.dqkvr, matmul_only * 3 * N * C);
         m.add(&a_.dy, matmul_only * N * C);
-        m.add(&a_.flash_scratch, flash_only * flash_attention_backward_scratch_floats(max_B_, max_T_, int(NH)));
+        m.add(&a_.flash_scratch, flash_only * flash_attention_backward_scratch_floats(max_B_, max_T_, int(NH), flash_dq_));
         const int Ni = static_cast<int>(N), Ci = static_cast<int>(C);
         size_t fs = layernorm_backward_scratch_floats(Ni, Ci);
         for (int oc : {3 * Ci, Ci, 4 * Ci}) fs = std::max(fs, matmul_backward_scratch_floats(Ni, oc));
@@ -372,7 +380,8 @@ private:
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), layer(g, ParamKind::attprojb, l), fs,
                             a_.dresidual, atty, layer(p, ParamKind::attprojw, l), N, C, C);
             if (flash_attention_)
-                flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH);
+                flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH,
+                                         flash_dq_);
             else
                 attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
@@ -403,6 +412,7 @@ private:
     size_t n_cap_ = 0, att_cap_ = 0;
     int gelu_fusion_ = 0;
     bool flash_attention_ = false;
+    flash::FlashDq flash_dq_ = flash::FlashDq::Shares;
     DeviceArena param_mem_, grad_mem_, act_mem_;
     floatX* params_ = nullptr;
     float* grads_ = nullptr;

@@ -5,8 +5,9 @@
 // (dp_tj = dy_t.v_j, ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8,
 // dk_j = sum_t ds_tj q_t / 8, dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the
 // 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The kernels are deterministic by
-// construction (no atomics; dQ is summed from per-tile-pair shares in a fixed order), so every thread order gives
-// the same bits; one warp at a time
+// construction (no atomic sums; dQ is summed from per-tile-pair shares, or with LLMC_FLASH_DQ=ordered added up
+// across blocks, in a fixed order), so every thread order gives the same bits, and the ordered dQ's blocks, which
+// draw tickets for their work, the same bits whatever order they start in; one warp at a time
 // (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
 // missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
 //
@@ -16,8 +17,11 @@
 // layout, mask or tile index gives errors of the order of the values themselves.
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the kernels below see its threadIdx, intrinsics and the mma emulation.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -123,23 +127,67 @@ Reference reference(const std::vector<float>& qkv, const std::vector<float>& dy,
 
 struct Result {
     std::vector<bf16> y, dqkv;
-    std::vector<float> lse, scratch;  // scratch: delta, then the dQ shares of the tile pairs
+    std::vector<float> lse, scratch;  // scratch: delta, then the dQ shares of the tile pairs or the accumulators
     bool forward_variants_agree = false;
 };
 
+// The backward's key-tile kernel as flash_attention_backward launches it, with its blocks run in `block_order`
+// (a permutation of the grid's linear block indices): the shares kernel's blocks are independent, and the ordered
+// dQ's blocks draw tickets, so any start order must give the same bits.
+void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B,
+                     int T, int NH, Order order, const std::vector<unsigned>& block_order) {
+    const size_t rows = llmc::flash_attention_lse_floats(B, T, NH);
+    const unsigned tiles = unsigned((T + flash::kTile - 1) / flash::kTile);
+    float* delta = r.scratch.data();
+    float* dq_scratch = r.scratch.data() + (rows + 3) / 4 * 4;
+    unsigned* dq_sync = nullptr;
+    if (dq == flash::FlashDq::Ordered) {
+        dq_sync = reinterpret_cast<unsigned*>(dq_scratch + size_t(B) * NH * tiles * flash::kShareFloats);
+        std::memset(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned));
+    }
+    const Dim3 grid{tiles, unsigned(B * NH), 1};
+    const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
+    for (unsigned linear : block_order) {
+        std::memset(flash::flash_smem, 0xff, sizeof(flash::flash_smem));
+        emu::run_block(Dim3{flash::kThreads, 1, 1}, Dim3{linear % tiles, linear / tiles, 0}, grid, order, 99, [&] {
+            if (dq == flash::FlashDq::Ordered)
+                flash::flash_attention_backward_kv_kernel<flash::FlashDq::Ordered>(
+                    r.dqkv.data(), dq_scratch, dq_sync, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
+            else
+                flash::flash_attention_backward_kv_kernel<flash::FlashDq::Shares>(
+                    r.dqkv.data(), dq_scratch, nullptr, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
+        });
+    }
+    if (dq == flash::FlashDq::Shares) {
+        const unsigned rblocks = unsigned((rows * (HS / 8) + 255) / 256);
+        for (unsigned x = 0; x < rblocks; x++)
+            emu::run_block(256, x, rblocks, order, 9,
+                           [&] { flash::flash_attention_dq_reduce_kernel(r.dqkv.data(), dq_scratch, B, T, NH, sc); });
+    }
+}
+
+// The grid's blocks in index order, reversed, or shuffled with `seed`.
+std::vector<unsigned> block_order(unsigned blocks, int kind, uint32_t seed) {
+    std::vector<unsigned> v(blocks);
+    std::iota(v.begin(), v.end(), 0u);
+    if (kind == 1) std::reverse(v.begin(), v.end());
+    if (kind == 2) std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+    return v;
+}
+
 // The kernels as flash_attention_forward / flash_attention_backward launch them.
-Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int T, int NH, Order order) {
+Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int T, int NH, Order order,
+           flash::FlashDq dq = flash::FlashDq::Shares, int block_order_kind = 0) {
     const int C = NH * HS;
     const size_t rows = llmc::flash_attention_lse_floats(B, T, NH);
     Result r;
     r.y.assign(size_t(B) * T * C, __float2bfloat16_rn(NAN));
     r.dqkv.assign(size_t(B) * T * 3 * C, __float2bfloat16_rn(NAN));
     r.lse.assign(rows, NAN);
-    r.scratch.assign(llmc::flash_attention_backward_scratch_floats(B, T, NH), NAN);  // an unwritten share is NaN
+    r.scratch.assign(llmc::flash_attention_backward_scratch_floats(B, T, NH, dq), NAN);  // an unwritten share is NaN
     float* delta = r.scratch.data();
-    float* shares = r.scratch.data() + (rows + 3) / 4 * 4;
     const Dim3 grid{unsigned((T + flash::kTile - 1) / flash::kTile), unsigned(B * NH), 1};
-    const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
+    const float sl2 = flash::softmax_scale_log2();
     launch(grid, order, [&] { flash::flash_attention_forward_kernel<flash::kForwardRowTiles>(r.y.data(), r.lse.data(), qkv.data(), T, NH, sl2); },
            flash::forward_threads(flash::kForwardRowTiles));
     // the other forward (2 warps of two row tiles: kept for timing against it) gives the same bits: the same
@@ -154,14 +202,7 @@ Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int
     for (unsigned x = 0; x < dblocks; x++)
         emu::run_block(256, x, dblocks, order, 7,
                        [&] { flash::flash_attention_delta_kernel(delta, dy.data(), r.y.data(), B, T, NH); });
-    launch(grid, order, [&] {
-        flash::flash_attention_backward_kv_kernel(r.dqkv.data(), shares, qkv.data(), dy.data(), r.lse.data(), delta, T,
-                                                  NH, sl2, sc);
-    });
-    const unsigned rblocks = unsigned((rows * (HS / 8) + 255) / 256);
-    for (unsigned x = 0; x < rblocks; x++)
-        emu::run_block(256, x, rblocks, order, 9,
-                       [&] { flash::flash_attention_dq_reduce_kernel(r.dqkv.data(), shares, B, T, NH, sc); });
+    run_backward_kv(r, dq, qkv, dy, B, T, NH, order, block_order(grid.x * grid.y, block_order_kind, 5));
     return r;
 }
 
@@ -185,17 +226,25 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
     std::printf("  %-34s max err %.2e%s\n", "lse (base 2)", lse_err, lse_err <= 2e-4 ? "" : "  FAIL");
     EXPECT(lse_err <= 2e-4);
     // dq, dk, dv separately: each has its own scale and its own kernel
-    const std::vector<float> dqkv = to_float(got.dqkv);
-    for (int part = 0; part < 3; part++) {
-        std::vector<float> g;
-        std::vector<double> r;
-        for (size_t row = 0; row < size_t(B) * T; row++)
-            for (int c = 0; c < C; c++) {
-                g.push_back(dqkv[row * 3 * C + size_t(part) * C + c]);
-                r.push_back(ref.dqkv[row * 3 * C + size_t(part) * C + c]);
-            }
-        expect_tensor_close(std::string("d") + "qkv"[part] + " (backward)", g, r);
-    }
+    auto check_backward = [&](const Result& res, const char* label) {
+        const std::vector<float> dqkv = to_float(res.dqkv);
+        for (int part = 0; part < 3; part++) {
+            std::vector<float> g;
+            std::vector<double> r;
+            for (size_t row = 0; row < size_t(B) * T; row++)
+                for (int c = 0; c < C; c++) {
+                    g.push_back(dqkv[row * 3 * C + size_t(part) * C + c]);
+                    r.push_back(ref.dqkv[row * 3 * C + size_t(part) * C + c]);
+                }
+            expect_tensor_close(std::string("d") + "qkv"[part] + label, g, r);
+        }
+    };
+    check_backward(got, " (backward)");
+    auto same_bits = [](const Result& a, const Result& b) {
+        return std::memcmp(a.y.data(), b.y.data(), b.y.size() * sizeof(bf16)) == 0 &&
+               std::memcmp(a.lse.data(), b.lse.data(), b.lse.size() * sizeof(float)) == 0 &&
+               std::memcmp(a.dqkv.data(), b.dqkv.data(), b.dqkv.size() * sizeof(bf16)) == 0;
+    };
 
     // the last run performs cp.async copies when issued (emu::cp_async_eager), so a buffer refilled while another
     // warp still reads it shows up too; the others defer them to the wait
@@ -205,14 +254,35 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
         emu::cp_async_eager() = run_index == 3;
         const Result again = run(qkv_b, dy_b, B, T, NH, order);
         emu::cp_async_eager() = false;
-        const bool same = std::memcmp(again.y.data(), got.y.data(), got.y.size() * sizeof(bf16)) == 0 &&
-                          std::memcmp(again.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)) == 0 &&
-                          std::memcmp(again.dqkv.data(), got.dqkv.data(), got.dqkv.size() * sizeof(bf16)) == 0;
+        const bool same = same_bits(again, got);
         const char* name = run_index == 3             ? "one warp at a time, eager cp.async"
                            : order == Order::Reverse  ? "reverse thread order"
                            : order == Order::Shuffled ? "shuffled thread order"
                                                       : "one warp at a time";
         std::printf("  %-34s %s\n", name, same ? "same bits" : "DIFFERENT BITS  FAIL");
+        EXPECT(same);
+    }
+
+    // The ordered dQ: the same dK and dV bits (the same products), dQ within the tolerance (a different summation
+    // order), and the same bits again whatever order the blocks start in (tickets) and the threads run in.
+    const Result ordered = run(qkv_b, dy_b, B, T, NH, Order::Forward, flash::FlashDq::Ordered);
+    check_backward(ordered, " (ordered dQ)");
+    bool same_kv = true;
+    for (size_t row = 0; row < size_t(B) * T; row++)
+        same_kv = same_kv && std::memcmp(ordered.dqkv.data() + row * 3 * C + C, got.dqkv.data() + row * 3 * C + C,
+                                         2 * C * sizeof(bf16)) == 0;
+    std::printf("  %-34s %s\n", "ordered dQ: dk, dv as with shares", same_kv ? "same bits" : "DIFFERENT BITS  FAIL");
+    EXPECT(same_kv);
+    const struct {
+        Order order;
+        int blocks;
+        const char* name;
+    } ordered_runs[] = {{Order::Shuffled, 1, "ordered dQ, blocks started reversed"},
+                        {Order::WarpSerial, 2, "ordered dQ, blocks shuffled, warps"}};
+    for (const auto& o : ordered_runs) {
+        const Result again = run(qkv_b, dy_b, B, T, NH, o.order, flash::FlashDq::Ordered, o.blocks);
+        const bool same = same_bits(again, ordered);
+        std::printf("  %-34s %s\n", o.name, same ? "same bits" : "DIFFERENT BITS  FAIL");
         EXPECT(same);
     }
 }
@@ -326,6 +396,12 @@ TEST(emulator_traps_gpu_faults) {
                       if (threadIdx.x < 32) __syncthreads();
                   }),
                   "__syncthreads not reached by every thread");
+    // a warp waiting for a count no block has reached: a hang on the GPU (the ordered dQ's blocks take tickets so
+    // that whatever they wait for has started before them)
+    static unsigned count = 2;
+    EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1,
+                                 [&] { flash::wait_for_contributions(&count, 3, int(threadIdx.x)); }),
+                  "waits for 3, holds 2, and no other block runs: a hang on the GPU");
     // and the same calls, aligned, run through
     emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
         uint32_t r[4];
@@ -334,6 +410,7 @@ TEST(emulator_traps_gpu_faults) {
         flash::cp_async_commit();
         flash::cp_async_wait<0>();
         flash::store_bf16x2(global_like + 2 * threadIdx.x, 0u);
+        flash::wait_for_contributions(&count, 2, int(threadIdx.x));
     });
 }
 

@@ -3,8 +3,10 @@
 // 12 heads), the tiny test model's (C=64, 4 heads, T=32), head size 12 with T=37, and head size 64 with T=200.
 //   matmul path: forward out and the kept softmax probabilities, backward d qkv.
 //   flash (bf16 build, head size 64; other shapes print why they are skipped): forward out, the log-sum-exp
-//   (base 2, max abs error 1e-3), backward d qkv from the flash forward's out and lse, and a second backward
-//   that must give the same bits (no atomics, so nothing may depend on block order). T=200 is not a multiple
+//   (base 2, max abs error 1e-3), backward d qkv from the flash forward's out and lse with either dQ summation
+//   (flash::FlashDq: per-pair shares, or the ordered accumulation across blocks), and reruns of each that must
+//   give the same bits (no atomics; the ordered dQ's blocks add in a fixed order whatever order they run in),
+//   and the same dK, dV bits from both (the same products). T=200 is not a multiple
 //   of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
 //   element a kernel never writes fails.
 // Then timing (median of several runs) of both paths at B=8 and B=16, T=1024, C=768, and flash / matmul.
@@ -142,7 +144,8 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     auto d_dout = check::to_device_floatX(dout);
     const size_t btc = size_t(B) * T * C, rows = flash_attention_lse_floats(B, T, NH);
     DeviceBuffer<floatX> out(btc), dqkv(3 * btc), dqkv2(3 * btc);
-    DeviceBuffer<float> lse(rows), scratch(flash_attention_backward_scratch_floats(B, T, NH));
+    DeviceBuffer<float> lse(rows), scratch(std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
+                                                    flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Ordered)));
     // All-ones bits are NaN in bf16 and fp32: an element no kernel writes fails its comparison (the scratch too:
     // a dQ share the backward forgot to write poisons its row). The second backward's buffer starts as zeros, so
     // an unwritten element also breaks the bit-identical check.
@@ -163,15 +166,37 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
         ck.expect(same_bits(out, out1) && same_bits(lse, lse1),
                   "flash forward with 1 and 2 row tiles per warp bit-identical " + label);
     }
-    auto backward = [&](DeviceBuffer<floatX>& g) {
+    auto backward = [&](DeviceBuffer<floatX>& g, flash::FlashDq dq) {
         flash_attention_backward(env, g.data(), scratch.data(), d_dout.data(), out.data(), d_qkv.data(), lse.data(), B,
-                                 T, C, NH);
+                                 T, C, NH, dq);
         env.sync();
     };
-    backward(dqkv);
+    backward(dqkv, flash::FlashDq::Shares);
     compare_dqkv(ck, "flash backward ", label, check::from_device_floatX(dqkv), ref, B, T, C, 2 * factor);
-    backward(dqkv2);
+    backward(dqkv2, flash::FlashDq::Shares);
     ck.expect(same_bits(dqkv, dqkv2), "flash backward bit-identical on rerun " + label);
+    const std::string ordered_why = flash_ordered_dq_unsupported(env, T);
+    if (!ordered_why.empty()) {
+        std::printf("  flash ordered dQ %s skipped: %s\n", label.c_str(), ordered_why.c_str());
+        return;
+    }
+    DeviceBuffer<floatX> ordered(3 * btc), ordered2(3 * btc);
+    CUDA_CHECK(cudaMemsetAsync(ordered.data(), 0xff, ordered.bytes(), env.stream));
+    CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
+    backward(ordered, flash::FlashDq::Ordered);
+    const std::vector<float> got = check::from_device_floatX(ordered), shares = check::from_device_floatX(dqkv);
+    compare_dqkv(ck, "flash backward, ordered dQ ", label, got, ref, B, T, C, 2 * factor);
+    bool same_kv = true;  // dK and dV come from the same products in both modes
+    for (size_t row = 0; row < size_t(B) * T; row++)
+        same_kv = same_kv && std::memcmp(got.data() + row * 3 * C + C, shares.data() + row * 3 * C + C,
+                                         2 * C * sizeof(float)) == 0;
+    ck.expect(same_kv, "flash backward dK, dV the same bits with either dQ " + label);
+    for (int rerun = 0; rerun < 3; rerun++) {  // blocks race differently on each run; the sums must not notice
+        CUDA_CHECK(cudaMemsetAsync(ordered2.data(), 0, ordered2.bytes(), env.stream));
+        backward(ordered2, flash::FlashDq::Ordered);
+        ck.expect(same_bits(ordered, ordered2), "flash backward, ordered dQ, bit-identical on rerun " +
+                                                    std::to_string(rerun + 1) + " " + label);
+    }
 }
 
 static void check_shape(CudaEnv& env, check::Checker& ck, int B, int T, int C, int NH) {
@@ -238,7 +263,8 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     }
     const size_t rows = flash_attention_lse_floats(B, T, NH);
     DeviceBuffer<floatX> qkv(3 * btc), out(btc), dout(btc), dqkv(3 * btc);
-    DeviceBuffer<float> lse(rows), scratch(flash_attention_backward_scratch_floats(B, T, NH));
+    DeviceBuffer<float> lse(rows), scratch(std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
+                                                    flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Ordered)));
     CUDA_CHECK(cudaMemsetAsync(qkv.data(), 0, qkv.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(dout.data(), 0, dout.bytes(), env.stream));
     const double flops = 2 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * HS;  // two matmuls, causal half only
@@ -256,6 +282,15 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
                                  C, NH);
     });
     check::report_flops(("flash_backward " + shape).c_str(), bwd, 2.5 * flops);  // 5 products = 2.5 x the forward's 2
+    if (flash_ordered_dq_unsupported(env, T).empty()) {
+        const float ordered = median_ms(env.stream, [&] {
+            flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
+                                     T, C, NH, flash::FlashDq::Ordered);
+        });
+        check::report_flops(("flash_backward, ordered dQ " + shape).c_str(), ordered, 2.5 * flops);
+        std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash ordered dQ / shares " + shape).c_str(), ordered / bwd,
+                    100.0 * (ordered / bwd - 1.0));
+    }
     std::printf("TIME %-32s fwd %.3f  bwd %.3f  (time ratio; speedup fwd %.2fx, bwd %.2fx)\n",
                 ("flash / matmul " + shape).c_str(), fwd / mm_fwd, bwd / mm_bwd, mm_fwd / fwd, mm_bwd / bwd);
 }
@@ -268,8 +303,7 @@ int main() {
         check_shape(env, ck, 2, 200, 128, 2);  // head size 64, T 200: flash's last 64-row tile is partial
         std::printf("timing: median of 7 x (mean of 3 runs). TFLOP/s counts: matmul path the full T x T squares it\n"
                     "multiplies (fwd 2 matmuls x 2*B*NH*T*T*HS, bwd 2x fwd); flash the causal half (fwd 2 matmuls x\n"
-                    "2*B*NH*T(T+1)/2*HS, bwd 2.5x fwd: the algorithm's S, dP, dV, dK, dQ products, though the\n"
-                    "kernels run seven, recomputing S and dP for dQ)\n");
+                    "2*B*NH*T(T+1)/2*HS, bwd 2.5x fwd: the S, dP, dV, dK and dQ products the kernels run)\n");
         time_shape(env, 8, 1024, 768, 12);
         time_shape(env, 16, 1024, 768, 12);
     });

@@ -9,7 +9,9 @@
 # timed against its alternative, and DeMo with its other kernel choices: LLMC_DEMO_DCT=tensor (the compress
 # kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
-# baseline. BENCH_QUICK=1 runs only the default-attention runs (AdamW and the four DeMo kernel choices), for
+# baseline. AdamW also runs with LLMC_FLASH_DQ=ordered (the flash backward's dQ summed across blocks in L2
+# instead of through per-pair shares and a second kernel). BENCH_QUICK=1 runs only the default-attention runs
+# (AdamW, its ordered-dQ run and the four DeMo kernel choices), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
@@ -68,10 +70,12 @@ ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
 
 : >"$out/summary.txt"
 nvidia-smi -L
-unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO_TUNING
+unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO_TUNING LLMC_FLASH_DQ
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
+LLMC_FLASH_DQ=ordered run_ours adamw-ordereddq adamw
+ratio adamw adamw-ordereddq "AdamW step with LLMC_FLASH_DQ=ordered / with the dQ shares (default)"
 for tuning in ${BENCH_DEMO_TUNINGS:-}; do
   LLMC_DEMO_TUNING=$tuning run_ours "demo-tuning$tuning" demo --demo_topk 32
   ratio adamw "demo-tuning$tuning" "DeMo step with LLMC_DEMO_TUNING=$tuning / AdamW step"
