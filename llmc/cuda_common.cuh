@@ -541,13 +541,19 @@ inline std::vector<float> round_to_floatX(const std::vector<float>& v) { return 
 // element, produced by a functor with `template <int VEC> void load(int r, int c, float (&vals)[NV][VEC]) const`
 // (the values of columns c .. c + VEC - 1 of row r) and `bool aligned() const` (its buffers allow 128-bit
 // loads). Stage 1: each block owns 32 x VEC columns and one split of kColumnReduceRowsPerSplit rows; threads
-// (x = column group, y = 0..7) stride the rows, and the 8 partial sums per column are added in order. Stage 2
-// adds the splits in order. VEC = x128::size (one 128-bit load per thread and row: a warp reads 512 contiguous
-// bytes of a row instead of 64) when cols and the buffers allow, else 1; every column's sums are the same
-// additions in the same order either way, so the two give the same bits. The split size is a constant, so
-// results do not depend on the GPU. No atomics anywhere.
-inline constexpr int kColumnReduceRowsPerSplit = 256;
+// (x = column group, y = 0..7) take every 8th row of the split (8 rows each, their loads issued together), and
+// the 8 partial sums per column are added in order. Stage 2: threads (x = column, y = 0..7) add every 8th
+// split in order, and the 8 sums are added in order. VEC = x128::size (one 128-bit load per thread and row: a
+// warp reads 512
+// contiguous bytes of a row instead of 64) when cols and the buffers allow, else 1; every column's sums are the
+// same additions in the same order either way, so the two give the same bits. The split size is a constant, so
+// results do not depend on the GPU. No atomics anywhere. 64-row splits (GPT-2 124M at B=16, T=1024: 256 splits,
+// 768 to 3,072 blocks of 256 threads) keep 8 loads in flight per thread on every SM; 256-row ones gave the
+// bias reductions 192 to 768 blocks with 4 loads each (two-thirds of the SMs on one block).
+inline constexpr int kColumnReduceRowsPerSplit = 64;
 inline constexpr int kColumnReduceThreadsY = 8;
+inline constexpr int kColumnReduceRowsPerThread = kColumnReduceRowsPerSplit / kColumnReduceThreadsY;
+static_assert(kColumnReduceRowsPerSplit % kColumnReduceThreadsY == 0, "whole rows per thread");
 
 inline size_t column_reduce_scratch_floats(int rows, int cols, int nv) {
     return size_t(ceil_div(rows, kColumnReduceRowsPerSplit)) * size_t(nv) * size_t(cols);
@@ -571,8 +577,13 @@ __global__ void column_reduce_stage1_kernel(float* partial, int rows, int cols, 
     for (int k = 0; k < NV; k++)
 #pragma unroll
         for (int j = 0; j < VEC; j++) acc[k][j] = 0.0f;
-    if (c0 < cols) {
-        for (int r = r0 + threadIdx.y; r < r1; r += kColumnReduceThreadsY) {
+    // A whole split takes the unguarded loop, whose 8 loads the compiler issues together; a guarded one loads
+    // after each bounds test.
+    auto add_rows = [&](auto whole) {
+#pragma unroll
+        for (int i = 0; i < kColumnReduceRowsPerThread; i++) {
+            const int r = r0 + int(threadIdx.y) + i * kColumnReduceThreadsY;
+            if (!decltype(whole)::value && r >= r1) break;
             float vals[NV][VEC];
             f.template load<VEC>(r, c0, vals);
 #pragma unroll
@@ -580,6 +591,10 @@ __global__ void column_reduce_stage1_kernel(float* partial, int rows, int cols, 
 #pragma unroll
                 for (int j = 0; j < VEC; j++) acc[k][j] += vals[k][j];
         }
+    };
+    if (c0 < cols) {
+        if (r1 - r0 == kColumnReduceRowsPerSplit) add_rows(std::true_type{});
+        else add_rows(std::false_type{});
     }
 #pragma unroll
     for (int k = 0; k < NV; k++)
@@ -603,17 +618,37 @@ struct ColumnOutputs {
     float* out[NV];  // nullptr: skip that value
 };
 
+// grid ceil(cols / 32), block (32, kColumnReduceThreadsY).
 template <int NV>
 __global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float* partial, int splits, int cols) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
+    __shared__ float shared[NV][kColumnReduceThreadsY][kWarpSize];
+    const int c = blockIdx.x * kWarpSize + threadIdx.x;
+    float acc[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) acc[k] = 0.0f;
+    if (c < cols)
+        for (int sp = threadIdx.y; sp < splits; sp += kColumnReduceThreadsY)
+#pragma unroll
+            for (int k = 0; k < NV; k++) acc[k] += partial[(size_t(sp) * NV + k) * cols + c];
+#pragma unroll
+    for (int k = 0; k < NV; k++) shared[k][threadIdx.y][threadIdx.x] = acc[k];
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= cols) return;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         if (outs.out[k] == nullptr) continue;
         float s = 0.0f;
-        for (int sp = 0; sp < splits; sp++) s += partial[(size_t(sp) * NV + k) * cols + c];
+        for (int y = 0; y < kColumnReduceThreadsY; y++) s += shared[k][y][threadIdx.x];
         outs.out[k][c] += s;
     }
+}
+
+// Stage 2 of a column reduction whose stage 1 wrote `partial` (splits x NV x cols floats) itself.
+template <int NV>
+void column_reduce_finish(ColumnOutputs<NV> outs, const float* partial, int splits, int cols, cudaStream_t stream) {
+    const dim3 block(kWarpSize, kColumnReduceThreadsY);
+    LLMC_LAUNCH(ceil_div(cols, kWarpSize), block, 0, stream, column_reduce_stage2_kernel<NV>)(outs, partial, splits, cols);
+    CUDA_CHECK_LAUNCH();
 }
 
 // `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats.
@@ -629,8 +664,7 @@ void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F
         scratch, rows, cols, f);
     else LLMC_LAUNCH(grid, block, 0, stream, column_reduce_stage1_kernel<NV, 1, F>)(scratch, rows, cols, f);
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(ceil_div(cols, 256), 256, 0, stream, column_reduce_stage2_kernel<NV>)(outs, scratch, splits, cols);
-    CUDA_CHECK_LAUNCH();
+    column_reduce_finish<NV>(outs, scratch, splits, cols, stream);
 }
 
 }  // namespace llmc

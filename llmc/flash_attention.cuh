@@ -323,16 +323,23 @@ __host__ __device__ inline size_t ordered_dq_sync_words(int BNH, int T) {
 }
 
 // Waits (one lane of the warp spins, the warp then proceeds together) until *count == expected, as written by
-// signal_contribution of the blocks before this one; what they wrote before signalling is then visible.
+// signal_contribution of the blocks before this one; what they wrote before signalling is then visible. A wait
+// of 16 M polls (seconds: a broken protocol, not a slow GPU, since the block waited for is running) traps, so
+// the launch fails with an error instead of hanging the trainer.
 __device__ __forceinline__ void wait_for_contributions(const unsigned* count, unsigned expected, int lane) {
 #if defined(LLMC_BLOCK_EMULATOR)
     if (lane == 0) emu::wait_for_value(count, expected, "flash ordered dQ: a warp's turn to add its dQ share");
 #else
     if (lane == 0) {
         unsigned seen;
-        for (;;) {
+        for (uint32_t spins = 0;; spins++) {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
             if (seen == expected) break;
+            if (spins == (1u << 24)) {  // 16 M polls: seconds
+                printf("flash ordered dQ: block (%d, %d) waited seconds for contribution %u (count %u); "
+                       "LLMC_FLASH_DQ=shares avoids this path\n", int(blockIdx.x), int(blockIdx.y), expected, seen);
+                __trap();
+            }
             __nanosleep(64);
         }
     }
@@ -445,24 +452,35 @@ __global__ void __launch_bounds__(forward_threads(RT), 4)
         }
 }
 
-// delta (B * NH, T) = rowsum(dy * y) per head, fp32. One thread per (b, h, t).
+// delta (B * NH, T) = rowsum(dy * y) per head, fp32. 8 threads per (b, t, h) row of 64, each 16 bytes of dy and
+// of y, in memory order (h fastest), so a warp reads 512 contiguous bytes of each (a thread per row read 16
+// bytes from every 1,536-byte row: half of each sector); the 8 partial sums are added by a fixed butterfly.
+// grid flash_delta_blocks(rows), kDeltaThreads threads.
+inline constexpr int kDeltaThreads = 256;
+inline constexpr int kDeltaPieces = kHeadSize / 8;  // threads per row
+__host__ __device__ inline unsigned flash_delta_blocks(size_t rows) {
+    return unsigned((rows * kDeltaPieces + kDeltaThreads - 1) / kDeltaThreads);
+}
 __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, const bf16* out, int B, int T, int NH) {
     const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-    if (idx >= size_t(B) * NH * T) return;
-    const int t = int(idx % T);
-    const size_t bh = idx / T;
-    const int h = int(bh % NH), b = int(bh / NH);
-    const size_t off = (size_t(b) * T + t) * NH * kHeadSize + size_t(h) * kHeadSize;
+    const size_t row = idx / kDeltaPieces;  // (b * T + t) * NH + h
+    const int piece = int(idx % kDeltaPieces);
+    const bool live = row < size_t(B) * T * NH;  // whole 8-thread groups are live or not: the shuffles stay full
     float sum = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kHeadSize; c += 8) {
+    if (live) {
         uint32_t d4[4], o4[4];
-        load_bf16x8(d4, dout + off + c);
-        load_bf16x8(o4, out + off + c);
+        load_bf16x8(d4, dout + row * kHeadSize + piece * 8);
+        load_bf16x8(o4, out + row * kHeadSize + piece * 8);
 #pragma unroll
         for (int j = 0; j < 4; j++) sum += bf16_lo(d4[j]) * bf16_lo(o4[j]) + bf16_hi(d4[j]) * bf16_hi(o4[j]);
     }
-    delta[idx] = sum;
+#pragma unroll
+    for (int m = 1; m < kDeltaPieces; m *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (!live || piece != 0) return;
+    const int h = int(row % NH);
+    const size_t bt = row / NH;
+    const int t = int(bt % T), b = int(bt / T);
+    delta[(size_t(b) * NH + h) * T + t] = sum;
 }
 
 // grid (key tiles, B * NH), kThreads threads, kBackwardSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
@@ -731,7 +749,7 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
         dq_sync = reinterpret_cast<unsigned*>(dq_scratch + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats);
         CUDA_CHECK(cudaMemsetAsync(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned), env.stream));
     }
-    LLMC_LAUNCH(unsigned(ceil_div<size_t>(rows, 256)), 256, 0, env.stream, flash::flash_attention_delta_kernel)(
+    LLMC_LAUNCH(flash::flash_delta_blocks(rows), flash::kDeltaThreads, 0, env.stream, flash::flash_attention_delta_kernel)(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
     CUDA_CHECK_LAUNCH();
     const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));

@@ -6,7 +6,8 @@
 //    the backward see), then the LayerNorm of that residual, in one pass over memory (as llm.c).
 //  - layernorm_backward: dinp += dx (accumulates into the residual-stream gradient), dweight += sum dout*norm,
 //    dbias += sum dout. dinp per row by one warp; dweight/dbias by the deterministic column reduction of
-//    cuda_common.cuh (no atomics), into fp32 gradients.
+//    cuda_common.cuh (no atomics), into fp32 gradients, its first stage fused into the dinp pass where the
+//    128-bit kernel runs (one read of dout and inp instead of two).
 // Per-element maths: km::layernorm_rstd / layernorm_apply / layernorm_dx (kernel_math.h, CPU-tested); the
 // statistics are two-pass (mean, then sum of squared deviations) in fp32.
 #pragma once
@@ -183,53 +184,121 @@ __global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout,
     }
 }
 
-// The same with 128-bit loads: each lane keeps its VECS x128 slices of inp, dout and weight in registers
-// between the two passes (one read of each from memory). Needs C % x128::size == 0, 16-byte aligned rows and
-// C <= VECS * 32 * x128::size; layernorm_backward picks it when they hold.
+// The whole backward with 128-bit loads, in one pass over memory: a block owns one split of
+// kColumnReduceRowsPerSplit rows (the column reduction's), warp w its rows r0 + w, r0 + w + 8, ... (the
+// reduction's thread row y = w). Per row, each lane keeps its VECS x128 slices of inp and dout in registers
+// between the two passes of the row sums, adds dx into dinp, and accumulates its columns' dweight and dbias
+// terms; the 8 warps' sums then go through shared memory in warp order into `partial` (split, {dweight, dbias},
+// C), which column_reduce_finish adds to the gradients. The same additions in the same order as the dinp
+// kernel followed by column_reduce with LayerNormParamGrad, without reading dout and inp a second time. Needs
+// C % x128::size == 0, 16-byte aligned rows and C <= VECS * 32 * x128::size; layernorm_backward picks it when
+// they hold. grid ceil(N / kColumnReduceRowsPerSplit), kLayerNormBlock threads.
 template <int VECS>
-__global__ void layernorm_backward_dinp_vec_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
-                                                   const floatX* weight, const float* mean, const float* rstd, int N,
-                                                   int C) {
-    const int lane = threadIdx.x % kWarpSize;
-    const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-    if (row >= N) return;
-    const size_t base = size_t(row) * C;
-    const float m = mean[row], r = rstd[row];
-    x128 xi[VECS], xd[VECS], xw[VECS];
-    float s_dnorm = 0.0f, s_dnorm_norm = 0.0f;
+__global__ void __launch_bounds__(kLayerNormBlock) layernorm_backward_kernel(floatX* dinp, float* partial,
+                                                                            const floatX* dout, const floatX* inp,
+                                                                            const floatX* weight, const float* mean,
+                                                                            const float* rstd, int N, int C) {
+    static_assert(kLayerNormBlock / kWarpSize == kColumnReduceThreadsY, "one warp per row of the reduction's block");
+    constexpr int kSliceCols = kWarpSize * x128::size;
+    // Up to 4 slices per lane, every load of a row (inp, dout, weight, dinp) is issued before the first use, so
+    // a row costs one memory round trip, and inp and dout stay in registers between the passes. With 8 (C over
+    // 1,024), whose 2 x 64 sums take half the registers, the second pass reads the row again (from L1, where
+    // the first pass left it) and dinp and weight are loaded where used: 255 registers and spills otherwise.
+    constexpr bool kLoadAllFirst = VECS <= 4;
+    __shared__ float sums[2][VECS * kSliceCols];  // dweight, dbias of the block's rows
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const int r0 = blockIdx.x * kColumnReduceRowsPerSplit, r1 = min(N, r0 + kColumnReduceRowsPerSplit);
+    float dw[VECS][x128::size], db[VECS][x128::size];
 #pragma unroll
-    for (int v = 0; v < VECS; v++) {
-        const int c = (v * kWarpSize + lane) * x128::size;
-        if (c >= C) continue;
-        xi[v] = load128(inp + base + c);
-        xd[v] = load128(dout + base + c);
-        xw[v] = load128(weight + c);
+    for (int v = 0; v < VECS; v++)
 #pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            const float norm = (xi[v].f(k) - m) * r;
-            const float dnorm = xw[v].f(k) * xd[v].f(k);
-            s_dnorm += dnorm;
-            s_dnorm_norm += dnorm * norm;
+        for (int k = 0; k < x128::size; k++) dw[v][k] = db[v][k] = 0.0f;
+    for (int i = 0; i < kColumnReduceRowsPerThread; i++) {
+        const int row = r0 + warp + i * kColumnReduceThreadsY;
+        if (row >= r1) break;
+        const size_t base = size_t(row) * C;
+        const float m = mean[row], r = rstd[row];
+        constexpr int kHeld = kLoadAllFirst ? VECS : 1;  // slices held across the passes
+        x128 xi[kHeld] = {}, xd[kHeld] = {}, xw[kHeld] = {}, xg[kHeld] = {};  // = {}: g++ cannot see c < C pairs them
+        float s_dnorm = 0.0f, s_dnorm_norm = 0.0f;
+        // the row's dnorm and dnorm * norm sums over one slice
+        auto add_row_sums = [&](const x128& i, const x128& d, const x128& w) {
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) {
+                const float norm = (i.f(k) - m) * r;
+                const float dnorm = w.f(k) * d.f(k);
+                s_dnorm += dnorm;
+                s_dnorm_norm += dnorm * norm;
+            }
+        };
+#pragma unroll
+        for (int v = 0; v < VECS; v++) {
+            const int c = (v * kWarpSize + lane) * x128::size;
+            if constexpr (kLoadAllFirst) {
+                if (c < C) {
+                    xi[v] = load128(inp + base + c);
+                    xd[v] = load128(dout + base + c);
+                    xw[v] = load128(weight + c);
+                    xg[v] = load128(dinp + base + c);
+                }
+            } else if (c < C) {
+                add_row_sums(load128(inp + base + c), load128(dout + base + c), load128(weight + c));
+            }
+        }
+        if constexpr (kLoadAllFirst)
+#pragma unroll
+            for (int v = 0; v < VECS; v++)
+                if ((v * kWarpSize + lane) * x128::size < C) add_row_sums(xi[v], xd[v], xw[v]);
+        const float dnorm_mean = warp_sum(s_dnorm) / C;
+        const float dnorm_norm_mean = warp_sum(s_dnorm_norm) / C;
+#pragma unroll
+        for (int v = 0; v < VECS; v++) {
+            const int c = (v * kWarpSize + lane) * x128::size;
+            if (c >= C) continue;
+            const int h = kLoadAllFirst ? v : 0;
+            if constexpr (!kLoadAllFirst) {
+                xi[h] = load128(inp + base + c);
+                xd[h] = load128(dout + base + c);
+                xw[h] = load128(weight + c);
+                xg[h] = load128(dinp + base + c);
+            }
+            x128 out;
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) {
+                const float norm = (xi[h].f(k) - m) * r;
+                const float dnorm = xw[h].f(k) * xd[h].f(k);
+                out.v[k] = from_float<floatX>(xg[h].f(k) + km::layernorm_dx(dnorm, norm, dnorm_mean, dnorm_norm_mean, r));
+                const float d = xd[h].f(k);
+                dw[v][k] += __fmul_rn(d, (xi[h].f(k) - m) * r);  // LayerNormParamGrad's terms
+                db[v][k] += d;
+            }
+            store128(dinp + base + c, out);
         }
     }
-    const float dnorm_mean = warp_sum(s_dnorm) / C;
-    const float dnorm_norm_mean = warp_sum(s_dnorm_norm) / C;
+    // the warps' sums in warp order (s = 0 + w0 + w1 + ..., as column_reduce_stage1_kernel adds its rows y)
+    for (int w = 0; w < kColumnReduceThreadsY; w++) {
+        if (warp == w)
 #pragma unroll
-    for (int v = 0; v < VECS; v++) {
-        const int c = (v * kWarpSize + lane) * x128::size;
-        if (c >= C) continue;
-        const x128 cur = load128(dinp + base + c);
-        x128 out;
+            for (int v = 0; v < VECS; v++) {
+                const int c = (v * kWarpSize + lane) * x128::size;
+                if (c >= C) continue;
 #pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            const float norm = (xi[v].f(k) - m) * r;
-            const float dnorm = xw[v].f(k) * xd[v].f(k);
-            out.v[k] = from_float<floatX>(cur.f(k) + km::layernorm_dx(dnorm, norm, dnorm_mean, dnorm_norm_mean, r));
-        }
-        store128(dinp + base + c, out);
+                for (int k = 0; k < x128::size; k++) {
+                    sums[0][c + k] = (w == 0 ? 0.0f : sums[0][c + k]) + dw[v][k];
+                    sums[1][c + k] = (w == 0 ? 0.0f : sums[1][c + k]) + db[v][k];
+                }
+            }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < C; c += kLayerNormBlock) {
+        partial[(size_t(blockIdx.x) * 2 + 0) * C + c] = sums[0][c];
+        partial[(size_t(blockIdx.x) * 2 + 1) * C + c] = sums[1][c];
     }
 }
 
+// The dweight and dbias terms of one element. The product is rounded before it is added (__fmul_rn: never
+// contracted into an FMA), so every kernel that sums these terms in the same order gets the same bits whatever
+// the compiler fuses (layernorm_backward_kernel against the column reduction, 128-bit against scalar loads).
 struct LayerNormParamGrad {
     const floatX* dout;
     const floatX* inp;
@@ -242,14 +311,14 @@ struct LayerNormParamGrad {
         const float m = mean[r], s = rstd[r];
         if constexpr (VEC == 1) {
             const float d = to_float(dout[i]);
-            v[0][0] = d * ((to_float(inp[i]) - m) * s);
+            v[0][0] = __fmul_rn(d, (to_float(inp[i]) - m) * s);
             v[1][0] = d;
         } else {
             static_assert(VEC == x128::size, "scalar or 128-bit");
             const x128 d = load128(dout + i), x = load128(inp + i);
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
-                v[0][j] = d.f(j) * ((x.f(j) - m) * s);
+                v[0][j] = __fmul_rn(d.f(j), (x.f(j) - m) * s);
                 v[1][j] = d.f(j);
             }
         }
@@ -265,23 +334,31 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                                int C, cudaStream_t stream) {
     if (N == 0) return;
-    const int rows_per_block = kLayerNormBlock / kWarpSize;
-    const unsigned blocks = unsigned(ceil_div(N, rows_per_block));
     const bool aligned = aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+    const int vecs = layernorm_lane_vecs(C, aligned);
+    if (vecs == 0) {  // strided rows, then the column reduction reading dout and inp again
+        const unsigned blocks = unsigned(ceil_div(N, kLayerNormBlock / kWarpSize));
+        LLMC_LAUNCH(blocks, kLayerNormBlock, 0, stream, layernorm_backward_dinp_kernel)(dinp, dout, inp, weight, mean,
+                                                                                        rstd, N, C);
+        CUDA_CHECK_LAUNCH();
+        column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
+                         stream);
+        return;
+    }
+    const int splits = ceil_div(N, kColumnReduceRowsPerSplit);
     auto launch = [&](auto kernel) {
-        LLMC_LAUNCH(blocks, kLayerNormBlock, 0, stream, kernel)(dinp, dout, inp, weight, mean, rstd, N, C);
+        LLMC_LAUNCH(unsigned(splits), kLayerNormBlock, 0, stream, kernel)(dinp, scratch, dout, inp, weight, mean, rstd,
+                                                                          N, C);
     };
-    switch (layernorm_lane_vecs(C, aligned)) {
-        case 1: launch(layernorm_backward_dinp_vec_kernel<1>); break;
-        case 2: launch(layernorm_backward_dinp_vec_kernel<2>); break;
-        case 3: launch(layernorm_backward_dinp_vec_kernel<3>); break;
-        case 4: launch(layernorm_backward_dinp_vec_kernel<4>); break;
-        case 8: launch(layernorm_backward_dinp_vec_kernel<8>); break;
-        default: launch(layernorm_backward_dinp_kernel); break;
+    switch (vecs) {
+        case 1: launch(layernorm_backward_kernel<1>); break;
+        case 2: launch(layernorm_backward_kernel<2>); break;
+        case 3: launch(layernorm_backward_kernel<3>); break;
+        case 4: launch(layernorm_backward_kernel<4>); break;
+        default: launch(layernorm_backward_kernel<8>); break;
     }
     CUDA_CHECK_LAUNCH();
-    column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
-                     stream);
+    column_reduce_finish<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, splits, C, stream);
 }
 
 }  // namespace llmc

@@ -198,9 +198,9 @@ Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int
            flash::forward_threads(2));
     r.forward_variants_agree = std::memcmp(y1.data(), r.y.data(), y1.size() * sizeof(bf16)) == 0 &&
                                std::memcmp(lse1.data(), r.lse.data(), rows * sizeof(float)) == 0;
-    const unsigned dblocks = unsigned((rows + 255) / 256);
+    const unsigned dblocks = flash::flash_delta_blocks(rows);
     for (unsigned x = 0; x < dblocks; x++)
-        emu::run_block(256, x, dblocks, order, 7,
+        emu::run_block(flash::kDeltaThreads, x, dblocks, order, 7,
                        [&] { flash::flash_attention_delta_kernel(delta, dy.data(), r.y.data(), B, T, NH); });
     run_backward_kv(r, dq, qkv, dy, B, T, NH, order, block_order(grid.x * grid.y, block_order_kind, 5));
     return r;
@@ -239,6 +239,24 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
             expect_tensor_close(std::string("d") + "qkv"[part] + label, g, r);
         }
     };
+    {  // delta = rowsum(dy * y) of the forward's own (bf16) y, against a double sum; bound 1e-5 x sum |dy y|
+        const std::vector<float> y = to_float(got.y);
+        double worst = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++) {
+                    double sum = 0.0, mag = 0.0;
+                    for (int d = 0; d < HS; d++) {
+                        const size_t i = (size_t(b) * T + t) * C + size_t(h) * HS + d;
+                        sum += double(dy[i]) * y[i];
+                        mag += std::fabs(double(dy[i]) * y[i]);
+                    }
+                    const double err = std::fabs(got.scratch[(size_t(b) * NH + h) * T + t] - sum) / (mag + 1e-30);
+                    worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+                }
+        std::printf("  %-34s max err %.2e of sum |dy y|%s\n", "delta = rowsum(dy * y)", worst, worst <= 1e-5 ? "" : "  FAIL");
+        EXPECT(worst <= 1e-5);
+    }
     check_backward(got, " (backward)");
     auto same_bits = [](const Result& a, const Result& b) {
         return std::memcmp(a.y.data(), b.y.data(), b.y.size() * sizeof(bf16)) == 0 &&
@@ -288,7 +306,7 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
 }
 
 TEST(flash_attention_one_tile) { check_flash(1, 64, 2, 11); }
-TEST(flash_attention_partial_tiles) { check_flash(2, 100, 1, 12); }
+TEST(flash_attention_partial_tiles) { check_flash(2, 100, 2, 12); }  // batch and heads both above one
 TEST(flash_attention_four_tiles) { check_flash(1, 229, 2, 13); }
 TEST(flash_attention_gpt2_length) { check_flash(1, 1024, 1, 14); }  // 16 tiles: many buffer swaps, 136 tile pairs
 

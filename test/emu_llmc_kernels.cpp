@@ -1,8 +1,9 @@
 // The GPT-2 CUDA kernels of llmc/*.cuh run on the CPU through dev/cuda/block_emulator.h, each against its own
 // straightforward host reference (plain loops, in double, written from the maths and not from the kernel):
 // encoder forward / backward (wte by the token-bucket plan, wpe), LayerNorm forward (plain and fused with the
-// residual add), the residual add, the LayerNorm dinp backward (scalar and 128-bit kernels), the deterministic
-// column reduction of cuda_common.cuh (LayerNorm dweight/dbias, matmul dbias), GELU forward / backward, the
+// residual add), the residual add, the LayerNorm backward (the scalar dinp kernel, and the 128-bit one with
+// its dweight/dbias partials fused), the deterministic column reduction of cuda_common.cuh (LayerNorm
+// dweight/dbias, matmul dbias), GELU forward / backward, the
 // attention permutes and the causal softmax forward / backward (scalar and 128-bit), the fused classifier
 // (scalar and 128-bit), AdamW and the parameter rounding (nearest and stochastic), the global norm (partial and
 // final kernels) and the bias add of matmul.cuh. Every kernel is launched as its host wrapper launches it (grid, block, template arguments,
@@ -17,8 +18,8 @@
 // floor where a result cancels (stated per check). Copies, the residual add and the rounding of parameters are
 // compared bit for bit.
 
-// g++ (not nvcc) warns that layernorm_backward_dinp_vec_kernel may read registers it did not load: its second
-// pass skips exactly the slices the first one skipped. The warning points into cuda_bf16.hpp, so it is off for
+// g++ (not nvcc) warns that layernorm_backward_kernel may read registers it did not load: its second pass skips
+// exactly the slices the first one skipped. The warning points into cuda_bf16.hpp, so it is off for
 // the whole file.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "dev/cuda/block_emulator.h"
@@ -398,49 +399,16 @@ struct LnBackwardData {
     }
 };
 
-// The dinp kernel layernorm_backward picks for this C (VECS x128 slices per lane, or 0: scalar), run in `order`.
-std::vector<floatX> run_layernorm_dinp(const LnBackwardData& d, int vecs, Order order) {
-    std::vector<floatX> dinp = fx(d.dinp0);
-    const unsigned blocks = unsigned(llmc::ceil_div(d.N, llmc::kLayerNormBlock / llmc::kWarpSize));
-    launch(blocks, llmc::kLayerNormBlock, order, [&] {
-        const auto args = std::make_tuple(dinp.data(), d.dout_x.data(), d.x_x.data(), d.w_x.data(), d.mean.data(),
-                                          d.rstd.data(), d.N, d.C);
-        switch (vecs) {
-            case 1: std::apply(llmc::layernorm_backward_dinp_vec_kernel<1>, args); break;
-            case 2: std::apply(llmc::layernorm_backward_dinp_vec_kernel<2>, args); break;
-            case 3: std::apply(llmc::layernorm_backward_dinp_vec_kernel<3>, args); break;
-            case 4: std::apply(llmc::layernorm_backward_dinp_vec_kernel<4>, args); break;
-            case 8: std::apply(llmc::layernorm_backward_dinp_vec_kernel<8>, args); break;
-            default: std::apply(llmc::layernorm_backward_dinp_kernel, args); break;
-        }
-    });
-    return dinp;
+// column_reduce: stage 1 on a (ceil(cols/(32 vec)), splits) grid of (32, 8) blocks, stage 2 on ceil(cols/32)
+// blocks of (32, 8) adds the splits. vec: column_reduce's choice (column_reduce_vec), or 1 to force the scalar
+// loads.
+template <int NV>
+void run_column_reduce_finish(llmc::ColumnOutputs<NV> outs, const std::vector<float>& partial, int splits, int cols,
+                              Order order) {
+    const Dim3 block{unsigned(llmc::kWarpSize), unsigned(llmc::kColumnReduceThreadsY), 1};
+    launch(Dim3{unsigned(llmc::ceil_div(cols, llmc::kWarpSize)), 1, 1}, block, order,
+           [&] { llmc::column_reduce_stage2_kernel<NV>(outs, partial.data(), splits, cols); });
 }
-
-TEST(layernorm_backward_dinp) {
-    // scalar (odd C); 128-bit with 1, 2, 3, 4 and 8 slices per lane (C = 200: lanes 25..31 idle)
-    for (const int C : {37, 96, 200, 320, 520, 776, 1032}) {
-        const LnBackwardData d(19, C);
-        // layernorm_backward's choice
-        const int vecs = llmc::layernorm_lane_vecs(
-            C, llmc::aligned16(d.dout_x.data()) && llmc::aligned16(d.x_x.data()) && llmc::aligned16(d.w_x.data()));
-        const std::vector<double> ref = layernorm_dinp_ref(d.dinp0, d.dout, d.x, d.w, d.mean, d.rstd, d.N, C);
-        const std::string label = (vecs ? "layernorm_backward_dinp_vec_kernel<" + std::to_string(vecs) + ">"
-                                        : std::string("layernorm_backward_dinp_kernel")) +
-                                  " (N=" + std::to_string(d.N) + ",C=" + std::to_string(C) + ")";
-        const std::vector<floatX> a = run_layernorm_dinp(d, vecs, Order::Forward);
-        // dx ~ rstd * O(1) added to dinp ~ 0.5 and rounded; fp32 row sums before it
-        expect_close(label, fl(a), ref, 2e-5, kRound);
-        expect_same_bits("  forward vs shuffled thread order", run_layernorm_dinp(d, vecs, Order::Shuffled), a);
-        if (vecs) {  // the scalar kernel on the same rows (it takes any C)
-            expect_close("layernorm_backward_dinp_kernel (N=" + std::to_string(d.N) + ",C=" + std::to_string(C) + ")",
-                         fl(run_layernorm_dinp(d, 0, Order::Reverse)), ref, 2e-5, kRound);
-        }
-    }
-}
-
-// column_reduce: stage 1 on a (ceil(cols/(32 vec)), splits) grid of (32, 8) blocks, stage 2 adds the splits in
-// order. vec: column_reduce's choice (column_reduce_vec), or 1 to force the scalar loads.
 template <int NV, class F>
 void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Order order, int vec) {
     const int splits = llmc::ceil_div(rows, llmc::kColumnReduceRowsPerSplit);
@@ -451,16 +419,95 @@ void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Or
         if (vec > 1) llmc::column_reduce_stage1_kernel<NV, kVec>(scratch.data(), rows, cols, f);
         else llmc::column_reduce_stage1_kernel<NV, 1>(scratch.data(), rows, cols, f);
     });
-    launch(unsigned(llmc::ceil_div(cols, 256)), 256, order,
-           [&] { llmc::column_reduce_stage2_kernel<NV>(outs, scratch.data(), splits, cols); });
+    run_column_reduce_finish<NV>(outs, scratch, splits, cols, order);
+}
+
+// layernorm_backward as it launches its kernels for this C: vecs > 0 the fused 128-bit kernel (dinp, and the
+// dweight / dbias partials of its rows, which column_reduce_finish adds to dw0 / db0), 0 the strided dinp kernel
+// and the column reduction.
+struct LnBackwardResult {
+    std::vector<floatX> dinp;
+    std::vector<float> dw, db;
+};
+LnBackwardResult run_layernorm_backward(const LnBackwardData& d, int vecs, Order order, const std::vector<float>& dw0,
+                                        const std::vector<float>& db0) {
+    LnBackwardResult r{fx(d.dinp0), dw0, db0};
+    const llmc::ColumnOutputs<2> outs{{r.dw.data(), r.db.data()}};
+    if (vecs == 0) {
+        const unsigned blocks = unsigned(llmc::ceil_div(d.N, llmc::kLayerNormBlock / llmc::kWarpSize));
+        launch(blocks, llmc::kLayerNormBlock, order, [&] {
+            llmc::layernorm_backward_dinp_kernel(r.dinp.data(), d.dout_x.data(), d.x_x.data(), d.w_x.data(),
+                                                 d.mean.data(), d.rstd.data(), d.N, d.C);
+        });
+        const llmc::LayerNormParamGrad f{d.dout_x.data(), d.x_x.data(), d.mean.data(), d.rstd.data(), d.C};
+        run_column_reduce<2>(outs, d.N, d.C, f, order, llmc::column_reduce_vec(d.C, f));
+        return r;
+    }
+    const int splits = llmc::ceil_div(d.N, llmc::kColumnReduceRowsPerSplit);
+    std::vector<float> partial(size_t(splits) * 2 * d.C, NAN);
+    launch(unsigned(splits), llmc::kLayerNormBlock, order, [&] {
+        const auto args = std::make_tuple(r.dinp.data(), partial.data(), d.dout_x.data(), d.x_x.data(), d.w_x.data(),
+                                          d.mean.data(), d.rstd.data(), d.N, d.C);
+        switch (vecs) {
+            case 1: std::apply(llmc::layernorm_backward_kernel<1>, args); break;
+            case 2: std::apply(llmc::layernorm_backward_kernel<2>, args); break;
+            case 3: std::apply(llmc::layernorm_backward_kernel<3>, args); break;
+            case 4: std::apply(llmc::layernorm_backward_kernel<4>, args); break;
+            default: std::apply(llmc::layernorm_backward_kernel<8>, args); break;
+        }
+    });
+    run_column_reduce_finish<2>(outs, partial, splits, d.C, order);
+    return r;
+}
+
+TEST(layernorm_backward) {
+    // scalar (odd C); 128-bit with 1, 2, 3, 4 and 8 slices per lane (C = 200: lanes 25..31 idle); 19 rows (one
+    // split, warps without rows) and 150 (three, the last partial)
+    for (const int N : {19, 150})
+        for (const int C : {37, 96, 200, 320, 520, 776, 1032}) {
+            if (N == 150 && C > 320) continue;  // the splits do not depend on C
+            const LnBackwardData d(N, C);
+            // layernorm_backward's choice
+            const int vecs = llmc::layernorm_lane_vecs(
+                C, llmc::aligned16(d.dout_x.data()) && llmc::aligned16(d.x_x.data()) && llmc::aligned16(d.w_x.data()));
+            const std::vector<double> ref = layernorm_dinp_ref(d.dinp0, d.dout, d.x, d.w, d.mean, d.rstd, d.N, C);
+            const auto dw0 = random_floats(size_t(C), 0.1f, 35), db0 = random_floats(size_t(C), 0.1f, 36);
+            std::vector<double> ref_dw = to_double(dw0), ref_db = to_double(db0);
+            for (int r = 0; r < N; r++)
+                for (int c = 0; c < C; c++) {
+                    const size_t i = size_t(r) * C + c;
+                    ref_dw[size_t(c)] += double(d.dout[i]) * ((double(d.x[i]) - d.mean[size_t(r)]) * d.rstd[size_t(r)]);
+                    ref_db[size_t(c)] += d.dout[i];
+                }
+            const std::string label = (vecs ? "layernorm_backward_kernel<" + std::to_string(vecs) + ">"
+                                            : std::string("layernorm_backward_dinp_kernel")) +
+                                      " (N=" + std::to_string(d.N) + ",C=" + std::to_string(C) + ")";
+            const LnBackwardResult a = run_layernorm_backward(d, vecs, Order::Forward, dw0, db0);
+            // dx ~ rstd * O(1) added to dinp ~ 0.5 and rounded; fp32 row sums before it; fp32 sums of N terms ~1
+            expect_close(label + " dinp", fl(a.dinp), ref, 2e-5, kRound);
+            expect_close("  dweight", a.dw, ref_dw, 1e-4, 1e-5);
+            expect_close("  dbias", a.db, ref_db, 1e-4, 1e-5);
+            const LnBackwardResult b = run_layernorm_backward(d, vecs, Order::Shuffled, dw0, db0);
+            expect_same_bits("  forward vs shuffled thread order: dinp", b.dinp, a.dinp);
+            expect_same_bits("  forward vs shuffled thread order: dweight", b.dw, a.dw);
+            if (vecs) {
+                // the strided kernel and the column reduction on the same rows (they take any C): the parameter
+                // gradients are the same additions in the same order
+                const LnBackwardResult s = run_layernorm_backward(d, 0, Order::Reverse, dw0, db0);
+                expect_close("  layernorm_backward_dinp_kernel dinp", fl(s.dinp), ref, 2e-5, kRound);
+                expect_same_bits("  fused vs column_reduce: dweight", a.dw, s.dw);
+                expect_same_bits("  fused vs column_reduce: dbias", a.db, s.db);
+            }
+        }
 }
 
 TEST(column_reduce_layernorm_and_bias_grads) {
     struct Shape {
         int N, C;
     };
-    // 3, 2, 1 and 2 row splits; 128-bit loads where cols % 8 == 0 (264: a partial second block of columns)
-    for (const Shape s : {Shape{600, 96}, Shape{300, 37}, Shape{77, 40}, Shape{300, 264}}) {
+    // 10, 5, 2, 5 and 33 row splits (2,100 rows: stage 2's threads add 4 or 5 splits, the last one partial);
+    // 128-bit loads where cols % 8 == 0 (264: a partial second block of columns)
+    for (const Shape s : {Shape{600, 96}, Shape{300, 37}, Shape{77, 40}, Shape{300, 264}, Shape{2100, 16}}) {
         const LnBackwardData d(s.N, s.C);
         const int N = s.N, C = s.C;
         std::string label = "(rows=" + std::to_string(N) + ",cols=" + std::to_string(C) + ")";

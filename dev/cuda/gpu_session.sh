@@ -2,14 +2,16 @@
 # The GPU checks and benchmarks in order of what they decide, under one time budget, for a short GPU lease
 # (run inside the tree dev/cuda/gpu_bundle.sh packed, or any tree where `make cuda` has run):
 #   1. the NCCL transport's checker (real NCCL: bf16 wire, overlapped all-reduce);
-#   2. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
-#   3. the end-to-end benchmark, quick form (AdamW and DeMo's four kernel settings; BENCH_DEMO_TUNINGS adds
-#      forced tunings);
-#   4. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
+#   2. the attention and LayerNorm labs (the flash backward with either dQ summation, LLMC_FLASH_DQ; the fused
+#      LayerNorm backward), checked and timed;
+#   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
+#   4. the end-to-end benchmark, quick form (AdamW with either dQ summation and DeMo's four kernel settings;
+#      BENCH_DEMO_TUNINGS adds forced tunings);
+#   5. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
-#   5. the trainer's determinism and resume check;
-#   6. the DeMo apply lab;
-#   7. the PyTorch references, then the other rows of dev/cuda/gpu_check.sh (GPU_CHECK_SKIP: not those above;
+#   6. the trainer's determinism and resume check;
+#   7. the DeMo apply lab;
+#   8. the PyTorch references, then the other rows of dev/cuda/gpu_check.sh (GPU_CHECK_SKIP: not those above;
 #      not its benchmark).
 # A step gets at most its own limit and never more than what is left of the budget (default 480 s; a step with
 # under 25 s left is skipped). LD_LIBRARY_PATH gets NCCL's directory (the system's, or a Python wheel's),
@@ -50,6 +52,8 @@ missing=$(ldd ./train_gpt 2>&1 | grep 'not found' || true)
 [[ -z $missing ]] || echo "warning: ./train_gpt lacks libraries: $missing"
 
 step nccl_transport 60 build/cuda/nccl_transport
+step attention 60 build/cuda/attention
+step layernorm 30 build/cuda/layernorm
 step demo_compress 180 build/cuda/demo_compress
 BENCH_QUICK=1 step bench_train_gpt 240 dev/cuda/bench_train_gpt.sh
 for tuning in ${PROFILE_TUNINGS:-default}; do
@@ -64,7 +68,7 @@ refs='python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 -
         --seq 96 --out-dir build/reference/hs64'
 [[ -f build/reference/tiny/state.bin && -f build/reference/hs64/state.bin ]] ||
   step references 90 env -u LD_LIBRARY_PATH bash -c "$refs"
-GPU_CHECK_SKIP="nccl_transport demo_compress demo_apply train_gpt_resume" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
+GPU_CHECK_SKIP="nccl_transport attention layernorm demo_compress demo_apply train_gpt_resume" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
   step gpu_check 600 dev/cuda/gpu_check.sh
 tar -czf "$logdir/logs.tgz" build/cuda-logs build/bench-train-gpt/summary.txt build/bench-train-gpt/*.log \
   build/check-train-gpt-resume/*.log 2>/dev/null

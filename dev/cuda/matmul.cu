@@ -167,6 +167,10 @@ static void time_shape(CudaEnv& env, int N, int C, int OC, const char* name) {
                         pre_in.data());
     });
     check::report_flops((std::string("matmul_backward+dgelu ") + name).c_str(), dg, 2 * flops);
+    const float cr = check::time_ms(env.stream, 20, [&] {  // dbias alone: the column reduction over dout
+        column_reduce<1>(ColumnOutputs<1>{{db.data()}}, scratch.data(), N, OC, BiasGrad{out.data(), OC}, env.stream);
+    });
+    check::report_bandwidth((std::string("dbias column reduction ") + name).c_str(), cr, double(N) * OC * sizeof(floatX));
 }
 
 int main() {
