@@ -651,6 +651,26 @@ void column_reduce_finish(ColumnOutputs<NV> outs, const float* partial, int spli
     CUDA_CHECK_LAUNCH();
 }
 
+// The column sums of a (rows, OC) floatX matrix: a linear layer's bias gradient from its dout (matmul_backward;
+// layernorm_backward's dinp sums are the same terms).
+struct BiasGrad {
+    const floatX* dout;
+    int OC;
+    template <int VEC>
+    __device__ void load(int r, int c, float (&v)[1][VEC]) const {
+        const floatX* p = dout + size_t(r) * OC + c;
+        if constexpr (VEC == 1) {
+            v[0][0] = to_float(*p);
+        } else {
+            static_assert(VEC == x128::size, "scalar or 128-bit");
+            const x128 d = load128(p);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) v[0][j] = d.f(j);
+        }
+    }
+    bool aligned() const { return aligned16(dout); }
+};
+
 // `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats.
 template <int NV, typename F>
 void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream) {

@@ -312,7 +312,7 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 //            accumulators of the heads in flight (256 KB each at T = 1024) stay in L2. Blocks draw their work
 //            from a ticket counter, key tiles of a head from the last to the first, so every block a block waits
 //            for has drawn its ticket earlier and is running or done: no hang whatever order the GPU starts
-//            blocks in, as long as a head's key tiles fit on the GPU at once (flash_ordered_dq_fits).
+//            blocks in and however few fit on it at once (ticket 0 never waits; ticket i only on lower ones).
 // Both sum in a fixed order (every run gives the same bits); they differ from each other by fp32 rounding.
 enum class FlashDq { Shares, Ordered };
 
@@ -324,8 +324,8 @@ __host__ __device__ inline size_t ordered_dq_sync_words(int BNH, int T) {
 
 // Waits (one lane of the warp spins, the warp then proceeds together) until *count == expected, as written by
 // signal_contribution of the blocks before this one; what they wrote before signalling is then visible. A wait
-// of 16 M polls (seconds: a broken protocol, not a slow GPU, since the block waited for is running) traps, so
-// the launch fails with an error instead of hanging the trainer.
+// of 64 M polls (tens of seconds: a broken protocol, not a slow GPU, since the block waited for is running)
+// traps, so the launch fails with an error instead of hanging the trainer.
 __device__ __forceinline__ void wait_for_contributions(const unsigned* count, unsigned expected, int lane) {
 #if defined(LLMC_BLOCK_EMULATOR)
     if (lane == 0) emu::wait_for_value(count, expected, "flash ordered dQ: a warp's turn to add its dQ share");
@@ -335,8 +335,8 @@ __device__ __forceinline__ void wait_for_contributions(const unsigned* count, un
         for (uint32_t spins = 0;; spins++) {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
             if (seen == expected) break;
-            if (spins == (1u << 24)) {  // 16 M polls: seconds
-                printf("flash ordered dQ: block (%d, %d) waited seconds for contribution %u (count %u); "
+            if (spins == (1u << 26)) {  // 64 M polls: tens of seconds
+                printf("flash ordered dQ: block (%d, %d) waited tens of seconds for contribution %u (count %u); "
                        "LLMC_FLASH_DQ=shares avoids this path\n", int(blockIdx.x), int(blockIdx.y), expected, seen);
                 __trap();
             }
@@ -346,11 +346,16 @@ __device__ __forceinline__ void wait_for_contributions(const unsigned* count, un
 #endif
     __syncwarp();
 }
-// After this warp's writes of its rows: makes them visible GPU-wide, then counts this contribution.
+// After this warp's writes of its rows: counts this contribution, with release semantics for all 32 lanes'
+// writes (the warp barrier orders them before lane 0's release reduction: cooperative groups' grid-sync
+// pattern, one warp wide, with red.release in place of a full fence and a relaxed atomic).
 __device__ __forceinline__ void signal_contribution(unsigned* count, int lane) {
-    __threadfence();
     __syncwarp();
+#if defined(LLMC_BLOCK_EMULATOR)
     if (lane == 0) atomicAdd(count, 1u);
+#else
+    if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+#endif
 }
 
 // ---- kernels ---------------------------------------------------------------------------------------------------
@@ -698,21 +703,6 @@ inline flash::FlashDq flash_dq_from_env() {
     return choice == "ordered" ? flash::FlashDq::Ordered : flash::FlashDq::Shares;
 }
 
-// Why the ordered dQ cannot run on this GPU at sequence length T, or "" when it can: a head's key tiles wait on
-// one another, so they must all be resident at once; one per SM is the margin asked (the kernel fits two, and
-// other streams' kernels may hold some SMs). The block emulator runs blocks in ticket order and never waits.
-inline std::string flash_ordered_dq_unsupported(const CudaEnv& env, int T) {
-#if defined(LLMC_BLOCK_EMULATOR)
-    (void)env, (void)T;
-    return "";
-#else
-    const int tiles = ceil_div(T, flash::kTile);
-    if (tiles <= env.num_sms()) return "";
-    return "LLMC_FLASH_DQ=ordered needs at least as many SMs (" + std::to_string(env.num_sms()) +
-           ") as 64-token tiles in a sequence (" + std::to_string(tiles) + "); use LLMC_FLASH_DQ=shares";
-#endif
-}
-
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
 // RT: row tiles per warp (flash::kForwardRowTiles; dev/cuda/attention.cu times both).
 template <int RT = flash::kForwardRowTiles>
@@ -744,8 +734,6 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     float* dq_scratch = scratch + (rows + 3) / 4 * 4;
     unsigned* dq_sync = nullptr;
     if (dq == FlashDq::Ordered) {
-        const std::string cannot = flash_ordered_dq_unsupported(env, T);
-        LLMC_CHECK(cannot.empty(), cannot);
         dq_sync = reinterpret_cast<unsigned*>(dq_scratch + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats);
         CUDA_CHECK(cudaMemsetAsync(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned), env.stream));
     }

@@ -77,10 +77,6 @@ public:
         gelu_fusion_ = gelu_fusion_from_env(env.props.major >= 9 ? 2 : 0);
         flash_attention_ = flash_attention_from_env(config);
         flash_dq_ = flash_dq_from_env();
-        if (flash_attention_ && flash_dq_ == flash::FlashDq::Ordered) {
-            const std::string why = flash_ordered_dq_unsupported(env, max_T);
-            LLMC_CHECK(why.empty(), why);
-        }
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -355,8 +351,12 @@ private:
         // classifier (tied wte): logits hold dlogits
         matmul_backward(env_, a_.dbtc, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
                         at(p, ParamKind::wte, layout_), N, C, Vp);
+        // Each LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the projection
+        // whose output that residual gradient is (the last fcproj here, then each layer's attproj and the fcproj
+        // below it), which those matmul backwards then skip.
         layernorm_backward(a_.dresidual, at(g, ParamKind::lnfw, layout_), at(g, ParamKind::lnfb, layout_), fs, a_.dbtc,
-                           lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw, layout_), a_.lnf_mean, a_.lnf_rstd, N, C, s);
+                           lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw, layout_), a_.lnf_mean, a_.lnf_rstd, N, C, s,
+                           layer(g, ParamKind::fcprojb, L - 1));
         for (int l = L - 1; l >= 0; l--) {
             const floatX* residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C);
             floatX* ln1 = lslice(a_.ln1, l, C);
@@ -370,15 +370,16 @@ private:
 
             // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
             // dfch: the DGELU epilogue of this product (LLMC_GELU_FUSION=2), or the product then the GELU backward
-            matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), layer(g, ParamKind::fcprojb, l), fs,
-                            a_.dresidual, fch_gelu, layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2);
+            matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, fch_gelu,
+                            layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
                             layer(p, ParamKind::fcw, l), N, C, 4 * C);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
-                               residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s);
+                               residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s,
+                               layer(g, ParamKind::attprojb, l));
             // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), layer(g, ParamKind::attprojb, l), fs,
-                            a_.dresidual, atty, layer(p, ParamKind::attprojw, l), N, C, C);
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), nullptr, fs, a_.dresidual, atty,
+                            layer(p, ParamKind::attprojw, l), N, C, C);
             if (flash_attention_)
                 flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH,
                                          flash_dq_);
@@ -387,7 +388,8 @@ private:
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
                             layer(p, ParamKind::qkvw, l), N, C, 3 * C);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
-                               residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s);
+                               residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s,
+                               l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr);
             if (on_final) on_final(layer_ranges(l));
         }
         encoder_backward(at(g, ParamKind::wte, layout_), at(g, ParamKind::wpe, layout_), a_.dresidual, plan_,

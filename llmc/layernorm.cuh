@@ -7,7 +7,8 @@
 //  - layernorm_backward: dinp += dx (accumulates into the residual-stream gradient), dweight += sum dout*norm,
 //    dbias += sum dout. dinp per row by one warp; dweight/dbias by the deterministic column reduction of
 //    cuda_common.cuh (no atomics), into fp32 gradients, its first stage fused into the dinp pass where the
-//    128-bit kernel runs (one read of dout and inp instead of two).
+//    128-bit kernel runs (one read of dout and inp instead of two); optionally also the column sums of the
+//    updated dinp (the upstream projection's bias gradient) in the same pass.
 // Per-element maths: km::layernorm_rstd / layernorm_apply / layernorm_dx (kernel_math.h, CPU-tested); the
 // statistics are two-pass (mean, then sum of squared deviations) in fp32.
 #pragma once
@@ -188,31 +189,36 @@ __global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout,
 // kColumnReduceRowsPerSplit rows (the column reduction's), warp w its rows r0 + w, r0 + w + 8, ... (the
 // reduction's thread row y = w). Per row, each lane keeps its VECS x128 slices of inp and dout in registers
 // between the two passes of the row sums, adds dx into dinp, and accumulates its columns' dweight and dbias
-// terms; the 8 warps' sums then go through shared memory in warp order into `partial` (split, {dweight, dbias},
-// C), which column_reduce_finish adds to the gradients. The same additions in the same order as the dinp
-// kernel followed by column_reduce with LayerNormParamGrad, without reading dout and inp a second time. Needs
-// C % x128::size == 0, 16-byte aligned rows and C <= VECS * 32 * x128::size; layernorm_backward picks it when
-// they hold. grid ceil(N / kColumnReduceRowsPerSplit), kLayerNormBlock threads.
-template <int VECS>
+// terms, and with NV = 3 the updated dinp values too (the bias gradient of the linear layer whose output this
+// residual gradient is); the 8 warps' sums then go through shared memory in warp order into `partial` (split,
+// NV, C), which column_reduce_finish adds to the gradients. The same additions in the same order as the dinp
+// kernel followed by column_reduce with LayerNormParamGrad (and BiasGrad on dinp), without reading dout, inp
+// and dinp again. Needs C % x128::size == 0, 16-byte aligned rows and C <= VECS * 32 * x128::size;
+// layernorm_backward picks it when they hold. grid ceil(N / kColumnReduceRowsPerSplit), kLayerNormBlock threads.
+template <int VECS, int NV>
 __global__ void __launch_bounds__(kLayerNormBlock) layernorm_backward_kernel(floatX* dinp, float* partial,
                                                                             const floatX* dout, const floatX* inp,
                                                                             const floatX* weight, const float* mean,
                                                                             const float* rstd, int N, int C) {
     static_assert(kLayerNormBlock / kWarpSize == kColumnReduceThreadsY, "one warp per row of the reduction's block");
+    static_assert(NV == 2 || NV == 3, "dweight, dbias [, the column sums of dinp]");
     constexpr int kSliceCols = kWarpSize * x128::size;
-    // Up to 4 slices per lane, every load of a row (inp, dout, weight, dinp) is issued before the first use, so
-    // a row costs one memory round trip, and inp and dout stay in registers between the passes. With 8 (C over
-    // 1,024), whose 2 x 64 sums take half the registers, the second pass reads the row again (from L1, where
-    // the first pass left it) and dinp and weight are loaded where used: 255 registers and spills otherwise.
-    constexpr bool kLoadAllFirst = VECS <= 4;
-    __shared__ float sums[2][VECS * kSliceCols];  // dweight, dbias of the block's rows
+    // Up to 4 slices per lane (3 with the third sum), every load of a row (inp, dout, weight, dinp) is issued
+    // before the first use, so a row costs one memory round trip, and inp and dout stay in registers between
+    // the passes. Above that (C over 1,024 or 768), the sums take so many registers that the second pass reads
+    // the row again (from L1, where the first pass left it) and dinp and weight are loaded where used: 255
+    // registers and spills otherwise.
+    constexpr bool kLoadAllFirst = VECS <= (NV == 3 ? 3 : 4);
+    __shared__ float sums[NV][VECS * kSliceCols];  // the block's rows' sums per column
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const int r0 = blockIdx.x * kColumnReduceRowsPerSplit, r1 = min(N, r0 + kColumnReduceRowsPerSplit);
-    float dw[VECS][x128::size], db[VECS][x128::size];
+    float acc[NV][VECS][x128::size];  // dweight, dbias, dinp
 #pragma unroll
-    for (int v = 0; v < VECS; v++)
+    for (int n = 0; n < NV; n++)
 #pragma unroll
-        for (int k = 0; k < x128::size; k++) dw[v][k] = db[v][k] = 0.0f;
+        for (int v = 0; v < VECS; v++)
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) acc[n][v][k] = 0.0f;
     for (int i = 0; i < kColumnReduceRowsPerThread; i++) {
         const int row = r0 + warp + i * kColumnReduceThreadsY;
         if (row >= r1) break;
@@ -269,8 +275,9 @@ __global__ void __launch_bounds__(kLayerNormBlock) layernorm_backward_kernel(flo
                 const float dnorm = xw[h].f(k) * xd[h].f(k);
                 out.v[k] = from_float<floatX>(xg[h].f(k) + km::layernorm_dx(dnorm, norm, dnorm_mean, dnorm_norm_mean, r));
                 const float d = xd[h].f(k);
-                dw[v][k] += __fmul_rn(d, (xi[h].f(k) - m) * r);  // LayerNormParamGrad's terms
-                db[v][k] += d;
+                acc[0][v][k] += __fmul_rn(d, (xi[h].f(k) - m) * r);  // LayerNormParamGrad's terms
+                acc[1][v][k] += d;
+                if constexpr (NV == 3) acc[2][v][k] += to_float(out.v[k]);  // BiasGrad's, on dinp
             }
             store128(dinp + base + c, out);
         }
@@ -283,17 +290,16 @@ __global__ void __launch_bounds__(kLayerNormBlock) layernorm_backward_kernel(flo
                 const int c = (v * kWarpSize + lane) * x128::size;
                 if (c >= C) continue;
 #pragma unroll
-                for (int k = 0; k < x128::size; k++) {
-                    sums[0][c + k] = (w == 0 ? 0.0f : sums[0][c + k]) + dw[v][k];
-                    sums[1][c + k] = (w == 0 ? 0.0f : sums[1][c + k]) + db[v][k];
-                }
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int k = 0; k < x128::size; k++)
+                        sums[n][c + k] = (w == 0 ? 0.0f : sums[n][c + k]) + acc[n][v][k];
             }
         __syncthreads();
     }
-    for (int c = threadIdx.x; c < C; c += kLayerNormBlock) {
-        partial[(size_t(blockIdx.x) * 2 + 0) * C + c] = sums[0][c];
-        partial[(size_t(blockIdx.x) * 2 + 1) * C + c] = sums[1][c];
-    }
+    for (int c = threadIdx.x; c < C; c += kLayerNormBlock)
+#pragma unroll
+        for (int n = 0; n < NV; n++) partial[(size_t(blockIdx.x) * NV + n) * C + c] = sums[n][c];
 }
 
 // The dweight and dbias terms of one element. The product is rounded before it is added (__fmul_rn: never
@@ -326,23 +332,26 @@ struct LayerNormParamGrad {
     bool aligned() const { return aligned16(dout) && aligned16(inp); }
 };
 
-inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_reduce_scratch_floats(N, C, 2); }
+inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_reduce_scratch_floats(N, C, 3); }
 
-// dinp (N,C) += dx; dweight, dbias (C, fp32) += parameter gradients. dinp must not alias dout.
-// scratch: layernorm_backward_scratch_floats(N, C) floats.
+// dinp (N,C) += dx; dweight, dbias (C, fp32) += parameter gradients; dinp_sum (C, fp32; skipped when nullptr) +=
+// the column sums of the updated dinp, which are the bias gradient of the linear layer whose output feeds this
+// residual stream (GPT-2's attproj and fcproj), so that layer's backward need not read dinp again for it. dinp
+// must not alias dout. scratch: layernorm_backward_scratch_floats(N, C) floats.
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
-                               int C, cudaStream_t stream) {
+                               int C, cudaStream_t stream, float* dinp_sum = nullptr) {
     if (N == 0) return;
     const bool aligned = aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
     const int vecs = layernorm_lane_vecs(C, aligned);
-    if (vecs == 0) {  // strided rows, then the column reduction reading dout and inp again
+    if (vecs == 0) {  // strided rows, then the column reductions reading dout, inp and dinp again
         const unsigned blocks = unsigned(ceil_div(N, kLayerNormBlock / kWarpSize));
         LLMC_LAUNCH(blocks, kLayerNormBlock, 0, stream, layernorm_backward_dinp_kernel)(dinp, dout, inp, weight, mean,
                                                                                         rstd, N, C);
         CUDA_CHECK_LAUNCH();
         column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
                          stream);
+        if (dinp_sum) column_reduce<1>(ColumnOutputs<1>{{dinp_sum}}, scratch, N, C, BiasGrad{dinp, C}, stream);
         return;
     }
     const int splits = ceil_div(N, kColumnReduceRowsPerSplit);
@@ -350,15 +359,23 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
         LLMC_LAUNCH(unsigned(splits), kLayerNormBlock, 0, stream, kernel)(dinp, scratch, dout, inp, weight, mean, rstd,
                                                                           N, C);
     };
-    switch (vecs) {
-        case 1: launch(layernorm_backward_kernel<1>); break;
-        case 2: launch(layernorm_backward_kernel<2>); break;
-        case 3: launch(layernorm_backward_kernel<3>); break;
-        case 4: launch(layernorm_backward_kernel<4>); break;
-        default: launch(layernorm_backward_kernel<8>); break;
+    auto launch_nv = [&]<int NV>() {
+        switch (vecs) {
+            case 1: launch(layernorm_backward_kernel<1, NV>); break;
+            case 2: launch(layernorm_backward_kernel<2, NV>); break;
+            case 3: launch(layernorm_backward_kernel<3, NV>); break;
+            case 4: launch(layernorm_backward_kernel<4, NV>); break;
+            default: launch(layernorm_backward_kernel<8, NV>); break;
+        }
+        CUDA_CHECK_LAUNCH();
+    };
+    if (dinp_sum) {
+        launch_nv.template operator()<3>();
+        column_reduce_finish<3>(ColumnOutputs<3>{{dweight, dbias, dinp_sum}}, scratch, splits, C, stream);
+    } else {
+        launch_nv.template operator()<2>();
+        column_reduce_finish<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, splits, C, stream);
     }
-    CUDA_CHECK_LAUNCH();
-    column_reduce_finish<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, splits, C, stream);
 }
 
 }  // namespace llmc

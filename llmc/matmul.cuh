@@ -259,24 +259,6 @@ inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, c
     else matmul_lt<floatX>(env, out, weight, inp, bias, g, false, pre_gelu);
 }
 
-struct BiasGrad {
-    const floatX* dout;
-    int OC;
-    template <int VEC>
-    __device__ void load(int r, int c, float (&v)[1][VEC]) const {
-        const floatX* p = dout + size_t(r) * OC + c;
-        if constexpr (VEC == 1) {
-            v[0][0] = to_float(*p);
-        } else {
-            static_assert(VEC == x128::size, "scalar or 128-bit");
-            const x128 d = load128(p);
-#pragma unroll
-            for (int j = 0; j < VEC; j++) v[0][j] = d.f(j);
-        }
-    }
-    bool aligned() const { return aligned16(dout); }
-};
-
 inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }
 
 // Given dout (N,OC) of out = inp (N,C) @ weight (OC,C)^T + bias:

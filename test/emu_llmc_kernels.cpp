@@ -424,15 +424,15 @@ void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Or
 
 // layernorm_backward as it launches its kernels for this C: vecs > 0 the fused 128-bit kernel (dinp, and the
 // dweight / dbias partials of its rows, which column_reduce_finish adds to dw0 / db0), 0 the strided dinp kernel
-// and the column reduction.
+// and the column reduction. with_sum: also the column sums of the updated dinp (layernorm_backward's dinp_sum),
+// added to ds0.
 struct LnBackwardResult {
     std::vector<floatX> dinp;
-    std::vector<float> dw, db;
+    std::vector<float> dw, db, ds;
 };
 LnBackwardResult run_layernorm_backward(const LnBackwardData& d, int vecs, Order order, const std::vector<float>& dw0,
-                                        const std::vector<float>& db0) {
-    LnBackwardResult r{fx(d.dinp0), dw0, db0};
-    const llmc::ColumnOutputs<2> outs{{r.dw.data(), r.db.data()}};
+                                        const std::vector<float>& db0, const std::vector<float>* ds0 = nullptr) {
+    LnBackwardResult r{fx(d.dinp0), dw0, db0, ds0 ? *ds0 : std::vector<float>{}};
     if (vecs == 0) {
         const unsigned blocks = unsigned(llmc::ceil_div(d.N, llmc::kLayerNormBlock / llmc::kWarpSize));
         launch(blocks, llmc::kLayerNormBlock, order, [&] {
@@ -440,23 +440,33 @@ LnBackwardResult run_layernorm_backward(const LnBackwardData& d, int vecs, Order
                                                  d.mean.data(), d.rstd.data(), d.N, d.C);
         });
         const llmc::LayerNormParamGrad f{d.dout_x.data(), d.x_x.data(), d.mean.data(), d.rstd.data(), d.C};
-        run_column_reduce<2>(outs, d.N, d.C, f, order, llmc::column_reduce_vec(d.C, f));
+        run_column_reduce<2>(llmc::ColumnOutputs<2>{{r.dw.data(), r.db.data()}}, d.N, d.C, f, order,
+                             llmc::column_reduce_vec(d.C, f));
+        if (ds0) {
+            const llmc::BiasGrad fb{r.dinp.data(), d.C};
+            run_column_reduce<1>(llmc::ColumnOutputs<1>{{r.ds.data()}}, d.N, d.C, fb, order, llmc::column_reduce_vec(d.C, fb));
+        }
         return r;
     }
-    const int splits = llmc::ceil_div(d.N, llmc::kColumnReduceRowsPerSplit);
-    std::vector<float> partial(size_t(splits) * 2 * d.C, NAN);
+    const int splits = llmc::ceil_div(d.N, llmc::kColumnReduceRowsPerSplit), nv = ds0 ? 3 : 2;
+    std::vector<float> partial(size_t(splits) * nv * d.C, NAN);
     launch(unsigned(splits), llmc::kLayerNormBlock, order, [&] {
         const auto args = std::make_tuple(r.dinp.data(), partial.data(), d.dout_x.data(), d.x_x.data(), d.w_x.data(),
                                           d.mean.data(), d.rstd.data(), d.N, d.C);
-        switch (vecs) {
-            case 1: std::apply(llmc::layernorm_backward_kernel<1>, args); break;
-            case 2: std::apply(llmc::layernorm_backward_kernel<2>, args); break;
-            case 3: std::apply(llmc::layernorm_backward_kernel<3>, args); break;
-            case 4: std::apply(llmc::layernorm_backward_kernel<4>, args); break;
-            default: std::apply(llmc::layernorm_backward_kernel<8>, args); break;
-        }
+        auto run = [&]<int NV>() {
+            switch (vecs) {
+                case 1: std::apply(llmc::layernorm_backward_kernel<1, NV>, args); break;
+                case 2: std::apply(llmc::layernorm_backward_kernel<2, NV>, args); break;
+                case 3: std::apply(llmc::layernorm_backward_kernel<3, NV>, args); break;
+                case 4: std::apply(llmc::layernorm_backward_kernel<4, NV>, args); break;
+                default: std::apply(llmc::layernorm_backward_kernel<8, NV>, args); break;
+            }
+        };
+        if (ds0) run.template operator()<3>();
+        else run.template operator()<2>();
     });
-    run_column_reduce_finish<2>(outs, partial, splits, d.C, order);
+    if (ds0) run_column_reduce_finish<3>(llmc::ColumnOutputs<3>{{r.dw.data(), r.db.data(), r.ds.data()}}, partial, splits, d.C, order);
+    else run_column_reduce_finish<2>(llmc::ColumnOutputs<2>{{r.dw.data(), r.db.data()}}, partial, splits, d.C, order);
     return r;
 }
 
@@ -490,13 +500,27 @@ TEST(layernorm_backward) {
             const LnBackwardResult b = run_layernorm_backward(d, vecs, Order::Shuffled, dw0, db0);
             expect_same_bits("  forward vs shuffled thread order: dinp", b.dinp, a.dinp);
             expect_same_bits("  forward vs shuffled thread order: dweight", b.dw, a.dw);
+            // with the column sums of the updated dinp (the projection's bias gradient): the same dinp, dweight
+            // and dbias, and sums of the stored dinp values against a double sum of them
+            const auto ds0 = random_floats(size_t(C), 0.1f, 37);
+            const LnBackwardResult w = run_layernorm_backward(d, vecs, Order::WarpSerial, dw0, db0, &ds0);
+            std::vector<double> ref_ds = to_double(ds0);
+            const std::vector<float> w_dinp = fl(w.dinp);
+            for (int r = 0; r < N; r++)
+                for (int c = 0; c < C; c++) ref_ds[size_t(c)] += double(w_dinp[size_t(r) * C + c]);
+            expect_same_bits("  with dinp sums: dinp", w.dinp, a.dinp);
+            expect_same_bits("  with dinp sums: dweight", w.dw, a.dw);
+            expect_same_bits("  with dinp sums: dbias", w.db, a.db);
+            expect_close("  dinp sums", w.ds, ref_ds, 1e-4, 1e-5);
             if (vecs) {
-                // the strided kernel and the column reduction on the same rows (they take any C): the parameter
-                // gradients are the same additions in the same order
-                const LnBackwardResult s = run_layernorm_backward(d, 0, Order::Reverse, dw0, db0);
+                // the strided kernel and the column reductions on the same rows (they take any C): the parameter
+                // gradients and the dinp sums are the same additions in the same order
+                const LnBackwardResult s = run_layernorm_backward(d, 0, Order::Reverse, dw0, db0, &ds0);
                 expect_close("  layernorm_backward_dinp_kernel dinp", fl(s.dinp), ref, 2e-5, kRound);
                 expect_same_bits("  fused vs column_reduce: dweight", a.dw, s.dw);
                 expect_same_bits("  fused vs column_reduce: dbias", a.db, s.db);
+                if (bit_diffs(s.dinp, w.dinp) == 0)  // the two dinp kernels' rows sums may round apart
+                    expect_same_bits("  fused vs column_reduce: dinp sums", w.ds, s.ds);
             }
         }
 }

@@ -175,11 +175,6 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     compare_dqkv(ck, "flash backward ", label, check::from_device_floatX(dqkv), ref, B, T, C, 2 * factor);
     backward(dqkv2, flash::FlashDq::Shares);
     ck.expect(same_bits(dqkv, dqkv2), "flash backward bit-identical on rerun " + label);
-    const std::string ordered_why = flash_ordered_dq_unsupported(env, T);
-    if (!ordered_why.empty()) {
-        std::printf("  flash ordered dQ %s skipped: %s\n", label.c_str(), ordered_why.c_str());
-        return;
-    }
     DeviceBuffer<floatX> ordered(3 * btc), ordered2(3 * btc);
     CUDA_CHECK(cudaMemsetAsync(ordered.data(), 0xff, ordered.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
@@ -282,15 +277,13 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
                                  C, NH);
     });
     check::report_flops(("flash_backward " + shape).c_str(), bwd, 2.5 * flops);  // 5 products = 2.5 x the forward's 2
-    if (flash_ordered_dq_unsupported(env, T).empty()) {
-        const float ordered = median_ms(env.stream, [&] {
-            flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
-                                     T, C, NH, flash::FlashDq::Ordered);
-        });
-        check::report_flops(("flash_backward, ordered dQ " + shape).c_str(), ordered, 2.5 * flops);
-        std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash ordered dQ / shares " + shape).c_str(), ordered / bwd,
-                    100.0 * (ordered / bwd - 1.0));
-    }
+    const float ordered = median_ms(env.stream, [&] {
+        flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
+                                 C, NH, flash::FlashDq::Ordered);
+    });
+    check::report_flops(("flash_backward, ordered dQ " + shape).c_str(), ordered, 2.5 * flops);
+    std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash ordered dQ / shares " + shape).c_str(), ordered / bwd,
+                100.0 * (ordered / bwd - 1.0));
     std::printf("TIME %-32s fwd %.3f  bwd %.3f  (time ratio; speedup fwd %.2fx, bwd %.2fx)\n",
                 ("flash / matmul " + shape).c_str(), fwd / mm_fwd, bwd / mm_bwd, mm_fwd / fwd, mm_bwd / bwd);
 }
