@@ -29,6 +29,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "llmc/adamw.cuh"
@@ -399,6 +400,20 @@ struct LnBackwardData {
     }
 };
 
+// dweight0 + sum dout * norm and dbias0 + sum dout over the rows, in double (LayerNorm's parameter gradients).
+std::pair<std::vector<double>, std::vector<double>> layernorm_param_grads_ref(const LnBackwardData& d,
+                                                                              const std::vector<float>& dw0,
+                                                                              const std::vector<float>& db0) {
+    std::vector<double> dw = to_double(dw0), db = to_double(db0);
+    for (int r = 0; r < d.N; r++)
+        for (int c = 0; c < d.C; c++) {
+            const size_t i = size_t(r) * d.C + c;
+            dw[size_t(c)] += double(d.dout[i]) * ((double(d.x[i]) - d.mean[size_t(r)]) * d.rstd[size_t(r)]);
+            db[size_t(c)] += d.dout[i];
+        }
+    return {dw, db};
+}
+
 // column_reduce: stage 1 on a (ceil(cols/(32 vec)), splits) grid of (32, 8) blocks, stage 2 on ceil(cols/32)
 // blocks of (32, 8) adds the splits. vec: column_reduce's choice (column_reduce_vec), or 1 to force the scalar
 // loads.
@@ -482,13 +497,7 @@ TEST(layernorm_backward) {
                 C, llmc::aligned16(d.dout_x.data()) && llmc::aligned16(d.x_x.data()) && llmc::aligned16(d.w_x.data()));
             const std::vector<double> ref = layernorm_dinp_ref(d.dinp0, d.dout, d.x, d.w, d.mean, d.rstd, d.N, C);
             const auto dw0 = random_floats(size_t(C), 0.1f, 35), db0 = random_floats(size_t(C), 0.1f, 36);
-            std::vector<double> ref_dw = to_double(dw0), ref_db = to_double(db0);
-            for (int r = 0; r < N; r++)
-                for (int c = 0; c < C; c++) {
-                    const size_t i = size_t(r) * C + c;
-                    ref_dw[size_t(c)] += double(d.dout[i]) * ((double(d.x[i]) - d.mean[size_t(r)]) * d.rstd[size_t(r)]);
-                    ref_db[size_t(c)] += d.dout[i];
-                }
+            const auto [ref_dw, ref_db] = layernorm_param_grads_ref(d, dw0, db0);
             const std::string label = (vecs ? "layernorm_backward_kernel<" + std::to_string(vecs) + ">"
                                             : std::string("layernorm_backward_dinp_kernel")) +
                                       " (N=" + std::to_string(d.N) + ",C=" + std::to_string(C) + ")";
@@ -536,13 +545,7 @@ TEST(column_reduce_layernorm_and_bias_grads) {
         const int N = s.N, C = s.C;
         std::string label = "(rows=" + std::to_string(N) + ",cols=" + std::to_string(C) + ")";
         const auto dw0 = random_floats(size_t(C), 0.1f, 35), db0 = random_floats(size_t(C), 0.1f, 36);
-        std::vector<double> ref_dw = to_double(dw0), ref_db = to_double(db0);
-        for (int r = 0; r < N; r++)
-            for (int c = 0; c < C; c++) {
-                const size_t i = size_t(r) * C + c;
-                ref_dw[size_t(c)] += double(d.dout[i]) * ((double(d.x[i]) - d.mean[size_t(r)]) * d.rstd[size_t(r)]);
-                ref_db[size_t(c)] += d.dout[i];
-            }
+        const auto [ref_dw, ref_db] = layernorm_param_grads_ref(d, dw0, db0);
         const llmc::LayerNormParamGrad f{d.dout_x.data(), d.x_x.data(), d.mean.data(), d.rstd.data(), C};
         const llmc::BiasGrad fb{d.dout_x.data(), C};
         const int vec = llmc::column_reduce_vec(C, f);
