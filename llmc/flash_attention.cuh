@@ -690,13 +690,23 @@ inline std::string flash_attention_unsupported(int C, int NH) {
     return "";
 }
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
-// The backward's scratch: delta (B, NH, T), then, 16-byte aligned, the dQ shares (flash::tile_pair) or the
-// ordered dQ's accumulators (B * NH, query tiles, 64 x 64) and synchronization words.
-inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flash::FlashDq dq) {
+// The backward's scratch, in floats from its start: delta (B, NH, T) at 0, then, 16-byte aligned, the dQ shares
+// (flash::tile_pair) or the ordered dQ's accumulators (B * NH, query tiles, 64 x 64) at `dq`, then the ordered
+// dQ's synchronization words (ordered_dq_sync_words) at `sync`; `floats` in all.
+struct FlashBackwardScratchLayout {
+    size_t dq, sync, floats;
+};
+inline FlashBackwardScratchLayout flash_backward_scratch_layout(int B, int T, int NH, flash::FlashDq dq) {
     const size_t delta = (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4;
-    const size_t tiles = size_t(ceil_div(T, flash::kTile));
-    if (dq == flash::FlashDq::Shares) return delta + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
-    return delta + size_t(B) * NH * tiles * flash::kShareFloats + flash::ordered_dq_sync_words(B * NH, T);
+    if (dq == flash::FlashDq::Shares) {
+        const size_t end = delta + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
+        return {delta, end, end};
+    }
+    const size_t sync = delta + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats;
+    return {delta, sync, sync + flash::ordered_dq_sync_words(B * NH, T)};
+}
+inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flash::FlashDq dq) {
+    return flash_backward_scratch_layout(B, T, NH, dq).floats;
 }
 
 // LLMC_FLASH_DQ=shares|ordered (default shares): how the flash backward sums dQ (flash::FlashDq). A bad value is
@@ -735,11 +745,12 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     using flash::bf16;
     using flash::FlashDq;
     const size_t rows = flash_attention_lse_floats(B, T, NH);
+    const FlashBackwardScratchLayout layout = flash_backward_scratch_layout(B, T, NH, dq);
     float* delta = scratch;
-    float* dq_scratch = scratch + (rows + 3) / 4 * 4;
+    float* dq_scratch = scratch + layout.dq;
     unsigned* dq_sync = nullptr;
     if (dq == FlashDq::Ordered) {
-        dq_sync = reinterpret_cast<unsigned*>(dq_scratch + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats);
+        dq_sync = reinterpret_cast<unsigned*>(scratch + layout.sync);
         CUDA_CHECK(cudaMemsetAsync(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned), env.stream));
     }
     LLMC_LAUNCH(flash::flash_delta_blocks(rows), flash::kDeltaThreads, 0, env.stream, flash::flash_attention_delta_kernel)(

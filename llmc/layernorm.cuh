@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kLayerNormBlock) layernorm_backward_kernel(flo
                 const float dnorm = xw[h].f(k) * xd[h].f(k);
                 out.v[k] = from_float<floatX>(xg[h].f(k) + km::layernorm_dx(dnorm, norm, dnorm_mean, dnorm_norm_mean, r));
                 const float d = xd[h].f(k);
-                acc[0][v][k] += __fmul_rn(d, (xi[h].f(k) - m) * r);  // LayerNormParamGrad's terms
+                acc[0][v][k] += __fmul_rn(d, norm);  // LayerNormParamGrad's terms
                 acc[1][v][k] += d;
                 if constexpr (NV == 3) acc[2][v][k] += to_float(out.v[k]);  // BiasGrad's, on dinp
             }

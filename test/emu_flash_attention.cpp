@@ -138,11 +138,12 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
                      int T, int NH, Order order, const std::vector<unsigned>& block_order) {
     const size_t rows = llmc::flash_attention_lse_floats(B, T, NH);
     const unsigned tiles = unsigned((T + flash::kTile - 1) / flash::kTile);
+    const llmc::FlashBackwardScratchLayout layout = llmc::flash_backward_scratch_layout(B, T, NH, dq);
     float* delta = r.scratch.data();
-    float* dq_scratch = r.scratch.data() + (rows + 3) / 4 * 4;
+    float* dq_scratch = r.scratch.data() + layout.dq;
     unsigned* dq_sync = nullptr;
     if (dq == flash::FlashDq::Ordered) {
-        dq_sync = reinterpret_cast<unsigned*>(dq_scratch + size_t(B) * NH * tiles * flash::kShareFloats);
+        dq_sync = reinterpret_cast<unsigned*>(r.scratch.data() + layout.sync);
         std::memset(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned));
     }
     const Dim3 grid{tiles, unsigned(B * NH), 1};

@@ -131,6 +131,12 @@ static bool same_bits(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
+// Scratch for the flash backward with either dQ summation.
+static size_t flash_scratch_floats(int B, int T, int NH) {
+    return std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
+                    flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Ordered));
+}
+
 // Flash attention on the same inputs as the matmul path, against the same reference.
 static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, const std::vector<float>& qkv,
                         const std::vector<float>& dout, int B, int T, int C, int NH, const std::string& label,
@@ -144,8 +150,7 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     auto d_dout = check::to_device_floatX(dout);
     const size_t btc = size_t(B) * T * C, rows = flash_attention_lse_floats(B, T, NH);
     DeviceBuffer<floatX> out(btc), dqkv(3 * btc), dqkv2(3 * btc);
-    DeviceBuffer<float> lse(rows), scratch(std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
-                                                    flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Ordered)));
+    DeviceBuffer<float> lse(rows), scratch(flash_scratch_floats(B, T, NH));
     // All-ones bits are NaN in bf16 and fp32: an element no kernel writes fails its comparison (the scratch too:
     // a dQ share the backward forgot to write poisons its row). The second backward's buffer starts as zeros, so
     // an unwritten element also breaks the bit-identical check.
@@ -258,8 +263,7 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     }
     const size_t rows = flash_attention_lse_floats(B, T, NH);
     DeviceBuffer<floatX> qkv(3 * btc), out(btc), dout(btc), dqkv(3 * btc);
-    DeviceBuffer<float> lse(rows), scratch(std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
-                                                    flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Ordered)));
+    DeviceBuffer<float> lse(rows), scratch(flash_scratch_floats(B, T, NH));
     CUDA_CHECK(cudaMemsetAsync(qkv.data(), 0, qkv.bytes(), env.stream));
     CUDA_CHECK(cudaMemsetAsync(dout.data(), 0, dout.bytes(), env.stream));
     const double flops = 2 * 2.0 * B * NH * (double(T) * (T + 1) / 2) * HS;  // two matmuls, causal half only
