@@ -77,8 +77,9 @@ bool env_flag(const char* name, bool default_value) {
 // ---- the optimizer hook ---------------------------------------------------------------------------------
 // --optimizer adamw: CudaAdamW (llmc/adamw.cuh).
 // --optimizer demo: CudaDemo (demo/demo_cuda.cuh): fused compress / apply kernels (demo/demo_kernels.cuh), the
-// buckets exchanged with NcclTransport::allgather_device (or through host memory without NCCL), the same state blob as demo::DemoOptimizer so
-// checkpoints move between trainers.
+// buckets exchanged with NcclTransport::allgather_device (or through host memory without NCCL; with --demo_delay 1
+// the exchange is started at the end of a step and finished in the next one's optimizer step, so it overlaps that
+// step's forward and backward), the same state blob as demo::DemoOptimizer so checkpoints move between trainers.
 // overlap: the NCCL transport's overlapped all-reduce for AdamW-DDP (null: all-reduce after the backward).
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
                                                        Transport& transport, CudaEnv& env, OverlappedGradReduce* overlap) {
@@ -224,7 +225,9 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap != nullptr, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         const std::string optimizer =
-            cfg.optimizer == "demo" ? "demo (" + demo_kernels.describe() + ")" : cfg.optimizer;
+            cfg.optimizer == "demo"
+                ? "demo (" + demo_kernels.describe() + (cfg.demo_delay ? ", applied a step late" : "") + ")"
+                : cfg.optimizer;
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "

@@ -118,7 +118,9 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         write_run_record(cfg.out_dir, run_record(cfg, world, grad_accum, "train_gpt_cpu", argc, argv));
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x %d thread(s)\n",
-                    cfg.model.describe().c_str(), layout.num_params / 1e6, cfg.optimizer.c_str(), world, threads);
+                    cfg.model.describe().c_str(), layout.num_params / 1e6,
+                    (cfg.optimizer + (cfg.optimizer == "demo" && cfg.demo_delay ? " (applied a step late)" : "")).c_str(),
+                    world, threads);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
                     "%llu groups/epoch\n",
                     cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),

@@ -100,4 +100,12 @@ void encode_bucket(const ModelPlan& plan, WireFormat format, const Selection& se
 void decode_bucket(const ModelPlan& plan, WireFormat format, std::span<const std::byte> bucket, Selection& sel,
                    const std::string& who);
 
+// A delayed DeMo round (--demo_delay 1): compressed and sent, not yet applied. A checkpoint keeps this rank's
+// bucket of it and its learning rate; the resumed run exchanges the buckets again and applies the round first.
+struct PendingRound {
+    bool present = false;
+    float lr = 0.0f;
+    std::vector<std::byte> bucket;
+};
+
 }  // namespace demo

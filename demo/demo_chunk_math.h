@@ -597,6 +597,7 @@ inline void validate_options(const llmc::OptimizerConfig& c) {
     LLMC_CHECK(d.feedback_alpha > 0.0f && d.feedback_alpha <= 1.0f,
                "--demo_alpha must be in (0, 1] (got " + std::to_string(d.feedback_alpha) + ")");
     LLMC_CHECK(c.weight_decay >= 0.0f, "--weight_decay must be >= 0 (got " + std::to_string(c.weight_decay) + ")");
+    LLMC_CHECK(d.delay == 0 || d.delay == 1, "--demo_delay must be 0 or 1 (got " + std::to_string(d.delay) + ")");
 }
 
 // The plan the CPU optimizer builds for a layout, and its per-tensor weight-decay flags.
@@ -753,9 +754,10 @@ inline void convert_momentum(const ModelPlan& plan, std::vector<float>& m, Momen
 // The DemoOptimizer state blob (demo_optimizer.cpp save_state / load_state, CudaDemo's), byte for byte. Version 2
 // adds the momentum's domain (version 1 blobs, always spatial, are still read), so a CUDA run keeping it in the
 // DCT domain saves it exactly and resumes bit for bit, while read_state hands every reader its own domain.
-inline constexpr uint32_t kStateVersion = 2;
+// Version 3 adds the pending round (a flag, then its lr and bucket when present).
+inline constexpr uint32_t kStateVersion = 3;
 inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<const float> momentum,
-                        MomentumDomain domain = MomentumDomain::spatial) {
+                        MomentumDomain domain = MomentumDomain::spatial, const PendingRound& pending = {}) {
     out.put_string("demo");
     out.put<uint32_t>(kStateVersion);
     out.put<uint64_t>(plan.tensors.size());
@@ -765,16 +767,23 @@ inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<
     out.put<uint64_t>(plan.fingerprint());
     out.put<uint32_t>(static_cast<uint32_t>(domain));
     out.put_array(momentum);
+    out.put<uint8_t>(pending.present ? 1 : 0);
+    if (pending.present) {
+        out.put<float>(pending.lr);
+        out.put_array(std::span<const std::byte>(pending.bucket));
+    }
 }
-// Reads a blob into `momentum`, converted to `want` when it was saved in the other domain.
+// Reads a blob into `momentum`, converted to `want` when it was saved in the other domain, and the pending
+// round (none before version 3). A pending round is refused unless `delayed` (--demo_delay 1) and must hold a
+// bucket of `bucket_bytes`.
 inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<float>& momentum,
-                       MomentumDomain want = MomentumDomain::spatial) {
+                       MomentumDomain want, PendingRound& pending, bool delayed, size_t bucket_bytes) {
     const std::string& src = in.source();
     const std::string name = in.get_string("optimizer name");
     LLMC_CHECK(name == "demo", src + ": optimizer state is for '" + name + "', not 'demo'");
     const uint32_t version = in.get<uint32_t>("DeMo state version");
-    LLMC_CHECK(version == 1 || version == kStateVersion, src + ": DeMo state version " + std::to_string(version) +
-                                                             ", this build reads versions 1 and " +
+    LLMC_CHECK(version >= 1 && version <= kStateVersion, src + ": DeMo state version " + std::to_string(version) +
+                                                             ", this build reads versions 1 to " +
                                                              std::to_string(kStateVersion));
     const uint64_t tensors = in.get<uint64_t>("tensor count");
     const uint64_t numel = in.get<uint64_t>("parameter count");
@@ -795,8 +804,28 @@ inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<
     LLMC_CHECK(domain <= 1u, src + ": DeMo state has momentum domain " + std::to_string(domain) + " (0 or 1 expected)");
     std::vector<float> m(plan.num_params);
     in.get_array(std::span<float>(m), "DeMo momentum");
+    PendingRound p;
+    if (version >= 3) {
+        const uint8_t present = in.get<uint8_t>("pending round flag");
+        LLMC_CHECK(present <= 1u, src + ": corrupt or truncated (pending round flag " + std::to_string(present) + ")");
+        p.present = present == 1;
+    }
+    if (p.present) {
+        LLMC_CHECK(delayed, src + ": DeMo state holds an update not yet applied (saved with --demo_delay 1); resume "
+                                  "with --demo_delay 1");
+        p.lr = in.get<float>("pending round lr");
+        p.bucket.resize(bucket_bytes);
+        in.get_array(std::span<std::byte>(p.bucket), "pending DeMo bucket");
+    }
     convert_momentum(plan, m, static_cast<MomentumDomain>(domain), want);
     momentum = std::move(m);
+    pending = std::move(p);
+}
+// The momentum alone (a blob with a pending round is refused).
+inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<float>& momentum,
+                       MomentumDomain want = MomentumDomain::spatial) {
+    PendingRound none;
+    read_state(in, plan, momentum, want, none, false, 0);
 }
 
 // Everything the kernels (and the host reference) read about a plan.

@@ -14,6 +14,16 @@
 //                                          -> StepTimings::exchange (host wall, from the bucket being ready)
 //   apply   demo_apply_kernel: scatter-mean, inverse DCT, sign, weight decay, update of the fp32 master
 //           weights and their floatX copy                                     -> StepTimings::apply (cudaEvents)
+// With --demo_delay 1 (the CPU optimizer's order, demo_optimizer.h) the update of step t is applied at step t+1
+// and its buckets travel during step t+1's forward and backward: clip; finish the pending round's exchange
+// (NcclTransport::allgather_device_finish, or Transport::allgather_bytes_finish and the upload) and apply it
+// with its own lr but without weight decay, which follows with this step's lr (the CPU optimizer decays in its
+// compress, after the apply; StepTimings::apply covers both); compress; start this round's exchange
+// (allgather_device_start behind the compress, or allgather_bytes_start from a host copy of the bucket).
+// StepTimings::exchange is then the time inside finish and start. One bucket buffer suffices: its all-gather
+// is finished before the next compress rewrites it, and the gathered buckets are applied before the next start
+// overwrites them. The state blob keeps the pending round (this rank's bucket and lr); a run resumed from it
+// exchanges that bucket again at its first step.
 // Memory: master weights, momentum, norm scratch, this rank's bucket, the gathered buckets (world x bucket)
 // and the plan's tables are ONE device allocation.
 //
@@ -24,8 +34,10 @@
 #pragma once
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "demo/demo_chunk_math.h"
@@ -112,6 +124,12 @@ inline KernelChoice demo_kernels_from_env() {
     return k;
 }
 
+// --demo_delay 1's weight decay (CudaDemo::apply_delayed): x *= wd_factor, the CPU optimizer's rounding.
+__global__ void demo_weight_decay_kernel(float* x, size_t n, float wd_factor) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        x[i] = cm::mul_rn(x[i], wd_factor);
+}
+
 class CudaDemo final : public llmc::DeviceOptimizer {
 public:
     // transport: NcclTransport (buckets exchanged on the device) or any Transport (through host memory).
@@ -156,10 +174,29 @@ public:
         upload(natural_, tables_.bases.natural.data(), tables_.bases.natural.size() * sizeof(float));
         upload(bucket_, tables_.header.data(), kBucketHeaderBytes);  // the header never changes
         device_tables_ = demo::device_tables(order, tensors_, folded_, natural_);
+        for (size_t t = 0; t < tables_.tensors.size(); t++) {  // --demo_delay 1's weight decay, adjacent tensors merged
+            if (!tables_.tensors[t].decays) continue;
+            const size_t offset = tables_.plan.tensors[t].offset, count = tables_.plan.tensors[t].numel();
+            if (!decay_ranges_.empty() && decay_ranges_.back().first + decay_ranges_.back().second == offset)
+                decay_ranges_.back().second += count;
+            else if (count)
+                decay_ranges_.emplace_back(offset, count);
+        }
         for (cudaEvent_t* e : {&ev_[0], &ev_[1], &ev_[2], &ev_[3]}) CUDA_CHECK(cudaEventCreate(e));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     ~CudaDemo() override {
+        // the last delayed round's all-gather still reads bucket_ / host_bucket_ and writes gathered_: every rank
+        // started it, so it completes (the transport outlives the optimizer)
+        if (in_flight_ && (nccl_ || config_.demo.delay == 1)) {
+            try {
+                if (nccl_)
+                    nccl_->allgather_device_finish();
+                else
+                    transport_.allgather_bytes_finish(host_all_, offsets_);
+            } catch (...) {
+            }
+        }
         for (cudaEvent_t e : ev_)
             if (e) (void)cudaEventDestroy(e);
     }
@@ -183,49 +220,42 @@ public:
 
     llmc::StepResult step(llmc::floatX* params, float* grads, float lr) override {
         using clock = std::chrono::steady_clock;
-        const size_t n = layout_.num_params, bytes = tables_.bucket_bytes;
+        const size_t n = layout_.num_params;
         llmc::StepResult result;
 
         auto start = clock::now();
         result.grad_norm = llmc::global_norm(norm_scratch_, grads, n, stream_);  // synchronizes
         const float clip = llmc::km::clip_scale(result.grad_norm, config_.grad_clip);
         result.seconds.clip = seconds_since(start);
-
-        // compress into this rank's bucket (header stays, body zeroed for the OR-ed bit parts)
-        CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
-        CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
-        const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
-        launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
-                           bucket_, cp, stream_);
-        CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
-
-        // the exchange waits for the bucket anyway; timing it from there keeps the compress out of its figure
-        CUDA_CHECK(cudaEventSynchronize(ev_[1]));
-        start = clock::now();
-        exchange();
-        result.seconds.exchange = seconds_since(start);
-
         t_++;
-        const uint32_t init_error[2] = {0u, UINT32_MAX};
-        CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, gathered_, master_, params,
-                        cm::apply_params(config_, lr, world_, bytes), step_seed(t_), stochastic_, error_, stream_);
-        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-        uint32_t error[2] = {0u, 0u};
-        CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        if (error[0]) {
-            const std::string who = "DeMo bucket from rank " + std::to_string(error[1]);
-            if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
-            llmc::fail(who + ": coefficient indices of a chunk not strictly ascending (corrupt DeMo bucket)");
+
+        if (config_.demo.delay == 0) {
+            // compress() waits for the bucket (the exchange would anyway): the exchange's figure excludes it
+            compress(grads, lr, clip, result);
+            start = clock::now();
+            exchange_start();
+            exchange_finish();
+            result.seconds.exchange = seconds_since(start);
+            CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+            apply_gathered(params, cm::apply_params(config_, lr, world_, tables_.bucket_bytes));
+            CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+            finish_apply(true, result);
+            return result;
         }
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
-        result.seconds.transform = ms * 1e-3;
-        result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
-        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
-        result.seconds.apply = ms * 1e-3;
+        // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
+        if (pending_) {
+            start = clock::now();
+            if (!in_flight_) exchange_start();  // resumed from a checkpoint
+            exchange_finish();
+            result.seconds.exchange += seconds_since(start);
+        }
+        apply_delayed(params, lr, result);
+        compress(grads, lr, clip, result);  // after the finish: the previous all-gather no longer reads bucket_
+        pending_ = true;
+        pending_lr_ = lr;
+        start = clock::now();
+        exchange_start();
+        result.seconds.exchange += seconds_since(start);
         return result;
     }
 
@@ -233,18 +263,33 @@ public:
 
     // The state blob records the momentum's domain (a dct_momentum tuning's is saved as it is, and read_state
     // converts a blob of the other domain).
+    // A pending round (--demo_delay 1) is saved as this rank's bucket (its all-gather, if in flight, only reads
+    // it) and lr, as the CPU optimizer saves it.
     void save_state(llmc::ByteWriter& out) const override {
         std::vector<float> m(layout_.num_params);
         CUDA_CHECK(cudaMemcpyAsync(m.data(), momentum_, m.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        PendingRound pending;
+        if (pending_) {
+            pending.present = true;
+            pending.lr = pending_lr_;
+            pending.bucket.resize(tables_.bucket_bytes);
+            CUDA_CHECK(cudaMemcpyAsync(pending.bucket.data(), bucket_, tables_.bucket_bytes, cudaMemcpyDeviceToHost, stream_));
+        }
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        cm::write_state(out, tables_.plan, m, momentum_domain());
+        cm::write_state(out, tables_.plan, m, momentum_domain(), pending);
     }
 
+    // A pending round goes back into bucket_, its exchange not started: the first step starts it.
     void load_state(llmc::ByteReader& in) override {
+        LLMC_CHECK(!in_flight_, "DeMo: load_state while a delayed round's all-gather is in flight");
         std::vector<float> m;
-        cm::read_state(in, tables_.plan, m, momentum_domain());
+        PendingRound pending;
+        cm::read_state(in, tables_.plan, m, momentum_domain(), pending, config_.demo.delay == 1, tables_.bucket_bytes);
         upload(momentum_, m.data(), m.size() * sizeof(float));
+        if (pending.present) upload(bucket_, pending.bucket.data(), pending.bucket.size());
         CUDA_CHECK(cudaStreamSynchronize(stream_));
+        pending_ = pending.present;
+        pending_lr_ = pending.lr;
         t_ = 0;
     }
     void set_steps_done(int64_t steps) override { t_ = steps; }
@@ -259,6 +304,7 @@ public:
     const KernelConfig& kernel_config() const { return kernels_; }
     const DeviceTables& device_tables() const { return device_tables_; }
     bool exchanges_on_device() const { return nccl_ != nullptr; }
+    bool has_pending_round() const { return pending_; }  // --demo_delay 1: compressed, not yet applied
     // Where the 64 x 64 chunks' momentum lives on the device (LLMC_DEMO_MOMENTUM, or the forced tuning's).
     cm::MomentumDomain momentum_domain() const {
         return kernels_.threads == 256 && kernel_choice_.dct_momentum
@@ -278,24 +324,111 @@ private:
         if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     }
 
-    // Every rank's bucket into gathered_ (rank r at r * bucket_bytes), headers and sizes checked.
-    void exchange() {
+    // This step's gradient into this rank's bucket (header stays, body zeroed for the OR-ed bit parts), the
+    // momentum and error feedback updated; ev_[0] .. ev_[1] time it (StepTimings::transform).
+    void compress(float* grads, float lr, float clip, llmc::StepResult& result) {
         const size_t bytes = tables_.bucket_bytes;
+        CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
+        CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
+        const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
+        launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
+                           bucket_, cp, stream_);
+        CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
+        CUDA_CHECK(cudaEventSynchronize(ev_[1]));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
+        result.seconds.transform = ms * 1e-3;
+        result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
+    }
+
+    // The gathered buckets (gathered_) applied by the apply kernel with the rounding of step t_.
+    void apply_gathered(llmc::floatX* params, const cm::ApplyParams& ap) {
+        const uint32_t init_error[2] = {0u, UINT32_MAX};
+        CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
+        launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, gathered_, master_, params, ap,
+                        step_seed(t_), stochastic_, error_, stream_);
+    }
+
+    // --demo_delay 1's update, in the CPU optimizer's order (it decays the weights in its compress, after the
+    // previous round's apply): the pending round's gathered buckets with their own lr and no weight decay (when
+    // there is one), then the weight decay with this step's `lr`, then the floatX copy rounded again from the
+    // master weights with the rounding of step t_ (what set_weights repeats on a resume). The two extra passes
+    // over the weights are the price of that order.
+    void apply_delayed(llmc::floatX* params, float lr, llmc::StepResult& result) {
+        const size_t n = layout_.num_params;
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        if (pending_) {
+            cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
+            ap.apply_wd = false;
+            apply_gathered(params, ap);
+        }
+        if (config_.weight_decay != 0.0f) {
+            const float wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
+            for (const auto& [offset, count] : decay_ranges_) {
+                LLMC_LAUNCH(llmc::grid_stride_blocks(count, 512), 512, 0, stream_, demo_weight_decay_kernel)(
+                    master_ + offset, count, wd_factor);
+            }
+        }
+        if (n) {
+            LLMC_LAUNCH(llmc::grid_stride_blocks(n, 512), 512, 0, stream_, demo_round_params_kernel)(params, master_, n,
+                                                                                         step_seed(t_), stochastic_);
+        }
+        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+        finish_apply(pending_, result);
+    }
+
+    // Waits for the update (ev_[2] .. ev_[3]: StepTimings::apply); a corrupt bucket the apply kernel found (when
+    // `checked`) is reported here.
+    void finish_apply(bool checked, llmc::StepResult& result) {
+        uint32_t error[2] = {0u, 0u};
+        if (checked) CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (error[0]) {
+            const std::string who = "DeMo bucket from rank " + std::to_string(error[1]);
+            if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
+            llmc::fail(who + ": coefficient indices of a chunk not strictly ascending (corrupt DeMo bucket)");
+        }
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
+        result.seconds.apply = ms * 1e-3;
+    }
+
+    // The exchange of bucket_, every rank's bucket into gathered_ (rank r at r * bucket_bytes), in two halves.
+    // start: NCCL enqueues the all-gather behind the compute stream's work (the compress); any other transport
+    // gets a host copy of the bucket (host_bucket_, untouched until finish). With --demo_delay 0 the host path
+    // runs the blocking allgather_bytes here (finish only checks), so an undelayed run keeps its collective.
+    void exchange_start() {
+        const size_t bytes = tables_.bucket_bytes;
+        if (nccl_) {
+            nccl_->allgather_device_start(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bucket_), bytes),
+                                          reinterpret_cast<std::byte*>(gathered_), bytes * size_t(world_), offsets_);
+        } else {
+            host_bucket_.resize(bytes);
+            CUDA_CHECK(cudaMemcpyAsync(host_bucket_.data(), bucket_, bytes, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            if (config_.demo.delay == 0)
+                transport_.allgather_bytes(host_bucket_, host_all_, offsets_);
+            else
+                transport_.allgather_bytes_start(host_bucket_);
+        }
+        in_flight_ = true;
+    }
+    // finish: waits for the all-gather, checks every rank's header and size, and (host path) uploads the buckets.
+    void exchange_finish() {
+        const size_t bytes = tables_.bucket_bytes;
+        in_flight_ = false;
         std::vector<std::byte> headers(size_t(world_) * kBucketHeaderBytes);
         if (nccl_) {
-            // waits for the compress kernel (an event on the compute stream) and returns when complete
-            nccl_->allgather_device(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bucket_), bytes),
-                                    reinterpret_cast<std::byte*>(gathered_), bytes * size_t(world_), offsets_);
+            // the compute stream waits for the broadcasts, and the host for them too
+            nccl_->allgather_device_finish();
             for (int r = 0; r < world_; r++)
                 if (offsets_[size_t(r) + 1] - offsets_[size_t(r)] >= kBucketHeaderBytes)
                     CUDA_CHECK(cudaMemcpyAsync(headers.data() + size_t(r) * kBucketHeaderBytes, gathered_ + offsets_[size_t(r)],
                                                kBucketHeaderBytes, cudaMemcpyDeviceToHost, stream_));
             CUDA_CHECK(cudaStreamSynchronize(stream_));
         } else {
-            host_bucket_.resize(bytes);
-            CUDA_CHECK(cudaMemcpyAsync(host_bucket_.data(), bucket_, bytes, cudaMemcpyDeviceToHost, stream_));
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
-            transport_.allgather_bytes(host_bucket_, host_all_, offsets_);
+            if (config_.demo.delay == 1) transport_.allgather_bytes_finish(host_all_, offsets_);
             LLMC_CHECK(offsets_.size() == size_t(world_) + 1, "DeMo: all-gather returned a wrong number of buckets");
             for (int r = 0; r < world_; r++) {
                 const size_t size = offsets_[size_t(r) + 1] - offsets_[size_t(r)];
@@ -339,7 +472,13 @@ private:
     cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
     std::vector<std::byte> host_bucket_, host_all_;
     std::vector<size_t> offsets_;
-    int64_t t_ = 0;
+    std::vector<std::pair<size_t, size_t>> decay_ranges_;  // (offset, count) of the weight-decayed parameters
+    int64_t t_ = 0;  // steps done (the stochastic rounding's step counter)
+    // --demo_delay 1: a round compressed into bucket_ and not yet applied, its lr, and whether its exchange was
+    // started (false after load_state: the next step starts it)
+    bool pending_ = false;
+    float pending_lr_ = 0.0f;
+    bool in_flight_ = false;
 };
 
 }  // namespace demo

@@ -32,16 +32,6 @@ inline uint32_t magnitude_key(float v) {
     return u & 0x7fffffffu;
 }
 
-void validate(const llmc::OptimizerConfig& c) {
-    const llmc::DemoConfig& d = c.demo;
-    LLMC_CHECK(d.topk >= 1, "--demo_topk must be >= 1 (got " + std::to_string(d.topk) + ")");
-    LLMC_CHECK(d.chunk >= 1, "--demo_chunk must be >= 1 (got " + std::to_string(d.chunk) + ")");
-    LLMC_CHECK(d.decay >= 0.0f && d.decay < 1.0f, "--demo_decay must be in [0, 1) (got " +
-                                                      std::to_string(d.decay) + ")");
-    LLMC_CHECK(d.feedback_alpha > 0.0f && d.feedback_alpha <= 1.0f,
-               "--demo_alpha must be in (0, 1] (got " + std::to_string(d.feedback_alpha) + ")");
-    LLMC_CHECK(c.weight_decay >= 0.0f, "--weight_decay must be >= 0 (got " + std::to_string(c.weight_decay) + ")");
-}
 
 // Number of keys >= t: a branch-free loop the compiler vectorizes.
 inline size_t count_at_least(const uint32_t* keys, size_t n, uint32_t t) {
@@ -105,7 +95,7 @@ void select_topk(std::span<const float> values, size_t k, uint32_t* out, TopkScr
 DemoOptimizer::DemoOptimizer(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout,
                              llmc::Transport& transport)
     : config_(config), transport_(transport) {
-    validate(config_);
+    cm::validate_options(config_);
     std::vector<std::vector<size_t>> shapes;
     std::vector<size_t> offsets;
     for (const llmc::ParamTensor& t : layout.tensors) {
@@ -305,18 +295,43 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
     result.grad_norm = llmc::grad_norm(grads);
     const float scale = llmc::clip_scale(result.grad_norm, config_.grad_clip);
     result.seconds.clip = seconds_since(t0);
-    compress(params, grads, lr, bucket_, result.seconds, scale);
+    if (config_.demo.delay == 0) {
+        compress(params, grads, lr, bucket_, result.seconds, scale);
+        t0 = now();
+        transport_.allgather_bytes(bucket_, gathered_, offsets_);
+        result.seconds.exchange = seconds_since(t0);
+        apply(gathered_, offsets_, params, lr, result.seconds);
+        return result;
+    }
+    // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
+    if (pending_.present) {
+        t0 = now();
+        if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket);  // resumed from a checkpoint
+        transport_.allgather_bytes_finish(gathered_, offsets_);
+        pending_in_flight_ = false;
+        result.seconds.exchange += seconds_since(t0);
+        apply(gathered_, offsets_, params, pending_.lr, result.seconds);
+    }
+    compress(params, grads, lr, pending_.bucket, result.seconds, scale);
+    pending_.present = true;
+    pending_.lr = lr;
     t0 = now();
-    transport_.allgather_bytes(bucket_, gathered_, offsets_);
-    result.seconds.exchange = seconds_since(t0);
-    apply(gathered_, offsets_, params, lr, result.seconds);
+    transport_.allgather_bytes_start(pending_.bucket);
+    pending_in_flight_ = true;
+    result.seconds.exchange += seconds_since(t0);
     return result;
 }
 
 // The state blob is written and read by the same functions the CUDA optimizer uses (demo_chunk_math.h), so
-// checkpoints move between the trainers.
-void DemoOptimizer::save_state(llmc::ByteWriter& out) const { cm::write_state(out, plan_, momentum_); }
+// checkpoints move between the trainers. A pending round is saved as this rank's bucket: the resumed run
+// exchanges it again.
+void DemoOptimizer::save_state(llmc::ByteWriter& out) const {
+    cm::write_state(out, plan_, momentum_, cm::MomentumDomain::spatial, pending_);
+}
 
-void DemoOptimizer::load_state(llmc::ByteReader& in) { cm::read_state(in, plan_, momentum_); }
+void DemoOptimizer::load_state(llmc::ByteReader& in) {
+    cm::read_state(in, plan_, momentum_, cm::MomentumDomain::spatial, pending_, config_.demo.delay == 1, bucket_bytes());
+    pending_in_flight_ = false;
+}
 
 }  // namespace demo

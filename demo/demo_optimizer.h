@@ -45,6 +45,11 @@ public:
     std::string_view name() const override { return "demo"; }
 
     // clip_grad_norm on the LOCAL gradient (config.grad_clip), compress, all-gather the buckets, apply.
+    // With config.demo.delay == 1 (--demo_delay 1) the update of step t is applied at step t+1, so its
+    // all-gather runs during step t+1's forward and backward: step t first finishes round t-1's all-gather and
+    // applies it (with round t-1's lr), then compresses its own gradient (weight decay on the parameters as
+    // they are then) and starts round t's all-gather. The first step applies nothing; the last step's round
+    // stays pending in the optimizer state (a checkpoint keeps it; the final weights lack it).
     llmc::StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
 
     // This rank's half of the step: decoupled weight decay on the tensors in config.decay_groups, momentum
@@ -86,6 +91,8 @@ private:
     Selection selection_;          // what this rank sends this step
     std::vector<Selection> received_;  // apply(): every rank's decoded bucket
     std::vector<std::byte> bucket_;    // step(): this rank's bucket
+    PendingRound pending_;            // --demo_delay 1: the round compressed last step, applied next step
+    bool pending_in_flight_ = false;   // its all-gather was started (false after load_state)
     std::vector<std::byte> gathered_;  // step(): all ranks' buckets
     std::vector<size_t> offsets_;
 };

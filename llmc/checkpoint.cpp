@@ -126,7 +126,7 @@ void check_resume_compatible(const std::string& path, const std::string& saved_j
     static const char* const kFixed[] = {
         "num_layers", "num_heads", "channels",         "max_seq_len", "vocab_size", "padded_vocab_size",
         "batch_size", "seq_len",   "total_batch_size", "optimizer",   "seed",       "shuffle",
-        "train_data", "demo_chunk", "demo_topk",       "demo_values", "demo_indices"};
+        "train_data", "demo_chunk", "demo_topk",       "demo_values", "demo_indices", "demo_delay"};
     for (const char* key : kFixed) {
         if (!saved.contains(key) || std::find(may_differ.begin(), may_differ.end(), key) != may_differ.end()) continue;
         LLMC_CHECK(saved[key] == current[key], path + ": --" + key + " is " + current[key].dump() + " here but " +

@@ -83,6 +83,9 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
               {"fp32", "bf16", "sign"}},
              {"demo_indices", &TrainConfig::demo_indices,
               "DeMo indices on the wire: auto (smallest integer) or packed12", {"auto", "packed12"}},
+             {"demo_delay", &TrainConfig::demo_delay,
+              "DeMo: 1 applies each step's update at the next step, so the exchange overlaps that step's "
+              "compute (0: the reference's order)"},
          }},
         {"output",
          {
@@ -317,6 +320,7 @@ void validate_config(const TrainConfig& c) {
                "be >= 0");
     LLMC_CHECK(c.checkpoint_every >= -1, "--checkpoint_every must be >= -1 (0: only at the end, -1: never)");
     positive(c.log_every, "log_every");
+    LLMC_CHECK(c.demo_delay == 0 || c.demo_delay == 1, "--demo_delay must be 0 or 1, got " + std::to_string(c.demo_delay));
     LLMC_CHECK(c.comm_timeout >= 0.0f, "--comm_timeout must be >= 0 (seconds; 0 waits forever)");
     LLMC_CHECK(!c.out_dir.empty(), "--out_dir must not be empty");
 }
@@ -336,6 +340,7 @@ OptimizerConfig TrainConfig::optimizer_config() const {
                     : demo_values == "sign" ? DemoValueEncoding::sign
                                             : DemoValueEncoding::fp32;
     o.demo.indices = demo_indices == "packed12" ? DemoIndexEncoding::packed12 : DemoIndexEncoding::smallest;
+    o.demo.delay = demo_delay;
     return o;
 }
 

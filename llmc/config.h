@@ -48,6 +48,7 @@ struct TrainConfig {
     float demo_alpha = 1.0f;
     std::string demo_values = "fp32";    // fp32 | bf16 | sign
     std::string demo_indices = "auto";   // auto | packed12
+    int demo_delay = 0;                  // 0 | 1 (apply each step's DeMo update one step later)
     // evaluation and output
     int val_every = 25;
     int val_batches = 8;

@@ -39,6 +39,7 @@ struct DemoConfig {
     float feedback_alpha = 1.0f;  // delta -= alpha * decode(transmitted)
     DemoValueEncoding values = DemoValueEncoding::fp32;
     DemoIndexEncoding indices = DemoIndexEncoding::smallest;
+    int delay = 0;  // 1: each step's gathered update is applied at the next step (the exchange overlaps it)
 };
 
 struct OptimizerConfig {

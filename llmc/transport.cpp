@@ -12,6 +12,19 @@ void Transport::allreduce_mean_bf16(std::span<float>) {
     fail("--grad_wire bf16 is not supported by the " + std::string(name()) + " transport");
 }
 
+void Transport::allgather_bytes_start(std::span<const std::byte> mine) {
+    LLMC_CHECK(!gather_in_flight_, std::string(name()) + " transport: an all-gather was started while another is in flight");
+    allgather_bytes(mine, early_all_, early_offsets_);
+    gather_in_flight_ = true;
+}
+
+void Transport::allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) {
+    LLMC_CHECK(gather_in_flight_, std::string(name()) + " transport: all-gather finished without a start");
+    gather_in_flight_ = false;
+    all.swap(early_all_);
+    offsets.swap(early_offsets_);
+}
+
 void LocalTransport::abort(int exit_code) { std::exit(exit_code); }
 
 }  // namespace llmc

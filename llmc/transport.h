@@ -49,6 +49,16 @@ public:
     // concatenated in rank order and offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
     virtual void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                                  std::vector<size_t>& offsets) = 0;
+    // The same all-gather split in two, so it can run while this rank computes (DeMo's --demo_delay 1: a
+    // step's buckets travel during the next step's forward and backward). start() begins gathering `mine`,
+    // which must stay unchanged until finish(); finish() waits for it and fills `all` and `offsets` as
+    // allgather_bytes does. One all-gather at a time; every rank starts and finishes in the same order. Other
+    // collectives may run in between. `seconds` counts the time spent inside start() and finish() (what the
+    // computation did not hide). This default runs the whole all-gather in start(); MpiTransport overlaps.
+    virtual void allgather_bytes_start(std::span<const std::byte> mine);
+    virtual void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets);
+    bool allgather_in_flight() const { return gather_in_flight_; }
+
     // values <- elementwise sum / max over ranks (uncounted; losses, norms, consistency checks).
     virtual void allreduce_sum(std::span<double> values) = 0;
     virtual void allreduce_max(std::span<double> values) = 0;
@@ -76,8 +86,12 @@ protected:
     }
 
     CommCounters counters_;
+    bool gather_in_flight_ = false;  // between allgather_bytes_start and _finish
 
 private:
+    std::vector<std::byte> early_all_;  // the default start()'s result, handed out by finish()
+    std::vector<size_t> early_offsets_;
+
     double timeout_seconds_ = 0.0;
     std::unique_ptr<CollectiveWatchdog> watchdog_;
 };

@@ -1,10 +1,18 @@
 // MpiTransport: collectives over MPI_COMM_WORLD with the byte counters of transport.h. Failures of MPI calls
 // abort the whole job (MPI_ERRORS_ARE_FATAL), so a rank that dies takes the others down instead of leaving
 // them blocked in a collective; mpirun reports which rank failed.
+// The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of MPI_COMM_WORLD, so
+// it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
+// it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
+// otherwise (or with LLMC_MPI_GATHER_THREAD=0) it is an MPI_Iallgatherv that MPI may only progress inside
+// finish()'s wait.
 #include "llmc/transport_mpi.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
+#include <thread>
 
 #include "llmc/kernel_math.h"
 #include "llmc/error.h"
@@ -23,32 +31,46 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
     for (int i = 0; i < *len; i++) b[i] = km::bf16_bits_rne(km::bf16_bits_to_float(a[i]) + km::bf16_bits_to_float(b[i]));
 }
 
+// Wall time into the counters; `counts`: this is a collective of its own (an overlapped all-gather counts once,
+// in finish()).
 class Timer {
 public:
-    explicit Timer(CommCounters& c) : c_(c), start_(std::chrono::steady_clock::now()) {}
+    explicit Timer(CommCounters& c, bool counts = true) : c_(c), counts_(counts), start_(std::chrono::steady_clock::now()) {}
     ~Timer() {
         c_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-        c_.collectives++;
+        if (counts_) c_.collectives++;
     }
 
 private:
     CommCounters& c_;
+    bool counts_;
     std::chrono::steady_clock::time_point start_;
 };
 
 class MpiTransport final : public Transport {
 public:
     MpiTransport(int* argc, char*** argv) {
-        int initialized = 0;
+        int initialized = 0, provided = MPI_THREAD_SINGLE;
         MPI_Initialized(&initialized);
         if (!initialized) {
-            if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed (is the MPI runtime installed?)");
+            if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+                fail("MPI_Init_thread failed (is the MPI runtime installed?)");
             owns_mpi_ = true;
+        } else {
+            MPI_Query_thread(&provided);
         }
+        const char* thread_env = std::getenv("LLMC_MPI_GATHER_THREAD");  // "0": test the MPI_Iallgatherv path
+        gather_thread_ok_ = provided >= MPI_THREAD_MULTIPLE && !(thread_env && std::string(thread_env) == "0");
         MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
         MPI_Comm_size(MPI_COMM_WORLD, &world_);
     }
     ~MpiTransport() override {
+        // an all-gather still in flight (DeMo's last delayed round) completes: every rank started it
+        if (gather_in_flight_) {
+            const auto watched = watch("MPI all-gather of the DeMo buckets (at exit)");
+            wait_gather();
+        }
+        if (gather_comm_ != MPI_COMM_NULL) MPI_Comm_free(&gather_comm_);
         if (bf16_sum_op_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op_);
         if (owns_mpi_) MPI_Finalize();
     }
@@ -115,6 +137,54 @@ public:
         counters_.bytes_sent += world_ > 1 ? total - static_cast<uint64_t>(sizes[(rank_ + 1) % world_]) : 0;
     }
 
+    void allgather_bytes_start(std::span<const std::byte> mine) override {
+        LLMC_CHECK(!gather_in_flight_, "MPI: an all-gather was started while another is in flight");
+        LLMC_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "allgather: bucket larger than 2 GiB");
+        counters_.payload_bytes += mine.size();
+        Timer t(counters_, /*counts=*/false);
+        gather_in_flight_ = true;
+        gather_sizes_.assign(world_, 0);
+        gather_sizes_[rank_] = static_cast<int>(mine.size());
+        if (world_ == 1) {
+            gather_all_.assign(mine.begin(), mine.end());
+            return;
+        }
+        const auto watched = watch("MPI all-gather of the DeMo buckets (start)");
+        if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
+        // Send from a copy: the caller's buffer may be gone before the gather ends (DeMo's last delayed round
+        // is still in flight when the trainer destroys the optimizer, and peers may read the send buffer
+        // directly, e.g. over CMA, until then).
+        gather_send_.assign(mine.begin(), mine.end());
+        const int my_size = static_cast<int>(gather_send_.size());
+        if (gather_thread_ok_) {
+            gather_thread_ = std::thread([this, my_size] {
+                if (!gather_sizes_and_displs(my_size)) return;
+                MPI_Allgatherv(gather_send_.data(), my_size, MPI_BYTE, gather_all_.data(), gather_sizes_.data(),
+                               gather_displs_.data(), MPI_BYTE, gather_comm_);
+            });
+        } else {
+            if (!gather_sizes_and_displs(my_size)) return;
+            MPI_Iallgatherv(gather_send_.data(), my_size, MPI_BYTE, gather_all_.data(), gather_sizes_.data(),
+                            gather_displs_.data(), MPI_BYTE, gather_comm_, &gather_request_);
+        }
+    }
+
+    void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
+        LLMC_CHECK(gather_in_flight_, "MPI: all-gather finished without a start");
+        Timer t(counters_);
+        {
+            const auto watched = watch("MPI all-gather of the DeMo buckets (overlapped)");
+            wait_gather();
+        }
+        LLMC_CHECK(!gather_too_large_, "allgather: buckets larger than 2 GiB in total");
+        offsets.assign(world_ + 1, 0);
+        for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(gather_sizes_[r]);
+        const uint64_t total = offsets[world_];
+        counters_.bytes_recv += total - static_cast<uint64_t>(gather_sizes_[rank_]);
+        counters_.bytes_sent += world_ > 1 ? total - static_cast<uint64_t>(gather_sizes_[(rank_ + 1) % world_]) : 0;
+        all.swap(gather_all_);
+    }
+
     void allreduce_sum(std::span<double> values) override {
         const auto watched = watch("MPI all-reduce (sum) of scalars");
         MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
@@ -140,8 +210,35 @@ public:
     }
 
 private:
+    // The overlapped all-gather's size exchange, on gather_comm_ (the helper thread's or the caller's). False
+    // (on every rank alike: they all see the same sizes) when the buckets do not fit one MPI call; finish() fails.
+    bool gather_sizes_and_displs(int my_size) {
+        MPI_Allgather(&my_size, 1, MPI_INT, gather_sizes_.data(), 1, MPI_INT, gather_comm_);
+        gather_displs_.assign(world_, 0);
+        size_t total = 0;
+        for (int r = 0; r < world_; r++) {
+            gather_displs_[r] = static_cast<int>(std::min(total, static_cast<size_t>(INT32_MAX)));
+            total += static_cast<size_t>(gather_sizes_[r]);
+        }
+        gather_too_large_ = total > static_cast<size_t>(INT32_MAX);
+        if (!gather_too_large_) gather_all_.resize(total);
+        return !gather_too_large_;
+    }
+    void wait_gather() {
+        if (gather_thread_.joinable()) gather_thread_.join();
+        if (gather_request_ != MPI_REQUEST_NULL) MPI_Wait(&gather_request_, MPI_STATUS_IGNORE);
+        gather_in_flight_ = false;
+    }
+
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
+    bool gather_too_large_ = false;
+    bool gather_thread_ok_ = false;  // MPI_THREAD_MULTIPLE: the overlapped all-gather runs on a helper thread
+    MPI_Comm gather_comm_ = MPI_COMM_NULL;
+    std::thread gather_thread_;
+    MPI_Request gather_request_ = MPI_REQUEST_NULL;
+    std::vector<int> gather_sizes_, gather_displs_;
+    std::vector<std::byte> gather_send_, gather_all_;  // the overlapped all-gather's own copy of `mine`; its result
     MPI_Op bf16_sum_op_ = MPI_OP_NULL;
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
 };

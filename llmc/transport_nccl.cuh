@@ -14,16 +14,25 @@
 //    rank with its exact size, straight into the concatenated layout (no padding to the largest bucket).
 //    The interface returns a host vector; allgather_device() is the same collective leaving the result on the
 //    device (what a CUDA DeMo wants). `mine` may be host or device memory.
+//  - allgather_device_start / _finish (DeMo's --demo_delay 1: a step's buckets travel during the next step's
+//    forward and backward): allgather_device split in two. start() exchanges the sizes (tiny, synchronous) and
+//    enqueues the broadcasts on the communication stream behind an event of the compute stream; finish() makes
+//    the compute stream wait for them and blocks the host until they are done. allgather_device is start then
+//    finish (one code path). The host-vector all-gather keeps transport.h's default split (the whole
+//    collective inside allgather_bytes_start): CudaDemo uses the device split whenever the transport is NCCL.
 //  - allreduce_sum / allreduce_max (host doubles), host broadcast, barrier, abort: delegated to the process
 //    transport (MPI), where scalars belong; a device buffer passed to broadcast() goes through ncclBroadcast.
 //  - Counters follow transport.h's ring model (the same numbers MpiTransport reports for the same sizes; the
 //    overlapped all-reduce counts the ranges of one finish() as one buffer); `seconds` is host wall time from
 //    the start of a counted collective until its result is complete, and for the overlapped all-reduce the
-//    host's wait in finish() (the communication the backward did not hide).
+//    host's wait in finish() (the communication the backward did not hide). The split all-gather counts as
+//    MpiTransport's does: its payload in start(), its wire bytes and one collective in finish(), and the host's
+//    time inside start() (the size exchange) and finish() (the wait).
 // Every NCCL collective runs inside a CollectiveWatchdog scope with the world transport's --comm_timeout: NCCL
 // waits forever for a peer that hangs (on NVLink or shared memory nothing reports it), the watchdog does not.
 // The compute stream is made to wait for nothing: callers hand in buffers whose producers are complete (the
-// collective first waits on an event recorded on the compute stream, then blocks the host until done).
+// collective first waits on an event recorded on the compute stream, then blocks the host until done). The
+// overlapped collectives' finish() is the exception: it also makes the compute stream wait for their end.
 #pragma once
 #include <nccl.h>
 
@@ -32,6 +41,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llmc/cuda_common.cuh"
@@ -114,6 +124,7 @@ public:
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
         set_collective_timeout(world.collective_timeout());
         if (world_.world_size() > 1 || nccl_for_one_rank) {
             ncclUniqueId id;
@@ -125,9 +136,15 @@ public:
         }
     }
     ~NcclTransport() override {
+        // a device all-gather still in flight (DeMo's last delayed round) completes: every rank enqueued it
+        if (device_gather_in_flight_ && gathered_) {
+            const auto watched = watch("NCCL all-gather of the DeMo buckets (at exit)");
+            (void)cudaEventSynchronize(gathered_);
+        }
         if (comm_) (void)ncclCommDestroy(comm_);
         if (ready_) (void)cudaEventDestroy(ready_);
         if (reduced_) (void)cudaEventDestroy(reduced_);
+        if (gathered_) (void)cudaEventDestroy(gathered_);
         if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
     }
     NcclTransport(const NcclTransport&) = delete;
@@ -249,6 +266,8 @@ public:
         const size_t total = gather_sizes(mine.size(), offsets);
         gather_.reserve_bytes(total);
         gather_into_device(mine, gather_.ptr, offsets);
+        counters_.bytes_sent += std::exchange(gather_wire_sent_, 0);
+        counters_.bytes_recv += std::exchange(gather_wire_recv_, 0);
         all.resize(total);
         if (total) CUDA_CHECK(cudaMemcpyAsync(all.data(), gather_.ptr, total, cudaMemcpyDeviceToHost, comm_stream_));
         CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
@@ -257,14 +276,43 @@ public:
     // Like allgather_bytes, with the concatenation left on the device: `out` must hold `capacity` bytes (the
     // required size is offsets.back(); throws if it does not fit). `mine` may be host or device memory.
     void allgather_device(std::span<const std::byte> mine, std::byte* out, size_t capacity, std::vector<size_t>& offsets) {
-        Timed timed(counters_);
-        const auto watched = watch("NCCL all-gather of the DeMo buckets");
-        const size_t total = gather_sizes(mine.size(), offsets);
-        LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
-                                          " bytes, the output holds " + std::to_string(capacity));
-        gather_into_device(mine, out, offsets);
-        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+        allgather_device_start(mine, out, capacity, offsets);
+        allgather_device_finish();
     }
+
+    // allgather_device in two halves. start() fills `offsets` at once (the size exchange) and enqueues the
+    // broadcasts behind the compute stream's work so far; `mine` and `out` must stay untouched until finish()
+    // (the broadcasts read `mine` and write `out` meanwhile), after which the compute stream's later work sees
+    // the result. One device all-gather at a time; other collectives may run in between (they queue behind it
+    // on the communication stream).
+    void allgather_device_start(std::span<const std::byte> mine, std::byte* out, size_t capacity,
+                                std::vector<size_t>& offsets) {
+        LLMC_CHECK(!device_gather_in_flight_, "NCCL: a device all-gather was started while another is in flight");
+        const auto start = std::chrono::steady_clock::now();
+        {
+            const auto watched = watch("NCCL all-gather of the DeMo buckets (start)");
+            const size_t total = gather_sizes(mine.size(), offsets);
+            LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
+                                              " bytes, the output holds " + std::to_string(capacity));
+            gather_into_device(mine, out, offsets);
+            CUDA_CHECK(cudaEventRecord(gathered_, comm_stream_));
+        }
+        device_gather_in_flight_ = true;
+        device_wire_sent_ = std::exchange(gather_wire_sent_, 0);  // kept apart from collectives in between
+        device_wire_recv_ = std::exchange(gather_wire_recv_, 0);
+        counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    void allgather_device_finish() {
+        LLMC_CHECK(device_gather_in_flight_, "NCCL: device all-gather finished without a start");
+        Timed timed(counters_);
+        device_gather_in_flight_ = false;
+        counters_.bytes_sent += std::exchange(device_wire_sent_, 0);
+        counters_.bytes_recv += std::exchange(device_wire_recv_, 0);
+        const auto watched = watch("NCCL all-gather of the DeMo buckets");
+        CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0));
+        CUDA_CHECK(cudaEventSynchronize(gathered_));
+    }
+    bool allgather_device_in_flight() const { return device_gather_in_flight_; }
 
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
     void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
@@ -342,7 +390,8 @@ private:
         return offsets[W];
     }
 
-    // Every rank's bucket into out[offsets[r], offsets[r+1]) (enqueued on the comm stream; caller syncs).
+    // Every rank's bucket into out[offsets[r], offsets[r+1]) (enqueued on the comm stream; caller syncs). The
+    // wire bytes wait in gather_wire_* for the caller to count them (at the end of the collective).
     void gather_into_device(std::span<const std::byte> mine, std::byte* out, const std::vector<size_t>& offsets) {
         const int W = world_size(), r = rank();
         wait_for_compute();
@@ -364,8 +413,8 @@ private:
         const uint64_t total = offsets[W];
         const uint64_t own = offsets[r + 1] - offsets[r];
         const int next = (r + 1) % W;
-        counters_.bytes_recv += total - own;
-        counters_.bytes_sent += W > 1 ? total - (offsets[next + 1] - offsets[next]) : 0;
+        gather_wire_recv_ = total - own;
+        gather_wire_sent_ = W > 1 ? total - (offsets[next + 1] - offsets[next]) : 0;
     }
 
     Transport& world_;
@@ -373,11 +422,17 @@ private:
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t reduced_ = nullptr;  // the overlapped all-reduce's end, for finish()
+    cudaEvent_t gathered_ = nullptr;  // the split device all-gather's end, for allgather_device_finish()
     ncclComm_t comm_ = nullptr;
     Scratch stage_, gather_, sizes_, wire_;
     // the overlapped all-reduce since the last finish(): elements, enqueued ranges, format, buffer size
     size_t pending_elems_ = 0, pending_ranges_ = 0, pending_total_ = 0;
     bool pending_bf16_ = false;
+    // gather_into_device's wire bytes, for its caller to count
+    uint64_t gather_wire_sent_ = 0, gather_wire_recv_ = 0;
+    // the split device all-gather: between start and finish, and its wire bytes (counted by finish)
+    bool device_gather_in_flight_ = false;
+    uint64_t device_wire_sent_ = 0, device_wire_recv_ = 0;
 };
 
 }  // namespace llmc

@@ -5,6 +5,9 @@
 // transport). For clusters without NCCL, or to compare against it: LLMC_TRANSPORT=mpi ./train_gpt ...
 // Byte counters and communication time are the wrapped transport's (the same ring model as NcclTransport);
 // the staging copies are counted as communication time, since they exist only to communicate.
+// The split all-gather (allgather_bytes_start / _finish, DeMo's --demo_delay 1) is the wrapped transport's, so
+// MPI overlaps it with the next step's compute; a device `mine` is staged in a host buffer of its own, which
+// the collectives in between do not touch.
 #pragma once
 #include <chrono>
 #include <cstdlib>
@@ -50,6 +53,25 @@ public:
         }
         world_.reset_counters();
         world_.allgather_bytes(host, all, offsets);
+        absorb_counters(start);
+    }
+    void allgather_bytes_start(std::span<const std::byte> mine) override {
+        const auto start = std::chrono::steady_clock::now();
+        std::span<const std::byte> host = mine;
+        if (!mine.empty() && is_device_pointer(mine.data())) {
+            gather_host_.resize(mine.size());  // pageable: the copy completes before it returns
+            CUDA_CHECK(cudaMemcpyAsync(gather_host_.data(), mine.data(), mine.size(), cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            host = gather_host_;
+        }
+        world_.reset_counters();
+        world_.allgather_bytes_start(host);
+        absorb_counters(start);
+    }
+    void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
+        const auto start = std::chrono::steady_clock::now();
+        world_.reset_counters();
+        world_.allgather_bytes_finish(all, offsets);
         absorb_counters(start);
     }
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
@@ -111,6 +133,7 @@ private:
     Transport& world_;
     cudaStream_t stream_;
     std::byte* host_ = nullptr;  // pinned, grow-only
+    std::vector<std::byte> gather_host_;  // a device bucket of the split all-gather, until its finish()
     size_t host_bytes_ = 0;
 };
 

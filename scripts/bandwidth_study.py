@@ -18,7 +18,8 @@ each lab invocation is in the tables too ("run wall s").
   /usr/bin/python3 scripts/bandwidth_study.py --dry-run                           # print the commands
 
 Settings are names: adamw_fp32, adamw_bf16 (AdamW-DDP with fp32 / bf16 gradients on the wire: --grad_wire)
-and demo_k<TOPK>_<fp32|bf16|sign> (DeMo with --demo_topk TOPK --demo_values ...). `--settings all` is the
+and demo_k<TOPK>_<fp32|bf16|sign> (DeMo with --demo_topk TOPK --demo_values ...), with a `_delay` suffix for
+--demo_delay 1 (the exchange overlapping the next step). `--settings all` is the
 eleven of topk 32, 8, 1 x fp32, bf16, sign plus both AdamW. Needs root (network namespaces); see
 docs/BANDWIDTH.md.
 """
@@ -57,17 +58,18 @@ def setting_flags(name, args):
         if m.group(1) == "bf16" or args.always_grad_wire:
             flags += ["--grad_wire", m.group(1)]
         return flags
-    m = re.fullmatch(r"demo_k(\d+)_(fp32|bf16|sign)", name)
+    m = re.fullmatch(r"demo_k(\d+)_(fp32|bf16|sign)(_delay)?", name)
     if m:
-        return ["--optimizer", "demo", "--demo_topk", m.group(1), "--demo_values", m.group(2),
-                "--lr", f"{args.lr_demo:g}", "--weight_decay", f"{args.wd_demo:g}"]
-    raise UserError(f"unknown setting '{name}' (adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>)")
+        flags = ["--optimizer", "demo", "--demo_topk", m.group(1), "--demo_values", m.group(2),
+                 "--lr", f"{args.lr_demo:g}", "--weight_decay", f"{args.wd_demo:g}"]
+        return flags + (["--demo_delay", "1"] if m.group(3) else [])
+    raise UserError(f"unknown setting '{name}' (adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>[_delay])")
 
 
 def label_of(name):
-    m = re.fullmatch(r"demo_k(\d+)_(\w+)", name)
+    m = re.fullmatch(r"demo_k(\d+)_([a-z0-9]+)(_delay)?", name)
     if m:
-        return f"DeMo k={m.group(1)} {m.group(2)}"
+        return f"DeMo k={m.group(1)} {m.group(2)}" + (", delayed" if m.group(3) else "")
     return "AdamW-DDP " + name.split("_", 1)[1]
 
 

@@ -140,6 +140,8 @@ class Run:
         optimizer = c.get("optimizer")
         if optimizer == "demo":
             text = f"DeMo k={c.get('demo_topk', '?')} {c.get('demo_values', 'fp32')}"
+            if c.get("demo_delay", 0) == 1:
+                text += " delayed"
         elif optimizer == "adamw":
             text = "AdamW-DDP" + (f" {c['grad_wire']}" if c.get("grad_wire", "fp32") != "fp32" else "")
         else:
@@ -163,6 +165,8 @@ class Run:
                 parts.append(f"momentum {c.get('demo_momentum')}")
             if c.get("demo_alpha", 1) != 1:
                 parts.append(f"alpha {c.get('demo_alpha')}")
+            if c.get("demo_delay", 0) == 1:
+                parts.append("applied a step late")
         elif c.get("optimizer") == "adamw":
             parts.append(f"AdamW-DDP betas {c.get('beta1')}/{c.get('beta2')}")
             if c.get("grad_wire", "fp32") != "fp32":

@@ -22,6 +22,9 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   shuffled and warp-by-warp order (LLMC_EMU_ORDER), as they must: a missing barrier would show.
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
   of the CPU trainer resumes on the emulated GPU trainer and continues at the CPU trainer's losses.
+- DeMo with --demo_delay 1 (each step's update applied at the next step, its all-gather overlapping that step's
+  compute), 2 ranks over NCCL and over MPI: the CPU trainer's delayed losses and bytes per step; its checkpoints
+  carry the pending round, so a bf16 run resumes bit for bit and a CPU checkpoint continues on the GPU trainer.
 Failures are collected and reported together.
 """
 import json
@@ -118,6 +121,8 @@ def main():
         compare(f"fp32 {opt}, 2 ranks, LLMC_TRANSPORT=mpi vs NCCL transport", staged, emu2, "loss", 1e-6)
         if opt == "adamw":
             adamw2, cpu_adamw2 = emu2, cpu2
+        else:
+            demo2 = emu2
 
     # AdamW-DDP's all-reduce overlapped with the backward (the NCCL default: each layer's gradients all-reduced
     # as soon as the backward has finished them): the same bits as the all-reduce after the backward, also with
@@ -193,6 +198,36 @@ def main():
     cpu_resumed = run(CPU, "cpu-demo-from-dct", keep_demo + ["--resume", step2])
     compare("the CPU trainer resumes the LLMC_DEMO_MOMENTUM=dct checkpoint: steps 3-4 vs its straight run", cpu_resumed,
             cpu_full[-2:] if cpu_full else None, "loss", 1e-4)
+
+    # --demo_delay 1 (the update of step t applied at step t+1, so round t's all-gather overlaps step t+1's forward
+    # and backward), 2 ranks: the GPU trainer's split exchange over NCCL (allgather_device_start / _finish, the
+    # buckets on the device) and over the MPI transport (allgather_bytes_start / _finish through host memory)
+    # trains as the CPU trainer's delayed DeMo, and counts round t's wire bytes at step t+1 as it does. The
+    # checkpoints carry the pending round (this rank's bucket and lr, exchanged again at the first resumed step):
+    # a bf16 run (stochastic rounding of the weights repeated on resume) resumed at step 2 continues bit for bit,
+    # and the CPU trainer's step-2 checkpoint continues on the GPU trainer at the CPU trainer's losses.
+    delayed = steps + ["--optimizer", "demo", "--demo_delay", "1", "--checkpoint_every", "2", "--keep_checkpoints", "0"]
+    cpu_delay = run(CPU, "cpu-demo-2-delay", delayed, ranks=2)
+    for transport in ("nccl", "mpi"):
+        emu_delay = run(EMU["fp32"], f"fp32-demo-2-delay-{transport}", delayed, ranks=2, env={"LLMC_TRANSPORT": transport})
+        compare(f"fp32 demo --demo_delay 1, 2 ranks ({transport} transport), vs CPU trainer", emu_delay, cpu_delay,
+                "loss", 1e-4)
+        same(f"fp32 demo --demo_delay 1, 2 ranks ({transport} transport): bytes per step equal the CPU trainer's",
+             emu_delay, cpu_delay, keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+        if transport == "nccl":
+            check(emu_delay is not None and demo2 is not None and emu_delay[0]["bytes_sent"] == 0 and
+                  emu_delay[1]["loss"] != demo2[1]["loss"],
+                  "fp32 demo --demo_delay 1: nothing received at step 1, and step 2's loss differs from the undelayed "
+                  "run's (step 1's update not yet applied)")
+    full = run(EMU["bf16"], "bf16-demo-2-delay-full", delayed, ranks=2)
+    step2 = os.path.join(TMP, "bf16-demo-2-delay-full", "checkpoints", "step_00000002")
+    resumed = run(EMU["bf16"], "bf16-demo-2-delay-resumed", delayed + ["--resume", step2], ranks=2)
+    same("bf16 demo --demo_delay 1, 2 ranks: resumed at step 2 (pending round in the checkpoint), steps 3-4 "
+         "bit-identical to the straight run", resumed, full[-2:] if full else None)
+    step2 = os.path.join(TMP, "cpu-demo-2-delay", "checkpoints", "step_00000002")
+    handover = run(EMU["fp32"], "fp32-demo-2-delay-from-cpu", delayed + ["--resume", step2], ranks=2)
+    compare("the CPU trainer's --demo_delay 1 step-2 checkpoint (2 ranks) continued by the fp32 GPU trainer: steps 3-4",
+            handover, cpu_delay[-2:] if cpu_delay else None, "loss", 1e-4)
 
     # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
     # losses and samples (same logits to rounding, same sampling RNG) are the CPU trainer's.

@@ -5,7 +5,9 @@
 // drop over the run; also checks that two GPU runs are bit-identical, and that the state blob moves between
 // CudaDemo and DemoOptimizer unchanged (with LLMC_DEMO_MOMENTUM=dct, whose momentum the GPU keeps in the DCT
 // domain: that DemoOptimizer reads it as cm::convert_momentum's spatial momentum, and CudaDemo reads the CPU's blob
-// back to within rounding of the CPU's momentum).
+// back to within rounding of the CPU's momentum). The same with --demo_delay 1 (each step's update applied at the
+// next step): 10 delayed GPU steps against 10 delayed CPU steps, the NCCL path's split exchange against the host
+// path's, and the state blob with its pending round (this rank's bucket and lr) moving both ways.
 // Tolerances: the fp32 build (-DENABLE_FP32) is tight (GPU and CPU gradients differ by summation order only;
 // measured on the CPU, 1e-6 relative gradient noise moves the 10-step losses by < 4e-5 and 1e-2 noise by
 // < 4e-3); the bf16 build is loose (bf16 activations: the step-0 loss alone differs by up to 2e-2).
@@ -13,6 +15,7 @@
 //   /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny
 //   build/cuda/gpu_test_demo [reference dir, default build/reference/tiny]
 // Exit 0 pass, 1 fail, 77 skipped (no GPU, or no reference files).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -39,10 +42,11 @@ using torch_reference::rel_l2;
 constexpr int kSteps = 10;
 constexpr float kLr = 1e-3f;
 
-OptimizerConfig demo_config() {
+OptimizerConfig demo_config(int delay = 0) {
     OptimizerConfig oc;
     oc.weight_decay = 0.1f;
     oc.grad_clip = 1.0f;
+    oc.demo.delay = delay;
     return oc;  // DeMo defaults
 }
 
@@ -50,15 +54,16 @@ struct GpuRun {
     std::vector<float> losses, norms, master, momentum;  // momentum: spatial (converted from the DCT domain)
     std::vector<std::byte> state;
     double transform = 0, exchange = 0, apply = 0;
+    bool pending = false;  // a round compressed and not applied (--demo_delay 1)
 };
 
 // transport: LocalTransport (buckets through host memory, the non-NCCL path) or a one-rank NcclTransport
 // (buckets stay on the device: allgather_device).
 GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int steps,
-               Transport& transport) {
+               Transport& transport, int delay = 0) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
     GPT2Cuda model(mc, b.B, b.T, env);
-    demo::CudaDemo opt(demo_config(), layout, transport, env.stream, /*stochastic_rounding=*/false, 1337);
+    demo::CudaDemo opt(demo_config(delay), layout, transport, env.stream, /*stochastic_rounding=*/false, 1337);
     CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
     opt.set_weights(model.grads(), model.params());
     GpuRun r;
@@ -81,7 +86,43 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     ByteWriter w;
     opt.save_state(w);
     r.state = std::move(w.bytes());
+    r.pending = opt.has_pending_round();
     return r;
+}
+
+// 10 steps of GPT2Cpu + DemoOptimizer: the losses and gradient norms; the optimizer state in `state`.
+void run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay,
+             std::vector<float>& losses, std::vector<float>& norms, std::vector<std::byte>* state = nullptr) {
+    const ParamLayout layout = ParamLayout::gpt2(mc);
+    GPT2Cpu cpu(mc);
+    std::copy(weights.begin(), weights.end(), cpu.params().begin());
+    LocalTransport transport;
+    demo::DemoOptimizer opt(demo_config(delay), layout, transport);
+    for (int s = 0; s < kSteps; s++) {
+        cpu.zero_grad();
+        losses.push_back(cpu.forward(b.inputs.data(), b.targets.data(), b.B, b.T));
+        cpu.backward(1.0f);
+        norms.push_back(float(opt.step(cpu.params(), cpu.grads(), kLr).grad_norm));
+        cpu.zero_padded_vocab_rows();
+    }
+    if (state) {
+        ByteWriter w;
+        opt.save_state(w);
+        *state = std::move(w.bytes());
+    }
+}
+
+// Per-step losses within `tol` of the CPU's (printed).
+bool losses_match(const GpuRun& gpu, const std::vector<float>& cpu_losses, const std::vector<float>& cpu_norms,
+                  double tol) {
+    bool ok = true;
+    for (int s = 0; s < kSteps; s++) {
+        const double d = std::fabs(double(gpu.losses[s]) - cpu_losses[s]);
+        std::printf("  step %d: loss %.6f (CPU %.6f, diff %.2e)  grad norm %.5f (CPU %.5f)\n", s, gpu.losses[s],
+                    cpu_losses[s], d, gpu.norms[s], cpu_norms[s]);
+        ok &= d <= tol;
+    }
+    return ok;
 }
 
 }  // namespace
@@ -121,14 +162,8 @@ int main(int argc, char** argv) {
         // GPU: GPT2Cuda + CudaDemo, twice
         LocalTransport host_path;
         const GpuRun gpu = run_gpu(env, mc, weights, batch, kSteps, host_path);
-        bool losses_ok = true;
-        for (int s = 0; s < kSteps; s++) {
-            const double d = std::fabs(double(gpu.losses[s]) - cpu_losses[s]);
-            std::printf("  step %d: loss %.6f (CPU %.6f, diff %.2e)  grad norm %.5f (CPU %.5f)\n", s, gpu.losses[s],
-                        cpu_losses[s], d, gpu.norms[s], cpu_norms[s]);
-            losses_ok &= d <= tol_loss;
-        }
-        checks.expect(losses_ok, "losses match the CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
+        checks.expect(losses_match(gpu, cpu_losses, cpu_norms, tol_loss),
+                      "losses match the CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
         const double drop_cpu = cpu_losses.front() - cpu_losses.back(), drop_gpu = gpu.losses.front() - gpu.losses.back();
         std::printf("  loss drop over %d steps: GPU %.5f, CPU %.5f\n", kSteps, drop_gpu, drop_cpu);
         checks.expect(drop_cpu > 0.1, "the CPU run's loss decreases (sanity)");
@@ -177,6 +212,75 @@ int main(int argc, char** argv) {
             const double round_trip = rel_l2(back, cpu2_momentum);
             std::printf("  momentum through CudaDemo's DCT domain and back: rel L2 diff %.3e\n", round_trip);
             checks.expect(round_trip < 1e-6, "the CPU blob loads into CudaDemo and saves back to within 1e-6 (rel L2)");
+        }
+
+        // --demo_delay 1 on both optimizers: the same training (the first step applies nothing, the last round
+        // stays pending), the NCCL split exchange (allgather_device_start / _finish) giving the host path's bits,
+        // and the state blob with its pending round moving between the optimizers unchanged.
+        std::vector<float> cpu_d_losses, cpu_d_norms;
+        std::vector<std::byte> cpu_d_state;
+        run_cpu(mc, weights, batch, 1, cpu_d_losses, cpu_d_norms, &cpu_d_state);
+        std::printf("  --demo_delay 1:\n");
+        const GpuRun delayed = run_gpu(env, mc, weights, batch, kSteps, host_path, 1);
+        checks.expect(losses_match(delayed, cpu_d_losses, cpu_d_norms, tol_loss),
+                      "--demo_delay 1: losses match the delayed CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
+        const double drop_d_cpu = cpu_d_losses.front() - cpu_d_losses.back();
+        const double drop_d_gpu = delayed.losses.front() - delayed.losses.back();
+        std::printf("  --demo_delay 1: loss drop over %d steps: GPU %.5f, CPU %.5f\n", kSteps, drop_d_gpu, drop_d_cpu);
+        checks.expect(cpu_d_losses[1] != cpu_losses[1] && drop_d_cpu > 0.1,
+                      "--demo_delay 1: the CPU run differs from the undelayed one at step 1 and its loss decreases (sanity)");
+        checks.expect(std::fabs(drop_d_gpu - drop_d_cpu) <= tol_drop * drop_d_cpu, "--demo_delay 1: loss drop matches");
+        checks.expect(delayed.pending, "--demo_delay 1: the last round is pending after the run");
+        const GpuRun d_host = run_gpu(env, mc, weights, batch, 3, host_path, 1);
+        const GpuRun d_nccl = run_gpu(env, mc, weights, batch, 3, nccl, 1);
+        checks.expect(std::memcmp(d_host.losses.data(), delayed.losses.data(), 3 * sizeof(float)) == 0 &&
+                          std::memcmp(d_nccl.losses.data(), d_host.losses.data(), 3 * sizeof(float)) == 0 &&
+                          d_nccl.state == d_host.state,
+                      "--demo_delay 1: NCCL split exchange (allgather_device_start / _finish) gives the host path's run");
+
+        // the pending round is the blob's tail: flag, lr, this rank's bucket
+        const size_t tail = 1 + sizeof(float) + demo::cm::plan_tables(demo_config(1), layout).bucket_bytes;
+        auto same_tail = [&](const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+            return a.size() == b.size() && a.size() > tail && std::equal(a.end() - tail, a.end(), b.end() - tail);
+        };
+        const bool spatial = gpu2.momentum_domain() == demo::cm::MomentumDomain::spatial;
+        {  // GPU -> CPU -> GPU
+            demo::DemoOptimizer cpu_d(demo_config(1), layout, cpu_transport);
+            ByteReader ra(delayed.state, "gpu state (delayed)");
+            cpu_d.load_state(ra);
+            ByteWriter wa;
+            cpu_d.save_state(wa);
+            demo::CudaDemo gpu_d(demo_config(1), layout, cpu_transport, env.stream, false, 1337);
+            ByteReader rb(wa.bytes(), "cpu state (delayed)");
+            gpu_d.load_state(rb);
+            ByteWriter wb;
+            gpu_d.save_state(wb);
+            checks.expect(gpu_d.has_pending_round() && (spatial ? wa.bytes() == delayed.state && wb.bytes() == delayed.state
+                                                                : same_tail(wa.bytes(), delayed.state) && same_tail(wb.bytes(), delayed.state)),
+                          std::string("--demo_delay 1: the GPU blob's pending round goes through DemoOptimizer and back ") +
+                              (spatial ? "(blobs identical)" : "(pending round identical)"));
+        }
+        {  // CPU -> GPU
+            demo::CudaDemo gpu_d(demo_config(1), layout, cpu_transport, env.stream, false, 1337);
+            ByteReader rc(cpu_d_state, "cpu state (delayed, 10 steps)");
+            gpu_d.load_state(rc);
+            ByteWriter wc;
+            gpu_d.save_state(wc);
+            checks.expect(gpu_d.has_pending_round() && (spatial ? wc.bytes() == cpu_d_state : same_tail(wc.bytes(), cpu_d_state)),
+                          std::string("--demo_delay 1: the CPU blob's pending round loads into CudaDemo and saves back ") +
+                              (spatial ? "(blob identical)" : "(pending round identical)"));
+        }
+        {  // an undelayed CudaDemo refuses a pending round
+            demo::CudaDemo gpu_0(demo_config(0), layout, cpu_transport, env.stream, false, 1337);
+            ByteReader rd(cpu_d_state, "cpu state (delayed)");
+            std::string what;
+            try {
+                gpu_0.load_state(rd);
+            } catch (const std::exception& e) {
+                what = e.what();
+            }
+            checks.expect(what.find("resume with --demo_delay 1") != std::string::npos,
+                          "a pending round is refused with --demo_delay 0: " + what);
         }
     } catch (const std::exception& e) {
         std::printf("error: %s\n", e.what());

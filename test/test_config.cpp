@@ -127,8 +127,12 @@ TEST(bad_config_files_are_named) {
 
 TEST(optimizer_config_maps_choices) {
     TrainConfig cfg;
-    EXPECT(parse({"--demo_values", "sign", "--demo_momentum", "ema", "--decay_groups", "all", "--demo_indices", "packed12"}, cfg));
+    EXPECT(parse({"--demo_values", "sign", "--demo_momentum", "ema", "--decay_groups", "all", "--demo_indices", "packed12",
+                  "--demo_delay", "1"}, cfg));
     const OptimizerConfig o = cfg.optimizer_config();
+    EXPECT_EQ(o.demo.delay, 1);
+    TrainConfig other;
+    EXPECT_ERROR(parse({"--demo_delay", "2"}, other), "--demo_delay must be 0 or 1, got 2");
     EXPECT(o.demo.values == DemoValueEncoding::sign);
     EXPECT(o.demo.momentum == DemoMomentum::ema);
     EXPECT(o.decay_groups == DecayGroups::all);

@@ -596,12 +596,61 @@ TEST(momentum_domain_in_state_blobs) {
         EXPECT(r.at_end());
         EXPECT(got == m);
     }
-    // an unknown domain (the field right before the momentum array's length)
+    // an unknown domain (the field right before the momentum array's length; the pending-round flag ends the blob)
     std::vector<std::byte> bad = w.bytes();
-    const size_t domain_at = bad.size() - n * sizeof(float) - sizeof(uint64_t) - sizeof(uint32_t);
+    const size_t domain_at = bad.size() - 1 - n * sizeof(float) - sizeof(uint64_t) - sizeof(uint32_t);
     bad[domain_at] = std::byte{7};
     EXPECT_EQ(error_of([&] { llmc::ByteReader r(bad, "bad.bin"); cm::read_state(r, pt.plan, got); }),
               std::string("bad.bin: DeMo state has momentum domain 7 (0 or 1 expected)"));
+}
+
+// --demo_delay 1's pending round: saved with the momentum, read back only by a delayed run, and its bucket
+// must have the plan's size.
+TEST(pending_round_in_state_blobs) {
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes({{128, 64}, {70}});
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 8);
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    using Domain = cm::MomentumDomain;
+    const size_t n = pt.plan.num_params;
+    std::vector<float> m(n);
+    for (size_t i = 0; i < n; i++) m[i] = 0.001f * float(int(i % 97) - 48);
+    demo::PendingRound pending;
+    pending.present = true;
+    pending.lr = 3.5e-4f;
+    pending.bucket.resize(pt.bucket_bytes);
+    for (size_t i = 0; i < pending.bucket.size(); i++) pending.bucket[i] = std::byte(uint8_t(i * 31 + 7));
+    llmc::ByteWriter w;
+    cm::write_state(w, pt.plan, m, Domain::spatial, pending);
+    {
+        llmc::ByteReader r(w.bytes(), "state.bin");
+        std::vector<float> got;
+        demo::PendingRound back;
+        cm::read_state(r, pt.plan, got, Domain::spatial, back, true, pt.bucket_bytes);
+        EXPECT(r.at_end());
+        EXPECT(got == m);
+        EXPECT(back.present);
+        EXPECT_EQ(back.lr, pending.lr);
+        EXPECT(back.bucket == pending.bucket);
+    }
+    std::vector<float> got;
+    EXPECT_EQ(error_of([&] { llmc::ByteReader r(w.bytes(), "s.bin"); cm::read_state(r, pt.plan, got); }),
+              std::string("s.bin: DeMo state holds an update not yet applied (saved with --demo_delay 1); resume with "
+                          "--demo_delay 1"));
+    demo::PendingRound back;
+    EXPECT_EQ(error_of([&] {
+                  llmc::ByteReader r(w.bytes(), "s.bin");
+                  cm::read_state(r, pt.plan, got, Domain::spatial, back, true, pt.bucket_bytes + 1);
+              }),
+              std::string("s.bin: pending DeMo bucket has " + std::to_string(pt.bucket_bytes) + " elements, expected " +
+                          std::to_string(pt.bucket_bytes + 1)));
+    // a blob without a pending round: a delayed run starts with nothing to apply
+    llmc::ByteWriter plain;
+    cm::write_state(plain, pt.plan, m);
+    llmc::ByteReader r(plain.bytes(), "plain.bin");
+    back.present = true;
+    cm::read_state(r, pt.plan, got, Domain::spatial, back, true, pt.bucket_bytes);
+    EXPECT(!back.present);
+    EXPECT(r.at_end());
 }
 
 TEST_MAIN()

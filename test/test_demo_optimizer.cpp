@@ -36,7 +36,9 @@ bool bit_equal(std::span<const float> a, const std::vector<float>& b) {
 }
 
 // Runs `steps` steps of W simulated ranks (rank r gets grads[step][r]); all ranks must end with identical
-// parameters, which are returned with every rank's momentum.
+// parameters, which are returned with every rank's momentum. With cfg.demo.delay == 1 the ranks follow
+// step()'s delayed order: step s first applies the buckets gathered at step s-1 (with lrs[s-1]), then
+// compresses (weight decay on the parameters as they are then) with lrs[s]; the last round stays unapplied.
 struct SimResult {
     std::vector<std::vector<float>> params_per_step;                  // [step] -> params
     std::vector<std::vector<std::vector<float>>> momentum_per_step;  // [step][rank] -> momentum
@@ -50,9 +52,14 @@ SimResult simulate(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& la
     std::vector<std::unique_ptr<demo::DemoOptimizer>> opts;
     std::vector<std::vector<float>> params(world, params0);
     for (size_t r = 0; r < world; r++) opts.push_back(std::make_unique<demo::DemoOptimizer>(cfg, layout, transport));
+    const bool delayed = cfg.demo.delay == 1;
     SimResult res;
     llmc::StepTimings tm;
+    std::vector<std::byte> pending;  // delayed: the previous step's buckets, back to back
+    std::vector<size_t> pending_offsets;
     for (size_t s = 0; s < grads.size(); s++) {
+        if (delayed && s > 0)
+            for (size_t r = 0; r < world; r++) opts[r]->apply(pending, pending_offsets, params[r], lrs[s - 1], tm);
         std::vector<std::byte> all;
         std::vector<size_t> offsets{0};
         for (size_t r = 0; r < world; r++) {
@@ -63,7 +70,12 @@ SimResult simulate(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& la
             all.insert(all.end(), bucket.begin(), bucket.end());
             offsets.push_back(all.size());
         }
-        for (size_t r = 0; r < world; r++) opts[r]->apply(all, offsets, params[r], lrs[s], tm);
+        if (delayed) {
+            pending.swap(all);
+            pending_offsets.swap(offsets);
+        } else {
+            for (size_t r = 0; r < world; r++) opts[r]->apply(all, offsets, params[r], lrs[s], tm);
+        }
         for (size_t r = 1; r < world; r++) res.ranks_agree = res.ranks_agree && bit_equal(params[r], params[0]);
         res.params_per_step.push_back(params[0]);
         std::vector<std::vector<float>> m;
@@ -278,6 +290,74 @@ TEST(state_round_trip_and_rejection) {
     EXPECT_ERROR(b.load_state(truncated), "short.bin");
 }
 
+TEST(delayed_step_equals_delayed_simulation_and_resumes) {
+    // --demo_delay 1 through the real step() on a world of one: the same bits as compress/apply by hand in
+    // the delayed order (simulate), and a checkpoint taken with a round pending resumes bit for bit. Clipping
+    // and weight decay are on and lr varies, so applying with the wrong step's lr or decaying after the
+    // apply would show.
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
+    llmc::OptimizerConfig cfg = default_config();
+    cfg.grad_clip = 1.0f;
+    cfg.weight_decay = 0.1f;
+    cfg.demo.delay = 1;
+    const size_t steps = 5, save_after = 3;
+    const std::vector<float> p0 = testing::random_normal(layout.num_params, 10, 0.02);
+    std::vector<std::vector<std::vector<float>>> grads;
+    std::vector<float> lrs;
+    for (size_t s = 0; s < steps; s++) {
+        grads.push_back({testing::random_normal(layout.num_params, 700 + s, 1.0)});
+        lrs.push_back(static_cast<float>(1e-3 * (1 + s % 3)));
+    }
+    const SimResult sim = simulate(cfg, layout, p0, grads, lrs);
+
+    llmc::LocalTransport transport;
+    demo::DemoOptimizer straight(cfg, layout, transport);
+    std::vector<float> p = p0, p_saved;
+    llmc::ByteWriter saved;
+    for (size_t s = 0; s < steps; s++) {
+        std::vector<float> g = grads[s][0];
+        straight.step(p, g, lrs[s]);
+        EXPECT(bit_equal(p, sim.params_per_step[s]));
+        EXPECT(bit_equal(straight.momentum(), sim.momentum_per_step[s][0]));
+        if (s + 1 == save_after) {
+            straight.save_state(saved);
+            p_saved = p;
+        }
+    }
+    // The first step applies nothing: only the weight decay moved the matrices, and nothing the vectors.
+    const float decayed = static_cast<float>(1.0 - static_cast<double>(lrs[0]) * static_cast<double>(0.1f));
+    size_t moved_otherwise = 0;
+    for (const llmc::ParamTensor& t : layout.tensors)
+        for (size_t i = t.offset; i < t.offset + t.numel; i++)
+            moved_otherwise += sim.params_per_step[0][i] != (llmc::decays(t, cfg.decay_groups) ? p0[i] * decayed : p0[i]);
+    EXPECT_EQ(moved_otherwise, size_t{0});
+
+    // Resume from the state after step 3 (its round still pending) in a fresh run, with its own transport as
+    // a restarted process has: steps 4 and 5 give the straight run's bits.
+    llmc::LocalTransport transport2;
+    demo::DemoOptimizer resumed(cfg, layout, transport2);
+    llmc::ByteReader in(saved.bytes(), "state.bin");
+    resumed.load_state(in);
+    EXPECT(in.at_end());
+    for (size_t s = save_after; s < steps; s++) {
+        std::vector<float> g = grads[s][0];
+        resumed.step(p_saved, g, lrs[s]);
+    }
+    EXPECT(bit_equal(p_saved, p));
+    EXPECT(bit_equal(resumed.momentum(), std::vector<float>(straight.momentum().begin(), straight.momentum().end())));
+
+    // A state with a pending round cannot be resumed without the delay: its update would be lost.
+    llmc::OptimizerConfig undelayed = cfg;
+    undelayed.demo.delay = 0;
+    EXPECT_ERROR(
+        {
+            demo::DemoOptimizer other(undelayed, layout, transport2);
+            llmc::ByteReader r(saved.bytes(), "state.bin");
+            other.load_state(r);
+        },
+        "--demo_delay 1");
+}
+
 TEST(apply_rejects_foreign_buckets) {
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config(), other_cfg = default_config();
@@ -375,6 +455,36 @@ std::vector<RefCase> reference_cases() {
         c.demo.indices = DemoIndexEncoding::packed12;
         c.grad_clip = 1.0f;
     });
+    // --demo_delay 1: each step applies the previous step's round (with its lr) before its own weight decay
+    // and compress. Weight decay is on in all three, so decaying before instead of after the apply shows.
+    add("r1_delay_fp32_wd_all", 1, [](llmc::OptimizerConfig& c) {
+        c.demo.topk = 4;
+        c.demo.delay = 1;
+        c.weight_decay = 0.1f;
+    });
+    add("r2_delay_bf16_ema_clip_wd_2d", 2, [](llmc::OptimizerConfig& c) {
+        c.demo.topk = 8;
+        c.demo.delay = 1;
+        c.demo.values = DemoValueEncoding::bf16;
+        c.demo.momentum = DemoMomentum::ema;
+        c.demo.feedback_alpha = 0.5f;
+        c.weight_decay = 0.1f;
+        c.decay_groups = llmc::DecayGroups::matrices;
+        c.grad_clip = 1.0f;
+    });
+    add("r4_delay_sign_wd_all", 4, [](llmc::OptimizerConfig& c) {
+        c.demo.topk = 2;
+        c.demo.delay = 1;
+        c.demo.values = DemoValueEncoding::sign;
+        c.weight_decay = 0.05f;
+    });
+    add("r4_delay_fp32_k16_packed12", 4, [](llmc::OptimizerConfig& c) {
+        c.demo.topk = 16;
+        c.demo.delay = 1;
+        c.demo.indices = DemoIndexEncoding::packed12;
+        c.weight_decay = 0.1f;
+        c.grad_clip = 1.0f;
+    });
     return cases;
 }
 
@@ -437,7 +547,8 @@ void write_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     json += ", \"topk\": " + std::to_string(c.cfg.demo.topk) + ", \"chunk\": " + std::to_string(c.cfg.demo.chunk);
     json += ", \"momentum\": \"" + std::string(c.cfg.demo.momentum == DemoMomentum::ema ? "ema" : "lr_scaled");
     json += "\", \"alpha\": " + num(c.cfg.demo.feedback_alpha);
-    json += ", \"values\": \"" + std::string(name_of(c.cfg.demo.values)) + "\"}\n";
+    json += ", \"values\": \"" + std::string(name_of(c.cfg.demo.values)) + "\"";
+    json += ", \"delay\": " + std::to_string(c.cfg.demo.delay) + "}\n";
     llmc::write_file_atomic(dir + "/" + c.name + ".json",
                             std::as_bytes(std::span<const char>(json.data(), json.size())));
     std::vector<float> bin = d.params0;
@@ -476,7 +587,9 @@ bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     // from then on with an allowance of 2 lr per excused step. Excused cases are counted and printed; most
     // are basis entries that are 0 in exact arithmetic (cos(pi/2) when (2n+1)k is an odd multiple of N,
     // e.g. N = 7, 3, 5, 50), which each side rounds to a different +-1e-17, so even the reference's sign
-    // there is noise.
+    // there is noise. With delay 1 the pre-sign of step s is step s-1's round, applied with lr[s-1] (the
+    // allowance), and step 0 applies nothing: its pre-sign is all zeros, no element is excused, and the
+    // parameters (weight decay alone) must match exactly.
     constexpr double kPresignRelThreshold = 1e-4;
     const size_t ntensors = d.layout.tensors.size();
     std::vector<double> allowance(n, 0.0), momentum_scale(ntensors, 0.0);
@@ -486,6 +599,8 @@ bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
         const float* ref_params = ref.data() + s * per_step;
         const float* ref_presign = ref_params + n;
         const double grad_scale = c.cfg.demo.momentum == DemoMomentum::ema ? 1.0 - double(c.cfg.demo.decay) : d.lrs[s];
+        const bool delayed = c.cfg.demo.delay == 1;
+        const double applied_lr = !delayed ? d.lrs[s] : s > 0 ? d.lrs[s - 1] : 0.0;  // the lr of the round applied
         for (size_t ti = 0; ti < ntensors; ti++) {
             const llmc::ParamTensor& t = d.layout.tensors[ti];
             double max_presign = 0.0, max_grad = 0.0;
@@ -496,7 +611,7 @@ bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
             momentum_scale[ti] += grad_scale * max_grad;
             for (size_t i = t.offset; i < t.offset + t.numel; i++) {
                 if (std::fabs(double(ref_presign[i])) < kPresignRelThreshold * max_presign) {
-                    allowance[i] += 2.0 * d.lrs[s];
+                    allowance[i] += 2.0 * applied_lr;
                     excused++;
                 }
                 const float mine = sim.params_per_step[s][i];

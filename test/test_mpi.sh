@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # MPI tests of the optimizers: 1, 2 and 4 ranks on this host must reproduce the one-process simulation
-# (test_mpi_optimizers). Skips when Open MPI's mpirun is not installed.
+# (test_mpi_optimizers); the delayed DeMo's overlapped all-gather also runs without its helper thread.
+# Skips when Open MPI's mpirun is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not installed"; exit 77; }
@@ -10,3 +11,7 @@ for np in 1 2 4; do
   echo "== $np rank(s)"
   timeout 300 mpirun -np "$np" build/test/test_mpi_optimizers
 done
+# the overlapped all-gather without its helper thread (MPI_Iallgatherv, what a build without
+# MPI_THREAD_MULTIPLE gets)
+echo "== 2 ranks, LLMC_MPI_GATHER_THREAD=0"
+LLMC_MPI_GATHER_THREAD=0 timeout 300 mpirun -x LLMC_MPI_GATHER_THREAD -np 2 build/test/test_mpi_optimizers

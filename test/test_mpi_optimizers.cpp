@@ -65,45 +65,99 @@ public:
     [[noreturn]] void abort(int code) override { std::exit(code); }
 };
 
-void run_demo_case(const OptimizerConfig& cfg, const char* label) {
+// One DeMo run of `steps` steps through the real step() on the MPI world, checked bit for bit against every
+// rank simulated here. With cfg.demo.delay == 1 the simulation follows the delayed order (step s applies
+// round s-1 with its lr, then compresses), and after the last step the test finishes the round still in
+// flight itself and applies it to both sides, so the last round's content is checked too. Returns the byte
+// counters summed over the steps (`over_steps`) and with that final finish (`total`).
+struct RunCounters {
+    CommCounters over_steps, total;
+};
+
+void add_bytes(CommCounters& sum, const CommCounters& c) {
+    sum.bytes_sent += c.bytes_sent;
+    sum.bytes_recv += c.bytes_recv;
+    sum.payload_bytes += c.payload_bytes;
+}
+
+RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
     Transport& world = *g_world;
     const int W = world.world_size(), me = world.rank();
     const ParamLayout layout = awkward_layout();
     const int steps = 5;
-    const float lr = 0.01f;
+    const float lrs[steps] = {0.01f, 0.02f, 0.005f, 0.01f, 0.03f};  // varied: each round must use its own lr
+    const bool delayed = cfg.demo.delay == 1;
 
     demo::DemoOptimizer real(cfg, layout, world);
     std::vector<float> params = initial_params(layout.num_params);
-    uint64_t expected_payload = 0;
+    const uint64_t bucket = real.bucket_bytes();
+    RunCounters counted;
     for (int s = 0; s < steps; s++) {
         std::vector<float> g = gradient(layout.num_params, me, s);
         world.reset_counters();
-        real.step(params, g, lr);
-        expected_payload = real.bucket_bytes();
-        EXPECT_EQ(world.counters().payload_bytes, expected_payload);
-        if (W > 1) EXPECT_EQ(world.counters().bytes_recv, expected_payload * (W - 1));  // equal bucket sizes
+        real.step(params, g, lrs[s]);
+        EXPECT_EQ(world.counters().payload_bytes, bucket);
+        // delayed: step s receives round s-1 (its payload was counted when it started), nothing at the first
+        const uint64_t rounds_received = delayed && s == 0 ? 0 : 1;
+        EXPECT_EQ(world.counters().bytes_recv, rounds_received * bucket * (W - 1));  // equal bucket sizes
+        EXPECT_EQ(world.counters().bytes_sent, rounds_received * bucket * (W - 1));
+        add_bytes(counted.over_steps, world.counters());
+        if (delayed) {
+            // the trainer's loss reduction, on MPI_COMM_WORLD while the round travels on the helper thread
+            EXPECT(world.allgather_in_flight());
+            std::vector<double> loss = {static_cast<double>(me + 1)};
+            world.allreduce_sum(loss);
+            EXPECT_EQ(loss[0], W * (W + 1) / 2.0);
+        }
+    }
+    counted.total = counted.over_steps;
+    std::vector<std::byte> last_round;
+    std::vector<size_t> last_offsets;
+    if (delayed) {
+        world.reset_counters();
+        world.allgather_bytes_finish(last_round, last_offsets);
+        EXPECT_EQ(world.counters().payload_bytes, uint64_t{0});
+        EXPECT_EQ(world.counters().bytes_recv, bucket * (W - 1));
+        add_bytes(counted.total, world.counters());
+        StepTimings t;
+        real.apply(last_round, last_offsets, params, lrs[steps - 1], t);
     }
 
     NoTransport none;
     std::vector<std::unique_ptr<demo::DemoOptimizer>> sims;
     std::vector<std::vector<float>> sim_params(W, initial_params(layout.num_params));
     for (int r = 0; r < W; r++) sims.push_back(std::make_unique<demo::DemoOptimizer>(cfg, layout, none));
+    std::vector<std::byte> pending;  // delayed: the previous step's buckets, back to back
+    std::vector<size_t> pending_offsets;
+    auto apply_all = [&](const std::vector<std::byte>& all, const std::vector<size_t>& offsets, float lr) {
+        for (int r = 0; r < W; r++) {
+            StepTimings t;
+            sims[r]->apply(all, offsets, sim_params[r], lr, t);
+        }
+    };
     for (int s = 0; s < steps; s++) {
+        if (delayed && s > 0) apply_all(pending, pending_offsets, lrs[s - 1]);
         std::vector<std::byte> all;
         std::vector<size_t> offsets = {0};
         for (int r = 0; r < W; r++) {
             std::vector<float> g = gradient(layout.num_params, r, s);
             clip_grad_norm(g, cfg.grad_clip);
-            std::vector<std::byte> bucket;
+            std::vector<std::byte> bucket_r;
             StepTimings t;
-            sims[r]->compress(sim_params[r], g, lr, bucket, t);
-            all.insert(all.end(), bucket.begin(), bucket.end());
+            sims[r]->compress(sim_params[r], g, lrs[s], bucket_r, t);
+            all.insert(all.end(), bucket_r.begin(), bucket_r.end());
             offsets.push_back(all.size());
         }
-        for (int r = 0; r < W; r++) {
-            StepTimings t;
-            sims[r]->apply(all, offsets, sim_params[r], lr, t);
+        if (delayed) {
+            pending.swap(all);
+            pending_offsets.swap(offsets);
+        } else {
+            apply_all(all, offsets, lrs[s]);
         }
+    }
+    if (delayed) {
+        EXPECT(last_round == pending && last_offsets == pending_offsets);  // the round the MPI gather delivered
+        apply_all(pending, pending_offsets, lrs[steps - 1]);
     }
     size_t param_mismatch = 0, momentum_mismatch = 0;
     for (size_t i = 0; i < params.size(); i++) {
@@ -121,6 +175,7 @@ void run_demo_case(const OptimizerConfig& cfg, const char* label) {
     std::vector<double> max = sum;
     world.allreduce_max(max);
     EXPECT_EQ(max[0], sum[0]);
+    return counted;
 }
 
 }  // namespace
@@ -146,6 +201,36 @@ TEST(demo_mpi_equals_simulation_options) {
     cfg.weight_decay = 0.01f;
     cfg.grad_clip = 0.5f;
     run_demo_case(cfg, "options");
+}
+
+TEST(demo_mpi_delayed_equals_simulation) {
+    // --demo_delay 1 through the real step(): MpiTransport's overlapped all-gather (helper thread, its own
+    // communicator) with scalar reductions in between, bit-identical to the delayed simulation. Byte counters:
+    // the steps count every round's payload but one round less of sent/received bytes than the undelayed run
+    // (the last round is still in flight); finishing it gives exactly the undelayed run's counts.
+    OptimizerConfig cfg;
+    cfg.weight_decay = 0.1f;
+    cfg.demo.topk = 8;
+    for (auto values : {DemoValueEncoding::fp32, DemoValueEncoding::sign, DemoValueEncoding::bf16}) {
+        cfg.demo.values = values;
+        cfg.demo.indices = values == DemoValueEncoding::bf16 ? DemoIndexEncoding::packed12 : DemoIndexEncoding::smallest;
+        cfg.demo.delay = 0;
+        const RunCounters plain = run_demo_case(cfg, "undelayed");
+        cfg.demo.delay = 1;
+        const RunCounters delayed = run_demo_case(cfg, "delayed");
+        const uint64_t round_wire = plain.total.bytes_recv / 5;  // equal bucket sizes: the same every round
+        EXPECT_EQ(delayed.over_steps.payload_bytes, plain.total.payload_bytes);
+        EXPECT_EQ(delayed.over_steps.bytes_recv, plain.total.bytes_recv - round_wire);
+        EXPECT_EQ(delayed.over_steps.bytes_sent, plain.total.bytes_sent - round_wire);
+        EXPECT_EQ(delayed.total.payload_bytes, plain.total.payload_bytes);
+        EXPECT_EQ(delayed.total.bytes_recv, plain.total.bytes_recv);
+        EXPECT_EQ(delayed.total.bytes_sent, plain.total.bytes_sent);
+    }
+    cfg.demo.momentum = DemoMomentum::ema;
+    cfg.demo.feedback_alpha = 0.2f;
+    cfg.decay_groups = DecayGroups::all;
+    cfg.grad_clip = 0.5f;
+    run_demo_case(cfg, "delayed options");
 }
 
 TEST(adamw_ddp_averages_gradients) {

@@ -2,7 +2,7 @@
 
 Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny config and asserts on what it
 wrote: determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for
-1 and 2 ranks, AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a resume with another
+1 and 2 ranks (and DeMo with --demo_delay 1), AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a resume with another
 world size (and --reset_momentum accepting it), and one-line errors with a non-zero exit and no hang for bad
 input, a rank killed mid-run ending the whole job (then resumed), and a rank that stops without dying ending
 it after --comm_timeout. Failures are collected and reported
@@ -62,10 +62,11 @@ def fresh(name):
     return d
 
 
-def resume_case(optimizer, ranks):
-    tag = f"{optimizer}-np{ranks or 1}"
+def resume_case(optimizer, ranks, extra=(), suffix=""):
+    tag = f"{optimizer}{suffix}-np{ranks or 1}"
     a, b, c = fresh(tag + "-a"), fresh(tag + "-b"), fresh(tag + "-c")
     common = BASE + ["--optimizer", optimizer, "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
+    common += list(extra)
     run(common + ["--out_dir", a], ranks)
     run(common + ["--out_dir", b], ranks)
     la, lb = losses(a), losses(b)
@@ -181,6 +182,35 @@ def rank_hangs_mid_run():
           f"surviving ranks {survivors}: {line}")
 
 
+def delay_checks():
+    """--demo_delay 1 with 2 ranks: deterministic and resumable (its checkpoints hold a round not yet applied),
+    a real change of the trajectory from step 3 on (the first update lands a step later), the same traffic
+    per round, and a resume with the other setting refused."""
+    delayed = resume_case("demo", 2, ["--demo_delay", "1"], "-delay")
+    plain = os.path.join(TMP, "demo-np2-a")
+    ld, lp = losses(delayed), losses(plain)
+    # step 1's forward runs before any update, so both losses agree; step 2 differs (the plain run applied
+    # step 1's update, the delayed one only its weight decay), and so on
+    check(ld[1] == lp[1] and ld[2] != lp[2] and ld[6] != lp[6],
+          f"--demo_delay 1 changes the trajectory after step 1 ({[ld[k] for k in (1, 2, 6)]} vs {[lp[k] for k in (1, 2, 6)]})")
+
+    def traffic(out_dir):
+        rows = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
+        return [(r["step"], r.get("bytes_sent"), r.get("bytes_recv")) for r in rows if r.get("type") == "train"]
+    td, tp = traffic(delayed), traffic(plain)
+    # the delayed run receives round t during step t+1: the same bytes per round, one step later
+    check([t[1] for t in tp[:5]] == [t[1] for t in td[1:6]] and [t[2] for t in tp[:5]] == [t[2] for t in td[1:6]],
+          f"--demo_delay 1 moves the same bytes per round, one step later ({td[:3]} vs {tp[:3]})")
+    ck = os.path.join(delayed, "checkpoints", "step_00000003")
+    common = BASE + ["--optimizer", "demo", "--steps", "6", "--out_dir", fresh("delay-mismatch"), "--resume", ck]
+    p = run(common, 2, expect_ok=False, timeout=60)
+    check(p.returncode != 0 and "--demo_delay is 0 here but 1 in the checkpoint" in p.stderr,
+          "a --demo_delay 1 checkpoint resumed with --demo_delay 0 is refused: " + p.stderr.strip()[:200])
+    p = run(BASE + ["--optimizer", "demo", "--demo_delay", "2", "--out_dir", fresh("bad")], None, expect_ok=False)
+    check(p.returncode != 0 and "--demo_delay must be 0 or 1" in p.stderr, "--demo_delay 2 refused: " + p.stderr.strip()[:160])
+    return delayed
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
@@ -190,6 +220,7 @@ def main():
     if have_mpi:
         demo2 = resume_case("demo", 2)
         resume_case("adamw", 2)
+        delayed = delay_checks()
 
         # Another world size: refused with a clear message, accepted with --reset_momentum.
         ck = os.path.join(demo2, "checkpoints", "step_00000003")

@@ -3,7 +3,9 @@
 //   mpirun -np 2 build/cuda/nccl_transport
 // Checks allreduce_mean (device and host buffers), allreduce_mean_bf16, the overlapped all-reduce
 // (allreduce_mean_start / _finish, both wires), allgather_bytes (device and host contributions, uneven and
-// empty buckets), allgather_device, device broadcast, scalar reductions and the byte counters' ring model.
+// empty buckets), allgather_device, its split form (allgather_device_start / _finish, DeMo's --demo_delay 1:
+// the same contents and counters, with other collectives and compute-stream work in between), device
+// broadcast, scalar reductions and the byte counters' ring model.
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
 #include <cstring>
@@ -131,8 +133,31 @@ int main(int argc, char** argv) {
         {
             DeviceBuffer<std::byte> out(total + 16);
             std::vector<size_t> offsets;
+            t.reset_counters();
             t.allgather_device(std::span<const std::byte>(mine_dev.data(), mine.size()), out.data(), out.size(), offsets);
             verify(out.download(), offsets, "allgather_device");
+            const CommCounters whole = t.counters();
+            // split: a scalar reduction and a device all-reduce in between, and a kernel-free copy on the compute
+            // stream after finish() that must see the gathered bytes (the stream waits for the broadcasts)
+            DeviceBuffer<std::byte> out2(total + 16), copy(total + 16);
+            std::vector<size_t> offsets2;
+            t.reset_counters();
+            t.allgather_device_start(std::span<const std::byte>(mine_dev.data(), mine.size()), out2.data(), out2.size(),
+                                     offsets2);
+            ck.expect(t.allgather_device_in_flight() && offsets2 == offsets, "allgather_device_start: offsets at once");
+            std::vector<double> between = {1.0};
+            t.allreduce_sum(between);
+            t.allgather_device_finish();
+            ck.expect(!t.allgather_device_in_flight() && between[0] == W, "allgather_device_finish (collectives between)");
+            CUDA_CHECK(cudaMemcpyAsync(copy.data(), out2.data(), total, cudaMemcpyDeviceToDevice, env.stream));
+            CUDA_CHECK(cudaStreamSynchronize(env.stream));
+            std::vector<std::byte> got = copy.download();
+            verify(got, offsets2, "allgather_device_start / _finish (read on the compute stream)");
+            const CommCounters& split = t.counters();
+            ck.expect(split.bytes_sent == whole.bytes_sent && split.bytes_recv == whole.bytes_recv &&
+                          split.payload_bytes == whole.payload_bytes && split.collectives == whole.collectives &&
+                          whole.collectives == 1 && whole.payload_bytes == size_of(r),
+                      "allgather_device_start / _finish counters equal allgather_device's (one collective)");
         }
         // device broadcast from the last rank
         std::vector<float> b(1000, float(r));

@@ -8,14 +8,21 @@ a dense sum and a dense count (mean over the ranks that selected a coefficient, 
 N ranks are simulated in one process; every rank applies the same gathered update, so the parameters are
 kept once. Written from the document, sharing no code with the C++ side.
 
+Delayed update ("delay": 1, --demo_delay 1): the round gathered at step s is applied at step s+1, with step s's
+lr. Step s first applies the pending round of step s-1 (scatter-mean, decode, sign, params -= lr[s-1] * sign),
+then runs every rank's weight decay (on the parameters as they are after that), momentum, encode, top-k and
+feedback with lr[s], and keeps the gathered lists as the pending round. The first step applies nothing; the
+last step's round is never applied.
+
 Usage: demo_reference.py CASE [CASE ...]   (reads CASE.json and CASE.bin, writes CASE.out)
   CASE.json: {"ranks", "steps", "shapes", "lr": [per step], "weight_decay", "decay_groups": "all"|"matrices",
               "grad_clip" (<= 0: off), "decay", "topk", "chunk", "momentum": "lr_scaled"|"ema",
-              "alpha", "values": "fp32"|"bf16"|"sign"}
+              "alpha", "values": "fp32"|"bf16"|"sign", "delay": 0|1 (optional, default 0)}
   CASE.bin:  float32 initial parameters (all tensors flat, in order), then for each step, for each rank,
              that rank's gradient (same layout).
-  CASE.out:  for each step: parameters after the step, the pre-sign update decode(G), then each rank's
-             momentum; all float32 in the parameter layout.
+  CASE.out:  for each step: parameters after the step, the pre-sign update decode(G) applied in the step
+             (with delay 1: the previous step's round; zeros at the first step, which applies nothing), then
+             each rank's momentum; all float32 in the parameter layout.
 """
 import json
 import math
@@ -104,9 +111,29 @@ def run_case(case_json, case_bin, out_bin):
     chunkings = [Chunking(s, cfg["chunk"], cfg["topk"]) for s in shapes]
     momentum = [[torch.zeros(n, dtype=torch.float32) for n in numels] for _ in range(ranks)]
     wd, decay, alpha = cfg["weight_decay"], cfg["decay"], cfg["alpha"]
+    delay = cfg.get("delay", 0)
+    assert delay in (0, 1), "delay must be 0 or 1"
+
+    def apply_round(gathered, lr):  # every rank's (idx, val) -> params -= lr * sign(decode(mean)); returns decode
+        presign = []
+        for t, ch in enumerate(chunkings):
+            nchunks = (ch.rows // ch.n1) * (ch.cols // ch.n2)
+            total_val = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
+            count = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
+            for idx, val in gathered[t]:  # rank order
+                total_val.scatter_add_(1, idx, val)
+                count.scatter_add_(1, idx, torch.ones_like(val))
+            mean = torch.where(count > 0, total_val / count.clamp(min=1), torch.zeros_like(total_val))
+            u = ch.decode(mean)
+            presign.append(u)
+            params[t].add_(torch.sign(u), alpha=-lr)
+        return presign
+
     outputs = []
+    pending = None  # delay 1: (gathered, lr) of the previous step, not yet applied
     for step in range(steps):
         lr = cfg["lr"][step]
+        applied = apply_round(*pending) if pending is not None else None  # before this step's weight decay
         gathered = [[] for _ in shapes]  # per tensor: every rank's (idx, val)
         for r in range(ranks):
             start = total * (1 + step * ranks + r)
@@ -131,18 +158,11 @@ def run_case(case_json, case_bin, out_bin):
                 else:
                     delta.sub_(alpha * ch.decode(sent))
                 gathered[t].append((idx, val))
-        presign = []
-        for t, ch in enumerate(chunkings):
-            nchunks = (ch.rows // ch.n1) * (ch.cols // ch.n2)
-            total_val = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
-            count = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
-            for idx, val in gathered[t]:  # rank order
-                total_val.scatter_add_(1, idx, val)
-                count.scatter_add_(1, idx, torch.ones_like(val))
-            mean = torch.where(count > 0, total_val / count.clamp(min=1), torch.zeros_like(total_val))
-            u = ch.decode(mean)
-            presign.append(u)
-            params[t].add_(torch.sign(u), alpha=-lr)
+        if delay:
+            presign = applied if applied is not None else [torch.zeros(n, dtype=torch.float32) for n in numels]
+            pending = (gathered, lr)
+        else:
+            presign = apply_round(gathered, lr)
         outputs.append(torch.cat(params))
         outputs.append(torch.cat(presign))
         for r in range(ranks):
