@@ -3,7 +3,8 @@
 # built by `make cuda`; this script builds nothing) and
 # prints a summary table: name, PASS / FAIL / SKIP, wall time, and the binary's TIME lines (kernel timings).
 # With ./train_gpt and data/default present it also runs the trainer's determinism and resume check
-# (dev/cuda/check_train_gpt_resume.sh) and the end-to-end benchmark (dev/cuda/bench_train_gpt.sh).
+# (dev/cuda/check_train_gpt_resume.sh), on several GPUs the multi-GPU check (dev/cuda/multi_gpu_check.sh),
+# and the end-to-end benchmark (dev/cuda/bench_train_gpt.sh).
 # The GPU tests' PyTorch references (build/reference/tiny; build/reference/hs64, a head size of 64 for the
 # flash attention run of gpu_test_gpt2 with LLMC_ATTENTION=flash) are generated first if missing and a python3
 # with torch is found.
@@ -110,17 +111,24 @@ done
 variant gpu_test_demo_tensor LLMC_DEMO_DCT=tensor build/cuda/gpu_test_demo build/reference/tiny
 variant gpu_test_demo_dct LLMC_DEMO_MOMENTUM=dct build/cuda/gpu_test_demo build/reference/tiny
 
-# The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it).
-if [[ -z "$filter" || "train_gpt_resume" == *"$filter"* ]] && ! skipped_by_request train_gpt_resume; then
+# script_row <row name> <script>: a check script as one row (its exit 77 is a skip)
+script_row() {
+  local name=$1 script=$2 start rc secs status
+  [[ -z "$filter" || "$name" == *"$filter"* ]] && ! skipped_by_request "$name" || return 0
   start=$(date +%s.%N)
-  dev/cuda/check_train_gpt_resume.sh >"$logdir/train_gpt_resume.log" 2>&1; rc=$?
+  "$script" >"$logdir/$name.log" 2>&1; rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
   elif [[ $rc -eq 77 ]]; then status=SKIP; skipped=$((skipped+1))
-  else status=FAIL; failed=$((failed+1)); failed_names+=(train_gpt_resume); grep FAIL "$logdir/train_gpt_resume.log" | head -5
+  else status=FAIL; failed=$((failed+1)); failed_names+=("$name"); grep FAIL "$logdir/$name.log" | head -5
   fi
-  rows+=("$(printf '%-22s %-5s %7ss' train_gpt_resume "$status" "$secs")")
-fi
+  rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
+  grep '^RESULT ' "$logdir/$name.log" | sed 's/^RESULT /  /' >&2 || true
+}
+# The trainer itself: determinism and checkpoint/resume of ./train_gpt (skips without it), and on a machine with
+# several GPUs the multi-rank checks and the scaling figures (dev/cuda/multi_gpu_check.sh; skips on one GPU).
+script_row train_gpt_resume dev/cuda/check_train_gpt_resume.sh
+script_row multi_gpu dev/cuda/multi_gpu_check.sh
 
 echo
 printf '%-22s %-5s %8s\n' "binary" "result" "wall"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks in order of what they decide, under one time budget, for a short GPU lease
 # (run inside the tree dev/cuda/gpu_bundle.sh packed, or any tree where `make cuda` has run):
-#   1. the NCCL transport's checker (real NCCL: bf16 wire, overlapped all-reduce);
+#   1. the NCCL transport's checker (real NCCL: bf16 wire, overlapped all-reduce), and on a machine with several
+#      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs);
 #   2. the attention and LayerNorm labs (the flash backward with either dQ summation, LLMC_FLASH_DQ; the fused
 #      LayerNorm backward), checked and timed;
 #   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
@@ -52,6 +53,7 @@ missing=$(ldd ./train_gpt 2>&1 | grep 'not found' || true)
 [[ -z $missing ]] || echo "warning: ./train_gpt lacks libraries: $missing"
 
 step nccl_transport 60 build/cuda/nccl_transport
+step multi_gpu 420 dev/cuda/multi_gpu_check.sh  # exits at once on one GPU
 step attention 60 build/cuda/attention
 step layernorm 30 build/cuda/layernorm
 step demo_compress 180 build/cuda/demo_compress
@@ -68,8 +70,8 @@ refs='python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 -
         --seq 96 --out-dir build/reference/hs64'
 [[ -f build/reference/tiny/state.bin && -f build/reference/hs64/state.bin ]] ||
   step references 90 env -u LD_LIBRARY_PATH bash -c "$refs"
-GPU_CHECK_SKIP="nccl_transport attention layernorm demo_compress demo_apply train_gpt_resume" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
+GPU_CHECK_SKIP="nccl_transport attention layernorm demo_compress demo_apply train_gpt_resume multi_gpu" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
   step gpu_check 600 dev/cuda/gpu_check.sh
 tar -czf "$logdir/logs.tgz" build/cuda-logs build/bench-train-gpt/summary.txt build/bench-train-gpt/*.log \
-  build/check-train-gpt-resume/*.log 2>/dev/null
+  build/check-train-gpt-resume/*.log build/multi-gpu-check/*.log 2>/dev/null
 echo "=== done after $(($(date +%s) - t0)) s of a ${budget} s budget; logs in $logdir"
