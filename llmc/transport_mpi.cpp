@@ -5,12 +5,13 @@
 // it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
 // it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
 // otherwise (or with LLMC_MPI_GATHER_THREAD=0) it is an MPI_Iallgatherv that MPI may only progress inside
-// finish()'s wait.
+// finish()'s wait. MPI's counts are ints: all-gathers of more than 2 GiB in total run in rounds (gather_in_slices).
 #include "llmc/transport_mpi.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -122,19 +123,12 @@ public:
         Timer t(counters_);
         const auto watched = watch("MPI all-gather of the DeMo buckets");
         LLMC_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "allgather: bucket larger than 2 GiB");
-        const int my_size = static_cast<int>(mine.size());
-        std::vector<int> sizes(world_), displs(world_);
-        MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, MPI_COMM_WORLD);
-        offsets.assign(world_ + 1, 0);
-        for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(sizes[r]);
-        LLMC_CHECK(offsets[world_] <= static_cast<size_t>(INT32_MAX), "allgather: buckets larger than 2 GiB in total");
-        for (int r = 0; r < world_; r++) displs[r] = static_cast<int>(offsets[r]);
+        std::vector<int> sizes(world_);
+        exchange_sizes(static_cast<int>(mine.size()), sizes, MPI_COMM_WORLD);
+        offsets = offsets_of(sizes);
         all.resize(offsets[world_]);
-        MPI_Allgatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE,
-                       MPI_COMM_WORLD);
-        const uint64_t total = offsets[world_];
-        counters_.bytes_recv += total - static_cast<uint64_t>(sizes[rank_]);
-        counters_.bytes_sent += world_ > 1 ? total - static_cast<uint64_t>(sizes[(rank_ + 1) % world_]) : 0;
+        gather_in_slices(mine.data(), sizes, offsets, all.data(), MPI_COMM_WORLD);
+        count_gather(sizes, offsets);
     }
 
     void allgather_bytes_start(std::span<const std::byte> mine) override {
@@ -145,28 +139,35 @@ public:
         gather_in_flight_ = true;
         gather_sizes_.assign(world_, 0);
         gather_sizes_[rank_] = static_cast<int>(mine.size());
-        if (world_ == 1) {
-            gather_all_.assign(mine.begin(), mine.end());
-            return;
-        }
-        const auto watched = watch("MPI all-gather of the DeMo buckets (start)");
-        if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
         // Send from a copy: the caller's buffer may be gone before the gather ends (DeMo's last delayed round
         // is still in flight when the trainer destroys the optimizer, and peers may read the send buffer
         // directly, e.g. over CMA, until then).
         gather_send_.assign(mine.begin(), mine.end());
-        const int my_size = static_cast<int>(gather_send_.size());
-        if (gather_thread_ok_) {
-            gather_thread_ = std::thread([this, my_size] {
-                if (!gather_sizes_and_displs(my_size)) return;
-                MPI_Allgatherv(gather_send_.data(), my_size, MPI_BYTE, gather_all_.data(), gather_sizes_.data(),
-                               gather_displs_.data(), MPI_BYTE, gather_comm_);
-            });
-        } else {
-            if (!gather_sizes_and_displs(my_size)) return;
-            MPI_Iallgatherv(gather_send_.data(), my_size, MPI_BYTE, gather_all_.data(), gather_sizes_.data(),
-                            gather_displs_.data(), MPI_BYTE, gather_comm_, &gather_request_);
+        if (world_ == 1) {
+            gather_offsets_ = offsets_of(gather_sizes_);
+            gather_all_ = gather_send_;
+            return;
         }
+        const auto watched = watch("MPI all-gather of the DeMo buckets (start)");
+        if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
+        if (gather_thread_ok_) {
+            gather_thread_ = std::thread([this] {
+                exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
+                gather_offsets_ = offsets_of(gather_sizes_);
+                gather_all_.resize(gather_offsets_[world_]);
+                gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
+            });
+            return;
+        }
+        exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
+        gather_offsets_ = offsets_of(gather_sizes_);
+        gather_all_.resize(gather_offsets_[world_]);
+        const std::vector<int> displs = int_displs(gather_offsets_);
+        if (gather_offsets_[world_] <= gather_slice_limit())  // one call, moved by MPI meanwhile
+            MPI_Iallgatherv(gather_send_.data(), static_cast<int>(gather_send_.size()), MPI_BYTE, gather_all_.data(),
+                            gather_sizes_.data(), displs.data(), MPI_BYTE, gather_comm_, &gather_request_);
+        else  // too large for one call: the rounds run in finish()
+            gather_deferred_ = true;
     }
 
     void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
@@ -176,12 +177,8 @@ public:
             const auto watched = watch("MPI all-gather of the DeMo buckets (overlapped)");
             wait_gather();
         }
-        LLMC_CHECK(!gather_too_large_, "allgather: buckets larger than 2 GiB in total");
-        offsets.assign(world_ + 1, 0);
-        for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(gather_sizes_[r]);
-        const uint64_t total = offsets[world_];
-        counters_.bytes_recv += total - static_cast<uint64_t>(gather_sizes_[rank_]);
-        counters_.bytes_sent += world_ > 1 ? total - static_cast<uint64_t>(gather_sizes_[(rank_ + 1) % world_]) : 0;
+        offsets = gather_offsets_;
+        count_gather(gather_sizes_, offsets);
         all.swap(gather_all_);
     }
 
@@ -210,34 +207,79 @@ public:
     }
 
 private:
-    // The overlapped all-gather's size exchange, on gather_comm_ (the helper thread's or the caller's). False
-    // (on every rank alike: they all see the same sizes) when the buckets do not fit one MPI call; finish() fails.
-    bool gather_sizes_and_displs(int my_size) {
-        MPI_Allgather(&my_size, 1, MPI_INT, gather_sizes_.data(), 1, MPI_INT, gather_comm_);
-        gather_displs_.assign(world_, 0);
-        size_t total = 0;
-        for (int r = 0; r < world_; r++) {
-            gather_displs_[r] = static_cast<int>(std::min(total, static_cast<size_t>(INT32_MAX)));
-            total += static_cast<size_t>(gather_sizes_[r]);
+    void exchange_sizes(int my_size, std::vector<int>& sizes, MPI_Comm comm) const {
+        sizes.resize(world_);
+        MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
+    }
+    std::vector<size_t> offsets_of(const std::vector<int>& sizes) const {
+        std::vector<size_t> offsets(world_ + 1, 0);
+        for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(sizes[r]);
+        return offsets;
+    }
+    static std::vector<int> int_displs(const std::vector<size_t>& offsets) {
+        std::vector<int> displs(offsets.size() - 1);
+        for (size_t r = 0; r + 1 < offsets.size(); r++) displs[r] = static_cast<int>(offsets[r]);
+        return displs;
+    }
+    // The most bytes one MPI_Allgatherv may gather (its counts and displacements are ints);
+    // LLMC_MPI_GATHER_SLICE lowers it, so tests can exercise the rounds below with small buckets.
+    size_t gather_slice_limit() const {
+        size_t limit = static_cast<size_t>(INT32_MAX);
+        if (const char* env = std::getenv("LLMC_MPI_GATHER_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
+        return limit;
+    }
+    // Every rank's sizes[r] bytes into all + offsets[r]. One MPI_Allgatherv when the total fits its int counts;
+    // otherwise rounds: round k moves bytes [k s, (k + 1) s) of every bucket (s = limit / world) through a
+    // staging buffer, so the paper's 1B model on 64 ranks (3.5 GB of fp32 buckets) still goes through MPI.
+    void gather_in_slices(const std::byte* mine, const std::vector<int>& sizes, const std::vector<size_t>& offsets,
+                          std::byte* all, MPI_Comm comm) {
+        const size_t limit = gather_slice_limit();
+        if (offsets[world_] <= limit) {
+            const std::vector<int> displs = int_displs(offsets);
+            MPI_Allgatherv(mine, sizes[rank_], MPI_BYTE, all, sizes.data(), displs.data(), MPI_BYTE, comm);
+            return;
         }
-        gather_too_large_ = total > static_cast<size_t>(INT32_MAX);
-        if (!gather_too_large_) gather_all_.resize(total);
-        return !gather_too_large_;
+        const size_t slice = std::max<size_t>(1, limit / static_cast<size_t>(world_));
+        size_t largest = 0;
+        for (int r = 0; r < world_; r++) largest = std::max(largest, static_cast<size_t>(sizes[r]));
+        std::vector<std::byte> stage(slice * static_cast<size_t>(world_));
+        std::vector<int> counts(world_), displs(world_);
+        for (size_t begin = 0; begin < largest; begin += slice) {
+            for (int r = 0; r < world_; r++) {
+                const size_t size = static_cast<size_t>(sizes[r]);
+                counts[r] = static_cast<int>(begin < size ? std::min(slice, size - begin) : 0);
+                displs[r] = static_cast<int>(slice * static_cast<size_t>(r));
+            }
+            MPI_Allgatherv(mine + std::min(begin, static_cast<size_t>(sizes[rank_])), counts[rank_], MPI_BYTE,
+                           stage.data(), counts.data(), displs.data(), MPI_BYTE, comm);
+            for (int r = 0; r < world_; r++)
+                if (counts[r] > 0) std::memcpy(all + offsets[r] + begin, stage.data() + displs[r], static_cast<size_t>(counts[r]));
+        }
+    }
+    void count_gather(const std::vector<int>& sizes, const std::vector<size_t>& offsets) {
+        const uint64_t total = offsets[world_];
+        counters_.bytes_recv += total - static_cast<uint64_t>(sizes[rank_]);
+        counters_.bytes_sent += world_ > 1 ? total - static_cast<uint64_t>(sizes[(rank_ + 1) % world_]) : 0;
     }
     void wait_gather() {
         if (gather_thread_.joinable()) gather_thread_.join();
         if (gather_request_ != MPI_REQUEST_NULL) MPI_Wait(&gather_request_, MPI_STATUS_IGNORE);
+        if (gather_deferred_) {
+            gather_deferred_ = false;
+            gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
+        }
         gather_in_flight_ = false;
     }
 
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
-    bool gather_too_large_ = false;
+    bool gather_deferred_ = false;  // an overlapped gather too large for one MPI_Iallgatherv: finish() runs it
     bool gather_thread_ok_ = false;  // MPI_THREAD_MULTIPLE: the overlapped all-gather runs on a helper thread
     MPI_Comm gather_comm_ = MPI_COMM_NULL;
     std::thread gather_thread_;
     MPI_Request gather_request_ = MPI_REQUEST_NULL;
-    std::vector<int> gather_sizes_, gather_displs_;
+    std::vector<int> gather_sizes_;
+    std::vector<size_t> gather_offsets_;
     std::vector<std::byte> gather_send_, gather_all_;  // the overlapped all-gather's own copy of `mine`; its result
     MPI_Op bf16_sum_op_ = MPI_OP_NULL;
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
