@@ -137,13 +137,12 @@ public:
         counters_.payload_bytes += mine.size();
         Timer t(counters_, /*counts=*/false);
         gather_in_flight_ = true;
-        gather_sizes_.assign(world_, 0);
-        gather_sizes_[rank_] = static_cast<int>(mine.size());
         // Send from a copy: the caller's buffer may be gone before the gather ends (DeMo's last delayed round
         // is still in flight when the trainer destroys the optimizer, and peers may read the send buffer
         // directly, e.g. over CMA, until then).
         gather_send_.assign(mine.begin(), mine.end());
         if (world_ == 1) {
+            gather_sizes_ = {static_cast<int>(mine.size())};
             gather_offsets_ = offsets_of(gather_sizes_);
             gather_all_ = gather_send_;
             return;
@@ -152,16 +151,12 @@ public:
         if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
         if (gather_thread_ok_) {
             gather_thread_ = std::thread([this] {
-                exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
-                gather_offsets_ = offsets_of(gather_sizes_);
-                gather_all_.resize(gather_offsets_[world_]);
+                lay_out_gather();
                 gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
             });
             return;
         }
-        exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
-        gather_offsets_ = offsets_of(gather_sizes_);
-        gather_all_.resize(gather_offsets_[world_]);
+        lay_out_gather();
         const std::vector<int> displs = int_displs(gather_offsets_);
         if (gather_offsets_[world_] <= gather_slice_limit())  // one call, moved by MPI meanwhile
             MPI_Iallgatherv(gather_send_.data(), static_cast<int>(gather_send_.size()), MPI_BYTE, gather_all_.data(),
@@ -255,6 +250,12 @@ private:
             for (int r = 0; r < world_; r++)
                 if (counts[r] > 0) std::memcpy(all + offsets[r] + begin, stage.data() + displs[r], static_cast<size_t>(counts[r]));
         }
+    }
+    // The overlapped gather's sizes (exchanged on gather_comm_), offsets and result buffer.
+    void lay_out_gather() {
+        exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
+        gather_offsets_ = offsets_of(gather_sizes_);
+        gather_all_.resize(gather_offsets_[world_]);
     }
     void count_gather(const std::vector<int>& sizes, const std::vector<size_t>& offsets) {
         const uint64_t total = offsets[world_];

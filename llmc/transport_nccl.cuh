@@ -41,7 +41,6 @@
 #include <cstring>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "llmc/cuda_common.cuh"
@@ -265,9 +264,7 @@ public:
         gather_.reserve_bytes(1);  // make sure a device target exists even for empty gathers
         const size_t total = gather_sizes(mine.size(), offsets);
         gather_.reserve_bytes(total);
-        gather_into_device(mine, gather_.ptr, offsets);
-        counters_.bytes_sent += std::exchange(gather_wire_sent_, 0);
-        counters_.bytes_recv += std::exchange(gather_wire_recv_, 0);
+        count_wire(gather_into_device(mine, gather_.ptr, offsets));
         all.resize(total);
         if (total) CUDA_CHECK(cudaMemcpyAsync(all.data(), gather_.ptr, total, cudaMemcpyDeviceToHost, comm_stream_));
         CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
@@ -294,20 +291,17 @@ public:
             const size_t total = gather_sizes(mine.size(), offsets);
             LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
                                               " bytes, the output holds " + std::to_string(capacity));
-            gather_into_device(mine, out, offsets);
+            device_wire_ = gather_into_device(mine, out, offsets);  // counted by finish()
             CUDA_CHECK(cudaEventRecord(gathered_, comm_stream_));
         }
         device_gather_in_flight_ = true;
-        device_wire_sent_ = std::exchange(gather_wire_sent_, 0);  // kept apart from collectives in between
-        device_wire_recv_ = std::exchange(gather_wire_recv_, 0);
         counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     void allgather_device_finish() {
         LLMC_CHECK(device_gather_in_flight_, "NCCL: device all-gather finished without a start");
         Timed timed(counters_);
         device_gather_in_flight_ = false;
-        counters_.bytes_sent += std::exchange(device_wire_sent_, 0);
-        counters_.bytes_recv += std::exchange(device_wire_recv_, 0);
+        count_wire(device_wire_);
         const auto watched = watch("NCCL all-gather of the DeMo buckets");
         CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0));
         CUDA_CHECK(cudaEventSynchronize(gathered_));
@@ -390,9 +384,16 @@ private:
         return offsets[W];
     }
 
-    // Every rank's bucket into out[offsets[r], offsets[r+1]) (enqueued on the comm stream; caller syncs). The
-    // wire bytes wait in gather_wire_* for the caller to count them (at the end of the collective).
-    void gather_into_device(std::span<const std::byte> mine, std::byte* out, const std::vector<size_t>& offsets) {
+    struct WireBytes {
+        uint64_t sent = 0, recv = 0;
+    };
+    void count_wire(WireBytes w) {
+        counters_.bytes_sent += w.sent;
+        counters_.bytes_recv += w.recv;
+    }
+    // Every rank's bucket into out[offsets[r], offsets[r+1]) (enqueued on the comm stream; caller syncs). Returns
+    // the ring model's wire bytes, for the caller to count at the end of the collective.
+    WireBytes gather_into_device(std::span<const std::byte> mine, std::byte* out, const std::vector<size_t>& offsets) {
         const int W = world_size(), r = rank();
         wait_for_compute();
         std::byte* my_slot = out + offsets[r];
@@ -413,8 +414,7 @@ private:
         const uint64_t total = offsets[W];
         const uint64_t own = offsets[r + 1] - offsets[r];
         const int next = (r + 1) % W;
-        gather_wire_recv_ = total - own;
-        gather_wire_sent_ = W > 1 ? total - (offsets[next + 1] - offsets[next]) : 0;
+        return {W > 1 ? total - (offsets[next + 1] - offsets[next]) : 0, total - own};
     }
 
     Transport& world_;
@@ -428,11 +428,9 @@ private:
     // the overlapped all-reduce since the last finish(): elements, enqueued ranges, format, buffer size
     size_t pending_elems_ = 0, pending_ranges_ = 0, pending_total_ = 0;
     bool pending_bf16_ = false;
-    // gather_into_device's wire bytes, for its caller to count
-    uint64_t gather_wire_sent_ = 0, gather_wire_recv_ = 0;
     // the split device all-gather: between start and finish, and its wire bytes (counted by finish)
     bool device_gather_in_flight_ = false;
-    uint64_t device_wire_sent_ = 0, device_wire_recv_ = 0;
+    WireBytes device_wire_;
 };
 
 }  // namespace llmc

@@ -90,26 +90,31 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     return r;
 }
 
-// 10 steps of GPT2Cpu + DemoOptimizer: the losses and gradient norms; the optimizer state in `state`.
-void run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay,
-             std::vector<float>& losses, std::vector<float>& norms, std::vector<std::byte>* state = nullptr) {
+// 10 steps of GPT2Cpu + DemoOptimizer.
+struct CpuRun {
+    std::vector<float> losses, norms, params, momentum;
+    std::vector<std::byte> state;
+};
+CpuRun run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
     GPT2Cpu cpu(mc);
     std::copy(weights.begin(), weights.end(), cpu.params().begin());
     LocalTransport transport;
     demo::DemoOptimizer opt(demo_config(delay), layout, transport);
+    CpuRun r;
     for (int s = 0; s < kSteps; s++) {
         cpu.zero_grad();
-        losses.push_back(cpu.forward(b.inputs.data(), b.targets.data(), b.B, b.T));
+        r.losses.push_back(cpu.forward(b.inputs.data(), b.targets.data(), b.B, b.T));
         cpu.backward(1.0f);
-        norms.push_back(float(opt.step(cpu.params(), cpu.grads(), kLr).grad_norm));
+        r.norms.push_back(float(opt.step(cpu.params(), cpu.grads(), kLr).grad_norm));
         cpu.zero_padded_vocab_rows();
     }
-    if (state) {
-        ByteWriter w;
-        opt.save_state(w);
-        *state = std::move(w.bytes());
-    }
+    r.params.assign(cpu.params().begin(), cpu.params().end());
+    r.momentum.assign(opt.momentum().begin(), opt.momentum().end());
+    ByteWriter w;
+    opt.save_state(w);
+    r.state = std::move(w.bytes());
+    return r;
 }
 
 // Per-step losses within `tol` of the CPU's (printed).
@@ -146,18 +151,10 @@ int main(int argc, char** argv) {
                     kFloatXName, mc.describe().c_str(), batch.B, batch.T, kSteps, kLr);
 
         // CPU: GPT2Cpu + DemoOptimizer
-        GPT2Cpu cpu(mc);
-        std::copy(weights.begin(), weights.end(), cpu.params().begin());
-        LocalTransport cpu_transport;
-        demo::DemoOptimizer cpu_opt(demo_config(), layout, cpu_transport);
-        std::vector<float> cpu_losses, cpu_norms;
-        for (int s = 0; s < kSteps; s++) {
-            cpu.zero_grad();
-            cpu_losses.push_back(cpu.forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T));
-            cpu.backward(1.0f);
-            cpu_norms.push_back(float(cpu_opt.step(cpu.params(), cpu.grads(), kLr).grad_norm));
-            cpu.zero_padded_vocab_rows();
-        }
+        const CpuRun cpu = run_cpu(mc, weights, batch, 0);
+        const std::vector<float>& cpu_losses = cpu.losses;
+        const std::vector<float>& cpu_norms = cpu.norms;
+        LocalTransport cpu_transport;  // for the optimizers that only load and save state
 
         // GPU: GPT2Cuda + CudaDemo, twice
         LocalTransport host_path;
@@ -168,10 +165,8 @@ int main(int argc, char** argv) {
         std::printf("  loss drop over %d steps: GPU %.5f, CPU %.5f\n", kSteps, drop_gpu, drop_cpu);
         checks.expect(drop_cpu > 0.1, "the CPU run's loss decreases (sanity)");
         checks.expect(std::fabs(drop_gpu - drop_cpu) <= tol_drop * drop_cpu, "loss drop matches (rel tol " + std::to_string(tol_drop) + ")");
-        const std::vector<float> cpu_params(cpu.params().begin(), cpu.params().end());
-        const std::vector<float> cpu_momentum(cpu_opt.momentum().begin(), cpu_opt.momentum().end());
         std::printf("  after %d steps: master weights rel L2 diff %.3e, momentum rel L2 diff %.3e\n", kSteps,
-                    rel_l2(gpu.master, cpu_params), rel_l2(gpu.momentum, cpu_momentum));
+                    rel_l2(gpu.master, cpu.params), rel_l2(gpu.momentum, cpu.momentum));
         std::printf("  GPU optimizer time over %d steps: compress %.3f ms, exchange %.3f ms, apply %.3f ms\n", kSteps,
                     gpu.transform * 1e3, gpu.exchange * 1e3, gpu.apply * 1e3);
 
@@ -217,12 +212,12 @@ int main(int argc, char** argv) {
         // --demo_delay 1 on both optimizers: the same training (the first step applies nothing, the last round
         // stays pending), the NCCL split exchange (allgather_device_start / _finish) giving the host path's bits,
         // and the state blob with its pending round moving between the optimizers unchanged.
-        std::vector<float> cpu_d_losses, cpu_d_norms;
-        std::vector<std::byte> cpu_d_state;
-        run_cpu(mc, weights, batch, 1, cpu_d_losses, cpu_d_norms, &cpu_d_state);
+        const CpuRun cpu_d = run_cpu(mc, weights, batch, 1);
+        const std::vector<float>& cpu_d_losses = cpu_d.losses;
+        const std::vector<std::byte>& cpu_d_state = cpu_d.state;
         std::printf("  --demo_delay 1:\n");
         const GpuRun delayed = run_gpu(env, mc, weights, batch, kSteps, host_path, 1);
-        checks.expect(losses_match(delayed, cpu_d_losses, cpu_d_norms, tol_loss),
+        checks.expect(losses_match(delayed, cpu_d_losses, cpu_d.norms, tol_loss),
                       "--demo_delay 1: losses match the delayed CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
         const double drop_d_cpu = cpu_d_losses.front() - cpu_d_losses.back();
         const double drop_d_gpu = delayed.losses.front() - delayed.losses.back();
@@ -245,11 +240,11 @@ int main(int argc, char** argv) {
         };
         const bool spatial = gpu2.momentum_domain() == demo::cm::MomentumDomain::spatial;
         {  // GPU -> CPU -> GPU
-            demo::DemoOptimizer cpu_d(demo_config(1), layout, cpu_transport);
+            demo::DemoOptimizer cpu_load(demo_config(1), layout, cpu_transport);
             ByteReader ra(delayed.state, "gpu state (delayed)");
-            cpu_d.load_state(ra);
+            cpu_load.load_state(ra);
             ByteWriter wa;
-            cpu_d.save_state(wa);
+            cpu_load.save_state(wa);
             demo::CudaDemo gpu_d(demo_config(1), layout, cpu_transport, env.stream, false, 1337);
             ByteReader rb(wa.bytes(), "cpu state (delayed)");
             gpu_d.load_state(rb);

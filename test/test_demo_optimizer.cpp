@@ -17,6 +17,7 @@
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/rng.h"
+#include "test/demo_simulation.h"
 #include "test/testing.h"
 
 namespace {
@@ -28,62 +29,9 @@ using llmc::DemoValueEncoding;
 // A layout of arbitrary named shapes, back to back (the optimizer only needs names, shapes and offsets).
 const std::vector<std::vector<size_t>> kShapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}};
 
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-bool bit_equal(std::span<const float> a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Runs `steps` steps of W simulated ranks (rank r gets grads[step][r]); all ranks must end with identical
-// parameters, which are returned with every rank's momentum. With cfg.demo.delay == 1 the ranks follow
-// step()'s delayed order: step s first applies the buckets gathered at step s-1 (with lrs[s-1]), then
-// compresses (weight decay on the parameters as they are then) with lrs[s]; the last round stays unapplied.
-struct SimResult {
-    std::vector<std::vector<float>> params_per_step;                  // [step] -> params
-    std::vector<std::vector<std::vector<float>>> momentum_per_step;  // [step][rank] -> momentum
-    bool ranks_agree = true;
-};
-
-SimResult simulate(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout, std::vector<float> params0,
-                   const std::vector<std::vector<std::vector<float>>>& grads, const std::vector<float>& lrs) {
-    const size_t world = grads.empty() ? 1 : grads[0].size();
-    llmc::LocalTransport transport;
-    std::vector<std::unique_ptr<demo::DemoOptimizer>> opts;
-    std::vector<std::vector<float>> params(world, params0);
-    for (size_t r = 0; r < world; r++) opts.push_back(std::make_unique<demo::DemoOptimizer>(cfg, layout, transport));
-    const bool delayed = cfg.demo.delay == 1;
-    SimResult res;
-    llmc::StepTimings tm;
-    std::vector<std::byte> pending;  // delayed: the previous step's buckets, back to back
-    std::vector<size_t> pending_offsets;
-    for (size_t s = 0; s < grads.size(); s++) {
-        if (delayed && s > 0)
-            for (size_t r = 0; r < world; r++) opts[r]->apply(pending, pending_offsets, params[r], lrs[s - 1], tm);
-        std::vector<std::byte> all;
-        std::vector<size_t> offsets{0};
-        for (size_t r = 0; r < world; r++) {
-            std::vector<float> g = grads[s][r];
-            llmc::clip_grad_norm(g, cfg.grad_clip);
-            std::vector<std::byte> bucket;
-            opts[r]->compress(params[r], g, lrs[s], bucket, tm);
-            all.insert(all.end(), bucket.begin(), bucket.end());
-            offsets.push_back(all.size());
-        }
-        if (delayed) {
-            pending.swap(all);
-            pending_offsets.swap(offsets);
-        } else {
-            for (size_t r = 0; r < world; r++) opts[r]->apply(all, offsets, params[r], lrs[s], tm);
-        }
-        for (size_t r = 1; r < world; r++) res.ranks_agree = res.ranks_agree && bit_equal(params[r], params[0]);
-        res.params_per_step.push_back(params[0]);
-        std::vector<std::vector<float>> m;
-        for (size_t r = 0; r < world; r++) m.emplace_back(opts[r]->momentum().begin(), opts[r]->momentum().end());
-        res.momentum_per_step.push_back(std::move(m));
-    }
-    return res;
-}
+using demo_simulation::bit_equal;
+using demo_simulation::SimResult;
+using demo_simulation::simulate;
 
 llmc::OptimizerConfig default_config() {
     llmc::OptimizerConfig cfg;

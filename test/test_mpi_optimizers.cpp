@@ -12,6 +12,7 @@
 #include "llmc/adamw.h"
 #include "llmc/rng.h"
 #include "llmc/transport_mpi.h"
+#include "test/demo_simulation.h"
 #include "test/testing.h"
 
 using namespace llmc;
@@ -66,9 +67,9 @@ public:
 };
 
 // One DeMo run of `steps` steps through the real step() on the MPI world, checked bit for bit against every
-// rank simulated here. With cfg.demo.delay == 1 the simulation follows the delayed order (step s applies
-// round s-1 with its lr, then compresses), and after the last step the test finishes the round still in
-// flight itself and applies it to both sides, so the last round's content is checked too. Returns the byte
+// rank simulated here (test/demo_simulation.h). With cfg.demo.delay == 1 the simulation follows the delayed
+// order (step s applies round s-1 with its lr, then compresses), and after the last step the test finishes the
+// round still in flight itself and applies it to both sides, so the last round's content is checked too. Returns the byte
 // counters summed over the steps (`over_steps`) and with that final finish (`total`).
 struct RunCounters {
     CommCounters over_steps, total;
@@ -123,46 +124,24 @@ RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
         real.apply(last_round, last_offsets, params, lrs[steps - 1], t);
     }
 
-    NoTransport none;
-    std::vector<std::unique_ptr<demo::DemoOptimizer>> sims;
-    std::vector<std::vector<float>> sim_params(W, initial_params(layout.num_params));
-    for (int r = 0; r < W; r++) sims.push_back(std::make_unique<demo::DemoOptimizer>(cfg, layout, none));
-    std::vector<std::byte> pending;  // delayed: the previous step's buckets, back to back
-    std::vector<size_t> pending_offsets;
-    auto apply_all = [&](const std::vector<std::byte>& all, const std::vector<size_t>& offsets, float lr) {
-        for (int r = 0; r < W; r++) {
-            StepTimings t;
-            sims[r]->apply(all, offsets, sim_params[r], lr, t);
-        }
-    };
-    for (int s = 0; s < steps; s++) {
-        if (delayed && s > 0) apply_all(pending, pending_offsets, lrs[s - 1]);
-        std::vector<std::byte> all;
-        std::vector<size_t> offsets = {0};
-        for (int r = 0; r < W; r++) {
-            std::vector<float> g = gradient(layout.num_params, r, s);
-            clip_grad_norm(g, cfg.grad_clip);
-            std::vector<std::byte> bucket_r;
-            StepTimings t;
-            sims[r]->compress(sim_params[r], g, lrs[s], bucket_r, t);
-            all.insert(all.end(), bucket_r.begin(), bucket_r.end());
-            offsets.push_back(all.size());
-        }
-        if (delayed) {
-            pending.swap(all);
-            pending_offsets.swap(offsets);
-        } else {
-            apply_all(all, offsets, lrs[s]);
-        }
-    }
+    std::vector<std::vector<std::vector<float>>> grads(steps);  // [step][rank]
+    for (int s = 0; s < steps; s++)
+        for (int r = 0; r < W; r++) grads[s].push_back(gradient(layout.num_params, r, s));
+    demo_simulation::SimResult sim = demo_simulation::simulate(cfg, layout, initial_params(layout.num_params), grads,
+                                                               std::vector<float>(lrs, lrs + steps));
+    std::vector<float> sim_params = sim.params_per_step.back();
     if (delayed) {
-        EXPECT(last_round == pending && last_offsets == pending_offsets);  // the round the MPI gather delivered
-        apply_all(pending, pending_offsets, lrs[steps - 1]);
+        EXPECT(last_round == sim.pending && last_offsets == sim.pending_offsets);  // the round the MPI gather delivered
+        NoTransport none;
+        demo::DemoOptimizer applier(cfg, layout, none);
+        StepTimings t;
+        applier.apply(sim.pending, sim.pending_offsets, sim_params, lrs[steps - 1], t);
     }
+    const std::vector<float>& sim_momentum = sim.momentum_per_step.back()[me];
     size_t param_mismatch = 0, momentum_mismatch = 0;
     for (size_t i = 0; i < params.size(); i++) {
-        param_mismatch += params[i] != sim_params[me][i];
-        momentum_mismatch += real.momentum()[i] != sims[me]->momentum()[i];
+        param_mismatch += params[i] != sim_params[i];
+        momentum_mismatch += real.momentum()[i] != sim_momentum[i];
     }
     if (param_mismatch || momentum_mismatch)
         std::fprintf(stderr, "  %s rank %d: %zu params and %zu momentum entries differ from the simulation\n", label,
