@@ -216,6 +216,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     // fp32 weights -> device (through the gradient buffer, which is fp32 and the same size) -> master + params
     CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
     optimizer->set_weights(model.grads(), model.params());
+    model.zero_padded_vocab_rows(optimizer->master_weights());  // eager delayed DeMo: a resumed round's own share
     model.zero_grad();
     weights = std::vector<float>();
 
@@ -226,7 +227,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         const std::string optimizer =
             cfg.optimizer == "demo"
-                ? "demo (" + demo_kernels.describe() + (cfg.demo_delay ? ", applied a step late" : "") + ")"
+                ? "demo (" + demo_kernels.describe() + (cfg.demo_delay ? ", " + demo_delay_phrase(cfg) : "") + ")"
                 : cfg.optimizer;
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);

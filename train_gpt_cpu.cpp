@@ -111,6 +111,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, rank, world, model.params(), train_loader,
                                              sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
     if (!start.weights_loaded) model.init_random(static_cast<uint64_t>(cfg.seed));
+    optimizer->set_weights(model.params());  // eager delayed DeMo: a resumed round's own share goes back in
+    model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
 
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
@@ -119,7 +121,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x %d thread(s)\n",
                     cfg.model.describe().c_str(), layout.num_params / 1e6,
-                    (cfg.optimizer + (cfg.optimizer == "demo" && cfg.demo_delay ? " (applied a step late)" : "")).c_str(),
+                    (cfg.optimizer + (demo_delay_phrase(cfg).empty() ? "" : " (" + demo_delay_phrase(cfg) + ")")).c_str(),
                     world, threads);
         std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
                     "%llu groups/epoch\n",
@@ -146,7 +148,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         loss /= grad_accum;
         const float lr = schedule.at(step);
         const StepResult result = optimizer->step(model.params(), model.grads(), lr);
-        model.zero_padded_vocab_rows();
+        model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
         reporter.report(step, t0, loss, lr, result, transport, state);
 
         const StepDuties due = step_duties(cfg, step);
@@ -156,7 +158,9 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         if (due.checkpoint) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
-            save_checkpoint(cfg, transport, model.params(), [&](ByteWriter& w) { optimizer->save_state(w); }, state);
+            // the shared weights: with eager delayed DeMo, params hold this rank's working weights
+            save_checkpoint(cfg, transport, optimizer->master_weights(model.params()),
+                            [&](ByteWriter& w) { optimizer->save_state(w); }, state);
         }
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());

@@ -554,6 +554,10 @@ struct ApplyParams {
     int values, indices;
     int world;
     uint64_t bucket_bytes;  // every rank's bucket has this size (checked on the host)
+    // The CUDA apply kernel only (eager delayed updates, demo_cuda.cuh): the master weights are read, not
+    // written, and the floatX copy gets the updated values. The host reference (apply_plan_host) has no floatX
+    // copy and always updates `master`: a checker applies it to a copy of the master weights.
+    bool keep_master = false;
 };
 
 // Apply-side error flags (a corrupt bucket); the first rank with an error is reported.

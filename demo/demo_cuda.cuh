@@ -24,13 +24,24 @@
 // is finished before the next compress rewrites it, and the gathered buckets are applied before the next start
 // overwrites them. The state blob keeps the pending round (this rank's bucket and lr); a run resumed from it
 // exchanges that bucket again at its first step.
+// With --demo_delay 1 and eager updates (config.demo.eager, the default; the CPU optimizer's order again) the
+// master weights are the shared weights (identical on every rank; master_weights(), what checkpoints hold) and
+// the floatX params this rank's working weights: the shared ones minus lr * sign(decode(this rank's own bucket
+// of the pending round)). The step: clip; finish the pending round's exchange; apply it to the master weights
+// (its lr, no weight decay) and decay them with this step's lr, as above but without rounding the floatX copy;
+// compress; start this round's exchange; then the own share: demo_apply_kernel over bucket_ alone (world 1,
+// ApplyParams::keep_master, this step's lr, no weight decay) writes params = round(master - lr * sign(decode)),
+// the master weights untouched, with the rounding of step t_ (StepTimings::apply covers it too). Its read of
+// bucket_ runs beside the all-gather's (NCCL's comm stream reads the same buffer: two reads). set_weights,
+// given a pending round (a resume), writes params the same way from bucket_ and the pending lr.
 // Memory: master weights, momentum, norm scratch, this rank's bucket, the gathered buckets (world x bucket)
 // and the plan's tables are ONE device allocation.
 //
 // Stochastic rounding of the floatX parameters (bf16 builds, as CudaAdamW) seeds every step from the run's
 // seed and a step counter. The DeMo state blob (the CPU's) has no step counter: the trainer restores it with
-// set_steps_done() from the checkpoint's training state, so set_weights repeats the last step's rounding and
-// a resumed run continues bit-identically.
+// set_steps_done() from the checkpoint's training state, so set_weights repeats the last step's rounding (of
+// the master weights, or with eager updates of the master weights minus the pending round's own share) and a
+// resumed run continues bit-identically.
 #pragma once
 #include <chrono>
 #include <cstdlib>
@@ -205,11 +216,23 @@ public:
 
     std::string_view name() const override { return "demo"; }
 
+    // weights: the shared weights. params: their floatX copy, or with eager updates and a pending round (a
+    // resume) the working weights, the master weights minus that round's own share.
     void set_weights(const float* weights, llmc::floatX* params) override {
         const size_t n = layout_.num_params;
         if (weights != master_)
             CUDA_CHECK(cudaMemcpyAsync(master_, weights, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
         const bool sr = stochastic_ && t_ > 0;
+        if (eager() && pending_) {
+            // the checkpoint's bucket: its header checked before the kernel reads it at the plan's offsets
+            std::vector<std::byte> header(kBucketHeaderBytes);
+            CUDA_CHECK(cudaMemcpyAsync(header.data(), bucket_, kBucketHeaderBytes, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            cm::check_bucket_header(tables_.plan, tables_.format, header, tables_.bucket_bytes, kPendingBucket);
+            llmc::StepResult unused;
+            apply_own_share(params, pending_lr_, sr, unused);
+            return;
+        }
         if (n) {
             LLMC_LAUNCH(llmc::grid_stride_blocks(n, 512), 512, 0, stream_, demo_round_params_kernel)(params, master_, n,
                                                                                          step_seed(t_), sr);
@@ -256,6 +279,7 @@ public:
         start = clock::now();
         exchange_start();
         result.seconds.exchange += seconds_since(start);
+        if (eager()) apply_own_share(params, lr, stochastic_, result);  // while the all-gather runs
         return result;
     }
 
@@ -313,6 +337,9 @@ public:
     }
 
 private:
+    static constexpr const char* kPendingBucket = "DeMo: this rank's pending bucket";
+    // --demo_delay 1 with eager updates (config.demo.eager): the working weights take the own share at once
+    bool eager() const { return config_.demo.delay == 1 && config_.demo.eager; }
     static double seconds_since(std::chrono::steady_clock::time_point s) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
     }
@@ -343,17 +370,35 @@ private:
 
     // The gathered buckets (gathered_) applied by the apply kernel with the rounding of step t_.
     void apply_gathered(llmc::floatX* params, const cm::ApplyParams& ap) {
+        launch_apply_of(gathered_, params, ap, stochastic_);
+    }
+    void launch_apply_of(const uint8_t* buckets, llmc::floatX* params, const cm::ApplyParams& ap, bool stochastic) {
         const uint32_t init_error[2] = {0u, UINT32_MAX};
         CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
-        launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, gathered_, master_, params, ap,
-                        step_seed(t_), stochastic_, error_, stream_);
+        launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, buckets, master_, params, ap,
+                        step_seed(t_), stochastic, error_, stream_);
+    }
+
+    // Eager delayed updates: params = master - lr * sign(decode(bucket_ alone)) (the scatter-mean over one rank
+    // is its values; no weight decay), rounded as step t_ rounds, the master weights unchanged; waits for it
+    // (ev_[2] .. ev_[3], added to StepTimings::apply). bucket_ is this rank's own (valid) bucket or, in
+    // set_weights, the checkpoint's: the kernel's error flags are checked all the same.
+    void apply_own_share(llmc::floatX* params, float lr, bool stochastic, llmc::StepResult& result) {
+        cm::ApplyParams ap = cm::apply_params(config_, lr, 1, tables_.bucket_bytes);
+        ap.apply_wd = false;
+        ap.keep_master = true;
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        launch_apply_of(bucket_, params, ap, stochastic);
+        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+        finish_apply(true, result, kPendingBucket);
     }
 
     // --demo_delay 1's update, in the CPU optimizer's order (it decays the weights in its compress, after the
     // previous round's apply): the pending round's gathered buckets with their own lr and no weight decay (when
     // there is one), then the weight decay with this step's `lr`, then the floatX copy rounded again from the
     // master weights with the rounding of step t_ (what set_weights repeats on a resume). The two extra passes
-    // over the weights are the price of that order.
+    // over the weights are the price of that order. With eager updates the rounding pass is left out: the own
+    // share (apply_own_share, after the compress) rewrites params from the master weights.
     void apply_delayed(llmc::floatX* params, float lr, llmc::StepResult& result) {
         const size_t n = layout_.num_params;
         CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
@@ -369,7 +414,7 @@ private:
                     master_ + offset, count, wd_factor);
             }
         }
-        if (n) {
+        if (n && !eager()) {
             LLMC_LAUNCH(llmc::grid_stride_blocks(n, 512), 512, 0, stream_, demo_round_params_kernel)(params, master_, n,
                                                                                          step_seed(t_), stochastic_);
         }
@@ -378,20 +423,20 @@ private:
         finish_apply(pending_, result);
     }
 
-    // Waits for the update (ev_[2] .. ev_[3]: StepTimings::apply); a corrupt bucket the apply kernel found (when
-    // `checked`) is reported here.
-    void finish_apply(bool checked, llmc::StepResult& result) {
+    // Waits for the update (ev_[2] .. ev_[3]: added to StepTimings::apply); a corrupt bucket the apply kernel
+    // found (when `checked`) is reported here, as `whose` when given, else by the rank the kernel names.
+    void finish_apply(bool checked, llmc::StepResult& result, const char* whose = nullptr) {
         uint32_t error[2] = {0u, 0u};
         if (checked) CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (error[0]) {
-            const std::string who = "DeMo bucket from rank " + std::to_string(error[1]);
+            const std::string who = whose ? std::string(whose) : "DeMo bucket from rank " + std::to_string(error[1]);
             if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
             llmc::fail(who + ": coefficient indices of a chunk not strictly ascending (corrupt DeMo bucket)");
         }
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
-        result.seconds.apply = ms * 1e-3;
+        result.seconds.apply += ms * 1e-3;
     }
 
     // The exchange of bucket_, every rank's bucket into gathered_ (rank r at r * bucket_bytes), in two halves.

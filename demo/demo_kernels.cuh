@@ -22,7 +22,8 @@
 //    summed in rank order), inverse DCT of the ascending list of sent coefficients, sign, decoupled weight
 //    decay and p -= lr * sign on the fp32 master weights, and the floatX copy (nearest or stochastic
 //    rounding as CudaAdamW). Out-of-range or non-ascending indices (a corrupt bucket) set an error flag the
-//    host turns into an llmc::Error.
+//    host turns into an llmc::Error. With ApplyParams::keep_master the master weights are only read and the
+//    floatX copy gets the update (eager delayed updates: one rank's own bucket, world 1, no weight decay).
 // Both come in two instantiations per launch (cm::launch_tables): FIXED = 64 for the tensors with 64 x 64
 // chunks (every GPT-2 matrix; all sizes compile-time constants) and FIXED = 0 for any other shape, each group
 // with its own shared-memory layout. The 64 x 64 kernels also come in tunings (kTunings); those with tensor_dct
@@ -1396,7 +1397,7 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
 #pragma unroll
         for (int j = 0; j < 4; j++)
             p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays);
-        store4(master + origin + off, p);
+        if (!ap.keep_master) store4(master + origin + off, p);
         store_floatx4<STOCHASTIC>(params + origin + off, p, origin + off, seed);
     }
 }
@@ -1754,7 +1755,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P,
                                                    B, Q, segs, scan);
 
-    // update the master weights and the floatX copy
+    // update the master weights and the floatX copy (p.keep_master: the floatX copy alone)
     const bool decays = a.p.apply_wd && ct.decays;
     if constexpr (FIXED == int(cm::kFixedChunk) && kTune.lean_io) {
         static_assert(THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
@@ -1768,7 +1769,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
                 const int b = q / d.n2, nn = q - b * d.n2;
                 const uint64_t gi = origin + (uint32_t(b) * ct.cols + uint32_t(nn));  // 32-bit offset (block_chunk_origin)
                 const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays);
-                a.master[gi] = p;
+                if (!a.p.keep_master) a.master[gi] = p;
                 if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);
                 else a.params[gi] = llmc::from_float<llmc::floatX>(p);
             }
@@ -1934,7 +1935,9 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
 }
 
 // Apply p.world buckets (back to back, p.bucket_bytes each) to the master weights and params. `error` (2 words,
-// device) must hold {0, UINT32_MAX} before the launch. TUNE runs apply_tuning(TUNE)'s kernel.
+// device) must hold {0, UINT32_MAX} before the launch. TUNE runs apply_tuning(TUNE)'s kernel. p.world may be
+// below the world the launch was configured for (kc.world: the shared-memory layouts for W ranks hold the
+// union of fewer ranks' coefficients), e.g. one rank's own bucket (p.keep_master: eager delayed updates).
 template <int TUNE = kExactTuning>
 inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
                          llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
@@ -1943,8 +1946,8 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
         if (!lean_apply_fits(kc, master, params))
             return launch_apply<without_lean_io(TUNE)>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
     }
-    LLMC_CHECK(p.world == kc.world, "DeMo apply: launch configured for " + std::to_string(kc.world) + " ranks, got " +
-                                        std::to_string(p.world));
+    LLMC_CHECK(p.world >= 1 && p.world <= kc.world, "DeMo apply: launch configured for " + std::to_string(kc.world) +
+                                                        " ranks, got " + std::to_string(p.world));
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
     LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
     if (t.fixed_chunks) {

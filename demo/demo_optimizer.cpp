@@ -304,22 +304,48 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
         return result;
     }
     // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
+    if (eager() && master_.empty()) {
+        LLMC_CHECK(!pending_.present, "DeMo: eager delayed updates need set_weights() after load_state()");
+        master_.assign(params.begin(), params.end());  // a fresh start: the working weights are the shared ones
+    }
+    const std::span<float> shared = eager() ? std::span<float>(master_) : params;
+    check_buffers(shared.size(), params.size(), "step");
     if (pending_.present) {
         t0 = now();
         if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket);  // resumed from a checkpoint
         transport_.allgather_bytes_finish(gathered_, offsets_);
         pending_in_flight_ = false;
         result.seconds.exchange += seconds_since(t0);
-        apply(gathered_, offsets_, params, pending_.lr, result.seconds);
+        apply(gathered_, offsets_, shared, pending_.lr, result.seconds);
     }
-    compress(params, grads, lr, pending_.bucket, result.seconds, scale);
+    compress(shared, grads, lr, pending_.bucket, result.seconds, scale);
     pending_.present = true;
     pending_.lr = lr;
     t0 = now();
     transport_.allgather_bytes_start(pending_.bucket);
     pending_in_flight_ = true;
     result.seconds.exchange += seconds_since(t0);
+    if (eager()) write_working_weights(params, result.seconds);  // while the all-gather runs
     return result;
+}
+
+void DemoOptimizer::write_working_weights(std::span<float> params, llmc::StepTimings& timings) {
+    std::copy(master_.begin(), master_.end(), params.begin());
+    if (!pending_.present) return;
+    const size_t own[2] = {0, pending_.bucket.size()};
+    apply(pending_.bucket, own, params, pending_.lr, timings);
+}
+
+void DemoOptimizer::set_weights(std::span<float> params) {
+    if (!eager()) return;
+    check_buffers(params.size(), params.size(), "set_weights");
+    master_.assign(params.begin(), params.end());
+    llmc::StepTimings unused;
+    write_working_weights(params, unused);
+}
+
+std::span<float> DemoOptimizer::master_weights(std::span<float> params) {
+    return eager() && !master_.empty() ? std::span<float>(master_) : params;
 }
 
 // The state blob is written and read by the same functions the CUDA optimizer uses (demo_chunk_math.h), so
@@ -332,6 +358,7 @@ void DemoOptimizer::save_state(llmc::ByteWriter& out) const {
 void DemoOptimizer::load_state(llmc::ByteReader& in) {
     cm::read_state(in, plan_, momentum_, cm::MomentumDomain::spatial, pending_, config_.demo.delay == 1, bucket_bytes());
     pending_in_flight_ = false;
+    master_.clear();  // set_weights() brings the checkpoint's weights
 }
 
 }  // namespace demo

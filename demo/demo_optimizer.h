@@ -50,6 +50,10 @@ public:
     // applies it (with round t-1's lr), then compresses its own gradient (weight decay on the parameters as
     // they are then) and starts round t's all-gather. The first step applies nothing; the last step's round
     // stays pending in the optimizer state (a checkpoint keeps it; the final weights lack it).
+    // With config.demo.eager as well, the shared weights live in the optimizer (master_weights) and params are
+    // this rank's working weights: the shared ones minus lr * sign(decode(this rank's own bucket)) of the
+    // pending round, the update this rank can see before the all-gather ends. step() applies the rounds to the
+    // shared weights and rewrites params from them after each compress.
     llmc::StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
 
     // This rank's half of the step: decoupled weight decay on the tensors in config.decay_groups, momentum
@@ -67,6 +71,10 @@ public:
 
     void save_state(llmc::ByteWriter& out) const override;
     void load_state(llmc::ByteReader& in) override;
+    // Eager delayed updates: params are the shared weights; they are copied in and rewritten as this rank's
+    // working weights (a pending round's own share, when load_state brought one). Otherwise nothing.
+    void set_weights(std::span<float> params) override;
+    std::span<float> master_weights(std::span<float> params) override;
 
     std::span<const float> momentum() const { return momentum_; }
     const ModelPlan& plan() const { return plan_; }
@@ -75,6 +83,9 @@ public:
 
 private:
     void check_buffers(size_t params, size_t grads, const char* what) const;
+    bool eager() const { return config_.demo.delay == 1 && config_.demo.eager; }
+    // params = master_ - pending lr * sign(decode(this rank's pending bucket)), or master_ without one.
+    void write_working_weights(std::span<float> params, llmc::StepTimings& timings);
 
     llmc::OptimizerConfig config_;
     llmc::Transport& transport_;
@@ -93,6 +104,7 @@ private:
     std::vector<std::byte> bucket_;    // step(): this rank's bucket
     PendingRound pending_;            // --demo_delay 1: the round compressed last step, applied next step
     bool pending_in_flight_ = false;   // its all-gather was started (false after load_state)
+    std::vector<float> master_;        // eager delayed updates: the shared weights (set_weights; empty before)
     std::vector<std::byte> gathered_;  // step(): all ranks' buckets
     std::vector<size_t> offsets_;
 };

@@ -86,6 +86,9 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"demo_delay", &TrainConfig::demo_delay,
               "DeMo: 1 applies each step's update at the next step, so the exchange overlaps that step's "
               "compute (0: the reference's order)"},
+             {"demo_eager", &TrainConfig::demo_eager,
+              "DeMo with --demo_delay 1: each rank takes its own share of an update at once, until the "
+              "gathered update lands a step later (false: nothing until then)"},
          }},
         {"output",
          {
@@ -341,6 +344,7 @@ OptimizerConfig TrainConfig::optimizer_config() const {
                                             : DemoValueEncoding::fp32;
     o.demo.indices = demo_indices == "packed12" ? DemoIndexEncoding::packed12 : DemoIndexEncoding::smallest;
     o.demo.delay = demo_delay;
+    o.demo.eager = demo_eager;
     return o;
 }
 

@@ -49,6 +49,7 @@ struct TrainConfig {
     std::string demo_values = "fp32";    // fp32 | bf16 | sign
     std::string demo_indices = "auto";   // auto | packed12
     int demo_delay = 0;                  // 0 | 1 (apply each step's DeMo update one step later)
+    bool demo_eager = true;              // with demo_delay 1: this rank's share of the update at once
     // evaluation and output
     int val_every = 25;
     int val_batches = 8;

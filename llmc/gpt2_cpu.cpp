@@ -490,10 +490,14 @@ void GPT2Cpu::init_random(uint64_t seed) {
     }
 }
 
-void GPT2Cpu::zero_padded_vocab_rows() {
+void GPT2Cpu::zero_padded_vocab_rows(std::span<float> shared) {
     const size_t C = config_.channels;
-    std::fill(weights_.wte + static_cast<size_t>(config_.vocab_size) * C,
-              weights_.wte + static_cast<size_t>(config_.padded_vocab_size) * C, 0.0f);
+    const size_t begin = static_cast<size_t>(config_.vocab_size) * C, end = static_cast<size_t>(config_.padded_vocab_size) * C;
+    std::fill(weights_.wte + begin, weights_.wte + end, 0.0f);
+    if (shared.empty() || shared.data() == params_.data()) return;
+    LLMC_CHECK(shared.size() == params_.size(), "zero_padded_vocab_rows: shared weights of another layout");
+    std::fill(shared.begin() + static_cast<std::ptrdiff_t>(layout_.kind_offset[int(ParamKind::wte)] + begin),
+              shared.begin() + static_cast<std::ptrdiff_t>(layout_.kind_offset[int(ParamKind::wte)] + end), 0.0f);
 }
 
 void GPT2Cpu::zero_grad() {

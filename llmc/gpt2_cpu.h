@@ -47,7 +47,9 @@ public:
     // (B, T, padded_vocab_size) logits of the last forward.
     std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }
 
-    void zero_padded_vocab_rows();
+    // The wte rows past vocab_size back to 0 in the parameters and, when it is another buffer of the same
+    // layout (an optimizer's shared weights, Optimizer::master_weights), in `shared` too.
+    void zero_padded_vocab_rows(std::span<float> shared = {});
 
 private:
     // Pointers to the per-kind blocks of a flat parameter (or gradient) buffer.

@@ -40,6 +40,10 @@ struct DemoConfig {
     DemoValueEncoding values = DemoValueEncoding::fp32;
     DemoIndexEncoding indices = DemoIndexEncoding::smallest;
     int delay = 0;  // 1: each step's gathered update is applied at the next step (the exchange overlaps it)
+    // With delay 1: each rank also takes its own compressed share of the update at once, as a stand-in for the
+    // whole until the all-gather lands (eager updates). The ranks' working weights then differ by that share;
+    // the shared weights (master_weights) stay identical and are what checkpoints hold.
+    bool eager = true;
 };
 
 struct OptimizerConfig {
@@ -75,6 +79,13 @@ public:
     virtual void save_state(ByteWriter& out) const = 0;
     // Throws llmc::Error naming in.source() if the blob does not belong to this optimizer and shape.
     virtual void load_state(ByteReader& in) = 0;
+    // The run's starting weights (fresh, from a model file, or a checkpoint's master weights after load_state)
+    // are in params, before the first step. An optimizer whose working weights differ from the shared ones
+    // (DeMo with eager delayed updates) takes its copy here and rewrites params.
+    virtual void set_weights(std::span<float> /*params*/) {}
+    // The shared weights that step() updates and checkpoints hold: params itself unless the optimizer keeps its
+    // own copy (set_weights).
+    virtual std::span<float> master_weights(std::span<float> params) { return params; }
 };
 
 // True when weight decay applies to this tensor under `groups`.

@@ -126,6 +126,11 @@ void print_dry_run_report(const TrainConfig& cfg, int world) {
                                demo::gpt2_shapes(cfg.model), traffic);
 }
 
+std::string demo_delay_phrase(const TrainConfig& cfg) {
+    if (cfg.optimizer != "demo" || cfg.demo_delay == 0) return "";
+    return cfg.demo_eager ? "applied a step late, own share at once" : "applied a step late";
+}
+
 nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,
                                   char** argv) {
     nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));

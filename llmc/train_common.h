@@ -39,6 +39,10 @@ void check_same_config_everywhere(Transport& transport, const std::string& confi
 // --dry_run: the resolved config and the traffic report (for the paper's 64 ranks when run on one).
 void print_dry_run_report(const TrainConfig& cfg, int world);
 
+// For the trainers' banner: "applied a step late" (--demo_delay 1), with ", own share at once" when eager;
+// empty for every other setting.
+std::string demo_delay_phrase(const TrainConfig& cfg);
+
 // The resolved config plus "_run": code version, trainer, world size, accumulation, tokens per step, argv.
 // Trainers add their own fields to record["_run"] before writing it to <out_dir>/config.json.
 nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,

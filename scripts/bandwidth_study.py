@@ -19,7 +19,8 @@ each lab invocation is in the tables too ("run wall s").
 
 Settings are names: adamw_fp32, adamw_bf16 (AdamW-DDP with fp32 / bf16 gradients on the wire: --grad_wire)
 and demo_k<TOPK>_<fp32|bf16|sign> (DeMo with --demo_topk TOPK --demo_values ...), with a `_delay` suffix for
---demo_delay 1 (the exchange overlapping the next step). `--settings all` is the
+--demo_delay 1 (the exchange overlapping the next step, eager updates) or `_stale` for --demo_delay 1
+--demo_eager false. `--settings all` is the
 eleven of topk 32, 8, 1 x fp32, bf16, sign plus both AdamW. Needs root (network namespaces); see
 docs/BANDWIDTH.md.
 """
@@ -58,18 +59,19 @@ def setting_flags(name, args):
         if m.group(1) == "bf16" or args.always_grad_wire:
             flags += ["--grad_wire", m.group(1)]
         return flags
-    m = re.fullmatch(r"demo_k(\d+)_(fp32|bf16|sign)(_delay)?", name)
+    m = re.fullmatch(r"demo_k(\d+)_(fp32|bf16|sign)(_delay|_stale)?", name)
     if m:
         flags = ["--optimizer", "demo", "--demo_topk", m.group(1), "--demo_values", m.group(2),
                  "--lr", f"{args.lr_demo:g}", "--weight_decay", f"{args.wd_demo:g}"]
-        return flags + (["--demo_delay", "1"] if m.group(3) else [])
-    raise UserError(f"unknown setting '{name}' (adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>[_delay])")
+        delay = {None: [], "_delay": ["--demo_delay", "1"], "_stale": ["--demo_delay", "1", "--demo_eager", "false"]}
+        return flags + delay[m.group(3)]
+    raise UserError(f"unknown setting '{name}' (adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>[_delay|_stale])")
 
 
 def label_of(name):
-    m = re.fullmatch(r"demo_k(\d+)_([a-z0-9]+)(_delay)?", name)
+    m = re.fullmatch(r"demo_k(\d+)_([a-z0-9]+)(_delay|_stale)?", name)
     if m:
-        return f"DeMo k={m.group(1)} {m.group(2)}" + (", delayed" if m.group(3) else "")
+        return f"DeMo k={m.group(1)} {m.group(2)}" + {None: "", "_delay": " delayed", "_stale": " delayed stale"}[m.group(3)]
     return "AdamW-DDP " + name.split("_", 1)[1]
 
 
@@ -427,7 +429,7 @@ def main(argv):
                 python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
                 cmp_cmd = [python, COMPARE, *dirs, "--out", os.path.join(rate_dir, "compare"),
                            "--table", os.path.join(rate_dir, "compare_table.md"), "--target-val-loss", f"{target:.6g}",
-                           "--labels", ",".join(s["label"] for s in runs if s.get("steps"))]
+                           "--labels", ",".join(s["label"].replace(",", " ") for s in runs if s.get("steps"))]
                 r = subprocess.run(cmp_cmd, cwd=REPO)
                 if r.returncode != 0:
                     print(f"warning: compare_runs.py exited {r.returncode}", file=sys.stderr)

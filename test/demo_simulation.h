@@ -20,6 +20,8 @@ inline bool bit_equal(std::span<const float> a, std::span<const float> b) {
 struct SimResult {
     std::vector<std::vector<float>> params_per_step;                  // [step] -> params
     std::vector<std::vector<std::vector<float>>> momentum_per_step;  // [step][rank] -> momentum
+    // --demo_delay 1 with eager updates: [step][rank] -> that rank's working weights after the step
+    std::vector<std::vector<std::vector<float>>> working_per_step;
     bool ranks_agree = true;
     // --demo_delay 1: the last step's buckets (back to back) and their offsets, gathered and not yet applied
     std::vector<std::byte> pending;
@@ -30,7 +32,9 @@ struct SimResult {
 // ranks must end with identical parameters, which are returned with every rank's momentum. With
 // cfg.demo.delay == 1 the ranks follow step()'s delayed order: step s first applies the buckets gathered at
 // step s-1 (with lrs[s-1]), then compresses (weight decay on the parameters as they are then) with lrs[s]; the
-// last round stays unapplied (SimResult::pending).
+// last round stays unapplied (SimResult::pending). With cfg.demo.eager as well, each rank's working weights
+// after step s are the shared ones minus lrs[s] * sign(decode(its own bucket of step s)): apply() on a world
+// of that one bucket (SimResult::working_per_step).
 inline SimResult simulate(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout, std::vector<float> params0,
                           const std::vector<std::vector<std::vector<float>>>& grads, const std::vector<float>& lrs) {
     const size_t world = grads.empty() ? 1 : grads[0].size();
@@ -38,7 +42,7 @@ inline SimResult simulate(const llmc::OptimizerConfig& cfg, const llmc::ParamLay
     std::vector<std::unique_ptr<demo::DemoOptimizer>> opts;
     std::vector<std::vector<float>> params(world, params0);
     for (size_t r = 0; r < world; r++) opts.push_back(std::make_unique<demo::DemoOptimizer>(cfg, layout, transport));
-    const bool delayed = cfg.demo.delay == 1;
+    const bool delayed = cfg.demo.delay == 1, eager = delayed && cfg.demo.eager;
     SimResult res;
     llmc::StepTimings tm;
     for (size_t s = 0; s < grads.size(); s++) {
@@ -53,6 +57,15 @@ inline SimResult simulate(const llmc::OptimizerConfig& cfg, const llmc::ParamLay
             opts[r]->compress(params[r], g, lrs[s], bucket, tm);
             all.insert(all.end(), bucket.begin(), bucket.end());
             offsets.push_back(all.size());
+        }
+        if (eager) {
+            std::vector<std::vector<float>> working(params);
+            for (size_t r = 0; r < world; r++) {
+                const std::span<const std::byte> own(all.data() + offsets[r], offsets[r + 1] - offsets[r]);
+                const size_t own_offsets[2] = {0, own.size()};
+                opts[r]->apply(own, own_offsets, working[r], lrs[s], tm);
+            }
+            res.working_per_step.push_back(std::move(working));
         }
         if (delayed) {
             res.pending.swap(all);

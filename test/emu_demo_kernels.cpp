@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "demo/demo_kernels.cuh"
@@ -95,16 +96,18 @@ struct ApplyOut {
     std::vector<llmc::floatX> params;
     uint32_t error[2];
 };
+// launch_world: the world the launch is configured for (make_kernel_config), >= world (0: world).
 template <int TUNE = 0>
 ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<std::byte>& buckets,
                        const std::vector<float>& master0, const cm::ApplyParams& ap, uint32_t seed, bool stochastic,
-                       emu::Order order) {
-    const demo::KernelConfig kc = demo::make_kernel_config(pt, world);
+                       emu::Order order, int launch_world = 0) {
+    const demo::KernelConfig kc = demo::make_kernel_config(pt, launch_world ? launch_world : world);
     const cm::LaunchTables lt = cm::launch_tables(pt);
     ApplyOut out{master0, std::vector<llmc::floatX>(master0.size()), {0u, UINT32_MAX}};
     if constexpr (demo::kTunings[TUNE].lean_io) {  // as demo::launch_apply
         if (!demo::lean_apply_fits(kc, out.master.data(), out.params.data()))
-            return emulate_apply<demo::without_lean_io(TUNE)>(pt, world, buckets, master0, ap, seed, stochastic, order);
+            return emulate_apply<demo::without_lean_io(TUNE)>(pt, world, buckets, master0, ap, seed, stochastic, order,
+                                                              launch_world);
     }
     const demo::ApplyArgs args{nullptr, 0, pt.bases.natural.data(), reinterpret_cast<const uint8_t*>(buckets.data()),
                                out.master.data(), out.params.data(), ap, seed, stochastic, out.error, kc.apply};
@@ -597,6 +600,59 @@ TEST(chunk96_1024_threads_match_host_reference) {
     check_case("[192,288]+[384], --demo_chunk 96 topk 32", ParamLayout::of_shapes({{192, 288}, {384}, {3, 5}}),
                cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), 70,
                emu::Order::Forward, 2);
+}
+
+// Eager delayed updates' own share (ApplyParams::keep_master, demo_cuda.cuh): one rank's bucket, no weight decay,
+// applied by a launch configured for 4 ranks (the trainer's kernels are set up for its world; the layouts for 4
+// ranks hold one rank's coefficients): the master weights are left as they were and the floatX copy gets the
+// host reference's update of a copy of them, rounded to nearest or stochastically. The exact apply (tuning 0)
+// and the trainer's lean I/O apply (kLeanApplyTuning), the 64 x 64 kernel and the general one (1 x 64, 64 x 1,
+// 1 x 1 and 3 x 5 chunks), a decaying config whose decay must not apply.
+TEST(keep_master_writes_only_the_floatx_copy) {
+    const auto cfg = cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled, 1.0f, 9);
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {64, 67}, {67}, {3, 5}});
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    const size_t n = layout.num_params;
+    std::vector<float> m = testing::random_normal(n, 900, 1e-3f);
+    const std::vector<float> g = testing::random_normal(n, 901, 1.0f);
+    std::vector<std::byte> bucket;
+    cm::compress_plan_host(pt, m.data(), g.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
+    cm::ApplyParams ap = cm::apply_params(cfg, 1e-3f, 1, pt.bucket_bytes);
+    EXPECT(ap.apply_wd && ap.wd_factor != 1.0f);
+    ap.apply_wd = false;
+    ap.keep_master = true;
+    const std::vector<float> p0 = testing::random_normal(n, 902, 0.02f);
+    std::vector<float> want = p0;
+    EXPECT_EQ(cm::apply_plan_host(pt, bucket.data(), want.data(), ap), 0u);
+    size_t moved = 0;
+    for (size_t i = 0; i < n; i++) moved += want[i] != p0[i];
+    EXPECT(moved > n / 2);
+    auto check = [&](auto tune, emu::Order order) {
+        constexpr int T = decltype(tune)::value;
+        for (const bool stochastic : {true, false}) {
+            const uint32_t seed = 0x5eed1234u;
+            const ApplyOut a = emulate_apply<T>(pt, 1, bucket, p0, ap, seed, stochastic, order, /*launch_world=*/4);
+            size_t master_diffs = 0, param_diffs = 0;
+            for (size_t i = 0; i < n; i++) {
+                master_diffs += km::float_to_bits(a.master[i]) != km::float_to_bits(p0[i]);
+                const uint32_t bits = llmc::kFloatXIsFloat ? km::float_to_bits(want[i])
+                                      : stochastic ? km::bf16_bits_stochastic(want[i], km::element_noise(i, seed))
+                                                   : km::bf16_bits_rne(want[i]);
+                param_diffs += llmc::storage_bits(a.params[i]) != bits;
+            }
+            std::printf("  keep_master, tuning %d [%s], %s rounding: %zu master weights changed, %zu params differ "
+                        "(%zu of %zu weights moved)\n", T, order_name(order), stochastic ? "stochastic" : "nearest",
+                        master_diffs, param_diffs, moved, n);
+            EXPECT_EQ(a.error[0], 0u);
+            EXPECT_EQ(master_diffs, size_t{0});
+            EXPECT_EQ(param_diffs, size_t{0});
+        }
+    };
+    static_assert(demo::is_exact_apply(0) && demo::is_exact_apply(demo::kLeanApplyTuning) &&
+                  demo::kTunings[demo::kLeanApplyTuning].lean_io && !demo::kTunings[0].lean_io);
+    EXPECT(demo::make_kernel_config(pt, 4).vec4_io);  // the lean I/O apply runs as such
+    check(std::integral_constant<int, 0>{}, emu::Order::Shuffled);
+    check(std::integral_constant<int, demo::kLeanApplyTuning>{}, emu::Order::WarpSerial);
 }
 
 // Corrupt buckets (test/demo_corrupt_buckets.h): each sets its error flag and names the rank.

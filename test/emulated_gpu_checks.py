@@ -23,8 +23,10 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - A run resumed from its own checkpoint continues with bit-identical losses (AdamW and DeMo); a checkpoint
   of the CPU trainer resumes on the emulated GPU trainer and continues at the CPU trainer's losses.
 - DeMo with --demo_delay 1 (each step's update applied at the next step, its all-gather overlapping that step's
-  compute), 2 ranks over NCCL and over MPI: the CPU trainer's delayed losses and bytes per step; its checkpoints
-  carry the pending round, so a bf16 run resumes bit for bit and a CPU checkpoint continues on the GPU trainer.
+  compute), 2 ranks over NCCL and over MPI: the CPU trainer's delayed losses and bytes per step, with eager
+  updates (the default: each rank's working weights take its own share at once) and, over NCCL, without
+  (--demo_eager false); its checkpoints carry the pending round, so a bf16 run resumes bit for bit and a CPU
+  checkpoint continues on the GPU trainer (both rewriting the working weights from the pending round).
 Failures are collected and reported together.
 """
 import json
@@ -205,7 +207,10 @@ def main():
     # trains as the CPU trainer's delayed DeMo, and counts round t's wire bytes at step t+1 as it does. The
     # checkpoints carry the pending round (this rank's bucket and lr, exchanged again at the first resumed step):
     # a bf16 run (stochastic rounding of the weights repeated on resume) resumed at step 2 continues bit for bit,
-    # and the CPU trainer's step-2 checkpoint continues on the GPU trainer at the CPU trainer's losses.
+    # and the CPU trainer's step-2 checkpoint continues on the GPU trainer at the CPU trainer's losses. These run
+    # with eager updates (the default: the working weights take this rank's own share of the round at once, and a
+    # resume rewrites them from the checkpoint's pending round); --demo_eager false (stale: nothing until the
+    # gathered round lands) is checked against the CPU trainer over NCCL, and differs from the eager run.
     delayed = steps + ["--optimizer", "demo", "--demo_delay", "1", "--checkpoint_every", "2", "--keep_checkpoints", "0"]
     cpu_delay = run(CPU, "cpu-demo-2-delay", delayed, ranks=2)
     for transport in ("nccl", "mpi"):
@@ -219,6 +224,17 @@ def main():
                   emu_delay[1]["loss"] != demo2[1]["loss"],
                   "fp32 demo --demo_delay 1: nothing received at step 1, and step 2's loss differs from the undelayed "
                   "run's (step 1's update not yet applied)")
+            eager_delay = emu_delay
+    stale = steps + ["--optimizer", "demo", "--demo_delay", "1", "--demo_eager", "false"]
+    cpu_stale = run(CPU, "cpu-demo-2-delay-stale", stale, ranks=2)
+    emu_stale = run(EMU["fp32"], "fp32-demo-2-delay-stale", stale, ranks=2)
+    compare("fp32 demo --demo_delay 1 --demo_eager false, 2 ranks (nccl transport), vs CPU trainer", emu_stale,
+            cpu_stale, "loss", 1e-4)
+    same("fp32 demo --demo_delay 1 --demo_eager false, 2 ranks: bytes per step equal the CPU trainer's", emu_stale,
+         cpu_stale, keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+    check(emu_stale is not None and eager_delay is not None and emu_stale[0]["loss"] == eager_delay[0]["loss"] and
+          all(a["loss"] != b["loss"] for a, b in zip(emu_stale[1:], eager_delay[1:])),
+          "fp32 demo --demo_delay 1: eager and stale (--demo_eager false) runs differ from step 2 on")
     full = run(EMU["bf16"], "bf16-demo-2-delay-full", delayed, ranks=2)
     step2 = os.path.join(TMP, "bf16-demo-2-delay-full", "checkpoints", "step_00000002")
     resumed = run(EMU["bf16"], "bf16-demo-2-delay-resumed", delayed + ["--resume", step2], ranks=2)

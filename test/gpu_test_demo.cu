@@ -6,8 +6,11 @@
 // CudaDemo and DemoOptimizer unchanged (with LLMC_DEMO_MOMENTUM=dct, whose momentum the GPU keeps in the DCT
 // domain: that DemoOptimizer reads it as cm::convert_momentum's spatial momentum, and CudaDemo reads the CPU's blob
 // back to within rounding of the CPU's momentum). The same with --demo_delay 1 (each step's update applied at the
-// next step): 10 delayed GPU steps against 10 delayed CPU steps, the NCCL path's split exchange against the host
-// path's, and the state blob with its pending round (this rank's bucket and lr) moving both ways.
+// next step), with eager updates (the default: each rank's working weights take its own share of the round at
+// once) and without (stale): 10 (stale: 5) delayed GPU steps against delayed CPU steps, eager differing from stale
+// and (one rank: the own share is the whole round) giving the undelayed run's losses, the NCCL path's split
+// exchange against the host path's, the state blob with its pending round (this rank's bucket and lr) moving
+// both ways, and set_weights rewriting the working weights from a blob's pending round as the run left them.
 // Tolerances: the fp32 build (-DENABLE_FP32) is tight (GPU and CPU gradients differ by summation order only;
 // measured on the CPU, 1e-6 relative gradient noise moves the 10-step losses by < 4e-5 and 1e-2 noise by
 // < 4e-3); the bf16 build is loose (bf16 activations: the step-0 loss alone differs by up to 2e-2).
@@ -19,7 +22,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "demo/demo_cuda.cuh"
@@ -40,18 +45,22 @@ using Batch = torch_reference::State;  // the reference batch (the rest of the s
 using torch_reference::rel_l2;
 
 constexpr int kSteps = 10;
+constexpr int kStaleSteps = 5;  // the stale delayed GPU run's (the CPU's has kSteps): the emulated device is slow
 constexpr float kLr = 1e-3f;
 
-OptimizerConfig demo_config(int delay = 0) {
+// eager: --demo_delay 1's eager updates (DemoConfig::eager; only meaningful with delay 1)
+OptimizerConfig demo_config(int delay = 0, bool eager = true) {
     OptimizerConfig oc;
     oc.weight_decay = 0.1f;
     oc.grad_clip = 1.0f;
     oc.demo.delay = delay;
+    oc.demo.eager = eager;
     return oc;  // DeMo defaults
 }
 
 struct GpuRun {
     std::vector<float> losses, norms, master, momentum;  // momentum: spatial (converted from the DCT domain)
+    std::vector<floatX> params;                          // the working weights after the run
     std::vector<std::byte> state;
     double transform = 0, exchange = 0, apply = 0;
     bool pending = false;  // a round compressed and not applied (--demo_delay 1)
@@ -60,10 +69,10 @@ struct GpuRun {
 // transport: LocalTransport (buckets through host memory, the non-NCCL path) or a one-rank NcclTransport
 // (buckets stay on the device: allgather_device).
 GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int steps,
-               Transport& transport, int delay = 0) {
+               Transport& transport, int delay = 0, bool eager = true) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
     GPT2Cuda model(mc, b.B, b.T, env);
-    demo::CudaDemo opt(demo_config(delay), layout, transport, env.stream, /*stochastic_rounding=*/false, 1337);
+    demo::CudaDemo opt(demo_config(delay, eager), layout, transport, env.stream, /*stochastic_rounding=*/false, 1337);
     CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
     opt.set_weights(model.grads(), model.params());
     GpuRun r;
@@ -80,7 +89,9 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     env.sync();
     r.master.resize(layout.num_params);
     r.momentum.resize(layout.num_params);
+    r.params.resize(layout.num_params);
     CUDA_CHECK(cudaMemcpy(r.master.data(), opt.master_weights(), r.master.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(r.params.data(), model.params(), r.params.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(r.momentum.data(), opt.momentum(), r.momentum.size() * sizeof(float), cudaMemcpyDeviceToHost));
     demo::cm::convert_momentum(opt.plan(), r.momentum, opt.momentum_domain(), demo::cm::MomentumDomain::spatial);
     ByteWriter w;
@@ -90,26 +101,29 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     return r;
 }
 
-// 10 steps of GPT2Cpu + DemoOptimizer.
+// 10 steps of GPT2Cpu + DemoOptimizer (the trainer's order: set_weights before the first step, the forward on
+// the working weights, the padded vocabulary rows zeroed in them and in the shared weights after each step).
 struct CpuRun {
-    std::vector<float> losses, norms, params, momentum;
+    std::vector<float> losses, norms, params, momentum;  // params: the shared weights (master_weights)
     std::vector<std::byte> state;
 };
-CpuRun run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay) {
+CpuRun run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay, bool eager = true) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
     GPT2Cpu cpu(mc);
     std::copy(weights.begin(), weights.end(), cpu.params().begin());
     LocalTransport transport;
-    demo::DemoOptimizer opt(demo_config(delay), layout, transport);
+    demo::DemoOptimizer opt(demo_config(delay, eager), layout, transport);
+    opt.set_weights(cpu.params());
     CpuRun r;
     for (int s = 0; s < kSteps; s++) {
         cpu.zero_grad();
         r.losses.push_back(cpu.forward(b.inputs.data(), b.targets.data(), b.B, b.T));
         cpu.backward(1.0f);
         r.norms.push_back(float(opt.step(cpu.params(), cpu.grads(), kLr).grad_norm));
-        cpu.zero_padded_vocab_rows();
+        cpu.zero_padded_vocab_rows(opt.master_weights(cpu.params()));
     }
-    r.params.assign(cpu.params().begin(), cpu.params().end());
+    const std::span<float> shared = opt.master_weights(cpu.params());
+    r.params.assign(shared.begin(), shared.end());
     r.momentum.assign(opt.momentum().begin(), opt.momentum().end());
     ByteWriter w;
     opt.save_state(w);
@@ -117,16 +131,20 @@ CpuRun run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const B
     return r;
 }
 
-// Per-step losses within `tol` of the CPU's (printed).
+// Per-step losses (the GPU run's steps) within `tol` of the CPU's (printed, with the largest difference).
 bool losses_match(const GpuRun& gpu, const std::vector<float>& cpu_losses, const std::vector<float>& cpu_norms,
                   double tol) {
+    if (gpu.losses.size() > cpu_losses.size()) return false;
     bool ok = true;
-    for (int s = 0; s < kSteps; s++) {
+    double worst = 0.0;
+    for (size_t s = 0; s < gpu.losses.size(); s++) {
         const double d = std::fabs(double(gpu.losses[s]) - cpu_losses[s]);
-        std::printf("  step %d: loss %.6f (CPU %.6f, diff %.2e)  grad norm %.5f (CPU %.5f)\n", s, gpu.losses[s],
+        std::printf("  step %zu: loss %.6f (CPU %.6f, diff %.2e)  grad norm %.5f (CPU %.5f)\n", s, gpu.losses[s],
                     cpu_losses[s], d, gpu.norms[s], cpu_norms[s]);
         ok &= d <= tol;
+        worst = std::max(worst, d);
     }
+    std::printf("  largest loss difference GPU vs CPU: %.3e\n", worst);
     return ok;
 }
 
@@ -209,29 +227,88 @@ int main(int argc, char** argv) {
             checks.expect(round_trip < 1e-6, "the CPU blob loads into CudaDemo and saves back to within 1e-6 (rel L2)");
         }
 
-        // --demo_delay 1 on both optimizers: the same training (the first step applies nothing, the last round
-        // stays pending), the NCCL split exchange (allgather_device_start / _finish) giving the host path's bits,
-        // and the state blob with its pending round moving between the optimizers unchanged.
+        // --demo_delay 1 on both optimizers, eager (the default) and stale (demo.eager false): the same training
+        // (the first step applies nothing, the last round stays pending), the NCCL split exchange
+        // (allgather_device_start / _finish) giving the host path's bits, and the state blob with its pending round
+        // moving between the optimizers unchanged.
         const CpuRun cpu_d = run_cpu(mc, weights, batch, 1);
-        const std::vector<float>& cpu_d_losses = cpu_d.losses;
+        const CpuRun cpu_s = run_cpu(mc, weights, batch, 1, /*eager=*/false);
         const std::vector<std::byte>& cpu_d_state = cpu_d.state;
-        std::printf("  --demo_delay 1:\n");
+        std::printf("  --demo_delay 1, eager updates:\n");
         const GpuRun delayed = run_gpu(env, mc, weights, batch, kSteps, host_path, 1);
-        checks.expect(losses_match(delayed, cpu_d_losses, cpu_d.norms, tol_loss),
-                      "--demo_delay 1: losses match the delayed CPU DemoOptimizer run (tol " + std::to_string(tol_loss) + ")");
-        const double drop_d_cpu = cpu_d_losses.front() - cpu_d_losses.back();
-        const double drop_d_gpu = delayed.losses.front() - delayed.losses.back();
-        std::printf("  --demo_delay 1: loss drop over %d steps: GPU %.5f, CPU %.5f\n", kSteps, drop_d_gpu, drop_d_cpu);
-        checks.expect(cpu_d_losses[1] != cpu_losses[1] && drop_d_cpu > 0.1,
-                      "--demo_delay 1: the CPU run differs from the undelayed one at step 1 and its loss decreases (sanity)");
-        checks.expect(std::fabs(drop_d_gpu - drop_d_cpu) <= tol_drop * drop_d_cpu, "--demo_delay 1: loss drop matches");
-        checks.expect(delayed.pending, "--demo_delay 1: the last round is pending after the run");
+        checks.expect(losses_match(delayed, cpu_d.losses, cpu_d.norms, tol_loss),
+                      "--demo_delay 1, eager: losses match the CPU run (tol " + std::to_string(tol_loss) + ")");
+        std::printf("  --demo_delay 1, stale (demo.eager false), %d steps:\n", kStaleSteps);
+        const GpuRun stale = run_gpu(env, mc, weights, batch, kStaleSteps, host_path, 1, /*eager=*/false);
+        checks.expect(losses_match(stale, cpu_s.losses, cpu_s.norms, tol_loss),
+                      "--demo_delay 1, stale: losses match the CPU run (tol " + std::to_string(tol_loss) + ")");
+        for (const auto& [what, gpu_run, cpu_run] : {std::tuple{"eager", &delayed, &cpu_d}, std::tuple{"stale", &stale, &cpu_s}}) {
+            const size_t last = gpu_run->losses.size() - 1;
+            const double drop_c = cpu_run->losses.front() - cpu_run->losses[last];
+            const double drop_g = gpu_run->losses.front() - gpu_run->losses[last];
+            std::printf("  --demo_delay 1, %s: loss drop over %zu steps: GPU %.5f, CPU %.5f\n", what, last + 1, drop_g, drop_c);
+            checks.expect(drop_c > 0.1, std::string("--demo_delay 1, ") + what + ": the CPU run's loss decreases (sanity)");
+            checks.expect(std::fabs(drop_g - drop_c) <= tol_drop * drop_c,
+                          std::string("--demo_delay 1, ") + what + ": loss drop matches");
+            checks.expect(gpu_run->pending, std::string("--demo_delay 1, ") + what + ": the last round is pending after the run");
+        }
+        checks.expect(cpu_s.losses[1] != cpu_losses[1],
+                      "--demo_delay 1, stale: the CPU run differs from the undelayed one at step 1");
+        bool eager_differs = true;
+        for (int s = 1; s < kSteps; s++)
+            eager_differs &= cpu_d.losses[s] != cpu_s.losses[s] && (s >= kStaleSteps || delayed.losses[s] != stale.losses[s]);
+        checks.expect(cpu_d.losses[0] == cpu_s.losses[0] && eager_differs,
+                      "--demo_delay 1: eager and stale losses differ at every step from step 1 on (CPU and GPU)");
+        // one rank: the own share is the whole round, so the working weights are the undelayed run's
+        checks.expect(cpu_d.losses == cpu_losses && delayed.losses == gpu.losses,
+                      "--demo_delay 1, eager, one rank: the undelayed run's losses, bit for bit (CPU and GPU)");
         const GpuRun d_host = run_gpu(env, mc, weights, batch, 3, host_path, 1);
         const GpuRun d_nccl = run_gpu(env, mc, weights, batch, 3, nccl, 1);
         checks.expect(std::memcmp(d_host.losses.data(), delayed.losses.data(), 3 * sizeof(float)) == 0 &&
                           std::memcmp(d_nccl.losses.data(), d_host.losses.data(), 3 * sizeof(float)) == 0 &&
-                          d_nccl.state == d_host.state,
+                          d_nccl.state == d_host.state && d_nccl.params == d_host.params,
                       "--demo_delay 1: NCCL split exchange (allgather_device_start / _finish) gives the host path's run");
+
+        // set_weights with a pending round (a resume): the blob and the shared weights give back the working
+        // weights the run left, on the GPU bit for bit and (fp32) the CPU optimizer's
+        {
+            GPT2Cuda model(mc, batch.B, batch.T, env);
+            demo::CudaDemo gpu_r(demo_config(1), layout, cpu_transport, env.stream, false, 1337);
+            ByteReader rr(delayed.state, "gpu state (delayed, eager)");
+            gpu_r.load_state(rr);
+            gpu_r.set_steps_done(kSteps);
+            CUDA_CHECK(cudaMemcpy(model.grads(), delayed.master.data(), delayed.master.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice));
+            gpu_r.set_weights(model.grads(), model.params());
+            model.zero_padded_vocab_rows(gpu_r.master_weights());
+            env.sync();
+            std::vector<floatX> back(layout.num_params);
+            CUDA_CHECK(cudaMemcpy(back.data(), model.params(), back.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+            size_t differ = 0;
+            for (size_t i = 0; i < back.size(); i++) differ += storage_bits(back[i]) != storage_bits(delayed.params[i]);
+            checks.expect(differ == 0, "--demo_delay 1, eager: set_weights with the blob's pending round gives the "
+                                       "run's working weights (" + std::to_string(differ) + " differ)");
+
+            demo::DemoOptimizer cpu_r(demo_config(1), layout, cpu_transport);
+            ByteReader rc(delayed.state, "gpu state (delayed, eager), CPU");
+            cpu_r.load_state(rc);
+            std::vector<float> working = delayed.master;
+            cpu_r.set_weights(working);
+            GPT2Cpu cpu_model(mc);
+            std::copy(working.begin(), working.end(), cpu_model.params().begin());
+            cpu_model.zero_padded_vocab_rows();
+            size_t cpu_differ = 0, changed = 0;
+            for (size_t i = 0; i < back.size(); i++) {
+                cpu_differ += storage_bits(host_to_floatX(cpu_model.params()[i])) != storage_bits(back[i]);
+                changed += cpu_model.params()[i] != delayed.master[i];
+            }
+            std::printf("  --demo_delay 1, eager: the pending round's own share changes %zu of %zu weights; GPU vs CPU "
+                        "working weights: %zu differ\n", changed, back.size(), cpu_differ);
+            // cm::ApplyAgreement's allowance: the CPU decode sums in another order, so a decoded value within
+            // rounding of 0 may take the other sign
+            checks.expect(changed > 0 && cpu_differ <= back.size() / 1000 + 2,
+                          "--demo_delay 1, eager: the CPU optimizer's set_weights gives the same working weights");
+        }
 
         // the pending round is the blob's tail: flag, lr, this rank's bucket
         const size_t tail = 1 + sizeof(float) + demo::cm::plan_tables(demo_config(1), layout).bucket_bytes;

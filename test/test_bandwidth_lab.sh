@@ -6,9 +6,11 @@
 #  (b) the real trainer (2 hosts at 20mbit, tiny model, a few steps of AdamW-DDP and then DeMo, on a small
 #      synthetic token shard) completes, a 20mbit link really limits it, and the bytes measured on host 0's
 #      interface agree with rank 0's counters in metrics.jsonl (see the tolerance below);
+#  (d) scripts/bandwidth_study.py runs two delayed DeMo settings end to end and writes its summary and the
+#      compare_runs.py report;
 #  (c) exits 77 with a first line "SKIP: ..." without root or network namespaces, and checks that the lab
 #      itself says "needs root and network namespaces" and exits 77 when not run as root.
-# Skips part (b) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 30 s.
+# Skips parts (b) and (d) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 35 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 lab=scripts/bandwidth_lab.sh
@@ -193,6 +195,19 @@ sys.exit(0 if ok else 1)
 EOF
   [[ $? -eq 0 ]] || failures=$((failures + 1))
 done
+
+# ---- (d) scripts/bandwidth_study.py end to end: two delayed DeMo settings (eager and stale) at one rate, its
+# tables and the compare_runs.py report they hand over (names with a suffix once broke its --labels) ----
+study_out=$(timeout -k 5 180 /usr/bin/python3 scripts/bandwidth_study.py --hosts 2 --rates 100mbit --steps 4 \
+  --val-every 2 --val-batches 1 --batch-size 2 --seq-len 32 --settings demo_k8_fp32_delay demo_k8_fp32_stale \
+  --train-data "$work/synth_train_*.bin" --val-data "$work/synth_val_*.bin" --out "$work/study" 2>&1)
+rc=$?
+if [[ $rc -eq 0 ]] && ! grep -q "warning:" <<<"$study_out" && grep -q "delayed stale" "$work/study/summary.md" &&
+   [[ -s "$work/study/100mbit/compare_table.md" ]]; then
+  pass "(d) bandwidth_study.py: 2 settings at 100mbit, summary and compare_runs report written"
+else
+  fail "(d) bandwidth_study.py (exit $rc):"; tail -n 15 <<<"$study_out"
+fi
 
 echo
 if [[ $failures -eq 0 ]]; then echo "all bandwidth lab checks passed"; exit 0; fi

@@ -131,6 +131,10 @@ TEST(optimizer_config_maps_choices) {
                   "--demo_delay", "1"}, cfg));
     const OptimizerConfig o = cfg.optimizer_config();
     EXPECT_EQ(o.demo.delay, 1);
+    EXPECT(o.demo.eager);  // the default
+    TrainConfig stale;
+    EXPECT(parse({"--demo_delay", "1", "--demo_eager", "false"}, stale));
+    EXPECT(!stale.optimizer_config().demo.eager);
     TrainConfig other;
     EXPECT_ERROR(parse({"--demo_delay", "2"}, other), "--demo_delay must be 0 or 1, got 2");
     EXPECT(o.demo.values == DemoValueEncoding::sign);

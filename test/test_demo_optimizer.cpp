@@ -248,6 +248,7 @@ TEST(delayed_step_equals_delayed_simulation_and_resumes) {
     cfg.grad_clip = 1.0f;
     cfg.weight_decay = 0.1f;
     cfg.demo.delay = 1;
+    cfg.demo.eager = false;
     const size_t steps = 5, save_after = 3;
     const std::vector<float> p0 = testing::random_normal(layout.num_params, 10, 0.02);
     std::vector<std::vector<std::vector<float>>> grads;
@@ -304,6 +305,78 @@ TEST(delayed_step_equals_delayed_simulation_and_resumes) {
             other.load_state(r);
         },
         "--demo_delay 1");
+}
+
+TEST(eager_step_equals_simulation_and_resumes) {
+    // --demo_delay 1 with eager updates through the real step() on a world of one: the shared weights
+    // (master_weights) follow the plain delayed order's bits, and the working weights that step() leaves in
+    // params are the shared ones minus lr * sign of this rank's own round, as simulate builds them by hand. A
+    // checkpoint (state + shared weights) taken with a round pending gives the same working weights back
+    // through set_weights and continues bit for bit; without set_weights the step refuses.
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
+    llmc::OptimizerConfig cfg = default_config();
+    cfg.grad_clip = 1.0f;
+    cfg.weight_decay = 0.1f;
+    cfg.demo.delay = 1;
+    cfg.demo.eager = true;
+    const size_t steps = 5, save_after = 3;
+    const std::vector<float> p0 = testing::random_normal(layout.num_params, 11, 0.02);
+    std::vector<std::vector<std::vector<float>>> grads;
+    std::vector<float> lrs;
+    for (size_t s = 0; s < steps; s++) {
+        grads.push_back({testing::random_normal(layout.num_params, 800 + s, 1.0)});
+        lrs.push_back(static_cast<float>(1e-3 * (1 + s % 3)));
+    }
+    const SimResult sim = simulate(cfg, layout, p0, grads, lrs);
+    llmc::OptimizerConfig stale_cfg = cfg;
+    stale_cfg.demo.eager = false;
+    const SimResult stale = simulate(stale_cfg, layout, p0, grads, lrs);
+    EXPECT(sim.working_per_step.size() == steps && stale.working_per_step.empty());
+
+    llmc::LocalTransport transport;
+    demo::DemoOptimizer straight(cfg, layout, transport);
+    std::vector<float> p = p0, shared_saved;
+    straight.set_weights(p);
+    EXPECT(bit_equal(p, p0));  // nothing pending: the working weights are the shared ones
+    llmc::ByteWriter saved;
+    size_t working_differs = 0;
+    for (size_t s = 0; s < steps; s++) {
+        std::vector<float> g = grads[s][0];
+        straight.step(p, g, lrs[s]);
+        const std::span<float> shared = straight.master_weights(p);
+        EXPECT(shared.data() != p.data());
+        EXPECT(bit_equal(shared, stale.params_per_step[s]));  // gradients given: the stale order's shared weights
+        EXPECT(bit_equal(shared, sim.params_per_step[s]));
+        EXPECT(bit_equal(p, sim.working_per_step[s][0]));
+        EXPECT(bit_equal(straight.momentum(), sim.momentum_per_step[s][0]));
+        for (size_t i = 0; i < p.size(); i++) working_differs += p[i] != shared[i];
+        if (s + 1 == save_after) {
+            straight.save_state(saved);
+            shared_saved.assign(shared.begin(), shared.end());
+        }
+    }
+    EXPECT(working_differs > p.size());  // the own share moved (nearly) every weight at every step
+
+    // Resume: the checkpoint's shared weights in params, then set_weights brings the pending round's own share.
+    llmc::LocalTransport transport2;
+    demo::DemoOptimizer resumed(cfg, layout, transport2);
+    llmc::ByteReader in(saved.bytes(), "state.bin");
+    resumed.load_state(in);
+    std::vector<float> q = shared_saved;
+    {
+        std::vector<float> g = grads[save_after][0];
+        std::vector<float> q_unset = q;
+        EXPECT_ERROR(resumed.step(q_unset, g, lrs[save_after]), "set_weights");
+    }
+    resumed.set_weights(q);
+    EXPECT(bit_equal(q, sim.working_per_step[save_after - 1][0]));
+    for (size_t s = save_after; s < steps; s++) {
+        std::vector<float> g = grads[s][0];
+        resumed.step(q, g, lrs[s]);
+    }
+    EXPECT(bit_equal(q, p));
+    EXPECT(bit_equal(resumed.master_weights(q), straight.master_weights(p)));
+    EXPECT(bit_equal(resumed.momentum(), std::vector<float>(straight.momentum().begin(), straight.momentum().end())));
 }
 
 TEST(apply_rejects_foreign_buckets) {
@@ -404,13 +477,15 @@ std::vector<RefCase> reference_cases() {
         c.grad_clip = 1.0f;
     });
     // --demo_delay 1: each step applies the previous step's round (with its lr) before its own weight decay
-    // and compress. Weight decay is on in all three, so decaying before instead of after the apply shows.
-    add("r1_delay_fp32_wd_all", 1, [](llmc::OptimizerConfig& c) {
+    // and compress. Weight decay is on in all of them, so decaying before instead of after the apply shows.
+    // Two are stale (--demo_eager false); the eager two also check every rank's working weights.
+    add("r1_delay_stale_fp32_wd_all", 1, [](llmc::OptimizerConfig& c) {
         c.demo.topk = 4;
         c.demo.delay = 1;
+        c.demo.eager = false;
         c.weight_decay = 0.1f;
     });
-    add("r2_delay_bf16_ema_clip_wd_2d", 2, [](llmc::OptimizerConfig& c) {
+    add("r2_delay_eager_bf16_ema_clip_wd_2d", 2, [](llmc::OptimizerConfig& c) {
         c.demo.topk = 8;
         c.demo.delay = 1;
         c.demo.values = DemoValueEncoding::bf16;
@@ -420,15 +495,16 @@ std::vector<RefCase> reference_cases() {
         c.decay_groups = llmc::DecayGroups::matrices;
         c.grad_clip = 1.0f;
     });
-    add("r4_delay_sign_wd_all", 4, [](llmc::OptimizerConfig& c) {
+    add("r4_delay_eager_sign_wd_all", 4, [](llmc::OptimizerConfig& c) {
         c.demo.topk = 2;
         c.demo.delay = 1;
         c.demo.values = DemoValueEncoding::sign;
         c.weight_decay = 0.05f;
     });
-    add("r4_delay_fp32_k16_packed12", 4, [](llmc::OptimizerConfig& c) {
+    add("r4_delay_stale_fp32_k16_packed12", 4, [](llmc::OptimizerConfig& c) {
         c.demo.topk = 16;
         c.demo.delay = 1;
+        c.demo.eager = false;
         c.demo.indices = DemoIndexEncoding::packed12;
         c.weight_decay = 0.1f;
         c.grad_clip = 1.0f;
@@ -467,6 +543,7 @@ CaseData case_data(const RefCase& c, size_t case_index) {
 }
 
 const char* name_of(DemoValueEncoding v) { return demo::value_encoding_name(v); }
+bool is_eager(const llmc::OptimizerConfig& c) { return c.demo.delay == 1 && c.demo.eager; }
 
 void write_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     std::string json = "{\"ranks\": " + std::to_string(c.ranks) + ", \"steps\": " + std::to_string(c.steps) +
@@ -496,7 +573,8 @@ void write_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     json += ", \"momentum\": \"" + std::string(c.cfg.demo.momentum == DemoMomentum::ema ? "ema" : "lr_scaled");
     json += "\", \"alpha\": " + num(c.cfg.demo.feedback_alpha);
     json += ", \"values\": \"" + std::string(name_of(c.cfg.demo.values)) + "\"";
-    json += ", \"delay\": " + std::to_string(c.cfg.demo.delay) + "}\n";
+    json += ", \"delay\": " + std::to_string(c.cfg.demo.delay);
+    json += ", \"eager\": " + std::to_string(is_eager(c.cfg) ? 1 : 0) + "}\n";
     llmc::write_file_atomic(dir + "/" + c.name + ".json",
                             std::as_bytes(std::span<const char>(json.data(), json.size())));
     std::vector<float> bin = d.params0;
@@ -509,7 +587,8 @@ void write_case(const std::string& dir, const RefCase& c, const CaseData& d) {
 bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     const std::vector<std::byte> raw = llmc::read_whole_file(dir + "/" + c.name + ".out");
     const size_t n = d.layout.num_params;
-    const size_t per_step = n * (2 + c.ranks);
+    const bool eager = is_eager(c.cfg);  // the reference adds every rank's working weights and own pre-sign
+    const size_t per_step = n * (2 + c.ranks + (eager ? 2 * c.ranks : 0));
     if (raw.size() != c.steps * per_step * sizeof(float)) {
         std::printf("  %s: reference output has %zu bytes, expected %zu\n", c.name.c_str(), raw.size(),
                     c.steps * per_step * sizeof(float));
@@ -537,12 +616,14 @@ bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     // e.g. N = 7, 3, 5, 50), which each side rounds to a different +-1e-17, so even the reference's sign
     // there is noise. With delay 1 the pre-sign of step s is step s-1's round, applied with lr[s-1] (the
     // allowance), and step 0 applies nothing: its pre-sign is all zeros, no element is excused, and the
-    // parameters (weight decay alone) must match exactly.
+    // parameters (weight decay alone) must match exactly. Eager working weights are the shared ones minus
+    // lr[s] * sign(own pre-sign): they may differ by the shared weights' allowance, plus 2 lr[s] where the
+    // rank's own pre-sign is below the same threshold of its tensor's largest.
     constexpr double kPresignRelThreshold = 1e-4;
     const size_t ntensors = d.layout.tensors.size();
     std::vector<double> allowance(n, 0.0), momentum_scale(ntensors, 0.0);
     double worst_momentum = 0.0;
-    size_t excused = 0, param_failures = 0;
+    size_t excused = 0, param_failures = 0, working_excused = 0, working_failures = 0, working_differ = 0;
     for (size_t s = 0; s < c.steps; s++) {
         const float* ref_params = ref.data() + s * per_step;
         const float* ref_presign = ref_params + n;
@@ -585,12 +666,42 @@ bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
                                 c.name.c_str(), s, r, t.name.c_str(), max_diff, rel);
                 }
             }
+            for (size_t r = 0; eager && r < c.ranks; r++) {
+                const float* ref_w = ref_params + (2 + c.ranks + r) * n;
+                const float* ref_own = ref_params + (2 + 2 * c.ranks + r) * n;
+                double max_own = 0.0;
+                for (size_t i = t.offset; i < t.offset + t.numel; i++)
+                    max_own = std::max(max_own, std::fabs(double(ref_own[i])));
+                for (size_t i = t.offset; i < t.offset + t.numel; i++) {
+                    const float mine = sim.working_per_step[s][r][i];
+                    working_differ += mine != ref_params[i];  // the own share moved it off the shared weight
+                    if (mine == ref_w[i]) continue;
+                    double allow = allowance[i];
+                    if (std::fabs(double(ref_own[i])) < kPresignRelThreshold * max_own) {
+                        allow += 2.0 * d.lrs[s];
+                        working_excused++;
+                    }
+                    if (allow > 0.0 && std::fabs(double(mine) - ref_w[i]) <= allow * 1.001) continue;
+                    if (working_failures++ < 5)
+                        std::printf("  %s step %zu rank %zu: working weight %zu (%s) %.9g vs reference %.9g (own "
+                                    "pre-sign %.3g)\n",
+                                    c.name.c_str(), s, r, i, t.name.c_str(), mine, ref_w[i], ref_own[i]);
+                }
+            }
         }
     }
     size_t differ_at_end = 0;
     const float* last_ref = ref.data() + (c.steps - 1) * per_step;
     for (size_t i = 0; i < n; i++) differ_at_end += sim.params_per_step.back()[i] != last_ref[i];
-    ok = ok && param_failures == 0;
+    ok = ok && param_failures == 0 && working_failures == 0;
+    if (eager) {
+        // the working weights must be more than the shared ones: most of them moved by the own share
+        const bool moved = working_differ > c.steps * c.ranks * n / 2;
+        ok = ok && moved;
+        std::printf("  %-32s working weights: %zu of %zu element-steps off the shared weights, %zu excused, "
+                    "%zu failures\n",
+                    c.name.c_str(), working_differ, c.steps * c.ranks * n, working_excused, working_failures);
+    }
     std::printf("  %-32s W=%zu, %zu steps: momentum max|diff|/scale %.2e (tol %.0e); params: %zu excused "
                 "element-steps, %zu of %zu params differ at the end (all excused), %zu failures\n",
                 c.name.c_str(), c.ranks, c.steps, worst_momentum, kMomentumRelTol, excused, differ_at_end, n,

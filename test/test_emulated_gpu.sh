@@ -5,12 +5,12 @@
 #  - the GPU tests: the CUDA GPT-2 against the independent PyTorch reference (logits, loss, every gradient, 10
 #    AdamW steps; bf16 with both attentions, both flash dQ summations and the DGELU epilogue, and fp32) and CudaDemo against the CPU DeMo
 #    optimizer (10 steps, fp32; also with LLMC_DEMO_MOMENTUM=dct, the state blob converted both ways; and both with
-#    --demo_delay 1, the state blob's pending round moved both ways);
+#    --demo_delay 1, eager and stale, the state blob's pending round moved both ways);
 #  - dev/cuda/nccl_transport.cu (the NCCL transport's collectives, bf16 wire, overlapped all-reduce and split
 #    all-gather) at 1-3 ranks;
 #  - test/emulated_gpu_checks.py: the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over
 #    the NCCL and the MPI transport, both attentions, every GELU fusion level and the epilogue fallback,
-#    resume, a CPU checkpoint continued on the GPU trainer; DeMo's --demo_delay 1 likewise).
+#    resume, a CPU checkpoint continued on the GPU trainer; DeMo's --demo_delay 1, eager and stale, likewise).
 # Skips when the emulated programs are not built (no CUDA headers) or /usr/bin/python3 has no torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -69,7 +69,9 @@ public:
 // One DeMo run of `steps` steps through the real step() on the MPI world, checked bit for bit against every
 // rank simulated here (test/demo_simulation.h). With cfg.demo.delay == 1 the simulation follows the delayed
 // order (step s applies round s-1 with its lr, then compresses), and after the last step the test finishes the
-// round still in flight itself and applies it to both sides, so the last round's content is checked too. Returns the byte
+// round still in flight itself and applies it to both sides, so the last round's content is checked too. With
+// eager updates too, step() leaves this rank's working weights in params: they must be the simulation's, and
+// the shared weights (master_weights) the ones compared after that final apply. Returns the byte
 // counters summed over the steps (`over_steps`) and with that final finish (`total`).
 struct RunCounters {
     CommCounters over_steps, total;
@@ -87,10 +89,11 @@ RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
     const ParamLayout layout = awkward_layout();
     const int steps = 5;
     const float lrs[steps] = {0.01f, 0.02f, 0.005f, 0.01f, 0.03f};  // varied: each round must use its own lr
-    const bool delayed = cfg.demo.delay == 1;
+    const bool delayed = cfg.demo.delay == 1, eager = delayed && cfg.demo.eager;
 
     demo::DemoOptimizer real(cfg, layout, world);
     std::vector<float> params = initial_params(layout.num_params);
+    real.set_weights(params);
     const uint64_t bucket = real.bucket_bytes();
     RunCounters counted;
     for (int s = 0; s < steps; s++) {
@@ -112,6 +115,9 @@ RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
         }
     }
     counted.total = counted.over_steps;
+    const std::vector<float> working = params;
+    const std::span<float> shared = real.master_weights(params);
+    EXPECT(eager == (shared.data() != params.data()));
     std::vector<std::byte> last_round;
     std::vector<size_t> last_offsets;
     if (delayed) {
@@ -121,7 +127,7 @@ RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
         EXPECT_EQ(world.counters().bytes_recv, bucket * (W - 1));
         add_bytes(counted.total, world.counters());
         StepTimings t;
-        real.apply(last_round, last_offsets, params, lrs[steps - 1], t);
+        real.apply(last_round, last_offsets, shared, lrs[steps - 1], t);
     }
 
     std::vector<std::vector<std::vector<float>>> grads(steps);  // [step][rank]
@@ -140,17 +146,18 @@ RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
     const std::vector<float>& sim_momentum = sim.momentum_per_step.back()[me];
     size_t param_mismatch = 0, momentum_mismatch = 0;
     for (size_t i = 0; i < params.size(); i++) {
-        param_mismatch += params[i] != sim_params[i];
+        param_mismatch += shared[i] != sim_params[i];
         momentum_mismatch += real.momentum()[i] != sim_momentum[i];
     }
+    if (eager) EXPECT(demo_simulation::bit_equal(working, sim.working_per_step.back()[size_t(me)]));
     if (param_mismatch || momentum_mismatch)
         std::fprintf(stderr, "  %s rank %d: %zu params and %zu momentum entries differ from the simulation\n", label,
                      me, param_mismatch, momentum_mismatch);
     EXPECT_EQ(param_mismatch, size_t{0});
     EXPECT_EQ(momentum_mismatch, size_t{0});
-    // All ranks hold the same parameters after every step.
+    // All ranks hold the same (shared) parameters after every step.
     std::vector<double> sum = {0.0};
-    for (float p : params) sum[0] += p;
+    for (float p : shared) sum[0] += p;
     std::vector<double> max = sum;
     world.allreduce_max(max);
     EXPECT_EQ(max[0], sum[0]);
@@ -196,14 +203,17 @@ TEST(demo_mpi_delayed_equals_simulation) {
         cfg.demo.delay = 0;
         const RunCounters plain = run_demo_case(cfg, "undelayed");
         cfg.demo.delay = 1;
-        const RunCounters delayed = run_demo_case(cfg, "delayed");
-        const uint64_t round_wire = plain.total.bytes_recv / 5;  // equal bucket sizes: the same every round
-        EXPECT_EQ(delayed.over_steps.payload_bytes, plain.total.payload_bytes);
-        EXPECT_EQ(delayed.over_steps.bytes_recv, plain.total.bytes_recv - round_wire);
-        EXPECT_EQ(delayed.over_steps.bytes_sent, plain.total.bytes_sent - round_wire);
-        EXPECT_EQ(delayed.total.payload_bytes, plain.total.payload_bytes);
-        EXPECT_EQ(delayed.total.bytes_recv, plain.total.bytes_recv);
-        EXPECT_EQ(delayed.total.bytes_sent, plain.total.bytes_sent);
+        for (const bool eager : {false, true}) {  // the eager share is local: the same traffic
+            cfg.demo.eager = eager;
+            const RunCounters delayed = run_demo_case(cfg, eager ? "delayed, eager" : "delayed, stale");
+            const uint64_t round_wire = plain.total.bytes_recv / 5;  // equal bucket sizes: the same every round
+            EXPECT_EQ(delayed.over_steps.payload_bytes, plain.total.payload_bytes);
+            EXPECT_EQ(delayed.over_steps.bytes_recv, plain.total.bytes_recv - round_wire);
+            EXPECT_EQ(delayed.over_steps.bytes_sent, plain.total.bytes_sent - round_wire);
+            EXPECT_EQ(delayed.total.payload_bytes, plain.total.payload_bytes);
+            EXPECT_EQ(delayed.total.bytes_recv, plain.total.bytes_recv);
+            EXPECT_EQ(delayed.total.bytes_sent, plain.total.bytes_sent);
+        }
     }
     cfg.demo.momentum = DemoMomentum::ema;
     cfg.demo.feedback_alpha = 0.2f;

@@ -183,16 +183,35 @@ def rank_hangs_mid_run():
 
 
 def delay_checks():
-    """--demo_delay 1 with 2 ranks: deterministic and resumable (its checkpoints hold a round not yet applied),
-    a real change of the trajectory from step 3 on (the first update lands a step later), the same traffic
-    per round, and a resume with the other setting refused."""
+    """--demo_delay 1 with 2 ranks, eager (the default) and stale (--demo_eager false): deterministic and
+    resumable (checkpoints hold a round not yet applied, and the shared weights), a real change of the
+    trajectory from step 2 on, the same traffic per round, and a resume with --demo_delay 0 refused. With one
+    rank and no weight decay, eager delayed DeMo must train exactly as undelayed DeMo (its own share is the whole
+    update), and its checkpoint of step k+1 must hold the undelayed run's weights of step k."""
     delayed = resume_case("demo", 2, ["--demo_delay", "1"], "-delay")
+    stale = resume_case("demo", 2, ["--demo_delay", "1", "--demo_eager", "false"], "-delay-stale")
     plain = os.path.join(TMP, "demo-np2-a")
-    ld, lp = losses(delayed), losses(plain)
-    # step 1's forward runs before any update, so both losses agree; step 2 differs (the plain run applied
-    # step 1's update, the delayed one only its weight decay), and so on
-    check(ld[1] == lp[1] and ld[2] != lp[2] and ld[6] != lp[6],
-          f"--demo_delay 1 changes the trajectory after step 1 ({[ld[k] for k in (1, 2, 6)]} vs {[lp[k] for k in (1, 2, 6)]})")
+    ld, ls, lp = losses(delayed), losses(stale), losses(plain)
+    # step 1's forward runs before any update, so all agree; at step 2 the plain run has applied step 1's
+    # update, the stale one only its weight decay, the eager one its own share: three different losses
+    check(ld[1] == lp[1] == ls[1] and len({ld[2], ls[2], lp[2]}) == 3 and len({ld[6], ls[6], lp[6]}) == 3,
+          f"--demo_delay 1 changes the trajectory after step 1, eager and stale differently "
+          f"({[ld[k] for k in (1, 2, 6)]}, {[ls[k] for k in (1, 2, 6)]} vs {[lp[k] for k in (1, 2, 6)]})")
+
+    one = BASE + ["--optimizer", "demo", "--steps", "4", "--weight_decay", "0", "--checkpoint_every", "1",
+                  "--keep_checkpoints", "0"]
+    run(one + ["--demo_delay", "1", "--out_dir", fresh("eager-np1")], None)
+    run(one + ["--demo_delay", "0", "--out_dir", fresh("undelayed-np1")], None)
+    le, lu = losses(os.path.join(TMP, "eager-np1")), losses(os.path.join(TMP, "undelayed-np1"))
+    check(le == lu, f"one rank, no weight decay: eager delayed DeMo's losses equal undelayed DeMo's bit for bit "
+                    f"({[le.get(k) for k in (1, 2, 4)]} vs {[lu.get(k) for k in (1, 2, 4)]})")
+
+    def model(run_dir, step):
+        return open(os.path.join(TMP, run_dir, "checkpoints", f"step_{step:08d}", "model.bin"), "rb").read()
+    check(all(model("eager-np1", k + 1) == model("undelayed-np1", k) for k in (1, 2, 3)) and
+          model("eager-np1", 2) != model("eager-np1", 1),
+          "one rank, no weight decay: the eager run's checkpoint of step k+1 holds the undelayed run's weights "
+          "of step k (the shared weights, not the working ones)")
 
     def traffic(out_dir):
         rows = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]

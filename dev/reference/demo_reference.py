@@ -14,15 +14,20 @@ then runs every rank's weight decay (on the parameters as they are after that), 
 feedback with lr[s], and keeps the gathered lists as the pending round. The first step applies nothing; the
 last step's round is never applied.
 
+Eager delayed update ("eager": 1 with "delay": 1, --demo_eager): the shared parameters above are unchanged, and
+each rank's working parameters (what its next forward sees) are the shared ones after the step minus
+lr[s] * sign(decode(that rank's own top-k of step s)), the rank's own share applied alone, without weight decay.
+
 Usage: demo_reference.py CASE [CASE ...]   (reads CASE.json and CASE.bin, writes CASE.out)
   CASE.json: {"ranks", "steps", "shapes", "lr": [per step], "weight_decay", "decay_groups": "all"|"matrices",
               "grad_clip" (<= 0: off), "decay", "topk", "chunk", "momentum": "lr_scaled"|"ema",
-              "alpha", "values": "fp32"|"bf16"|"sign", "delay": 0|1 (optional, default 0)}
+              "alpha", "values": "fp32"|"bf16"|"sign", "delay": 0|1, "eager": 0|1 (both optional, default 0)}
   CASE.bin:  float32 initial parameters (all tensors flat, in order), then for each step, for each rank,
              that rank's gradient (same layout).
   CASE.out:  for each step: parameters after the step, the pre-sign update decode(G) applied in the step
              (with delay 1: the previous step's round; zeros at the first step, which applies nothing), then
-             each rank's momentum; all float32 in the parameter layout.
+             each rank's momentum, then (eager only) each rank's working parameters and each rank's own
+             pre-sign decode(own top-k); all float32 in the parameter layout.
 """
 import json
 import math
@@ -113,6 +118,8 @@ def run_case(case_json, case_bin, out_bin):
     wd, decay, alpha = cfg["weight_decay"], cfg["decay"], cfg["alpha"]
     delay = cfg.get("delay", 0)
     assert delay in (0, 1), "delay must be 0 or 1"
+    eager = cfg.get("eager", 0)
+    assert eager in (0, 1) and (delay or not eager), "eager must be 0 or 1, and needs delay 1"
 
     def apply_round(gathered, lr):  # every rank's (idx, val) -> params -= lr * sign(decode(mean)); returns decode
         presign = []
@@ -135,6 +142,7 @@ def run_case(case_json, case_bin, out_bin):
         lr = cfg["lr"][step]
         applied = apply_round(*pending) if pending is not None else None  # before this step's weight decay
         gathered = [[] for _ in shapes]  # per tensor: every rank's (idx, val)
+        own = [[None] * len(shapes) for _ in range(ranks)]  # eager: each rank's dense sent coefficients
         for r in range(ranks):
             start = total * (1 + step * ranks + r)
             grads = split(torch.from_numpy(data[start:start + total].copy()))
@@ -158,6 +166,8 @@ def run_case(case_json, case_bin, out_bin):
                 else:
                     delta.sub_(alpha * ch.decode(sent))
                 gathered[t].append((idx, val))
+                if eager:  # this rank's own share alone: mean over one rank = its values
+                    own[r][t] = sent
         if delay:
             presign = applied if applied is not None else [torch.zeros(n, dtype=torch.float32) for n in numels]
             pending = (gathered, lr)
@@ -167,6 +177,12 @@ def run_case(case_json, case_bin, out_bin):
         outputs.append(torch.cat(presign))
         for r in range(ranks):
             outputs.append(torch.cat(momentum[r]))
+        if eager:
+            own_presign = [[ch.decode(own[r][t]) for t, ch in enumerate(chunkings)] for r in range(ranks)]
+            for r in range(ranks):
+                outputs.append(torch.cat([p - lr * torch.sign(u) for p, u in zip(params, own_presign[r])]))
+            for r in range(ranks):
+                outputs.append(torch.cat(own_presign[r]))
     torch.cat(outputs).numpy().astype(np.float32).tofile(out_bin)
 
 
