@@ -95,10 +95,13 @@ DEMO_HD float momentum_update(float delta, float grad, float clip, float decay, 
 DEMO_HD float feedback(float x, float dec, float alpha) { return fmaf(-alpha, dec, x); }
 // sign(v) with sign(0) = 0 (and NaN -> 0).
 DEMO_HD float sign_of(float v) { return static_cast<float>((v > 0.0f) - (v < 0.0f)); }
-// The apply-side update of one master weight.
-DEMO_HD float sign_update(float p, float dec, float lr, float wd_factor, bool decays) {
-    if (decays) p = mul_rn(p, wd_factor);
-    return sub_rn(p, mul_rn(lr, sign_of(dec)));
+// The apply-side update of one master weight: decay, then the signed step (the reference's order), or with
+// decay_after the step, then the decay (--demo_delay 1, whose CPU optimizer applies the pending round before
+// this step's compress decays the weights).
+DEMO_HD float sign_update(float p, float dec, float lr, float wd_factor, bool decays, bool decay_after = false) {
+    if (decays && !decay_after) p = mul_rn(p, wd_factor);
+    p = sub_rn(p, mul_rn(lr, sign_of(dec)));
+    return decays && decay_after ? mul_rn(p, wd_factor) : p;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -558,6 +561,10 @@ struct ApplyParams {
     // written, and the floatX copy gets the updated values. The host reference (apply_plan_host) has no floatX
     // copy and always updates `master`: a checker applies it to a copy of the master weights.
     bool keep_master = false;
+    // --demo_delay 1 (demo_cuda.cuh): the decay after the update (sign_update), with wd_factor of this step's lr
+    // while lr is the pending round's; and (CUDA only, eager updates) the floatX copy left unwritten.
+    bool decay_after = false;
+    bool keep_params = false;
 };
 
 // Apply-side error flags (a corrupt bucket); the first rank with an error is reported.
@@ -1124,7 +1131,7 @@ inline uint32_t apply_chunk_host(const PlanTables& pt, const ChunkTensor& ct, ui
         for (int nn = 0; nn < d.n2; nn++) {
             const uint64_t g = origin + uint64_t(b) * ct.cols + nn;
             master[g] = sign_update(master[g], s.dec[size_t(b) * d.lde + nn], ap.lr, ap.wd_factor,
-                                    ap.apply_wd && ct.decays);
+                                    ap.apply_wd && ct.decays, ap.decay_after);
         }
     return err;
 }

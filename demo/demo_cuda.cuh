@@ -17,8 +17,8 @@
 // With --demo_delay 1 (the CPU optimizer's order, demo_optimizer.h) the update of step t is applied at step t+1
 // and its buckets travel during step t+1's forward and backward: clip; finish the pending round's exchange
 // (NcclTransport::allgather_device_finish, or Transport::allgather_bytes_finish and the upload) and apply it
-// with its own lr but without weight decay, which follows with this step's lr (the CPU optimizer decays in its
-// compress, after the apply; StepTimings::apply covers both); compress; start this round's exchange
+// with its own lr, the weight decay following with this step's lr in the same pass (ApplyParams::decay_after:
+// the CPU optimizer decays in its compress, after the apply); compress; start this round's exchange
 // (allgather_device_start behind the compress, or allgather_bytes_start from a host copy of the bucket).
 // StepTimings::exchange is then the time inside finish and start. One bucket buffer suffices: its all-gather
 // is finished before the next compress rewrites it, and the gathered buckets are applied before the next start
@@ -28,8 +28,7 @@
 // master weights are the shared weights (identical on every rank; master_weights(), what checkpoints hold) and
 // the floatX params this rank's working weights: the shared ones minus lr * sign(decode(this rank's own bucket
 // of the pending round)). The step: clip; finish the pending round's exchange; apply it to the master weights
-// (its lr, no weight decay) and decay them with this step's lr, as above but without rounding the floatX copy;
-// compress; start this round's exchange; then the own share: demo_apply_kernel over bucket_ alone (world 1,
+// and decay them with this step's lr, as above but without writing the floatX copy (keep_params); compress; start this round's exchange; then the own share: demo_apply_kernel over bucket_ alone (world 1,
 // ApplyParams::keep_master, this step's lr, no weight decay) writes params = round(master - lr * sign(decode)),
 // the master weights untouched, with the rounding of step t_ (StepTimings::apply covers it too). Its read of
 // bucket_ runs beside the all-gather's (NCCL's comm stream reads the same buffer: two reads). set_weights,
@@ -394,18 +393,23 @@ private:
     }
 
     // --demo_delay 1's update, in the CPU optimizer's order (it decays the weights in its compress, after the
-    // previous round's apply): the pending round's gathered buckets with their own lr and no weight decay (when
-    // there is one), then the weight decay with this step's `lr`, then the floatX copy rounded again from the
-    // master weights with the rounding of step t_ (what set_weights repeats on a resume). The two extra passes
-    // over the weights are the price of that order. With eager updates the rounding pass is left out: the own
-    // share (apply_own_share, after the compress) rewrites params from the master weights.
+    // previous round's apply): the pending round's gathered buckets with their own lr, then the weight decay
+    // with this step's `lr` (ApplyParams::decay_after: one pass), the floatX copy written from the result with
+    // the rounding of step t_ (what set_weights repeats on a resume). With eager updates the apply leaves the
+    // floatX copy alone (keep_params): the own share (apply_own_share, after the compress) rewrites it. The first
+    // step has no round to apply: a decay pass, then (stale) a rounding pass.
     void apply_delayed(llmc::floatX* params, float lr, llmc::StepResult& result) {
         const size_t n = layout_.num_params;
         CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
         if (pending_) {
             cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
-            ap.apply_wd = false;
+            ap.wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
+            ap.decay_after = true;
+            ap.keep_params = eager();
             apply_gathered(params, ap);
+            CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+            finish_apply(true, result);
+            return;
         }
         if (config_.weight_decay != 0.0f) {
             const float wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
@@ -420,7 +424,7 @@ private:
         }
         CUDA_CHECK_LAUNCH();
         CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-        finish_apply(pending_, result);
+        finish_apply(false, result);
     }
 
     // Waits for the update (ev_[2] .. ev_[3]: added to StepTimings::apply); a corrupt bucket the apply kernel

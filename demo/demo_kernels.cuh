@@ -23,7 +23,9 @@
 //    decay and p -= lr * sign on the fp32 master weights, and the floatX copy (nearest or stochastic
 //    rounding as CudaAdamW). Out-of-range or non-ascending indices (a corrupt bucket) set an error flag the
 //    host turns into an llmc::Error. With ApplyParams::keep_master the master weights are only read and the
-//    floatX copy gets the update (eager delayed updates: one rank's own bucket, world 1, no weight decay).
+//    floatX copy gets the update (eager delayed updates: one rank's own bucket, world 1, no weight decay);
+//    with decay_after the decay follows the update (--demo_delay 1's order), with keep_params the floatX copy
+//    is left alone (eager updates rewrite it from the own share).
 // Both come in two instantiations per launch (cm::launch_tables): FIXED = 64 for the tensors with 64 x 64
 // chunks (every GPT-2 matrix; all sizes compile-time constants) and FIXED = 0 for any other shape, each group
 // with its own shared-memory layout. The 64 x 64 kernels also come in tunings (kTunings); those with tensor_dct
@@ -1396,9 +1398,9 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
         float p[4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays);
+            p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays, ap.decay_after);
         if (!ap.keep_master) store4(master + origin + off, p);
-        store_floatx4<STOCHASTIC>(params + origin + off, p, origin + off, seed);
+        if (!ap.keep_params) store_floatx4<STOCHASTIC>(params + origin + off, p, origin + off, seed);
     }
 }
 
@@ -1755,7 +1757,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
     decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P,
                                                    B, Q, segs, scan);
 
-    // update the master weights and the floatX copy (p.keep_master: the floatX copy alone)
+    // update the master weights and the floatX copy (p.keep_master: the floatX copy alone; p.keep_params: the
+    // master weights alone)
     const bool decays = a.p.apply_wd && ct.decays;
     if constexpr (FIXED == int(cm::kFixedChunk) && kTune.lean_io) {
         static_assert(THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
@@ -1768,8 +1771,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
             if (q < int(n)) {
                 const int b = q / d.n2, nn = q - b * d.n2;
                 const uint64_t gi = origin + (uint32_t(b) * ct.cols + uint32_t(nn));  // 32-bit offset (block_chunk_origin)
-                const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays);
+                const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays,
+                                                a.p.decay_after);
                 if (!a.p.keep_master) a.master[gi] = p;
+                if (a.p.keep_params) continue;
                 if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);
                 else a.params[gi] = llmc::from_float<llmc::floatX>(p);
             }

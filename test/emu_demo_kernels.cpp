@@ -655,6 +655,71 @@ TEST(keep_master_writes_only_the_floatx_copy) {
     check(std::integral_constant<int, demo::kLeanApplyTuning>{}, emu::Order::WarpSerial);
 }
 
+// --demo_delay 1's apply (ApplyParams::decay_after, demo_cuda.cuh): two ranks' round applied with its own lr,
+// then decayed with another step's wd_factor, in one pass. The oracle does it the CPU optimizer's way: the host
+// reference apply without decay, then every decaying tensor (matrices: the 1-D one stays) multiplied by
+// wd_factor. keep_params (eager updates) leaves the floatX copy as it was (zeros here) and the master weights
+// the same. The exact apply (tuning 0) and the trainer's lean I/O apply, 64 x 64 and general chunks.
+TEST(decay_after_update_and_keep_params) {
+    const auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 7);
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {67}, {3, 5}});
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    const size_t n = layout.num_params;
+    std::vector<std::byte> buckets;
+    for (uint64_t r = 0; r < 2; r++) {
+        std::vector<float> m = testing::random_normal(n, 910 + r, 1e-3f);
+        const std::vector<float> g = testing::random_normal(n, 920 + r, 1.0f);
+        std::vector<std::byte> bucket;
+        cm::compress_plan_host(pt, m.data(), g.data(), cm::compress_params(cfg, 1e-3f, 1.0f), bucket);
+        buckets.insert(buckets.end(), bucket.begin(), bucket.end());
+    }
+    cm::ApplyParams ap = cm::apply_params(cfg, 2e-3f, 2, pt.bucket_bytes);  // the pending round's lr
+    ap.wd_factor = cm::apply_params(cfg, 5e-4f, 2, pt.bucket_bytes).wd_factor;  // this step's
+    ap.decay_after = true;
+    const std::vector<float> p0 = testing::random_normal(n, 930, 0.02f);
+    std::vector<float> want = p0;
+    cm::ApplyParams undecayed = ap;
+    undecayed.apply_wd = false;
+    undecayed.decay_after = false;
+    EXPECT_EQ(cm::apply_plan_host(pt, buckets.data(), want.data(), undecayed), 0u);
+    size_t decayed = 0;
+    for (size_t t = 0; t < layout.tensors.size(); t++) {
+        if (!pt.tensors[t].decays) continue;
+        for (size_t i = layout.tensors[t].offset; i < layout.tensors[t].offset + layout.tensors[t].numel; i++, decayed++)
+            want[i] = cm::mul_rn(want[i], ap.wd_factor);
+    }
+    EXPECT(decayed > 0 && decayed < n);
+    std::vector<float> host = p0;
+    EXPECT_EQ(cm::apply_plan_host(pt, buckets.data(), host.data(), ap), 0u);
+    size_t host_diffs = 0;
+    for (size_t i = 0; i < n; i++) host_diffs += km::float_to_bits(host[i]) != km::float_to_bits(want[i]);
+    EXPECT_EQ(host_diffs, size_t{0});
+    auto check = [&](auto tune, emu::Order order) {
+        constexpr int T = decltype(tune)::value;
+        for (const bool keep_params : {false, true}) {
+            cm::ApplyParams a_p = ap;
+            a_p.keep_params = keep_params;
+            const ApplyOut a = emulate_apply<T>(pt, 2, buckets, p0, a_p, 7, /*stochastic=*/false, order);
+            size_t master_diffs = 0, param_diffs = 0;
+            for (size_t i = 0; i < n; i++) {
+                master_diffs += km::float_to_bits(a.master[i]) != km::float_to_bits(want[i]);
+                const uint32_t bits = keep_params ? 0u
+                                      : llmc::kFloatXIsFloat ? km::float_to_bits(want[i])
+                                                             : km::bf16_bits_rne(want[i]);
+                param_diffs += llmc::storage_bits(a.params[i]) != bits;
+            }
+            std::printf("  decay_after, tuning %d [%s], keep_params %d: %zu master weights and %zu params differ from "
+                        "apply-then-decay (%zu of %zu weights decayed)\n", T, order_name(order), int(keep_params),
+                        master_diffs, param_diffs, decayed, n);
+            EXPECT_EQ(a.error[0], 0u);
+            EXPECT_EQ(master_diffs, size_t{0});
+            EXPECT_EQ(param_diffs, size_t{0});
+        }
+    };
+    check(std::integral_constant<int, 0>{}, emu::Order::Shuffled);
+    check(std::integral_constant<int, demo::kLeanApplyTuning>{}, emu::Order::WarpSerial);
+}
+
 // Corrupt buckets (test/demo_corrupt_buckets.h): each sets its error flag and names the rank.
 TEST(apply_flags_corrupt_buckets) {
     const auto cfg = demo_corrupt::config();

@@ -238,25 +238,34 @@ TEST(state_round_trip_and_rejection) {
     EXPECT_ERROR(b.load_state(truncated), "short.bin");
 }
 
-TEST(delayed_step_equals_delayed_simulation_and_resumes) {
-    // --demo_delay 1 through the real step() on a world of one: the same bits as compress/apply by hand in
-    // the delayed order (simulate), and a checkpoint taken with a round pending resumes bit for bit. Clipping
-    // and weight decay are on and lr varies, so applying with the wrong step's lr or decaying after the
-    // apply would show.
-    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
+// One rank's 5 delayed steps (--demo_delay 1, eager or stale) for the step()-vs-simulate tests: clipping and
+// weight decay on and an lr that varies, so applying with the wrong step's lr or decaying after the apply shows.
+struct DelayedRun {
+    llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config();
-    cfg.grad_clip = 1.0f;
-    cfg.weight_decay = 0.1f;
-    cfg.demo.delay = 1;
-    cfg.demo.eager = false;
-    const size_t steps = 5, save_after = 3;
-    const std::vector<float> p0 = testing::random_normal(layout.num_params, 10, 0.02);
-    std::vector<std::vector<std::vector<float>>> grads;
+    std::vector<float> p0;
+    std::vector<std::vector<std::vector<float>>> grads;  // [step][rank 0]
     std::vector<float> lrs;
-    for (size_t s = 0; s < steps; s++) {
-        grads.push_back({testing::random_normal(layout.num_params, 700 + s, 1.0)});
-        lrs.push_back(static_cast<float>(1e-3 * (1 + s % 3)));
+    static constexpr size_t steps = 5, save_after = 3;
+    DelayedRun(bool eager, uint64_t seed) {
+        cfg.grad_clip = 1.0f;
+        cfg.weight_decay = 0.1f;
+        cfg.demo.delay = 1;
+        cfg.demo.eager = eager;
+        p0 = testing::random_normal(layout.num_params, seed, 0.02);
+        for (size_t s = 0; s < steps; s++) {
+            grads.push_back({testing::random_normal(layout.num_params, 70 * seed + s, 1.0)});
+            lrs.push_back(static_cast<float>(1e-3 * (1 + s % 3)));
+        }
     }
+};
+
+TEST(delayed_step_equals_delayed_simulation_and_resumes) {
+    // --demo_delay 1 (stale) through the real step() on a world of one: the same bits as compress/apply by hand
+    // in the delayed order (simulate), and a checkpoint taken with a round pending resumes bit for bit.
+    const DelayedRun run(/*eager=*/false, 10);
+    const auto& [layout, cfg, p0, grads, lrs] = run;
+    const size_t steps = run.steps, save_after = run.save_after;
     const SimResult sim = simulate(cfg, layout, p0, grads, lrs);
 
     llmc::LocalTransport transport;
@@ -313,20 +322,9 @@ TEST(eager_step_equals_simulation_and_resumes) {
     // params are the shared ones minus lr * sign of this rank's own round, as simulate builds them by hand. A
     // checkpoint (state + shared weights) taken with a round pending gives the same working weights back
     // through set_weights and continues bit for bit; without set_weights the step refuses.
-    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
-    llmc::OptimizerConfig cfg = default_config();
-    cfg.grad_clip = 1.0f;
-    cfg.weight_decay = 0.1f;
-    cfg.demo.delay = 1;
-    cfg.demo.eager = true;
-    const size_t steps = 5, save_after = 3;
-    const std::vector<float> p0 = testing::random_normal(layout.num_params, 11, 0.02);
-    std::vector<std::vector<std::vector<float>>> grads;
-    std::vector<float> lrs;
-    for (size_t s = 0; s < steps; s++) {
-        grads.push_back({testing::random_normal(layout.num_params, 800 + s, 1.0)});
-        lrs.push_back(static_cast<float>(1e-3 * (1 + s % 3)));
-    }
+    const DelayedRun run(/*eager=*/true, 11);
+    const auto& [layout, cfg, p0, grads, lrs] = run;
+    const size_t steps = run.steps, save_after = run.save_after;
     const SimResult sim = simulate(cfg, layout, p0, grads, lrs);
     llmc::OptimizerConfig stale_cfg = cfg;
     stale_cfg.demo.eager = false;

@@ -94,9 +94,9 @@ ratio adamw-matmul adamw "AdamW step with flash attention (default) / with matmu
 LLMC_GELU_FUSION=1 run_ours adamw-gelu1 adamw
 ratio adamw-gelu1 adamw "AdamW step with both GELU epilogues (default on Hopper) / the forward one only"
 run_ours demo-delay demo --demo_topk 32 --demo_delay 1
-ratio demo demo-delay "DeMo step with --demo_delay 1 (eager) / without (one GPU hides nothing: the cost of its decay pass and own-share apply)"
+ratio demo demo-delay "DeMo step with --demo_delay 1 (eager) / without (one GPU hides nothing: the cost of its own-share apply)"
 run_ours demo-delay-stale demo --demo_topk 32 --demo_delay 1 --demo_eager false
-ratio demo demo-delay-stale "DeMo step with --demo_delay 1 --demo_eager false / without (its decay and rounding passes)"
+ratio demo demo-delay-stale "DeMo step with --demo_delay 1 --demo_eager false / without (the same passes: should be ~1)"
 
 if [[ -n ${LLMC_UPSTREAM:-} && -x $LLMC_UPSTREAM ]]; then
   # llm.c's own trainer (train_gpt2cu, bf16, no cuDNN) on the same shards: d12 from scratch, same B and T, no
