@@ -28,7 +28,8 @@
 // master weights are the shared weights (identical on every rank; master_weights(), what checkpoints hold) and
 // the floatX params this rank's working weights: the shared ones minus lr * sign(decode(this rank's own bucket
 // of the pending round)). The step: clip; finish the pending round's exchange; apply it to the master weights
-// and decay them with this step's lr, as above but without writing the floatX copy (keep_params); compress; start this round's exchange; then the own share: demo_apply_kernel over bucket_ alone (world 1,
+// and decay them with this step's lr, as above but without writing the floatX copy (keep_params); compress;
+// start this round's exchange; then the own share: demo_apply_kernel over bucket_ alone (world 1,
 // ApplyParams::keep_master, this step's lr, no weight decay) writes params = round(master - lr * sign(decode)),
 // the master weights untouched, with the rounding of step t_ (StepTimings::apply covers it too). Its read of
 // bucket_ runs beside the all-gather's (NCCL's comm stream reads the same buffer: two reads). set_weights,
@@ -134,7 +135,8 @@ inline KernelChoice demo_kernels_from_env() {
     return k;
 }
 
-// --demo_delay 1's weight decay (CudaDemo::apply_delayed): x *= wd_factor, the CPU optimizer's rounding.
+// The weight decay of --demo_delay 1's first step, which has no round to apply (CudaDemo::apply_delayed; later
+// steps decay in the apply kernel, ApplyParams::decay_after): x *= wd_factor, the CPU optimizer's rounding.
 __global__ void demo_weight_decay_kernel(float* x, size_t n, float wd_factor) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] = cm::mul_rn(x[i], wd_factor);
@@ -184,7 +186,7 @@ public:
         upload(natural_, tables_.bases.natural.data(), tables_.bases.natural.size() * sizeof(float));
         upload(bucket_, tables_.header.data(), kBucketHeaderBytes);  // the header never changes
         device_tables_ = demo::device_tables(order, tensors_, folded_, natural_);
-        for (size_t t = 0; t < tables_.tensors.size(); t++) {  // --demo_delay 1's weight decay, adjacent tensors merged
+        for (size_t t = 0; t < tables_.tensors.size(); t++) {  // the first delayed step's decay, adjacent tensors merged
             if (!tables_.tensors[t].decays) continue;
             const size_t offset = tables_.plan.tensors[t].offset, count = tables_.plan.tensors[t].numel();
             if (!decay_ranges_.empty() && decay_ranges_.back().first + decay_ranges_.back().second == offset)
