@@ -80,9 +80,9 @@ bool env_flag(const char* name, bool default_value) {
 // buckets exchanged with NcclTransport::allgather_device (or through host memory without NCCL; with --demo_delay 1
 // the exchange is started at the end of a step and finished in the next one's optimizer step, so it overlaps that
 // step's forward and backward), the same state blob as demo::DemoOptimizer so checkpoints move between trainers.
-// overlap: the NCCL transport's overlapped all-reduce for AdamW-DDP (null: all-reduce after the backward).
+// overlap: the NCCL transport's overlapped all-reduce for AdamW-DDP (false: all-reduce after the backward).
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
-                                                       Transport& transport, CudaEnv& env, OverlappedGradReduce* overlap) {
+                                                       Transport& transport, CudaEnv& env, bool overlap) {
     if (cfg.optimizer == "demo")
         return std::make_unique<demo::CudaDemo>(cfg.optimizer_config(), layout, transport, env.stream,
                                                 env_flag("LLMC_STOCHASTIC_ROUNDING", true), static_cast<uint32_t>(cfg.seed));
@@ -91,13 +91,6 @@ std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, c
                                        overlap);
 }
 
-// LLMC_DDP_OVERLAP: 0 or 1 (default 1); anything else is an error.
-bool ddp_overlap_from_env() {
-    const char* s = std::getenv("LLMC_DDP_OVERLAP");
-    const std::string v = s ? s : "1";
-    LLMC_CHECK(v == "0" || v == "1", "LLMC_DDP_OVERLAP must be 0 or 1; got '" + v + "'");
-    return v == "1";
-}
 // ---------------------------------------------------------------------------------------------------------
 
 // Autoregressive sample from the end-of-text token, at temperature 1 (the CPU trainer's procedure).
@@ -176,12 +169,12 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     if (transport_kind != "nccl" && transport_kind != "mpi")
         fail("LLMC_TRANSPORT='" + transport_kind + "' is not a transport: use nccl (default) or mpi");
     std::unique_ptr<Transport> training_transport;
-    OverlappedGradReduce* overlap = nullptr;  // AdamW-DDP's all-reduce during the backward: NCCL, several ranks
+    bool overlap = false;  // AdamW-DDP's all-reduce during the backward: NCCL, several ranks
     if (transport_kind == "mpi") {
         training_transport = std::make_unique<HostStagedTransport>(world_transport, env.stream);
     } else {
         auto nccl = std::make_unique<NcclTransport>(world_transport, env.stream);
-        if (overlap_requested && nccl->uses_nccl() && cfg.optimizer == "adamw") overlap = nccl.get();
+        if (overlap_requested && nccl->uses_nccl() && cfg.optimizer == "adamw") overlap = true;
         training_transport = std::move(nccl);
     }
     Transport& transport = *training_transport;
@@ -223,7 +216,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
-        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap != nullptr, argc, argv);
+        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         const std::string optimizer =
             cfg.optimizer == "demo"

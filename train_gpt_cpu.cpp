@@ -1,7 +1,9 @@
 // The CPU trainer: GPT-2 in fp32 (OpenMP + OpenBLAS), data-parallel over MPI ranks with AdamW-DDP or DeMo.
 // It is the reference the CUDA trainer is tested against and the way to run DeMo vs AdamW experiments on
 // machines without a GPU. One training step, top to bottom:
-//   every micro-step: next batch of this rank's data slice -> forward -> backward (gradients accumulate)
+//   every micro-step: next batch of this rank's data slice -> forward -> backward (gradients accumulate; in the
+//     last one, AdamW-DDP starts each layer's all-reduce as soon as the backward has finished it, on MPI's
+//     helper thread, unless LLMC_DDP_OVERLAP=0)
 //   optimizer.step(params, local grads, lr)   <- the optimizer owns the exchange between ranks
 //   metrics (loss averaged over ranks, tok/s, bytes from the transport) -> progress line + metrics.jsonl
 //   every N steps: validation loss, a text sample, a checkpoint (model + every rank's state, atomic)
@@ -81,6 +83,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     openblas_set_num_threads(threads);
 
     const int grad_accum = resolve_batch_geometry(cfg, world);
+    const bool ddp_overlap = ddp_overlap_from_env() && cfg.optimizer == "adamw" && world > 1;
     const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
     transport.set_collective_timeout(cfg.comm_timeout);
     const std::string config_json = config_to_json(cfg, -1);
@@ -117,7 +120,9 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
-        write_run_record(cfg.out_dir, run_record(cfg, world, grad_accum, "train_gpt_cpu", argc, argv));
+        nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt_cpu", argc, argv);
+        if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
+        write_run_record(cfg.out_dir, record);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x %d thread(s)\n",
                     cfg.model.describe().c_str(), layout.num_params / 1e6,
@@ -135,6 +140,9 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     std::vector<int> inputs(n), targets(n);
     const int start_step = static_cast<int>(state.step);
     StepReporter reporter(cfg, start_step, log.get());
+    const GPT2Cpu::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
+        optimizer->on_gradients_final(model.grads(), ranges);
+    };
     for (int step = start_step; step < cfg.steps; step++) {
         const auto t0 = StepReporter::Clock::now();
         transport.reset_counters();
@@ -143,7 +151,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
             loss += model.forward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len);
-            model.backward(1.0f / static_cast<float>(grad_accum));
+            const bool last = micro == grad_accum - 1;
+            model.backward(1.0f / static_cast<float>(grad_accum), ddp_overlap && last ? grads_final : GPT2Cpu::GradsFinal());
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);

@@ -7,8 +7,8 @@
 //    passes its mask by calling once per run of same-mask tensors.
 //  - CudaAdamW: the DeviceOptimizer of --optimizer adamw (AdamW-DDP): all-reduce-mean of the gradient
 //    through the Transport (fp32, or bf16 with --grad_wire bf16), deterministic global norm (global_norm.cuh)
-//    and clipping folded into the update as a gradient scale, then the update. Given an OverlappedGradReduce
-//    (NCCL, several ranks), the all-reduce starts range by range as the backward finishes each layer's
+//    and clipping folded into the update as a gradient scale, then the update. With `overlap` (NCCL, several
+//    ranks), the all-reduce starts range by range as the backward finishes each layer's
 //    gradients (on_gradients_final) and step() only waits for it, as PyTorch's DDP overlaps its buckets.
 //    Master weights, m and v are one allocation. Its state blob is the CPU AdamW's (name, count, step, m, v),
 //    so checkpoints are interchangeable.
@@ -61,10 +61,10 @@ inline uint32_t adamw_step_seed(uint32_t base_seed, int64_t t) {
 
 class CudaAdamW final : public DeviceOptimizer {
 public:
-    // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank). overlap (may be
-    // null): the transport's overlapped all-reduce, used when the trainer reports final gradient ranges.
+    // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank). overlap: use the
+    // transport's overlapped all-reduce (allreduce_mean_start) when the trainer reports final gradient ranges.
     CudaAdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport, cudaStream_t stream,
-              bool stochastic_rounding, uint32_t seed, OverlappedGradReduce* overlap = nullptr)
+              bool stochastic_rounding, uint32_t seed, bool overlap = false)
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
           stochastic_(stochastic_rounding && !kFloatXIsFloat), seed_(seed), overlap_(overlap) {
         const AdamWConfig& a = config.adamw;
@@ -102,9 +102,9 @@ public:
     }
 
     void on_gradients_final(float* grads, std::span<const ParamRange> ranges) override {
-        if (overlap_ == nullptr) return;
+        if (!overlap_) return;
         for (const ParamRange& r : ranges) overlapped_ += r.numel;
-        overlap_->allreduce_mean_start(grads, layout_.num_params, ranges, bf16_wire());
+        transport_.allreduce_mean_start(grads, layout_.num_params, ranges, bf16_wire());
     }
 
     StepResult step(floatX* params, float* grads, float lr) override {
@@ -116,7 +116,7 @@ public:
             LLMC_CHECK(overlapped_ == n, "AdamW: the backward reported " + std::to_string(overlapped_) + " of " +
                                              std::to_string(n) + " gradients as final; the overlapped all-reduce needs all");
             overlapped_ = 0;
-            overlap_->allreduce_mean_finish();  // the compute stream now waits for it
+            transport_.allreduce_mean_finish();  // the compute stream now waits for it
         } else {
             CUDA_CHECK(cudaStreamSynchronize(stream_));  // gradients complete before the collective reads them
             if (bf16_wire()) transport_.allreduce_mean_bf16(std::span<float>(grads, n));
@@ -199,7 +199,7 @@ private:
     float* m_ = nullptr;
     float* v_ = nullptr;
     float* norm_scratch_ = nullptr;
-    OverlappedGradReduce* overlap_ = nullptr;
+    bool overlap_ = false;
     size_t overlapped_ = 0;  // gradients whose all-reduce on_gradients_final started this step
     int64_t t_ = 0;
 };

@@ -16,6 +16,9 @@ public:
     StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
     void save_state(ByteWriter& out) const override;
     void load_state(ByteReader& in) override;
+    // Starts the transport's overlapped all-reduce of the ranges; step() then waits for it instead of
+    // all-reducing the whole buffer (same arithmetic per element).
+    void on_gradients_final(std::span<float> grads, std::span<const ParamRange> ranges) override;
 
 private:
     OptimizerConfig config_;
@@ -24,6 +27,7 @@ private:
     std::vector<float> m_, v_;          // first and second moments, flat like the parameters
     std::vector<uint8_t> decay_mask_;   // per tensor: 1 if weight decay applies
     int64_t t_ = 0;                     // completed steps (for bias correction)
+    size_t overlapped_ = 0;             // gradients whose all-reduce on_gradients_final started this step
 };
 
 }  // namespace llmc

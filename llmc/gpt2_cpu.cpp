@@ -606,7 +606,7 @@ float GPT2Cpu::forward(const int* inputs, const int* targets, int B, int T) {
         crossentropy_forward(a.losses, a.logsumexp, a.logits, targets_.data(), N, config_.vocab_size, Vp));
 }
 
-void GPT2Cpu::backward(float loss_scale) {
+void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final) {
     LLMC_CHECK(have_targets_, "GPT2Cpu::backward: needs a preceding forward() with targets");
     const size_t B = batch_, T = seq_len_, N = num_tokens_, L = config_.num_layers, C = config_.channels,
                  H = config_.num_heads, V = config_.vocab_size, Vp = config_.padded_vocab_size;
@@ -640,8 +640,10 @@ void GPT2Cpu::backward(float loss_scale) {
                         w.qkvw + l * 3 * C * C, N, C, 3 * C);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, a.dln, residual, w.ln1w + l * C,
                            a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C);
+        if (on_final) on_final(layout_.backward_ranges_of_layer(static_cast<int>(l)));
     }
     encoder_backward(g.wte, g.wpe, a.dresidual, inputs_.data(), B, T, C);
+    if (on_final) on_final(layout_.backward_ranges_of_embeddings());
 }
 
 }  // namespace llmc

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -41,8 +42,11 @@ public:
     void zero_grad();
 
     // Adds the gradient of loss_scale * (mean loss of the last forward) into grads(), so micro-batches
-    // accumulate (pass 1/steps as loss_scale). Needs a preceding forward() with targets.
-    void backward(float loss_scale = 1.0f);
+    // accumulate (pass 1/steps as loss_scale). Needs a preceding forward() with targets. `on_final`, if set,
+    // is called on this thread as each layer (then the embeddings) is done, with the gradient ranges nothing
+    // later in this backward writes (ParamLayout::backward_ranges_of_layer): AdamW-DDP starts their all-reduce.
+    using GradsFinal = std::function<void(std::span<const ParamRange>)>;
+    void backward(float loss_scale = 1.0f, const GradsFinal& on_final = {});
 
     // (B, T, padded_vocab_size) logits of the last forward.
     std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }

@@ -321,23 +321,6 @@ private:
             fused_classifier(a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits, s);
     }
 
-    // The gradient ranges of layer l (its twelve tensors; plus ln_f's two for the last layer) and of the embeddings.
-    std::vector<ParamRange> layer_ranges(int l) const {
-        std::vector<ParamRange> r;
-        if (l == config_.num_layers - 1)
-            for (ParamKind k : {ParamKind::lnfw, ParamKind::lnfb})
-                r.push_back({layout_.kind_offset[int(k)], layout_.kind_numel[int(k)]});
-        for (int k = int(ParamKind::ln1w); k <= int(ParamKind::fcprojb); k++)
-            r.push_back({layer_offset(ParamKind(k), l), layer_numel(ParamKind(k))});
-        return r;
-    }
-    std::vector<ParamRange> embedding_ranges() const {
-        std::vector<ParamRange> r;
-        for (ParamKind k : {ParamKind::wte, ParamKind::wpe})
-            r.push_back({layout_.kind_offset[int(k)], layout_.kind_numel[int(k)]});
-        return r;
-    }
-
     void run_backward(int B, int T, const GradsFinal& on_final) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size;
@@ -390,11 +373,11 @@ private:
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
                                residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s,
                                l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr);
-            if (on_final) on_final(layer_ranges(l));
+            if (on_final) on_final(layout_.backward_ranges_of_layer(l));
         }
         encoder_backward(at(g, ParamKind::wte, layout_), at(g, ParamKind::wpe, layout_), a_.dresidual, plan_,
                          a_.encoder_plan, B, T, C, s);
-        if (on_final) on_final(embedding_ranges());
+        if (on_final) on_final(layout_.backward_ranges_of_embeddings());
     }
 
     // Mean of the per-row losses, summed on the host in a fixed order (synchronizes).

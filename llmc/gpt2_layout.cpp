@@ -46,6 +46,24 @@ ParamLayout ParamLayout::of_shapes(const std::vector<std::vector<size_t>>& shape
     return layout;
 }
 
+std::vector<ParamRange> ParamLayout::backward_ranges_of_layer(int l) const {
+    LLMC_CHECK(l >= 0 && l < config.num_layers, "backward_ranges_of_layer: layer " + std::to_string(l) + " out of range");
+    std::vector<ParamRange> ranges;
+    if (l == config.num_layers - 1)
+        for (ParamKind k : {ParamKind::lnfw, ParamKind::lnfb}) ranges.push_back({kind_offset[int(k)], kind_numel[int(k)]});
+    for (int k = int(ParamKind::ln1w); k <= int(ParamKind::fcprojb); k++) {
+        const size_t per_layer = kind_numel[k] / static_cast<size_t>(config.num_layers);
+        ranges.push_back({kind_offset[k] + static_cast<size_t>(l) * per_layer, per_layer});
+    }
+    return ranges;
+}
+
+std::vector<ParamRange> ParamLayout::backward_ranges_of_embeddings() const {
+    std::vector<ParamRange> ranges;
+    for (ParamKind k : {ParamKind::wte, ParamKind::wpe}) ranges.push_back({kind_offset[int(k)], kind_numel[int(k)]});
+    return ranges;
+}
+
 ParamLayout ParamLayout::gpt2(const ModelConfig& c) {
     validate_model_config(c, "model config");
     const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;

@@ -56,6 +56,12 @@ struct ParamLayout {
     // awkward layouts the optimizer tests and kernel checkers need.
     static ParamLayout of_shapes(const std::vector<std::vector<size_t>>& shapes);
     const ParamTensor& find(const std::string& name) const;  // throws llmc::Error for an unknown name
+    // What a backward finishes, in the order it finishes them (for overlapping the gradient exchange with it):
+    // layer l's twelve tensors (plus ln_f's two for the last layer, whose backward runs first), and once every
+    // layer is done the embeddings (wte also takes the classifier's gradient at the start of the backward).
+    // Over the layers from last to first and then the embeddings, every parameter appears exactly once.
+    std::vector<ParamRange> backward_ranges_of_layer(int l) const;
+    std::vector<ParamRange> backward_ranges_of_embeddings() const;
 };
 
 // Throws llmc::Error naming `what` when the shape is unusable (C not divisible by heads, sizes <= 0,

@@ -86,6 +86,11 @@ public:
     // The shared weights that step() updates and checkpoints hold: params itself unless the optimizer keeps its
     // own copy (set_weights).
     virtual std::span<float> master_weights(std::span<float> params) { return params; }
+    // Called during the last backward before step() (in backward order) with ranges of `grads` that nothing
+    // later in this step's backward writes: an optimizer may start exchanging them while the backward goes on
+    // (AdamW-DDP's overlapped all-reduce). Every range of the buffer is reported exactly once per step, or none
+    // is (the trainer may not call this at all). The default ignores it.
+    virtual void on_gradients_final(std::span<float> /*grads*/, std::span<const ParamRange> /*ranges*/) {}
 };
 
 // True when weight decay applies to this tensor under `groups`.

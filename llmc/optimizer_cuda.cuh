@@ -19,19 +19,6 @@
 
 namespace llmc {
 
-// Gradient averaging that can run while the backward is still producing other gradients (NcclTransport
-// implements it): start() enqueues the mean over ranks of some ranges of a device buffer behind the compute
-// stream's work so far and returns at once; finish() makes the compute stream wait for everything started
-// since the last finish(), blocking the host until it is complete.
-class OverlappedGradReduce {
-public:
-    virtual ~OverlappedGradReduce() = default;
-    // `base` holds `total` floats (the whole gradient); `ranges` lie inside it. bf16: GradWire::bf16's
-    // arithmetic (Transport::allreduce_mean_bf16).
-    virtual void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) = 0;
-    virtual void allreduce_mean_finish() = 0;
-};
-
 class DeviceOptimizer {
 public:
     virtual ~DeviceOptimizer() = default;

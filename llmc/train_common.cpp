@@ -131,6 +131,13 @@ std::string demo_delay_phrase(const TrainConfig& cfg) {
     return cfg.demo_eager ? "applied a step late, own share at once" : "applied a step late";
 }
 
+bool ddp_overlap_from_env() {
+    const char* s = std::getenv("LLMC_DDP_OVERLAP");
+    const std::string v = s ? s : "1";
+    LLMC_CHECK(v == "0" || v == "1", "LLMC_DDP_OVERLAP must be 0 or 1; got '" + v + "'");
+    return v == "1";
+}
+
 nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,
                                   char** argv) {
     nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));

@@ -43,6 +43,10 @@ void print_dry_run_report(const TrainConfig& cfg, int world);
 // empty for every other setting.
 std::string demo_delay_phrase(const TrainConfig& cfg);
 
+// LLMC_DDP_OVERLAP (both trainers): 1 (the default) overlaps AdamW-DDP's gradient all-reduce with the backward,
+// layer by layer; 0 all-reduces after the backward. Anything else is an error.
+bool ddp_overlap_from_env();
+
 // The resolved config plus "_run": code version, trainer, world size, accumulation, tokens per step, argv.
 // Trainers add their own fields to record["_run"] before writing it to <out_dir>/config.json.
 nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,

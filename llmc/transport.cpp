@@ -12,6 +12,15 @@ void Transport::allreduce_mean_bf16(std::span<float>) {
     fail("--grad_wire bf16 is not supported by the " + std::string(name()) + " transport");
 }
 
+void Transport::allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) {
+    for (const ParamRange& r : ranges)
+        LLMC_CHECK(r.offset + r.numel <= total, std::string(name()) + " transport: an all-reduce range lies outside the buffer");
+    for (const ParamRange& r : ranges) {
+        if (bf16) allreduce_mean_bf16(std::span<float>(base + r.offset, r.numel));
+        else allreduce_mean(std::span<float>(base + r.offset, r.numel));
+    }
+}
+
 void Transport::allgather_bytes_start(std::span<const std::byte> mine) {
     LLMC_CHECK(!gather_in_flight_, std::string(name()) + " transport: an all-gather was started while another is in flight");
     allgather_bytes(mine, early_all_, early_offsets_);

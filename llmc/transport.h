@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "llmc/gpt2_layout.h"
 #include "llmc/watchdog.h"
 
 namespace llmc {
@@ -45,6 +46,16 @@ public:
     // sums are rounded to bf16 at every reduction hop, as a bf16 all-reduce does. Backends that cannot do it
     // keep this default, which refuses with a message naming --grad_wire.
     virtual void allreduce_mean_bf16(std::span<float> data);
+    // AdamW-DDP's all-reduce overlapped with the backward, as PyTorch's DDP overlaps its buckets. start()
+    // begins base[r] <- mean over ranks of base[r] for each range r of the buffer `base` (`total` floats, in the
+    // memory this transport's all-reduce takes: host for MPI, device for NCCL; bf16: allreduce_mean_bf16's
+    // arithmetic) and returns; finish() waits for every range started since the last finish(). The caller
+    // leaves the ranges alone until finish(); ranges do not overlap; every rank starts the same ranges in the
+    // same order, and one finish() covers one buffer in one wire format. Counted as one all-reduce of all the
+    // ranges together, in finish(); `seconds` is the time inside start() and finish() (what the backward did
+    // not hide). This default reduces each range inside start() (no overlap), counted range by range.
+    virtual void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16);
+    virtual void allreduce_mean_finish() {}
     // Every rank contributes `mine` (any size, may differ per rank). On return `all` holds the ranks' buffers
     // concatenated in rank order and offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
     virtual void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
@@ -104,6 +115,9 @@ public:
     int world_size() const override { return 1; }
     void allreduce_mean(std::span<float> data) override { counters_.payload_bytes += data.size_bytes(); }
     void allreduce_mean_bf16(std::span<float> data) override { counters_.payload_bytes += data.size_bytes() / 2; }
+    void allreduce_mean_start(float*, size_t, std::span<const ParamRange> ranges, bool bf16) override {
+        for (const ParamRange& r : ranges) counters_.payload_bytes += r.numel * (bf16 ? 2 : 4);
+    }
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                          std::vector<size_t>& offsets) override {
         counters_.payload_bytes += mine.size();

@@ -1,17 +1,33 @@
 // MpiTransport: collectives over MPI_COMM_WORLD with the byte counters of transport.h. Failures of MPI calls
 // abort the whole job (MPI_ERRORS_ARE_FATAL), so a rank that dies takes the others down instead of leaving
 // them blocked in a collective; mpirun reports which rank failed.
+// The gradient all-reduces sum every element in rank order (mean_in_rank_order: a reduce-scatter and an
+// all-gather over point-to-point messages, the rounds and bytes of a ring), so their bits depend only on the
+// ranks' values: not on the buffer's length or split, nor on the algorithm MPI_Allreduce would choose.
 // The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of MPI_COMM_WORLD, so
 // it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
 // it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
-// otherwise (or with LLMC_MPI_GATHER_THREAD=0) it is an MPI_Iallgatherv that MPI may only progress inside
+// otherwise (or with LLMC_MPI_COMM_THREAD=0) it is an MPI_Iallgatherv that MPI may only progress inside
 // finish()'s wait. MPI's counts are ints: all-gathers of more than 2 GiB in total run in rounds (gather_in_slices).
+// The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) works
+// the same way on a third communicator: a reducer thread takes the ranges in the order they were started and
+// all-reduces each as allreduce_mean does (so the ranges get the bits of a blocking all-reduce of the buffer).
+// It polls its requests and sleeps in between (wait_politely) instead of spinning in MPI on a core the
+// backward needs, until finish() waits for it. (The same for the all-gather thread gained nothing in the
+// bandwidth lab, 4 hosts at 20 and 100 Mbit/s, so that thread still blocks.)
+// LLMC_MPI_COMM_THREAD=0 turns both helper threads off: the all-gather becomes an MPI_Iallgatherv and the
+// ranges are all-reduced inside finish().
 #include "llmc/transport_mpi.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -24,13 +40,6 @@
 namespace llmc {
 
 namespace {
-
-// MPI reduction operator for bf16 values carried as 16-bit integers: add in fp32, round back to bf16.
-void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-    const auto* a = static_cast<const uint16_t*>(in);
-    auto* b = static_cast<uint16_t*>(inout);
-    for (int i = 0; i < *len; i++) b[i] = km::bf16_bits_rne(km::bf16_bits_to_float(a[i]) + km::bf16_bits_to_float(b[i]));
-}
 
 // Wall time into the counters; `counts`: this is a collective of its own (an overlapped all-gather counts once,
 // in finish()).
@@ -60,8 +69,8 @@ public:
         } else {
             MPI_Query_thread(&provided);
         }
-        const char* thread_env = std::getenv("LLMC_MPI_GATHER_THREAD");  // "0": test the MPI_Iallgatherv path
-        gather_thread_ok_ = provided >= MPI_THREAD_MULTIPLE && !(thread_env && std::string(thread_env) == "0");
+        const char* thread_env = std::getenv("LLMC_MPI_COMM_THREAD");  // "0": test the paths without helper threads
+        comm_thread_ok_ = provided >= MPI_THREAD_MULTIPLE && !(thread_env && std::string(thread_env) == "0");
         MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
         MPI_Comm_size(MPI_COMM_WORLD, &world_);
     }
@@ -71,8 +80,9 @@ public:
             const auto watched = watch("MPI all-gather of the DeMo buckets (at exit)");
             wait_gather();
         }
+        stop_reducer();
         if (gather_comm_ != MPI_COMM_NULL) MPI_Comm_free(&gather_comm_);
-        if (bf16_sum_op_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op_);
+        if (reduce_comm_ != MPI_COMM_NULL) MPI_Comm_free(&reduce_comm_);
         if (owns_mpi_) MPI_Finalize();
     }
     std::string_view name() const override { return "mpi"; }
@@ -84,17 +94,8 @@ public:
         if (world_ == 1) return;
         Timer t(counters_);
         const auto watched = watch("MPI all-reduce of the gradients");
-        // MPI counts are int: reduce in slices of at most 2^30 elements.
-        constexpr size_t kSlice = size_t{1} << 30;
-        for (size_t off = 0; off < data.size(); off += kSlice) {
-            const int n = static_cast<int>(std::min(kSlice, data.size() - off));
-            MPI_Allreduce(MPI_IN_PLACE, data.data() + off, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        }
-        const float inv = 1.0f / static_cast<float>(world_);
-        for (float& x : data) x *= inv;
-        const uint64_t wire = 2 * static_cast<uint64_t>(world_ - 1) * data.size_bytes() / world_;
-        counters_.bytes_sent += wire;
-        counters_.bytes_recv += wire;
+        mean_fp32(data.data(), data.size(), stage_, MPI_COMM_WORLD);
+        count_allreduce(data.size_bytes());
     }
 
     void allreduce_mean_bf16(std::span<float> data) override {
@@ -102,19 +103,57 @@ public:
         if (world_ == 1) return;
         Timer t(counters_);
         const auto watched = watch("MPI all-reduce of the gradients (bf16)");
-        if (bf16_sum_op_ == MPI_OP_NULL) MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_);
         wire_.resize(data.size());
-        for (size_t i = 0; i < data.size(); i++) wire_[i] = km::bf16_bits_rne(data[i]);
-        constexpr size_t kSlice = size_t{1} << 30;
-        for (size_t off = 0; off < data.size(); off += kSlice) {
-            const int n = static_cast<int>(std::min(kSlice, data.size() - off));
-            MPI_Allreduce(MPI_IN_PLACE, wire_.data() + off, n, MPI_UINT16_T, bf16_sum_op_, MPI_COMM_WORLD);
+        mean_bf16(data.data(), wire_.data(), data.size(), stage_bf16_, MPI_COMM_WORLD);
+        count_allreduce(data.size_bytes() / 2);
+    }
+
+    void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) override {
+        LLMC_CHECK(reduce_elems_ == 0 || (bf16 == reduce_bf16_ && total == reduce_total_ && base == reduce_base_),
+                   "MPI overlapped all-reduce: one finish() covers one buffer in one wire format");
+        size_t elems = 0;
+        for (const ParamRange& r : ranges) {
+            LLMC_CHECK(r.offset + r.numel <= total, "MPI overlapped all-reduce: a range lies outside the buffer");
+            elems += r.numel;
         }
-        const float inv = 1.0f / static_cast<float>(world_);
-        for (size_t i = 0; i < data.size(); i++) data[i] = km::bf16_bits_to_float(wire_[i]) * inv;
-        const uint64_t wire = 2 * static_cast<uint64_t>(world_ - 1) * (data.size_bytes() / 2) / world_;
-        counters_.bytes_sent += wire;
-        counters_.bytes_recv += wire;
+        Timer t(counters_, /*counts=*/false);
+        const bool first = reduce_elems_ == 0;
+        reduce_elems_ += elems;
+        reduce_base_ = base;
+        reduce_total_ = total;
+        reduce_bf16_ = bf16;
+        if (world_ == 1) return;
+        const auto watched = watch("MPI all-reduce of the gradients (start)");
+        if (reduce_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &reduce_comm_);  // every rank's first start
+        if (bf16 && first) reduce_wire_.resize(total);  // nothing in flight reads it between a finish and a first start
+        {
+            std::lock_guard lock(reduce_mutex_);
+            for (const ParamRange& r : ranges)
+                if (r.numel) reduce_queue_.push_back({base + r.offset, bf16 ? reduce_wire_.data() + r.offset : nullptr, r.numel});
+        }
+        if (!comm_thread_ok_) return;  // finish() reduces them
+        if (!reducer_.joinable()) reducer_ = std::thread([this] { run_reducer(); });
+        reduce_ready_.notify_one();
+    }
+
+    void allreduce_mean_finish() override {
+        const size_t bytes = reduce_elems_ * (reduce_bf16_ ? sizeof(uint16_t) : sizeof(float));
+        if (reduce_elems_ == 0) return;
+        reduce_elems_ = 0;
+        counters_.payload_bytes += bytes;
+        if (world_ == 1) return;
+        Timer t(counters_);
+        const auto watched = watch("MPI all-reduce of the gradients (overlapped)");
+        if (comm_thread_ok_) {
+            reduce_awaited_ = true;  // the reducer stops sleeping between its polls: nothing else runs now
+            std::unique_lock lock(reduce_mutex_);
+            reduce_done_.wait(lock, [this] { return reduce_queue_.empty(); });
+            reduce_awaited_ = false;
+        } else {
+            for (const ReduceJob& job : reduce_queue_) reduce_range(job);
+            reduce_queue_.clear();
+        }
+        count_allreduce(bytes);
     }
 
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
@@ -149,7 +188,7 @@ public:
         }
         const auto watched = watch("MPI all-gather of the DeMo buckets (start)");
         if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
-        if (gather_thread_ok_) {
+        if (comm_thread_ok_) {
             gather_thread_ = std::thread([this] {
                 lay_out_gather();
                 gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
@@ -202,6 +241,16 @@ public:
     }
 
 private:
+    // The reducer thread's wait for its requests: until `awaited` is set (the main thread waits for the
+    // collective, so nothing else needs the cores) poll and sleep in between instead of spinning inside MPI,
+    // leaving the cores to the computation the collective overlaps (the kernel moves the TCP data meanwhile).
+    static void wait_politely(std::span<MPI_Request> requests, const std::atomic<bool>& awaited) {
+        for (int done = 0;;) {
+            MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+            if (done) return;
+            if (!awaited.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    }
     void exchange_sizes(int my_size, std::vector<int>& sizes, MPI_Comm comm) const {
         sizes.resize(world_);
         MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
@@ -221,6 +270,13 @@ private:
     size_t gather_slice_limit() const {
         size_t limit = static_cast<size_t>(INT32_MAX);
         if (const char* env = std::getenv("LLMC_MPI_GATHER_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
+        return limit;
+    }
+    // Elements per round of mean_in_rank_order: 2^24 bounds `stage` (64 MB of fp32) and keeps MPI's int counts;
+    // LLMC_MPI_REDUCE_SLICE lowers it, so tests can exercise the rounds with small buffers.
+    size_t reduce_slice_limit() const {
+        size_t limit = size_t{1} << 24;
+        if (const char* env = std::getenv("LLMC_MPI_REDUCE_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
         return limit;
     }
     // Every rank's sizes[r] bytes into all + offsets[r]. One MPI_Allgatherv when the total fits its int counts;
@@ -251,6 +307,115 @@ private:
                 if (counts[r] > 0) std::memcpy(all + offsets[r] + begin, stage.data() + displs[r], static_cast<size_t>(counts[r]));
         }
     }
+    // data <- mean over ranks of data, every element summed in rank order (((g0 + g1) + g2) + ...) and scaled
+    // by 1/W, however long the buffer and however the caller splits it (overlapped ranges give the bits of one
+    // all-reduce of the whole buffer), and whatever algorithm MPI would pick for MPI_Allreduce. Per slice, rank
+    // r owns share r (1/W of the slice). Reduce-scatter: in round k = 1..W-1 every rank sends its values of
+    // share r+k to rank r+k and receives share r's values from rank r-k, so the owner holds all W contributions
+    // and adds them in rank order. All-gather: a ring passes the reduced shares on, W-1 rounds. One message
+    // each way per round, as in a ring all-reduce, and the same bytes: 2 (W-1)/W of the buffer each way.
+    // `stage` receives the contributions to this rank's share. bf16: the values go to bf16 (`wire`, n elements)
+    // before they travel, and every partial sum is rounded to bf16, as a bf16 all-reduce rounds at each hop.
+    // One round: send `send_count` values to `to` while receiving `recv_count` from `from`. `polite` (the reducer
+    // thread): wait_politely until finish() waits for it.
+    template <typename Wire>
+    void exchange(const Wire* send, int send_count, int to, Wire* recv, int recv_count, int from, MPI_Datatype type,
+                  MPI_Comm comm, bool polite) const {
+        if (!polite) {
+            MPI_Sendrecv(send, send_count, type, to, 0, recv, recv_count, type, from, 0, comm, MPI_STATUS_IGNORE);
+            return;
+        }
+        MPI_Request requests[2];
+        MPI_Irecv(recv, recv_count, type, from, 0, comm, &requests[0]);
+        MPI_Isend(send, send_count, type, to, 0, comm, &requests[1]);
+        wait_politely(requests, reduce_awaited_);
+    }
+    template <typename Wire, typename Add>
+    void mean_in_rank_order(Wire* data, size_t n, std::vector<Wire>& stage, MPI_Datatype type, Add add, MPI_Comm comm,
+                            bool polite = false) const {
+        const size_t kSlice = reduce_slice_limit();
+        const int W = world_, me = rank_;
+        std::vector<size_t> begin_of(static_cast<size_t>(W) + 1);
+        for (size_t begin = 0; begin < n; begin += kSlice) {
+            const size_t m = std::min(kSlice, n - begin);
+            for (int r = 0; r <= W; r++) begin_of[r] = m * static_cast<size_t>(r) / static_cast<size_t>(W);
+            const auto count = [&](int r) { return static_cast<int>(begin_of[r + 1] - begin_of[r]); };
+            const size_t share = begin_of[me + 1] - begin_of[me];
+            stage.resize(std::max(stage.size(), share * static_cast<size_t>(W)));
+            Wire* slice = data + begin;
+            std::copy(slice + begin_of[me], slice + begin_of[me + 1], stage.begin() + static_cast<std::ptrdiff_t>(share * me));
+            for (int k = 1; k < W; k++) {
+                const int to = (me + k) % W, from = (me - k + W) % W;
+                exchange(slice + begin_of[to], count(to), to, stage.data() + share * static_cast<size_t>(from),
+                         static_cast<int>(share), from, type, comm, polite);
+            }
+            for (size_t i = 0; i < share; i++) {
+                Wire sum = stage[i];
+                for (int r = 1; r < W; r++) sum = add(sum, stage[share * static_cast<size_t>(r) + i]);
+                slice[begin_of[me] + i] = sum;
+            }
+            const int right = (me + 1) % W, left = (me - 1 + W) % W;
+            for (int k = 1; k < W; k++) {
+                const int send_share = (me - k + 1 + W) % W, recv_share = (me - k + W) % W;
+                exchange(slice + begin_of[send_share], count(send_share), right, slice + begin_of[recv_share],
+                         count(recv_share), left, type, comm, polite);
+            }
+        }
+    }
+    void mean_fp32(float* data, size_t n, std::vector<float>& stage, MPI_Comm comm, bool polite = false) const {
+        mean_in_rank_order(data, n, stage, MPI_FLOAT, [](float a, float b) { return a + b; }, comm, polite);
+        const float inv = 1.0f / static_cast<float>(world_);
+        for (size_t i = 0; i < n; i++) data[i] *= inv;
+    }
+    void mean_bf16(float* data, uint16_t* wire, size_t n, std::vector<uint16_t>& stage, MPI_Comm comm,
+                   bool polite = false) const {
+        for (size_t i = 0; i < n; i++) wire[i] = km::bf16_bits_rne(data[i]);
+        mean_in_rank_order(wire, n, stage, MPI_UINT16_T, [](uint16_t a, uint16_t b) {
+            return km::bf16_bits_rne(km::bf16_bits_to_float(a) + km::bf16_bits_to_float(b));
+        }, comm, polite);
+        const float inv = 1.0f / static_cast<float>(world_);
+        for (size_t i = 0; i < n; i++) data[i] = km::bf16_bits_to_float(wire[i]) * inv;
+    }
+    // Ring model of an all-reduce of `bytes` (transport.h).
+    void count_allreduce(uint64_t bytes) {
+        const uint64_t wire = 2 * static_cast<uint64_t>(world_ - 1) * bytes / world_;
+        counters_.bytes_sent += wire;
+        counters_.bytes_recv += wire;
+    }
+    // One range of the overlapped all-reduce, on its own communicator (the reducer thread, or finish()).
+    struct ReduceJob {
+        float* data;
+        uint16_t* wire;  // bf16 on the wire: the range's staging slots; fp32: null
+        size_t n;
+    };
+    void reduce_range(const ReduceJob& job) {
+        if (job.wire) mean_bf16(job.data, job.wire, job.n, reduce_stage_bf16_, reduce_comm_, true);
+        else mean_fp32(job.data, job.n, reduce_stage_, reduce_comm_, true);
+    }
+    // The reducer thread: takes ranges in start order; a range leaves the queue once reduced, so an empty queue
+    // means every started range is done.
+    void run_reducer() {
+        std::unique_lock lock(reduce_mutex_);
+        for (;;) {
+            reduce_ready_.wait(lock, [this] { return reducer_stop_ || !reduce_queue_.empty(); });
+            if (reduce_queue_.empty()) return;
+            const ReduceJob job = reduce_queue_.front();
+            lock.unlock();
+            reduce_range(job);
+            lock.lock();
+            reduce_queue_.pop_front();
+            if (reduce_queue_.empty()) reduce_done_.notify_all();
+        }
+    }
+    void stop_reducer() {
+        if (!reducer_.joinable()) return;
+        {
+            std::lock_guard lock(reduce_mutex_);
+            reducer_stop_ = true;
+        }
+        reduce_ready_.notify_one();
+        reducer_.join();
+    }
     // The overlapped gather's sizes (exchanged on gather_comm_), offsets and result buffer.
     void lay_out_gather() {
         exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
@@ -275,15 +440,32 @@ private:
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
     bool gather_deferred_ = false;  // an overlapped gather too large for one MPI_Iallgatherv: finish() runs it
-    bool gather_thread_ok_ = false;  // MPI_THREAD_MULTIPLE: the overlapped all-gather runs on a helper thread
+    bool comm_thread_ok_ = false;  // MPI_THREAD_MULTIPLE: the overlapped collectives run on helper threads
     MPI_Comm gather_comm_ = MPI_COMM_NULL;
     std::thread gather_thread_;
     MPI_Request gather_request_ = MPI_REQUEST_NULL;
     std::vector<int> gather_sizes_;
     std::vector<size_t> gather_offsets_;
     std::vector<std::byte> gather_send_, gather_all_;  // the overlapped all-gather's own copy of `mine`; its result
-    MPI_Op bf16_sum_op_ = MPI_OP_NULL;
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
+    std::vector<float> stage_;     // the all-reduces' contributions to this rank's share (mean_in_rank_order)
+    std::vector<uint16_t> stage_bf16_;
+    // The overlapped all-reduce: its communicator, the ranges not yet reduced (guarded by reduce_mutex_), the
+    // buffer and wire format of the step's ranges (for start()'s checks), and its bf16 staging buffer (indexed
+    // like the buffer).
+    MPI_Comm reduce_comm_ = MPI_COMM_NULL;
+    std::thread reducer_;
+    std::mutex reduce_mutex_;
+    std::condition_variable reduce_ready_, reduce_done_;
+    std::deque<ReduceJob> reduce_queue_;
+    bool reducer_stop_ = false;
+    std::atomic<bool> reduce_awaited_{false};  // finish() is waiting for the reducer
+    float* reduce_base_ = nullptr;
+    size_t reduce_total_ = 0, reduce_elems_ = 0;
+    bool reduce_bf16_ = false;
+    std::vector<uint16_t> reduce_wire_;
+    std::vector<float> reduce_stage_;  // the reducer's own stage_ and stage_bf16_
+    std::vector<uint16_t> reduce_stage_bf16_;
 };
 
 }  // namespace

@@ -7,7 +7,7 @@
 //    allreduce_mean_bf16 (--grad_wire bf16): the values rounded to bf16 on the device, ncclAllReduce(ncclSum)
 //    of bf16 (NCCL adds in fp32 and rounds each partial sum to bf16, the MPI transport's arithmetic), then
 //    x = float(sum) / world as the CPU transport does.
-//  - allreduce_mean_start / _finish (OverlappedGradReduce, optimizer_cuda.cuh): the same averages per range,
+//  - allreduce_mean_start / _finish (transport.h; device buffers): the same averages per range,
 //    enqueued while the backward still runs (AdamW-DDP's overlap, LLMC_DDP_OVERLAP in train_gpt.cu); each
 //    start is one NCCL group of all-reduces behind an event of the compute stream, and only finish() blocks.
 //  - allgather_bytes: size exchange (ncclAllGather of one uint64 per rank), then one grouped ncclBroadcast per
@@ -113,7 +113,7 @@ __global__ void bf16_wire_unpack_kernel(float* x, const uint16_t* wire, size_t n
         x[i] = km::bf16_bits_to_float(wire[i]) * inv_world;
 }
 
-class NcclTransport final : public Transport, public OverlappedGradReduce {
+class NcclTransport final : public Transport {
 public:
     // `world`: the process transport (rank, size, id broadcast, scalars). `compute_stream`: where the buffers
     // handed to collectives are produced. The current CUDA device must already be set. A world of one skips
@@ -193,7 +193,8 @@ public:
         if (!on_device) CUDA_CHECK(cudaMemcpy(data.data(), buf, data.size_bytes(), cudaMemcpyDeviceToHost));
     }
 
-    // OverlappedGradReduce. A world of one only counts the payload (allreduce_mean's behaviour).
+    // The overlapped all-reduce of transport.h; finish() also makes the compute stream wait for it. A world of
+    // one only counts the payload (allreduce_mean's behaviour).
     void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) override {
         LLMC_CHECK(pending_elems_ == 0 || (bf16 == pending_bf16_ && total == pending_total_),
                    "NCCL overlapped all-reduce: one finish() covers one buffer in one wire format");

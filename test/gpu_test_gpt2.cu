@@ -119,6 +119,37 @@ int main(int argc, char** argv) {
         model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f);
         const std::vector<float> grads2 = model.download_grads();
         checks.expect(std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float)) == 0, "gradients bit-identical on rerun");
+        // the backward's reports of final gradients (AdamW-DDP's overlapped all-reduce starts on them): every
+        // parameter once, and nothing written after its report; the callback waits for the GPU to copy what a
+        // report covers then, and the copies must equal the finished gradients
+        {
+            std::vector<int> reported(layout.num_params, 0);
+            std::vector<float> at_report(layout.num_params, 0.0f);
+            int reports = 0;
+            model.zero_grad();
+            model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f,
+                                   [&](std::span<const ParamRange> ranges) {
+                                       reports++;
+                                       CUDA_CHECK(cudaDeviceSynchronize());
+                                       for (const ParamRange& r : ranges) {
+                                           for (size_t i = r.offset; i < r.offset + r.numel; i++) reported[i]++;
+                                           CUDA_CHECK(cudaMemcpy(at_report.data() + r.offset, model.grads() + r.offset,
+                                                                 r.numel * sizeof(float), cudaMemcpyDeviceToHost));
+                                       }
+                                   });
+            const std::vector<float> final_grads = model.download_grads();
+            size_t not_once = 0, changed = 0;
+            for (size_t i = 0; i < layout.num_params; i++) {
+                not_once += reported[i] != 1;
+                changed += std::memcmp(&at_report[i], &final_grads[i], sizeof(float)) != 0;
+            }
+            std::printf("  final-gradient reports: %d, parameters not reported exactly once %zu, changed after their report %zu\n",
+                        reports, not_once, changed);
+            checks.expect(reports == layout.config.num_layers + 1 && not_once == 0 && changed == 0,
+                          "the backward reports every gradient once, after its last write");
+            checks.expect(std::memcmp(grads.data(), final_grads.data(), grads.size() * sizeof(float)) == 0,
+                          "gradients with reports bit-identical to those without");
+        }
 
         // 3. AdamW steps on the same batch: loss before each step and the gradient norm
         bool losses_ok = true, norms_ok = true;

@@ -1,7 +1,8 @@
 // Tests of llm.c model checkpoint I/O (bit-exact fp32 round trip, bf16 loading, and rejection of wrong
 // magic, version, truncation, trailing bytes and shape mismatch, each naming the file) and of the GPT2Cpu
 // behaviour that needs no reference files: GPT-2 init, input validation, determinism, gradient
-// accumulation and a finite-difference gradient check. The comparison with PyTorch is test_gpt2_vs_torch.
+// accumulation, the backward's reports of final gradients and a finite-difference gradient check. The
+// comparison with PyTorch is test_gpt2_vs_torch.
 #include <omp.h>
 #include <stdlib.h>
 
@@ -282,6 +283,48 @@ TEST(forward_backward_are_deterministic_and_accumulate) {
     for (size_t i = size_t(config.vocab_size) * config.channels; i < wte.numel; i++)
         padded_grads_zero &= model.grads()[wte.offset + i] == 0.0f;
     EXPECT(padded_grads_zero);
+}
+
+// The backward's reports of final gradients (what AdamW-DDP starts all-reducing during the backward): every
+// parameter exactly once, layers from last to first and then the embeddings, and nothing the backward writes
+// after a report: the reported ranges hold at report time what they hold once the backward is done. A second
+// (accumulating) backward reports too, with the same contract; the gradients equal a backward without reports.
+TEST(backward_reports_each_gradient_once_when_final) {
+    const llmc::ModelConfig config = tiny_config();
+    const int B = 2, T = 16;
+    const std::vector<int> tokens = random_tokens(B * T + 1, config.vocab_size, 13);
+    llmc::GPT2Cpu model(config), plain(config);
+    model.init_random(6);
+    plain.init_random(6);
+    const llmc::ParamLayout& layout = model.layout();
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) model.zero_grad(), plain.zero_grad();
+        model.forward(tokens.data(), tokens.data() + 1, B, T);
+        plain.forward(tokens.data(), tokens.data() + 1, B, T);
+        std::vector<int> reports(layout.num_params, 0);
+        std::vector<std::pair<llmc::ParamRange, std::vector<float>>> snapshots;
+        std::vector<size_t> first_offsets;
+        model.backward(0.5f, [&](std::span<const llmc::ParamRange> ranges) {
+            first_offsets.push_back(ranges.empty() ? 0 : ranges.back().offset);
+            for (const llmc::ParamRange& r : ranges) {
+                for (size_t i = r.offset; i < r.offset + r.numel; i++) reports[i]++;
+                const auto g = model.grads().subspan(r.offset, r.numel);
+                snapshots.push_back({r, std::vector<float>(g.begin(), g.end())});
+            }
+        });
+        plain.backward(0.5f);
+        EXPECT(std::all_of(reports.begin(), reports.end(), [](int n) { return n == 1; }));
+        EXPECT_EQ(first_offsets.size(), size_t(config.num_layers + 1));  // one report per layer, one for the embeddings
+        // the reports' last range: layer L-1's c_proj bias first, down to layer 0's, then wpe
+        for (int l = 0; l < config.num_layers; l++)
+            EXPECT_EQ(first_offsets[size_t(config.num_layers - 1 - l)], layout.find("h." + std::to_string(l) + ".mlp.c_proj.bias").offset);
+        EXPECT_EQ(first_offsets.back(), layout.find("wpe.weight").offset);
+        size_t changed = 0;
+        for (const auto& [r, values] : snapshots)
+            for (size_t i = 0; i < r.numel; i++) changed += values[i] != model.grads()[r.offset + i];
+        EXPECT_EQ(changed, size_t{0});
+        EXPECT(std::memcmp(plain.grads().data(), model.grads().data(), layout.num_params * sizeof(float)) == 0);
+    }
 }
 
 // Central differences on the loss for the largest-gradient entry of every parameter kind: an independent

@@ -1,8 +1,8 @@
 // Run under mpirun -np N (test/test_mpi.sh). Each rank trains tensors of awkward shapes with its own
 // pseudo-random gradients through the MPI transport; every rank also simulates all N ranks in one process
 // (N optimizer instances, buckets concatenated by hand) and checks that the real run gives exactly the same
-// parameters and momentum: DeMo bit-identical for every wire encoding, AdamW-DDP to float-summation-order
-// tolerance. Also checks the byte counters against the bucket sizes. Built without MPI it skips.
+// parameters and momentum, bit for bit: DeMo for every wire encoding, AdamW-DDP (the transport sums in rank
+// order). Also checks the byte counters against the bucket sizes. Built without MPI it skips.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -10,6 +10,7 @@
 
 #include "demo/demo_optimizer.h"
 #include "llmc/adamw.h"
+#include "llmc/kernel_math.h"
 #include "llmc/rng.h"
 #include "llmc/transport_mpi.h"
 #include "test/demo_simulation.h"
@@ -247,14 +248,14 @@ TEST(adamw_ddp_averages_gradients) {
             const std::vector<float> gr = gradient(layout.num_params, r, s);
             for (size_t i = 0; i < mean.size(); i++) mean[i] += gr[i];
         }
-        for (float& x : mean) x /= static_cast<float>(W);
+        const float inv = 1.0f / static_cast<float>(W);
+        for (float& x : mean) x *= inv;
         single.step(p_sim, mean, 1e-3f);
     }
-    // MPI may sum the ranks in another order; after 4 Adam steps of size ~lr the parameters agree to well
-    // below lr (each element moves by at most ~lr per step, rounding differences are ~1e-7 relative).
-    double max_diff = 0.0;
-    for (size_t i = 0; i < p_real.size(); i++) max_diff = std::max(max_diff, double(std::fabs(p_real[i] - p_sim[i])));
-    EXPECT(max_diff < 1e-5);
+    // The transport sums in rank order and scales by 1/W, as the hand-made mean: the same bits.
+    size_t differ = 0;
+    for (size_t i = 0; i < p_real.size(); i++) differ += p_real[i] != p_sim[i];
+    EXPECT_EQ(differ, size_t{0});
     (void)sim;
 }
 
@@ -279,6 +280,114 @@ TEST(bf16_allreduce_is_mean_within_bf16_rounding) {
         if (W == 1 ? mine[i] != all[0][i] : std::fabs(mine[i] - exact) > 2.0 * std::ldexp(S, -9) + 1e-30) bad++;
     }
     EXPECT_EQ(bad, size_t{0});
+    // Exactly: the ranks' bf16 values added in rank order, each partial sum rounded to bf16, times 1/W.
+    size_t differ = 0;
+    for (size_t i = 0; i < n && W > 1; i++) {
+        uint16_t sum = km::bf16_bits_rne(all[0][i]);
+        for (int r = 1; r < W; r++)
+            sum = km::bf16_bits_rne(km::bf16_bits_to_float(sum) + km::bf16_bits_to_float(km::bf16_bits_rne(all[r][i])));
+        differ += mine[i] != km::bf16_bits_to_float(sum) * (1.0f / static_cast<float>(W));
+    }
+    EXPECT_EQ(differ, size_t{0});
+}
+
+// AdamW-DDP's overlapped all-reduce (Transport::allreduce_mean_start / _finish): ranges started in several
+// calls, in no particular order, with a scalar reduction on the world communicator in between (the trainer's
+// main thread may use it while the reducer thread works). Oracles: the blocking all-reduce of each range on its
+// own (the same bits: every element is summed in rank order), the exact mean (float rounding), and the ring counters of
+// one all-reduce of all the ranges together. Elements outside the ranges stay as they were.
+TEST(overlapped_allreduce_equals_blocking_per_range) {
+    Transport& world = *g_world;
+    const int W = world.world_size(), me = world.rank();
+    const size_t n = 20000;
+    const std::vector<ParamRange> first = {{15000, 5000}, {9000, 3000}, {12500, 0}}, second = {{100, 8000}, {12000, 2500}};
+    size_t covered = 0;
+    for (const auto* part : {&first, &second})
+        for (const ParamRange& r : *part) covered += r.numel;
+    for (bool bf16 : {false, true}) {
+        const std::vector<float> local = gradient(n, me, 11);
+        std::vector<float> overlapped = local, blocking = local;
+        world.reset_counters();
+        world.allreduce_mean_start(overlapped.data(), n, first, bf16);
+        std::vector<double> scalar = {1.0};
+        world.allreduce_sum(scalar);
+        EXPECT_EQ(scalar[0], static_cast<double>(W));
+        world.allreduce_mean_start(overlapped.data(), n, second, bf16);
+        world.allreduce_mean_finish();
+        const CommCounters c = world.counters();
+        const uint64_t bytes = covered * (bf16 ? 2 : 4);
+        EXPECT_EQ(c.payload_bytes, bytes);
+        EXPECT_EQ(c.bytes_sent, 2 * static_cast<uint64_t>(W - 1) * bytes / W);
+        EXPECT_EQ(c.bytes_recv, c.bytes_sent);
+        EXPECT_EQ(c.collectives, uint64_t{W > 1 ? 1u : 0u});
+
+        for (const auto* part : {&first, &second})
+            for (const ParamRange& r : *part) {
+                std::span<float> range(blocking.data() + r.offset, r.numel);
+                if (bf16) world.allreduce_mean_bf16(range);
+                else world.allreduce_mean(range);
+            }
+        std::vector<std::vector<float>> all;
+        for (int r = 0; r < W; r++) all.push_back(gradient(n, r, 11));
+        size_t differ = 0, off_mean = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (overlapped[i] != blocking[i]) differ++;
+            double exact = 0.0, S = 0.0;
+            for (int r = 0; r < W; r++) exact += all[r][i], S += std::fabs(all[r][i]);
+            exact /= W;
+            const bool in_range = (i >= 100 && i < 8100) || (i >= 9000 && i < 14500) || i >= 15000;
+            if (!in_range && overlapped[i] != local[i]) off_mean++;
+            if (in_range && W > 1 && std::fabs(overlapped[i] - exact) > (bf16 ? 2.0 * std::ldexp(S, -9) : 1e-6 * S) + 1e-30)
+                off_mean++;
+        }
+        EXPECT_EQ(differ, size_t{0});
+        EXPECT_EQ(off_mean, size_t{0});
+    }
+    std::vector<float> buffer(100, 1.0f);
+    const std::vector<ParamRange> outside = {{0, 10}, {95, 10}};
+    EXPECT_ERROR(world.allreduce_mean_start(buffer.data(), buffer.size(), outside, false), "outside the buffer");
+    world.allreduce_mean_finish();  // nothing was started: a no-op
+}
+
+// AdamW with its gradients reported final in backward order (on_gradients_final, three calls, tensors last to
+// first) takes the same step as AdamW all-reducing after the backward, bit for bit: every element is summed in
+// rank order either way. A step with part of the gradient reported refuses to run.
+TEST(adamw_overlapped_step_equals_step_after_backward) {
+    Transport& world = *g_world;
+    const int me = world.rank();
+    const ParamLayout layout = awkward_layout();
+    for (GradWire wire : {GradWire::fp32, GradWire::bf16}) {
+        OptimizerConfig cfg;
+        cfg.adamw.grad_wire = wire;
+        AdamW overlapped(cfg, layout, world), after(cfg, layout, world);
+        std::vector<float> p_overlapped = initial_params(layout.num_params), p_after = p_overlapped;
+        for (int s = 0; s < 3; s++) {
+            std::vector<float> g_overlapped = gradient(layout.num_params, me, s), g_after = g_overlapped;
+            world.reset_counters();
+            std::vector<ParamRange> ranges;
+            for (size_t t = layout.tensors.size(); t-- > 0;) ranges.push_back({layout.tensors[t].offset, layout.tensors[t].numel});
+            overlapped.on_gradients_final(g_overlapped, std::span(ranges).subspan(0, 2));
+            overlapped.on_gradients_final(g_overlapped, std::span(ranges).subspan(2, 4));
+            overlapped.on_gradients_final(g_overlapped, std::span(ranges).subspan(6));
+            const StepResult r_overlapped = overlapped.step(p_overlapped, g_overlapped, 1e-3f);
+            const CommCounters c_overlapped = world.counters();
+            world.reset_counters();
+            const StepResult r_after = after.step(p_after, g_after, 1e-3f);
+            EXPECT_EQ(c_overlapped.payload_bytes, world.counters().payload_bytes);
+            EXPECT_EQ(c_overlapped.bytes_sent, world.counters().bytes_sent);
+            EXPECT_EQ(c_overlapped.collectives, world.counters().collectives);
+            EXPECT_EQ(r_overlapped.grad_norm, r_after.grad_norm);
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < p_after.size(); i++) differ += p_overlapped[i] != p_after[i];
+        EXPECT_EQ(differ, size_t{0});
+
+        std::vector<float> g = gradient(layout.num_params, me, 9);
+        const std::vector<ParamRange> part = {{layout.tensors.back().offset, layout.tensors.back().numel}};
+        overlapped.on_gradients_final(g, part);
+        EXPECT_ERROR(overlapped.step(p_overlapped, g, 1e-3f), "the overlapped all-reduce needs all");
+        world.allreduce_mean_finish();  // what was started completes on every rank
+    }
 }
 
 int main(int argc, char** argv) {

@@ -3,7 +3,8 @@
 Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny config and asserts on what it
 wrote: determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for
 1 and 2 ranks (and DeMo with --demo_delay 1), AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a resume with another
-world size (and --reset_momentum accepting it), and one-line errors with a non-zero exit and no hang for bad
+world size (and --reset_momentum accepting it), AdamW-DDP's overlapped all-reduce giving the bits of the
+all-reduce after the backward, and one-line errors with a non-zero exit and no hang for bad
 input, a rank killed mid-run ending the whole job (then resumed), and a rank that stops without dying ending
 it after --comm_timeout. Failures are collected and reported
 together.
@@ -32,12 +33,12 @@ def check(cond, what):
         failures.append(what)
 
 
-def run(args, ranks=None, expect_ok=True, timeout=300):
+def run(args, ranks=None, expect_ok=True, timeout=300, env=None):
     if ranks is None:
         cmd = [TRAINER] + args + ["--threads", "2"]
     else:
         cmd = ["mpirun", "-np", str(ranks), TRAINER] + args + ["--threads", "1"]
-    p = subprocess.run(cmd, cwd=ROOT, env=MPI_ENV, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(MPI_ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
     if expect_ok and p.returncode != 0:
         print(p.stdout[-3000:], p.stderr[-3000:])
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}")
@@ -230,6 +231,40 @@ def delay_checks():
     return delayed
 
 
+def ddp_overlap_checks():
+    """AdamW-DDP's all-reduce overlapped with the backward (LLMC_DDP_OVERLAP=1, the default) against the
+    all-reduce after the backward (0): 3 ranks, 2 micro-steps per step (only the last backward reports its
+    gradients), fp32 and bf16 on the wire. The transport sums every element in rank order, so the runs must
+    agree bit for bit: losses, gradient norms, bytes and the checkpointed weights. The run record says which
+    one ran; a bad value is a one-line error."""
+    args = BASE + ["--optimizer", "adamw", "--steps", "4", "--total_batch_size", str(2 * 3 * 4 * 32),
+                   "--val_every", "2", "--checkpoint_every", "4"]
+
+    def rows(out_dir):
+        rs = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
+        return [(r["step"], r["loss"], r["grad_norm"], r["bytes_sent"], r["payload_bytes"]) for r in rs
+                if r.get("type") == "train"]
+
+    def record(out_dir):
+        return json.load(open(os.path.join(out_dir, "config.json")))["_run"].get("ddp_overlap")
+
+    def weights(out_dir):
+        return open(os.path.join(out_dir, "checkpoints", "step_00000004", "model.bin"), "rb").read()
+    for wire in ("fp32", "bf16"):
+        on, off = fresh(f"overlap-{wire}-on"), fresh(f"overlap-{wire}-off")
+        run(args + ["--grad_wire", wire, "--out_dir", on], 3, env={"LLMC_DDP_OVERLAP": "1"})
+        run(args + ["--grad_wire", wire, "--out_dir", off], 3, env={"LLMC_DDP_OVERLAP": "0"})
+        check(rows(on) == rows(off) and losses(on) == losses(off) and len(rows(on)) == 4,
+              f"AdamW-DDP, 3 ranks, 2 micro-steps, {wire} wire: overlapped all-reduce gives LLMC_DDP_OVERLAP=0's "
+              f"losses, gradient norms and bytes bit for bit ({rows(on)[-1]} vs {rows(off)[-1]})")
+        check(weights(on) == weights(off), f"... and the same checkpointed weights ({wire} wire)")
+        check(record(on) is True and record(off) is False, "config.json's _run.ddp_overlap says which ran")
+    p = run(BASE + ["--out_dir", fresh("bad-overlap")], None, expect_ok=False, timeout=60, env={"LLMC_DDP_OVERLAP": "yes"})
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    check(p.returncode != 0 and len(lines) == 1 and "LLMC_DDP_OVERLAP must be 0 or 1; got 'yes'" in lines[0],
+          "LLMC_DDP_OVERLAP=yes: one-line error: " + p.stderr.strip()[:160])
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
@@ -240,6 +275,7 @@ def main():
         demo2 = resume_case("demo", 2)
         resume_case("adamw", 2)
         delayed = delay_checks()
+        ddp_overlap_checks()
 
         # Another world size: refused with a clear message, accepted with --reset_momentum.
         ck = os.path.join(demo2, "checkpoints", "step_00000003")
