@@ -117,7 +117,6 @@ public:
             elems += r.numel;
         }
         Timer t(counters_, /*counts=*/false);
-        const bool first = reduce_elems_ == 0;
         reduce_elems_ += elems;
         reduce_base_ = base;
         reduce_total_ = total;
@@ -125,11 +124,10 @@ public:
         if (world_ == 1) return;
         const auto watched = watch("MPI all-reduce of the gradients (start)");
         if (reduce_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &reduce_comm_);  // every rank's first start
-        if (bf16 && first) reduce_wire_.resize(total);  // nothing in flight reads it between a finish and a first start
+        if (elems == 0) return;
         {
             std::lock_guard lock(reduce_mutex_);
-            for (const ParamRange& r : ranges)
-                if (r.numel) reduce_queue_.push_back({base + r.offset, bf16 ? reduce_wire_.data() + r.offset : nullptr, r.numel});
+            reduce_queue_.push_back({base, std::vector<ParamRange>(ranges.begin(), ranges.end()), elems, bf16});
         }
         if (!comm_thread_ok_) return;  // finish() reduces them
         if (!reducer_.joinable()) reducer_ = std::thread([this] { run_reducer(); });
@@ -150,7 +148,7 @@ public:
             reduce_done_.wait(lock, [this] { return reduce_queue_.empty(); });
             reduce_awaited_ = false;
         } else {
-            for (const ReduceJob& job : reduce_queue_) reduce_range(job);
+            for (const ReduceJob& job : reduce_queue_) reduce_job(job);
             reduce_queue_.clear();
         }
         count_allreduce(bytes);
@@ -382,26 +380,51 @@ private:
         counters_.bytes_sent += wire;
         counters_.bytes_recv += wire;
     }
-    // One range of the overlapped all-reduce, on its own communicator (the reducer thread, or finish()).
+    // One start()'s ranges of the overlapped all-reduce, on its own communicator (the reducer thread, or
+    // finish()). Several ranges are packed into one buffer and travel as one all-reduce: 2 (W-1) rounds for a
+    // layer instead of as many per tensor (its biases and LayerNorms are a few hundred values each), with the
+    // same bits, since every element is summed in rank order either way.
     struct ReduceJob {
-        float* data;
-        uint16_t* wire;  // bf16 on the wire: the range's staging slots; fp32: null
-        size_t n;
+        float* base;
+        std::vector<ParamRange> ranges;
+        size_t elems;
+        bool bf16;
     };
-    void reduce_range(const ReduceJob& job) {
-        if (job.wire) mean_bf16(job.data, job.wire, job.n, reduce_stage_bf16_, reduce_comm_, true);
-        else mean_fp32(job.data, job.n, reduce_stage_, reduce_comm_, true);
+    void reduce_job(const ReduceJob& job) {
+        const auto mean = [&](float* data, size_t n) {
+            if (!job.bf16) return mean_fp32(data, n, reduce_stage_, reduce_comm_, /*polite=*/true);
+            reduce_wire_.resize(std::max(reduce_wire_.size(), n));
+            mean_bf16(data, reduce_wire_.data(), n, reduce_stage_bf16_, reduce_comm_, /*polite=*/true);
+        };
+        const auto nonempty = [](const ParamRange& r) { return r.numel > 0; };
+        if (std::count_if(job.ranges.begin(), job.ranges.end(), nonempty) == 1) {
+            const ParamRange& r = *std::find_if(job.ranges.begin(), job.ranges.end(), nonempty);
+            return mean(job.base + r.offset, r.numel);
+        }
+        reduce_pack_.resize(std::max(reduce_pack_.size(), job.elems));
+        size_t at = 0;
+        for (const ParamRange& r : job.ranges) {
+            std::copy(job.base + r.offset, job.base + r.offset + r.numel, reduce_pack_.begin() + static_cast<std::ptrdiff_t>(at));
+            at += r.numel;
+        }
+        mean(reduce_pack_.data(), job.elems);
+        at = 0;
+        for (const ParamRange& r : job.ranges) {
+            std::copy(reduce_pack_.begin() + static_cast<std::ptrdiff_t>(at),
+                      reduce_pack_.begin() + static_cast<std::ptrdiff_t>(at + r.numel), job.base + r.offset);
+            at += r.numel;
+        }
     }
-    // The reducer thread: takes ranges in start order; a range leaves the queue once reduced, so an empty queue
+    // The reducer thread: takes the jobs in start order; a job leaves the queue once reduced, so an empty queue
     // means every started range is done.
     void run_reducer() {
         std::unique_lock lock(reduce_mutex_);
         for (;;) {
             reduce_ready_.wait(lock, [this] { return reducer_stop_ || !reduce_queue_.empty(); });
             if (reduce_queue_.empty()) return;
-            const ReduceJob job = reduce_queue_.front();
+            const ReduceJob& job = reduce_queue_.front();  // stays put: start() only appends to the deque
             lock.unlock();
-            reduce_range(job);
+            reduce_job(job);
             lock.lock();
             reduce_queue_.pop_front();
             if (reduce_queue_.empty()) reduce_done_.notify_all();
@@ -450,9 +473,8 @@ private:
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
     std::vector<float> stage_;     // the all-reduces' contributions to this rank's share (mean_in_rank_order)
     std::vector<uint16_t> stage_bf16_;
-    // The overlapped all-reduce: its communicator, the ranges not yet reduced (guarded by reduce_mutex_), the
-    // buffer and wire format of the step's ranges (for start()'s checks), and its bf16 staging buffer (indexed
-    // like the buffer).
+    // The overlapped all-reduce: its communicator, the jobs not yet reduced (guarded by reduce_mutex_), the
+    // buffer and wire format of the step's ranges (for start()'s checks), and the reducer's buffers.
     MPI_Comm reduce_comm_ = MPI_COMM_NULL;
     std::thread reducer_;
     std::mutex reduce_mutex_;
@@ -463,6 +485,7 @@ private:
     float* reduce_base_ = nullptr;
     size_t reduce_total_ = 0, reduce_elems_ = 0;
     bool reduce_bf16_ = false;
+    std::vector<float> reduce_pack_;   // a job's ranges back to back
     std::vector<uint16_t> reduce_wire_;
     std::vector<float> reduce_stage_;  // the reducer's own stage_ and stage_bf16_
     std::vector<uint16_t> reduce_stage_bf16_;
