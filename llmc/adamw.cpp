@@ -29,14 +29,13 @@ StepResult AdamW::step(std::span<float> params, std::span<float> grads, float lr
                "adamw: parameter buffer size does not match the model layout");
     StepResult result;
     auto start = std::chrono::steady_clock::now();
-    const bool bf16_wire = config_.adamw.grad_wire == GradWire::bf16;
     if (overlapped_ > 0) {
         LLMC_CHECK(overlapped_ == layout_.num_params,
                    "adamw: the backward reported " + std::to_string(overlapped_) + " of " +
                        std::to_string(layout_.num_params) + " gradients as final; the overlapped all-reduce needs all");
         overlapped_ = 0;
         transport_.allreduce_mean_finish();
-    } else if (bf16_wire) {
+    } else if (bf16_wire()) {
         transport_.allreduce_mean_bf16(grads);
     } else {
         transport_.allreduce_mean(grads);
@@ -77,7 +76,7 @@ StepResult AdamW::step(std::span<float> params, std::span<float> grads, float lr
 void AdamW::on_gradients_final(std::span<float> grads, std::span<const ParamRange> ranges) {
     LLMC_CHECK(grads.size() == layout_.num_params, "adamw: gradient buffer size does not match the model layout");
     for (const ParamRange& r : ranges) overlapped_ += r.numel;
-    transport_.allreduce_mean_start(grads.data(), grads.size(), ranges, config_.adamw.grad_wire == GradWire::bf16);
+    transport_.allreduce_mean_start(grads.data(), grads.size(), ranges, bf16_wire());
 }
 
 void AdamW::save_state(ByteWriter& out) const {

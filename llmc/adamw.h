@@ -21,6 +21,8 @@ public:
     void on_gradients_final(std::span<float> grads, std::span<const ParamRange> ranges) override;
 
 private:
+    bool bf16_wire() const { return config_.adamw.grad_wire == GradWire::bf16; }
+
     OptimizerConfig config_;
     const ParamLayout& layout_;
     Transport& transport_;

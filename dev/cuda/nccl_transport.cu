@@ -72,8 +72,9 @@ int main(int argc, char** argv) {
             ck.compare("allreduce_mean_bf16 (host)", x, want_bf16, 0.0f, 0.0f);
         }
 
-        // The overlapped all-reduce (allreduce_mean_start / _finish): ranges in backward order (high offsets first), over two
-        // start() calls, one empty range and a gap [gap_lo, gap_hi) that no range covers and must stay as it was.
+        // The overlapped all-reduce (allreduce_mean_start / _finish): ranges in backward order (high offsets first),
+        // over two start() calls, one empty range and a gap [gap_lo, gap_hi) that no range covers and must stay as
+        // it was.
         for (int bf16 = 0; bf16 < 2; bf16++) {
             const size_t no = 70001, gap_lo = 30000, gap_hi = 30017;
             std::vector<float> x(no), want_o(no);
