@@ -27,9 +27,10 @@
 //                               candidates, for timing them in whole steps; demo/demo_cuda.cuh);
 //   LLMC_TRANSPORT=mpi          gradients and DeMo buckets through pinned host memory and the MPI transport
 //                               instead of NCCL (llmc/transport_staged.cuh), for clusters without NCCL;
-//   LLMC_DDP_OVERLAP=0|1        --optimizer adamw over NCCL with several ranks: 1 (default) starts each layer's
-//                               gradient all-reduce as soon as the backward has finished it, overlapping the
-//                               rest of the backward (llmc/adamw.cuh); 0 all-reduces after the backward;
+//   LLMC_DDP_OVERLAP=0|1        --optimizer adamw with several ranks: 1 (default) starts each layer's gradient
+//                               all-reduce as soon as the backward has finished it, overlapping the rest of the
+//                               backward (llmc/adamw.cuh; with LLMC_TRANSPORT=mpi through host memory and MPI's
+//                               reducer thread); 0 all-reduces after the backward;
 //   LLMC_PROFILE_STEP=N         brackets step N with cudaProfilerStart/Stop, for `ncu --profile-from-start off`
 //                               or `nsys profile --capture-range=cudaProfilerApi`.
 #include <chrono>
@@ -80,7 +81,7 @@ bool env_flag(const char* name, bool default_value) {
 // buckets exchanged with NcclTransport::allgather_device (or through host memory without NCCL; with --demo_delay 1
 // the exchange is started at the end of a step and finished in the next one's optimizer step, so it overlaps that
 // step's forward and backward), the same state blob as demo::DemoOptimizer so checkpoints move between trainers.
-// overlap: the NCCL transport's overlapped all-reduce for AdamW-DDP (false: all-reduce after the backward).
+// overlap: the transport's overlapped all-reduce for AdamW-DDP (false: all-reduce after the backward).
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const TrainConfig& cfg, const ParamLayout& layout,
                                                        Transport& transport, CudaEnv& env, bool overlap) {
     if (cfg.optimizer == "demo")
@@ -169,14 +170,12 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     if (transport_kind != "nccl" && transport_kind != "mpi")
         fail("LLMC_TRANSPORT='" + transport_kind + "' is not a transport: use nccl (default) or mpi");
     std::unique_ptr<Transport> training_transport;
-    bool overlap = false;  // AdamW-DDP's all-reduce during the backward: NCCL, several ranks
-    if (transport_kind == "mpi") {
+    // AdamW-DDP's all-reduce during the backward, with several ranks (either transport)
+    const bool overlap = overlap_requested && cfg.optimizer == "adamw" && world > 1;
+    if (transport_kind == "mpi")
         training_transport = std::make_unique<HostStagedTransport>(world_transport, env.stream);
-    } else {
-        auto nccl = std::make_unique<NcclTransport>(world_transport, env.stream);
-        if (overlap_requested && nccl->uses_nccl() && cfg.optimizer == "adamw") overlap = true;
-        training_transport = std::move(nccl);
-    }
+    else
+        training_transport = std::make_unique<NcclTransport>(world_transport, env.stream);
     Transport& transport = *training_transport;
     GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env);
     std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env, overlap);
@@ -257,7 +256,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);
-        const StepResult result = optimizer->step(model.params(), model.grads(), lr);
+        StepResult result = optimizer->step(model.params(), model.grads(), lr);
+        if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights());
         env.sync();  // the step's device work is finished before its time is taken
         if (step == profile_step) CUDA_CHECK(cudaProfilerStop());

@@ -156,7 +156,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);
-        const StepResult result = optimizer->step(model.params(), model.grads(), lr);
+        StepResult result = optimizer->step(model.params(), model.grads(), lr);
+        if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
         reporter.report(step, t0, loss, lr, result, transport, state);
 

@@ -23,7 +23,8 @@
 // StepTimings::exchange is then the time inside finish and start. One bucket buffer suffices: its all-gather
 // is finished before the next compress rewrites it, and the gathered buckets are applied before the next start
 // overwrites them. The state blob keeps the pending round (this rank's bucket and lr); a run resumed from it
-// exchanges that bucket again at its first step.
+// exchanges that bucket again at its first step. After the last step, finish_updates applies the last round
+// (its lr, no weight decay), so the final weights and checkpoint hold every update and no pending round.
 // With --demo_delay 1 and eager updates (config.demo.eager, the default; the CPU optimizer's order again) the
 // master weights are the shared weights (identical on every rank; master_weights(), what checkpoints hold) and
 // the floatX params this rank's working weights: the shared ones minus lr * sign(decode(this rank's own bucket
@@ -282,6 +283,24 @@ public:
         result.seconds.exchange += seconds_since(start);
         if (eager()) apply_own_share(params, lr, stochastic_, result);  // while the all-gather runs
         return result;
+    }
+
+    // --demo_delay 1 after the last step: finish the pending round's exchange and apply it with its own lr and
+    // no weight decay (the next step's compress would have decayed), writing the master weights and the floatX
+    // copy (rounded as step t_ rounds): eager working weights become the shared ones. No pending round: nothing.
+    void finish_updates(llmc::floatX* params, llmc::StepResult& result) override {
+        if (!pending_) return;
+        const auto start = std::chrono::steady_clock::now();
+        if (!in_flight_) exchange_start();  // load_state's round
+        exchange_finish();
+        result.seconds.exchange += seconds_since(start);
+        cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
+        ap.apply_wd = false;
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        apply_gathered(params, ap);
+        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+        finish_apply(true, result);
+        pending_ = false;
     }
 
     float* master_weights() override { return master_; }

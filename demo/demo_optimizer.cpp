@@ -329,6 +329,21 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
     return result;
 }
 
+void DemoOptimizer::finish_updates(std::span<float> params, llmc::StepResult& result) {
+    if (!pending_.present) return;
+    LLMC_CHECK(!eager() || !master_.empty(), "DeMo: eager delayed updates need set_weights() after load_state()");
+    const std::span<float> shared = eager() ? std::span<float>(master_) : params;
+    check_buffers(shared.size(), params.size(), "finish_updates");
+    const auto t0 = now();
+    if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket);  // load_state's round
+    transport_.allgather_bytes_finish(gathered_, offsets_);
+    pending_in_flight_ = false;
+    result.seconds.exchange += seconds_since(t0);
+    apply(gathered_, offsets_, shared, pending_.lr, result.seconds);
+    pending_.present = false;
+    if (eager()) write_working_weights(params, result.seconds);  // no round left: a copy of the shared weights
+}
+
 void DemoOptimizer::write_working_weights(std::span<float> params, llmc::StepTimings& timings) {
     std::copy(master_.begin(), master_.end(), params.begin());
     if (!pending_.present) return;

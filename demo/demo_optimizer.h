@@ -49,7 +49,7 @@ public:
     // all-gather runs during step t+1's forward and backward: step t first finishes round t-1's all-gather and
     // applies it (with round t-1's lr), then compresses its own gradient (weight decay on the parameters as
     // they are then) and starts round t's all-gather. The first step applies nothing; the last step's round
-    // stays pending in the optimizer state (a checkpoint keeps it; the final weights lack it).
+    // stays pending in the optimizer state (a checkpoint keeps it) until finish_updates() applies it.
     // With config.demo.eager as well, the shared weights live in the optimizer (master_weights) and params are
     // this rank's working weights: the shared ones minus lr * sign(decode(this rank's own bucket)) of the
     // pending round, the update this rank can see before the all-gather ends. step() applies the rounds to the
@@ -68,6 +68,10 @@ public:
     // did), inverse DCT, sign (sign(0) = 0), params -= lr * sign. Adds to timings.apply.
     void apply(std::span<const std::byte> all_buckets, std::span<const size_t> offsets, std::span<float> params,
                float lr, llmc::StepTimings& timings);
+
+    // --demo_delay 1: waits for the pending round's all-gather and applies it to the shared weights (its lr, no
+    // weight decay), which params then equal. Without a pending round, nothing.
+    void finish_updates(std::span<float> params, llmc::StepResult& result) override;
 
     void save_state(llmc::ByteWriter& out) const override;
     void load_state(llmc::ByteReader& in) override;

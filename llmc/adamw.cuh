@@ -7,8 +7,8 @@
 //    passes its mask by calling once per run of same-mask tensors.
 //  - CudaAdamW: the DeviceOptimizer of --optimizer adamw (AdamW-DDP): all-reduce-mean of the gradient
 //    through the Transport (fp32, or bf16 with --grad_wire bf16), deterministic global norm (global_norm.cuh)
-//    and clipping folded into the update as a gradient scale, then the update. With `overlap` (NCCL, several
-//    ranks), the all-reduce starts range by range as the backward finishes each layer's gradients
+//    and clipping folded into the update as a gradient scale, then the update. With `overlap` (several ranks;
+//    NCCL, or MPI through host memory), the all-reduce starts range by range as the backward finishes each layer's gradients
 //    (on_gradients_final) and step() only waits for it, as PyTorch's DDP overlaps its buckets.
 //    Master weights, m and v are one allocation. Its state blob is the CPU AdamW's (name, count, step, m, v),
 //    so checkpoints are interchangeable.
@@ -61,8 +61,9 @@ inline uint32_t adamw_step_seed(uint32_t base_seed, int64_t t) {
 
 class CudaAdamW final : public DeviceOptimizer {
 public:
-    // transport: collectives on device pointers (NcclTransport, or LocalTransport for one rank). overlap: use the
-    // transport's overlapped all-reduce (allreduce_mean_start) when the trainer reports final gradient ranges.
+    // transport: collectives on device pointers (NcclTransport, HostStagedTransport, or LocalTransport for one
+    // rank). overlap: use the transport's overlapped all-reduce (allreduce_mean_start) when the trainer reports
+    // final gradient ranges.
     CudaAdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport, cudaStream_t stream,
               bool stochastic_rounding, uint32_t seed, bool overlap = false)
         : config_(config), layout_(layout), transport_(transport), stream_(stream),

@@ -91,6 +91,13 @@ public:
     // (AdamW-DDP's overlapped all-reduce). Every range of the buffer is reported exactly once per step, or none
     // is (the trainer may not call this at all). The default ignores it.
     virtual void on_gradients_final(std::span<float> /*grads*/, std::span<const ParamRange> /*ranges*/) {}
+    // Folds in any update still in flight after step(), so that the shared weights and params hold every
+    // step's update: DeMo with --demo_delay 1 waits for the last round's all-gather and applies it with its own
+    // lr (no weight decay: in the delayed order that belongs to the next step's compress), and the working
+    // weights become the shared ones. The trainers call it after the last step, before its evaluation and
+    // checkpoint (which then holds no pending round). Its time is added to `result`. The default has nothing in
+    // flight.
+    virtual void finish_updates(std::span<float> /*params*/, StepResult& /*result*/) {}
 };
 
 // True when weight decay applies to this tensor under `groups`.

@@ -35,6 +35,9 @@ public:
     // on. Every range of the buffer is reported exactly once per step, or none is (the trainer may not
     // call this at all). The default ignores it.
     virtual void on_gradients_final(float* /*grads*/, std::span<const ParamRange> /*ranges*/) {}
+    // After the last step: folds in any update still in flight (Optimizer::finish_updates, the CPU
+    // interface's rule), rewriting the master weights and `params`; its time is added to `result`.
+    virtual void finish_updates(floatX* /*params*/, StepResult& /*result*/) {}
     // The fp32 master weights on the device (model checkpoints are written from these; the trainer also
     // re-zeroes the padded vocabulary rows of wte in them after each step, as the CPU trainer does).
     virtual float* master_weights() = 0;

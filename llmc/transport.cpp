@@ -13,8 +13,28 @@ void Transport::allreduce_mean_bf16(std::span<float>) {
 }
 
 void Transport::allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) {
-    for (const ParamRange& r : ranges)
-        LLMC_CHECK(r.offset + r.numel <= total, std::string(name()) + " transport: an all-reduce range lies outside the buffer");
+    const std::string who = std::string(name()) + " transport, overlapped all-reduce: ";
+    LLMC_CHECK(overlap_elems_ == 0 || (base == overlap_base_ && total == overlap_total_ && bf16 == overlap_bf16_),
+               who + "one finish() covers one buffer in one wire format");
+    size_t elems = 0;
+    for (const ParamRange& r : ranges) {
+        LLMC_CHECK(r.offset + r.numel <= total, who + "a range lies outside the buffer");
+        elems += r.numel;
+    }
+    overlap_base_ = base;
+    overlap_total_ = total;
+    overlap_bf16_ = bf16;
+    overlap_elems_ += elems;
+    start_allreduce_ranges(base, total, ranges, bf16, elems);
+}
+
+void Transport::allreduce_mean_finish() {
+    const size_t elems = overlap_elems_;
+    overlap_elems_ = 0;
+    finish_allreduce_ranges(elems, overlap_bf16_);
+}
+
+void Transport::start_allreduce_ranges(float* base, size_t, std::span<const ParamRange> ranges, bool bf16, size_t) {
     for (const ParamRange& r : ranges) {
         if (bf16) allreduce_mean_bf16(std::span<float>(base + r.offset, r.numel));
         else allreduce_mean(std::span<float>(base + r.offset, r.numel));

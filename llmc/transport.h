@@ -53,9 +53,9 @@ public:
     // leaves the ranges alone until finish(); ranges do not overlap; every rank starts the same ranges in the
     // same order, and one finish() covers one buffer in one wire format. Counted as one all-reduce of all the
     // ranges together, in finish(); `seconds` is the time inside start() and finish() (what the backward did
-    // not hide). This default reduces each range inside start() (no overlap), counted range by range.
-    virtual void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16);
-    virtual void allreduce_mean_finish() {}
+    // not hide). Both check and keep the books here and hand the work to start_/finish_allreduce_ranges.
+    void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16);
+    void allreduce_mean_finish();
     // Every rank contributes `mine` (any size, may differ per rank). On return `all` holds the ranks' buffers
     // concatenated in rank order and offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
     virtual void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
@@ -91,6 +91,15 @@ public:
     double collective_timeout() const { return timeout_seconds_; }
 
 protected:
+    // A backend's half of the overlapped all-reduce. start_allreduce_ranges gets ranges already checked (inside
+    // the buffer, the same buffer and wire format as those started before it; `elems` floats in all);
+    // finish_allreduce_ranges waits for every range started since the last finish, `elems` floats in all (0 if
+    // none), and counts them. This default reduces each range inside start (no overlap) with
+    // allreduce_mean(_bf16), which counts it, and has nothing left to finish.
+    virtual void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
+                                        size_t elems);
+    virtual void finish_allreduce_ranges(size_t /*elems*/, bool /*bf16*/) {}
+
     // Backends open one of these around every blocking collective.
     CollectiveWatchdog::Scope watch(const char* what) {
         return watchdog_ ? watchdog_->watch(what) : CollectiveWatchdog::Scope{};
@@ -100,6 +109,9 @@ protected:
     bool gather_in_flight_ = false;  // between allgather_bytes_start and _finish
 
 private:
+    float* overlap_base_ = nullptr;  // the overlapped all-reduce since the last finish: its buffer and wire,
+    size_t overlap_total_ = 0, overlap_elems_ = 0;  // and the elements started
+    bool overlap_bf16_ = false;
     std::vector<std::byte> early_all_;  // the default start()'s result, handed out by finish()
     std::vector<size_t> early_offsets_;
 
@@ -115,9 +127,6 @@ public:
     int world_size() const override { return 1; }
     void allreduce_mean(std::span<float> data) override { counters_.payload_bytes += data.size_bytes(); }
     void allreduce_mean_bf16(std::span<float> data) override { counters_.payload_bytes += data.size_bytes() / 2; }
-    void allreduce_mean_start(float*, size_t, std::span<const ParamRange> ranges, bool bf16) override {
-        for (const ParamRange& r : ranges) counters_.payload_bytes += r.numel * (bf16 ? 2 : 4);
-    }
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                          std::vector<size_t>& offsets) override {
         counters_.payload_bytes += mine.size();
@@ -129,6 +138,10 @@ public:
     void broadcast(std::span<std::byte>, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(int exit_code) override;
+
+protected:
+    void start_allreduce_ranges(float*, size_t, std::span<const ParamRange>, bool, size_t) override {}
+    void finish_allreduce_ranges(size_t elems, bool bf16) override { counters_.payload_bytes += elems * (bf16 ? 2 : 4); }
 };
 
 }  // namespace llmc

@@ -108,19 +108,10 @@ public:
         count_allreduce(data.size_bytes() / 2);
     }
 
-    void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) override {
-        LLMC_CHECK(reduce_elems_ == 0 || (bf16 == reduce_bf16_ && total == reduce_total_ && base == reduce_base_),
-                   "MPI overlapped all-reduce: one finish() covers one buffer in one wire format");
-        size_t elems = 0;
-        for (const ParamRange& r : ranges) {
-            LLMC_CHECK(r.offset + r.numel <= total, "MPI overlapped all-reduce: a range lies outside the buffer");
-            elems += r.numel;
-        }
+protected:
+    // the overlapped all-reduce (transport.h's books): ranges queued for the reducer thread, finish waits for it
+    void start_allreduce_ranges(float* base, size_t, std::span<const ParamRange> ranges, bool bf16, size_t elems) override {
         Timer t(counters_, /*counts=*/false);
-        reduce_elems_ += elems;
-        reduce_base_ = base;
-        reduce_total_ = total;
-        reduce_bf16_ = bf16;
         if (world_ == 1) return;
         const auto watched = watch("MPI all-reduce of the gradients (start)");
         if (reduce_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &reduce_comm_);  // every rank's first start
@@ -134,10 +125,9 @@ public:
         reduce_ready_.notify_one();
     }
 
-    void allreduce_mean_finish() override {
-        const size_t bytes = reduce_elems_ * (reduce_bf16_ ? sizeof(uint16_t) : sizeof(float));
-        if (reduce_elems_ == 0) return;
-        reduce_elems_ = 0;
+    void finish_allreduce_ranges(size_t elems, bool bf16) override {
+        if (elems == 0) return;
+        const size_t bytes = elems * (bf16 ? sizeof(uint16_t) : sizeof(float));
         counters_.payload_bytes += bytes;
         if (world_ == 1) return;
         Timer t(counters_);
@@ -154,6 +144,7 @@ public:
         count_allreduce(bytes);
     }
 
+public:
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                          std::vector<size_t>& offsets) override {
         counters_.payload_bytes += mine.size();
@@ -482,9 +473,6 @@ private:
     std::deque<ReduceJob> reduce_queue_;
     bool reducer_stop_ = false;
     std::atomic<bool> reduce_awaited_{false};  // finish() is waiting for the reducer
-    float* reduce_base_ = nullptr;
-    size_t reduce_total_ = 0, reduce_elems_ = 0;
-    bool reduce_bf16_ = false;
     std::vector<float> reduce_pack_;   // a job's ranges back to back
     std::vector<uint16_t> reduce_wire_;
     std::vector<float> reduce_stage_;  // the reducer's own stage_ and stage_bf16_

@@ -193,19 +193,11 @@ public:
         if (!on_device) CUDA_CHECK(cudaMemcpy(data.data(), buf, data.size_bytes(), cudaMemcpyDeviceToHost));
     }
 
-    // The overlapped all-reduce of transport.h; finish() also makes the compute stream wait for it. A world of
-    // one only counts the payload (allreduce_mean's behaviour).
-    void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16) override {
-        LLMC_CHECK(pending_elems_ == 0 || (bf16 == pending_bf16_ && total == pending_total_),
-                   "NCCL overlapped all-reduce: one finish() covers one buffer in one wire format");
-        size_t elems = 0;
-        for (const ParamRange& r : ranges) {
-            LLMC_CHECK(r.offset + r.numel <= total, "NCCL overlapped all-reduce: a range lies outside the buffer");
-            elems += r.numel;
-        }
-        pending_elems_ += elems;
-        pending_bf16_ = bf16;
-        pending_total_ = total;
+protected:
+    // The overlapped all-reduce of transport.h (whose books check the ranges); finish also makes the compute
+    // stream wait for it. A world of one only counts the payload (allreduce_mean's behaviour).
+    void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
+                                size_t elems) override {
         if (comm_ == nullptr || elems == 0) return;
         const auto watched = watch("NCCL all-reduce of the gradients (enqueue)");
         uint16_t* wire = nullptr;
@@ -238,13 +230,13 @@ public:
                         base + r.offset, wire + r.offset, r.numel, inv);
         }
         CUDA_CHECK_LAUNCH();
-        pending_ranges_ += ranges.size();
+        allreduce_enqueued_ = true;
     }
 
-    void allreduce_mean_finish() override {
-        const size_t elems = pending_elems_, bytes = elems * (pending_bf16_ ? sizeof(uint16_t) : sizeof(float));
-        const bool exchanged = pending_ranges_ > 0;
-        pending_elems_ = pending_ranges_ = pending_total_ = 0;
+    void finish_allreduce_ranges(size_t elems, bool bf16) override {
+        const size_t bytes = elems * (bf16 ? sizeof(uint16_t) : sizeof(float));
+        const bool exchanged = allreduce_enqueued_;
+        allreduce_enqueued_ = false;
         counters_.payload_bytes += bytes;
         if (!exchanged) return;
         Timed timed(counters_);
@@ -258,6 +250,7 @@ public:
         counters_.bytes_recv += wire;
     }
 
+public:
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
                          std::vector<size_t>& offsets) override {
         Timed timed(counters_);
@@ -427,8 +420,7 @@ private:
     ncclComm_t comm_ = nullptr;
     Scratch stage_, gather_, sizes_, wire_;
     // the overlapped all-reduce since the last finish(): elements, enqueued ranges, format, buffer size
-    size_t pending_elems_ = 0, pending_ranges_ = 0, pending_total_ = 0;
-    bool pending_bf16_ = false;
+    bool allreduce_enqueued_ = false;  // the overlapped all-reduce gave NCCL work since the last finish
     // the split device all-gather: between start and finish, and its wire bytes (counted by finish)
     bool device_gather_in_flight_ = false;
     WireBytes device_wire_;

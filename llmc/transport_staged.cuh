@@ -8,6 +8,12 @@
 // The split all-gather (allgather_bytes_start / _finish, DeMo's --demo_delay 1) is the wrapped transport's, so
 // MPI overlaps it with the next step's compute; a device `mine` is staged in a host buffer of its own, which
 // the collectives in between do not touch.
+// The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) is the
+// wrapped transport's too: each start waits for the compute stream (the backward kernels that wrote its
+// ranges; the host is then briefly not ahead of the device), copies the ranges into the pinned buffer, which
+// mirrors the whole gradient, and hands them to the wrapped transport's start (MPI's reducer thread);
+// finish waits for it and copies the averaged ranges back. Until that finish the pinned buffer is theirs:
+// the other staged collectives refuse to run.
 #pragma once
 #include <chrono>
 #include <cstdlib>
@@ -94,7 +100,41 @@ public:
         std::_Exit(exit_code);  // not reached: Transport::abort does not return
     }
 
+protected:
+    void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
+                                size_t) override {
+        float* host = base;
+        if (is_device_pointer(base)) {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // the backward's kernels: compute time, not communication
+            if (overlapped_.empty()) reserve(total * sizeof(float));  // the first start: nothing in it is in flight
+            host = reinterpret_cast<float*>(host_);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        if (host != base) copy_ranges(host, base, ranges, cudaMemcpyDeviceToHost);
+        world_.reset_counters();
+        world_.allreduce_mean_start(host, total, ranges, bf16);
+        absorb_counters(start);
+        overlapped_base_ = base;
+        overlapped_.insert(overlapped_.end(), ranges.begin(), ranges.end());
+    }
+    void finish_allreduce_ranges(size_t, bool) override {
+        const auto start = std::chrono::steady_clock::now();
+        world_.reset_counters();
+        world_.allreduce_mean_finish();
+        if (!overlapped_.empty() && is_device_pointer(overlapped_base_))
+            copy_ranges(overlapped_base_, reinterpret_cast<const float*>(host_), overlapped_, cudaMemcpyHostToDevice);
+        overlapped_.clear();
+        absorb_counters(start);
+    }
+
 private:
+    // dst[r] <- src[r] for each range r of two buffers laid out alike; returns when the copies are done
+    void copy_ranges(float* dst, const float* src, std::span<const ParamRange> ranges, cudaMemcpyKind kind) {
+        for (const ParamRange& r : ranges)
+            if (r.numel)
+                CUDA_CHECK(cudaMemcpyAsync(dst + r.offset, src + r.offset, r.numel * sizeof(float), kind, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
     template <class Reduce>
     void staged(std::span<float> data, Reduce reduce) {
         const auto start = std::chrono::steady_clock::now();
@@ -122,6 +162,8 @@ private:
         counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     void reserve(size_t bytes) {
+        LLMC_CHECK(overlapped_.empty(), "host-staged transport: a collective through the staging buffer while the "
+                                        "overlapped all-reduce holds it (finish that first)");
         if (bytes <= host_bytes_) return;
         if (host_) CUDA_CHECK(cudaFreeHost(host_));
         host_ = nullptr;
@@ -135,6 +177,8 @@ private:
     std::byte* host_ = nullptr;  // pinned, grow-only
     std::vector<std::byte> gather_host_;  // a device bucket of the split all-gather, until its finish()
     size_t host_bytes_ = 0;
+    float* overlapped_base_ = nullptr;    // the overlapped all-reduce's gradient buffer and the ranges started
+    std::vector<ParamRange> overlapped_;  // since its last finish (their host copies live in host_)
 };
 
 }  // namespace llmc

@@ -8,7 +8,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   gradient accumulation; --grad_wire bf16 gives the CPU trainer's losses and bytes on every path; so do
   DeMo's 1-bit and bf16 values, 12-bit indices, EMA momentum and non-64 chunk shapes (2 ranks), and, with
   gradient accumulation, the validation losses and the text samples; LLMC_TRANSPORT=mpi (buckets and
-  gradients through pinned host memory) gives the NCCL path's losses.
+  gradients through pinned host memory) gives the NCCL path's losses, and its overlapped all-reduce (through
+  the host, on MPI's reducer thread) the bits and bytes of the one after the backward.
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
@@ -122,7 +123,7 @@ def main():
                      env={"LLMC_TRANSPORT": "mpi"})
         compare(f"fp32 {opt}, 2 ranks, LLMC_TRANSPORT=mpi vs NCCL transport", staged, emu2, "loss", 1e-6)
         if opt == "adamw":
-            adamw2, cpu_adamw2 = emu2, cpu2
+            adamw2, cpu_adamw2, staged_adamw2 = emu2, cpu2, staged
         else:
             demo2 = emu2
 
@@ -142,6 +143,21 @@ def main():
     accum_plain = run(EMU["fp32"], "fp32-adamw-2-accum-no-overlap", accum, ranks=2, env={"LLMC_DDP_OVERLAP": "0"})
     same("fp32 adamw, 2 ranks, 2 micro-steps: overlapped all-reduce gives LLMC_DDP_OVERLAP=0's bits", accum_overlap,
          accum_plain)
+    # The same through host memory (LLMC_TRANSPORT=mpi: each layer's ranges copied to the host as the backward
+    # finishes them and all-reduced on MPI's reducer thread, copied back in the step), with 1 and 2 micro-steps.
+    mpi = {"LLMC_TRANSPORT": "mpi"}
+    staged_plain = run(EMU["fp32"], "fp32-adamw-2-mpi-no-overlap", steps + ["--optimizer", "adamw"], ranks=2,
+                       env=dict(mpi, LLMC_DDP_OVERLAP="0"))
+    same("fp32 adamw, 2 ranks, LLMC_TRANSPORT=mpi: the overlapped all-reduce gives LLMC_DDP_OVERLAP=0's bits and "
+         "bytes", staged_adamw2, staged_plain, keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
+    same("fp32 adamw, 2 ranks, LLMC_TRANSPORT=mpi: bytes per step equal the CPU trainer's", staged_adamw2, cpu_adamw2,
+         keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+    with open(os.path.join(TMP, "fp32-adamw-2-mpi", "config.json")) as f:
+        check(json.load(f)["_run"].get("ddp_overlap") is True, "the 2-rank AdamW run over LLMC_TRANSPORT=mpi records "
+                                                               "ddp_overlap true")
+    same("fp32 adamw, 2 ranks, 2 micro-steps, LLMC_TRANSPORT=mpi: overlapped all-reduce gives LLMC_DDP_OVERLAP=0's "
+         "bits", run(EMU["fp32"], "fp32-adamw-2-accum-mpi", accum, ranks=2, env=mpi),
+         run(EMU["fp32"], "fp32-adamw-2-accum-mpi-no-overlap", accum, ranks=2, env=dict(mpi, LLMC_DDP_OVERLAP="0")))
     # --grad_wire bf16 (gradients rounded to bf16 on the wire, partial sums rounded to bf16): the GPU trainer's
     # NCCL path (bf16 ncclAllReduce, overlapped or not) and its MPI path give the CPU trainer's arithmetic and
     # half the bytes.

@@ -308,6 +308,36 @@ int main(int argc, char** argv) {
             // rounding of 0 may take the other sign
             checks.expect(changed > 0 && cpu_differ <= back.size() / 1000 + 2,
                           "--demo_delay 1, eager: the CPU optimizer's set_weights gives the same working weights");
+
+            // finish_updates after the last step (here on the resumed optimizers: the pending round's exchange
+            // starts from the blob): the round applied with its lr. One rank, eager: its own share was the whole
+            // round, so the weights are the undelayed run's after kSteps steps, bit for bit; the CPU optimizer
+            // finishing the same blob gives the same weights (the allowance of set_weights' check above)
+            StepResult finished;
+            gpu_r.finish_updates(model.params(), finished);
+            model.zero_padded_vocab_rows(gpu_r.master_weights());
+            env.sync();
+            std::vector<float> final_master(layout.num_params);
+            std::vector<floatX> final_params(layout.num_params);
+            CUDA_CHECK(cudaMemcpy(final_master.data(), gpu_r.master_weights(), final_master.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(final_params.data(), model.params(), final_params.size() * sizeof(floatX),
+                                  cudaMemcpyDeviceToHost));
+            size_t params_differ = 0;
+            for (size_t i = 0; i < final_params.size(); i++)
+                params_differ += storage_bits(final_params[i]) != storage_bits(gpu.params[i]);
+            checks.expect(!gpu_r.has_pending_round() && final_master == gpu.master && params_differ == 0 &&
+                              final_master != delayed.master,
+                          "--demo_delay 1, eager, one rank: finish_updates leaves the undelayed run's final master "
+                          "weights and floatX copy on the GPU (" + std::to_string(params_differ) + " differ)");
+            cpu_r.finish_updates(working, finished);
+            std::copy(working.begin(), working.end(), cpu_model.params().begin());
+            cpu_model.zero_padded_vocab_rows();
+            size_t finish_differ = 0;
+            for (size_t i = 0; i < final_master.size(); i++) finish_differ += cpu_model.params()[i] != final_master[i];
+            checks.expect(finish_differ <= final_master.size() / 1000 + 2,
+                          "--demo_delay 1, eager: the CPU optimizer's finish_updates gives the GPU's final weights (" +
+                              std::to_string(finish_differ) + " differ)");
         }
 
         // the pending round is the blob's tail: flag, lr, this rank's bucket

@@ -188,7 +188,8 @@ def delay_checks():
     resumable (checkpoints hold a round not yet applied, and the shared weights), a real change of the
     trajectory from step 2 on, the same traffic per round, and a resume with --demo_delay 0 refused. With one
     rank and no weight decay, eager delayed DeMo must train exactly as undelayed DeMo (its own share is the whole
-    update), and its checkpoint of step k+1 must hold the undelayed run's weights of step k."""
+    update), its checkpoint of step k+1 must hold the undelayed run's weights of step k, and its final checkpoint
+    (the last round applied after the last step) the undelayed run's final weights."""
     delayed = resume_case("demo", 2, ["--demo_delay", "1"], "-delay")
     stale = resume_case("demo", 2, ["--demo_delay", "1", "--demo_eager", "false"], "-delay-stale")
     plain = os.path.join(TMP, "demo-np2-a")
@@ -209,18 +210,26 @@ def delay_checks():
 
     def model(run_dir, step):
         return open(os.path.join(TMP, run_dir, "checkpoints", f"step_{step:08d}", "model.bin"), "rb").read()
-    check(all(model("eager-np1", k + 1) == model("undelayed-np1", k) for k in (1, 2, 3)) and
+    check(all(model("eager-np1", k + 1) == model("undelayed-np1", k) for k in (1, 2)) and
           model("eager-np1", 2) != model("eager-np1", 1),
           "one rank, no weight decay: the eager run's checkpoint of step k+1 holds the undelayed run's weights "
           "of step k (the shared weights, not the working ones)")
+    check(model("eager-np1", 4) == model("undelayed-np1", 4) != model("eager-np1", 3),
+          "one rank, no weight decay: after the last step the pending round is applied, so the eager run's final "
+          "checkpoint holds the undelayed run's final weights")
 
     def traffic(out_dir):
         rows = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
         return [(r["step"], r.get("bytes_sent"), r.get("bytes_recv")) for r in rows if r.get("type") == "train"]
     td, tp = traffic(delayed), traffic(plain)
-    # the delayed run receives round t during step t+1: the same bytes per round, one step later
-    check([t[1] for t in tp[:5]] == [t[1] for t in td[1:6]] and [t[2] for t in tp[:5]] == [t[2] for t in td[1:6]],
-          f"--demo_delay 1 moves the same bytes per round, one step later ({td[:3]} vs {tp[:3]})")
+    # the delayed run receives round t during step t+1: the same bytes per round, one step later; its last step
+    # also finishes the last round's exchange
+    def moved(rows, i):
+        return sum(t[i] for t in rows)
+    check([t[1:] for t in tp[:4]] == [t[1:] for t in td[1:5]] and len(td) == len(tp) == 6 and
+          all(moved(td[5:], i) == moved(tp[4:], i) and moved(td, i) == moved(tp, i) for i in (1, 2)),
+          f"--demo_delay 1 moves the same bytes per round, one step later, the last step two rounds "
+          f"({td[:3]}, {td[-1]} vs {tp[:3]}, {tp[-1]})")
     ck = os.path.join(delayed, "checkpoints", "step_00000003")
     common = BASE + ["--optimizer", "demo", "--steps", "6", "--out_dir", fresh("delay-mismatch"), "--resume", ck]
     p = run(common, 2, expect_ok=False, timeout=60)
