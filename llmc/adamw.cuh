@@ -8,8 +8,8 @@
 //  - CudaAdamW: the DeviceOptimizer of --optimizer adamw (AdamW-DDP): all-reduce-mean of the gradient
 //    through the Transport (fp32, or bf16 with --grad_wire bf16), deterministic global norm (global_norm.cuh)
 //    and clipping folded into the update as a gradient scale, then the update. With `overlap` (several ranks;
-//    NCCL, or MPI through host memory), the all-reduce starts range by range as the backward finishes each layer's gradients
-//    (on_gradients_final) and step() only waits for it, as PyTorch's DDP overlaps its buckets.
+//    NCCL, or MPI through host memory), the all-reduce starts range by range as the backward finishes each
+//    layer's gradients (on_gradients_final) and step() only waits for it, as PyTorch's DDP overlaps its buckets.
 //    Master weights, m and v are one allocation. Its state blob is the CPU AdamW's (name, count, step, m, v),
 //    so checkpoints are interchangeable.
 #pragma once

@@ -141,7 +141,9 @@ public:
 
 protected:
     void start_allreduce_ranges(float*, size_t, std::span<const ParamRange>, bool, size_t) override {}
-    void finish_allreduce_ranges(size_t elems, bool bf16) override { counters_.payload_bytes += elems * (bf16 ? 2 : 4); }
+    void finish_allreduce_ranges(size_t elems, bool bf16) override {
+        counters_.payload_bytes += elems * (bf16 ? 2 : 4);
+    }
 };
 
 }  // namespace llmc

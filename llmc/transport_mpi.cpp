@@ -110,7 +110,8 @@ public:
 
 protected:
     // the overlapped all-reduce (transport.h's books): ranges queued for the reducer thread, finish waits for it
-    void start_allreduce_ranges(float* base, size_t, std::span<const ParamRange> ranges, bool bf16, size_t elems) override {
+    void start_allreduce_ranges(float* base, size_t, std::span<const ParamRange> ranges, bool bf16,
+                                size_t elems) override {
         Timer t(counters_, /*counts=*/false);
         if (world_ == 1) return;
         const auto watched = watch("MPI all-reduce of the gradients (start)");

@@ -87,7 +87,8 @@ if LLMC_TRANSPORT=mpi train adamw-mpi "$N" "$BIN32" "${adamw[@]}" &&
   LLMC_TRANSPORT=mpi LLMC_DDP_OVERLAP=0 train adamw-mpi-after "$N" "$BIN32" "${adamw[@]}"; then
   same "AdamW-DDP over LLMC_TRANSPORT=mpi on $N ranks: the overlapped all-reduce gives LLMC_DDP_OVERLAP=0's bits" \
     adamw-mpi adamw-mpi-after
-  [[ -f $TMP/adamw-n/metrics.jsonl ]] && close "AdamW-DDP on $N ranks: LLMC_TRANSPORT=mpi == NCCL" adamw-mpi adamw-n 1e-5
+  [[ -f $TMP/adamw-n/metrics.jsonl ]] &&
+    close "AdamW-DDP on $N ranks: LLMC_TRANSPORT=mpi == NCCL" adamw-mpi adamw-n 1e-5
 fi
 
 # DeMo: determinism, NCCL == MPI transport, and the delayed exchange with its resume
