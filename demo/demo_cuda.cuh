@@ -268,12 +268,7 @@ public:
             return result;
         }
         // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
-        if (pending_) {
-            start = clock::now();
-            if (!in_flight_) exchange_start();  // resumed from a checkpoint
-            exchange_finish();
-            result.seconds.exchange += seconds_since(start);
-        }
+        if (pending_) finish_pending_exchange(result);
         apply_delayed(params, lr, result);
         compress(grads, lr, clip, result);  // after the finish: the previous all-gather no longer reads bucket_
         pending_ = true;
@@ -290,10 +285,7 @@ public:
     // copy (rounded as step t_ rounds): eager working weights become the shared ones. No pending round: nothing.
     void finish_updates(llmc::floatX* params, llmc::StepResult& result) override {
         if (!pending_) return;
-        const auto start = std::chrono::steady_clock::now();
-        if (!in_flight_) exchange_start();  // load_state's round
-        exchange_finish();
-        result.seconds.exchange += seconds_since(start);
+        finish_pending_exchange(result);
         cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
         ap.apply_wd = false;
         CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
@@ -483,6 +475,14 @@ private:
                 transport_.allgather_bytes_start(host_bucket_);
         }
         in_flight_ = true;
+    }
+    // --demo_delay 1: the pending round's exchange finished (started first if load_state brought the round),
+    // its time added to StepTimings::exchange.
+    void finish_pending_exchange(llmc::StepResult& result) {
+        const auto start = std::chrono::steady_clock::now();
+        if (!in_flight_) exchange_start();
+        exchange_finish();
+        result.seconds.exchange += seconds_since(start);
     }
     // finish: waits for the all-gather, checks every rank's header and size, and (host path) uploads the buckets.
     void exchange_finish() {

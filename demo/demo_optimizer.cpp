@@ -310,14 +310,7 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
     }
     const std::span<float> shared = eager() ? std::span<float>(master_) : params;
     check_buffers(shared.size(), params.size(), "step");
-    if (pending_.present) {
-        t0 = now();
-        if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket);  // resumed from a checkpoint
-        transport_.allgather_bytes_finish(gathered_, offsets_);
-        pending_in_flight_ = false;
-        result.seconds.exchange += seconds_since(t0);
-        apply(gathered_, offsets_, shared, pending_.lr, result.seconds);
-    }
+    if (pending_.present) apply_pending_round(shared, result.seconds);
     compress(shared, grads, lr, pending_.bucket, result.seconds, scale);
     pending_.present = true;
     pending_.lr = lr;
@@ -334,14 +327,18 @@ void DemoOptimizer::finish_updates(std::span<float> params, llmc::StepResult& re
     LLMC_CHECK(!eager() || !master_.empty(), "DeMo: eager delayed updates need set_weights() after load_state()");
     const std::span<float> shared = eager() ? std::span<float>(master_) : params;
     check_buffers(shared.size(), params.size(), "finish_updates");
+    apply_pending_round(shared, result.seconds);
+    pending_.present = false;
+    if (eager()) write_working_weights(params, result.seconds);  // no round left: a copy of the shared weights
+}
+
+void DemoOptimizer::apply_pending_round(std::span<float> shared, llmc::StepTimings& timings) {
     const auto t0 = now();
     if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket);  // load_state's round
     transport_.allgather_bytes_finish(gathered_, offsets_);
     pending_in_flight_ = false;
-    result.seconds.exchange += seconds_since(t0);
-    apply(gathered_, offsets_, shared, pending_.lr, result.seconds);
-    pending_.present = false;
-    if (eager()) write_working_weights(params, result.seconds);  // no round left: a copy of the shared weights
+    timings.exchange += seconds_since(t0);
+    apply(gathered_, offsets_, shared, pending_.lr, timings);
 }
 
 void DemoOptimizer::write_working_weights(std::span<float> params, llmc::StepTimings& timings) {

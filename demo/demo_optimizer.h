@@ -88,6 +88,9 @@ public:
 private:
     void check_buffers(size_t params, size_t grads, const char* what) const;
     bool eager() const { return config_.demo.delay == 1 && config_.demo.eager; }
+    // --demo_delay 1: finishes the pending round's all-gather (starting it first if load_state brought the
+    // round) and applies it to the shared weights with the round's lr.
+    void apply_pending_round(std::span<float> shared, llmc::StepTimings& timings);
     // params = master_ - pending lr * sign(decode(this rank's pending bucket)), or master_ without one.
     void write_working_weights(std::span<float> params, llmc::StepTimings& timings);
 

@@ -465,8 +465,8 @@ private:
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
     std::vector<float> stage_;     // the all-reduces' contributions to this rank's share (mean_in_rank_order)
     std::vector<uint16_t> stage_bf16_;
-    // The overlapped all-reduce: its communicator, the jobs not yet reduced (guarded by reduce_mutex_), the
-    // buffer and wire format of the step's ranges (for start()'s checks), and the reducer's buffers.
+    // The overlapped all-reduce: its communicator, the jobs not yet reduced (guarded by reduce_mutex_), and the
+    // reducer's buffers.
     MPI_Comm reduce_comm_ = MPI_COMM_NULL;
     std::thread reducer_;
     std::mutex reduce_mutex_;

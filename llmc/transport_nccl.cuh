@@ -230,15 +230,12 @@ protected:
                         base + r.offset, wire + r.offset, r.numel, inv);
         }
         CUDA_CHECK_LAUNCH();
-        allreduce_enqueued_ = true;
     }
 
     void finish_allreduce_ranges(size_t elems, bool bf16) override {
         const size_t bytes = elems * (bf16 ? sizeof(uint16_t) : sizeof(float));
-        const bool exchanged = allreduce_enqueued_;
-        allreduce_enqueued_ = false;
         counters_.payload_bytes += bytes;
-        if (!exchanged) return;
+        if (comm_ == nullptr || elems == 0) return;  // start enqueued nothing
         Timed timed(counters_);
         const auto watched = watch("NCCL all-reduce of the gradients");
         CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));
@@ -419,8 +416,6 @@ private:
     cudaEvent_t gathered_ = nullptr;  // the split device all-gather's end, for allgather_device_finish()
     ncclComm_t comm_ = nullptr;
     Scratch stage_, gather_, sizes_, wire_;
-    // the overlapped all-reduce since the last finish(): elements, enqueued ranges, format, buffer size
-    bool allreduce_enqueued_ = false;  // the overlapped all-reduce gave NCCL work since the last finish
     // the split device all-gather: between start and finish, and its wire bytes (counted by finish)
     bool device_gather_in_flight_ = false;
     WireBytes device_wire_;
