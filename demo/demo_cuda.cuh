@@ -73,9 +73,9 @@ namespace demo {
 //    setting continues bit for bit, the CPU trainer and the other settings read the spatial momentum).
 //  fp32 + spatial is kDefaultTuning, bit-identical to cm::compress_plan_host (the CPU module's bucket bits);
 //  tensor + spatial kTensorLeanTuning, fp32 + dct kDctMomentumTuning, tensor + dct kDctMomentumTensorTuning (the
-//  fastest: 1.025 against 1.581 ms at d12, k = 32, on an H100; dev/bench/README.md). The DCT-domain tunings need
-//  16-byte aligned 64 x 64 rows (every GPT-2 shape; others are refused with a message); the rest fall back to
-//  their twins without lean I/O.
+//  fastest: 1.001 against 1.574 ms at d12, k = 32, on an H100 on 2026-11-27; dev/bench/README.md). The
+//  DCT-domain tunings need 16-byte aligned 64 x 64 rows (every GPT-2 shape; others are refused with a message);
+//  the rest fall back to their twins without lean I/O.
 //  - LLMC_DEMO_TUNING=N (0 .. kNumTunings - 1): the 64 x 64 compress kernel of demo::kTunings[N] (and the exact
 //    apply when that tuning has no lean I/O), for timing the kernel lab's candidates in whole training steps
 //    (dev/cuda/bench_train_gpt.sh, BENCH_DEMO_TUNINGS). Where LLMC_DEMO_DCT or LLMC_DEMO_MOMENTUM is set too,

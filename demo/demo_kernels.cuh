@@ -134,7 +134,8 @@ inline constexpr KernelTuning kTunings[] = {
     {4, 8, 2, true, true, true, true, false, false, true, true, false, 0},        // 9: 4 + register top-k
     {4, 8, 2, false, true, true, true, false, true, false, false, true, 0},       // 10: 7 with RadixSelect (its twin)
     {4, 8, 2, false, false, true, true, true, true, true, false, true, 0},        // 11: 6 with RadixSelect (its twin)
-    // untimed candidates (2026-11-27): 7 with the basis fragments precomputed (tensor_basis_table)
+    // 7 with the basis fragments precomputed (tensor_basis_table); H100, 2026-11-27 (ninth session): 12 1.001 /
+    // 0.893 / 0.898 ms, 13 1.000 / 0.896 / 0.896, 14 1.009 / 0.899 / 0.898, against 7's 1.011 / 0.903 / 0.902
     {4, 8, 2, true, true, true, true, false, true, true, true, true, 1},           // 12: 7, basis fragments copied
     {4, 8, 2, true, true, true, true, false, true, true, true, true, 2},           // 13: 7, basis fragments read by the passes
     {4, 8, 2, true, true, true, true, true, true, true, true, true, 2},            // 14: 13, compact: 5 blocks/SM
@@ -148,11 +149,13 @@ inline constexpr int kTensorTuning = 3;  // the tensor-core compress (the fallba
 // tuning of each kind in the kernel lab (d12, k = 32 / 5 / 3 with fp32 / bf16 + 12-bit / sign values; H100,
 // 2026-11-27, third session, dev/bench/README.md): 8 (1.581 / 1.211 / 1.181 ms, against 1.586 / 1.284 / 1.255
 // for 5 and 1.802 / 1.419 / 1.380 for 0), 9 (1.536 / 1.204 / 1.192; 4: 1.657 / 1.340 / 1.327), 6 (1.097 / 0.991
-// / 0.987) and 7 (1.025 / 0.907 / 0.907: 1,463 GB/s at k = 32, 1,647 at k = 5).
+// / 0.987) and 7 (1.025 / 0.907 / 0.907: 1,463 GB/s at k = 32, 1,647 at k = 5); since the ninth session (also
+// 2026-11-27) 12 instead of 7, the same bits 1.0% faster at k = 32 and k = 5 (1.001 / 0.893 / 0.898 ms: 1,498
+// GB/s at k = 32, 45% of the H100's HBM).
 inline constexpr int kDefaultTuning = 8;             // fp32 DCTs, spatial momentum: bit-identical to the host reference
 inline constexpr int kTensorLeanTuning = 9;          // tensor-core DCTs, spatial momentum
 inline constexpr int kDctMomentumTuning = 6;         // fp32 DCTs, momentum in the DCT domain
-inline constexpr int kDctMomentumTensorTuning = 7;   // tensor-core DCTs, momentum in the DCT domain
+inline constexpr int kDctMomentumTensorTuning = 12;  // tensor-core DCTs, momentum in the DCT domain
 inline constexpr KernelTuning kGeneralTuning = {1, 4, 4, true, false, false, false, false, false, false, false, false, 0};  // any shape
 inline const char* tuning_name(int t) {
     static const char* const names[kNumTunings] = {

@@ -16,7 +16,9 @@
 //             tile (the other deterministic way) costs two more tile products per pair. FlashDq::Ordered (below)
 //             drops the scratch and the last kernel: the key tiles of a head add their shares into one fp32
 //             accumulator per query tile, in a fixed order, each waiting for its turn; still one summation
-//             order per element, so still bit-identical from run to run.
+//             order per element, so still bit-identical from run to run. FlashDq::Atomic (opt-in) is
+//             FlashAttention-2's: fp32 atomic adds into the same accumulators with no waits, the last warp to
+//             add a query tile's rows converting them; fastest, but its sums' order, so its bits, vary by run.
 //
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
@@ -322,8 +324,14 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 //            from a ticket counter, key tiles of a head from the last to the first, so every block a block waits
 //            for has drawn its ticket earlier and is running or done: no hang whatever order the GPU starts
 //            blocks in and however few fit on it at once (ticket 0 never waits; ticket i only on lower ones).
-// Both sum in a fixed order (every run gives the same bits); they differ from each other by fp32 rounding.
-enum class FlashDq { Shares, Ordered };
+//   Atomic:  the key tiles of a head add their shares into the same accumulators with fp32 atomic adds in
+//            whatever order they arrive (no waits), and per (query tile, warp) a count of the contributions made:
+//            the warp that brings it to qt + 1 (key tiles 0 .. qt) writes the scaled bf16 result into dqkv, as
+//            the last block of CUDA's threadFenceReduction sample does (a fence between the adds and the count,
+//            and between the count and the reads). Accumulators and counts are zeroed before every launch.
+// Shares and Ordered sum in a fixed order (every run gives the same bits); they differ from each other by fp32
+// rounding. Atomic's order, so its bits, vary from run to run (within that rounding of the others).
+enum class FlashDq { Shares, Ordered, Atomic };
 
 // The ordered dQ's synchronization words: the ticket counter, then one contribution count per (batch x head,
 // query tile, warp). Zeroed before every launch.
@@ -360,6 +368,16 @@ __device__ __forceinline__ void signal_contribution(unsigned* count, int lane) {
     if (lane == 0) atomicAdd(count, 1u);
 #else
     if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+#endif
+}
+
+// Atomic: adds v to the accumulator pair at dst in L2 (one 8-byte vector reduction on Hopper).
+__device__ __forceinline__ void atomic_add_pair(float2* dst, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(dst, v);
+#else
+    atomicAdd(&dst->x, v.x);
+    atomicAdd(&dst->y, v.y);
 #endif
 }
 
@@ -498,8 +516,8 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
 // dK += dS^T Q; then, with dS^T staged in shared memory, warp w computes rows 16 w .. + 15 of the pair's dQ share
 // dS K: DQ = Shares writes it to the pair's slot of dq_scratch; DQ = Ordered adds it to the query tile's
 // accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32) in its turn, or, for key tile 0, writes the
-// scaled total into dqkv's q part (dq_sync: ordered_dq_sync_words, zeroed). At the end dK * scale and dV go to
-// dqkv's k and v parts.
+// scaled total into dqkv's q part (dq_sync: ordered_dq_sync_words, zeroed); DQ = Atomic adds it at once (the
+// accumulators zeroed) and the last warp to add converts. At the end dK * scale and dV go to dqkv's k and v parts.
 template <FlashDq DQ>
 __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_backward_kv_kernel(bf16* dqkv, float* dq_scratch,
                                                                                  unsigned* dq_sync, const bf16* qkv,
@@ -586,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
         const size_t slot = DQ == FlashDq::Shares ? size_t(bh) * tile_pairs(T) + tile_pair(qt, ktile)
                                                   : size_t(bh) * tiles + qt;
         float* rows16 = dq_scratch + slot * kShareFloats + size_t(warp) * 16 * kHeadSize;  // this warp's rows
-        unsigned* count = DQ == FlashDq::Ordered ? dq_sync + 1 + slot * kWarps + warp : nullptr;
+        unsigned* count = DQ != FlashDq::Shares ? dq_sync + 1 + slot * kWarps + warp : nullptr;
         const bool first = ktile == qt, last = ktile == 0;      // Ordered: the first and the last to add
 #pragma unroll
         for (int half = 0; half < 2; half++) {
@@ -616,6 +634,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                     if constexpr (DQ == FlashDq::Shares) {
                         *dst = v;
                         continue;
+                    } else if constexpr (DQ == FlashDq::Atomic) {
+                        atomic_add_pair(dst, v);
+                        continue;
                     }
                     if (!first) {  // L2, where the previous key tile's block wrote it (not a stale L1 line)
                         const float2 sum = __ldcg(dst);
@@ -630,6 +651,26 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                 }
         }
         if (DQ == FlashDq::Ordered && !last) signal_contribution(count, lane);
+        if constexpr (DQ == FlashDq::Atomic) {
+            __threadfence();  // this lane's adds are done in L2 before the count says so
+            __syncwarp();
+            unsigned before = 0;
+            if (lane == 0) before = atomicAdd(count, 1u);
+            if (__shfl_sync(0xffffffffu, before, 0) == unsigned(qt)) {  // key tiles 0 .. qt have all added
+                __threadfence();
+#pragma unroll
+                for (int c = 0; c < kHeadSize / 8; c++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int col = c * 8 + 2 * t, q = q0 + warp * 16 + g + 8 * r;
+                        const float2 sum =
+                            __ldcg(reinterpret_cast<const float2*>(rows16 + (g + 8 * r) * kHeadSize + col));
+                        if (q < T)
+                            store_bf16x2(dqkv + (hd.q - qkv) + size_t(q) * hd.stride + col,
+                                         pack_bf16x2(sum.x * scale, sum.y * scale));
+                    }
+            }
+        }
         // No barrier here: what the next iteration overwrites before its own top barrier, the (Q, dO, lse, delta)
         // buffer of this tile, was last read before the barrier above, and sdS is rewritten only after the next
         // top barrier, which every warp reaches only once done with this share.
@@ -691,8 +732,8 @@ inline std::string flash_attention_unsupported(int C, int NH) {
 }
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
 // The backward's scratch, in floats from its start: delta (B, NH, T) at 0, then, 16-byte aligned, the dQ shares
-// (flash::tile_pair) or the ordered dQ's accumulators (B * NH, query tiles, 64 x 64) at `dq`, then the ordered
-// dQ's synchronization words (ordered_dq_sync_words) at `sync`; `floats` in all.
+// (flash::tile_pair) or the ordered or atomic dQ's accumulators (B * NH, query tiles, 64 x 64) at `dq`, then
+// their synchronization words (ordered_dq_sync_words) at `sync`; `floats` in all.
 struct FlashBackwardScratchLayout {
     size_t dq, sync, floats;
 };
@@ -709,13 +750,16 @@ inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flas
     return flash_backward_scratch_layout(B, T, NH, dq).floats;
 }
 
-// LLMC_FLASH_DQ=shares|ordered (default shares): how the flash backward sums dQ (flash::FlashDq). A bad value is
-// an error.
+// LLMC_FLASH_DQ=shares|ordered|atomic (default shares): how the flash backward sums dQ (flash::FlashDq). A bad
+// value is an error.
 inline flash::FlashDq flash_dq_from_env() {
     const char* s = std::getenv("LLMC_FLASH_DQ");
     const std::string choice = s ? s : "shares";
-    LLMC_CHECK(choice == "shares" || choice == "ordered", "LLMC_FLASH_DQ must be shares or ordered; got '" + choice + "'");
-    return choice == "ordered" ? flash::FlashDq::Ordered : flash::FlashDq::Shares;
+    LLMC_CHECK(choice == "shares" || choice == "ordered" || choice == "atomic",
+               "LLMC_FLASH_DQ must be shares, ordered or atomic; got '" + choice + "'");
+    return choice == "ordered" ? flash::FlashDq::Ordered
+           : choice == "atomic" ? flash::FlashDq::Atomic
+                                : flash::FlashDq::Shares;
 }
 
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
@@ -749,10 +793,12 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     float* delta = scratch;
     float* dq_scratch = scratch + layout.dq;
     unsigned* dq_sync = nullptr;
-    if (dq == FlashDq::Ordered) {
+    if (dq != FlashDq::Shares) {
         dq_sync = reinterpret_cast<unsigned*>(scratch + layout.sync);
         CUDA_CHECK(cudaMemsetAsync(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned), env.stream));
     }
+    if (dq == FlashDq::Atomic)
+        CUDA_CHECK(cudaMemsetAsync(dq_scratch, 0, (layout.sync - layout.dq) * sizeof(float), env.stream));
     LLMC_LAUNCH(flash::flash_delta_blocks(rows), flash::kDeltaThreads, 0, env.stream, flash::flash_attention_delta_kernel)(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
     CUDA_CHECK_LAUNCH();
@@ -768,6 +814,10 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     if (dq == FlashDq::Ordered) {
         launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Ordered>);
         return;  // key tile 0's blocks wrote dQ
+    }
+    if (dq == FlashDq::Atomic) {
+        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
+        return;  // the last warp to add to each query tile's rows wrote them
     }
     launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Shares>);
     const size_t threads = rows * (flash::kHeadSize / 8);

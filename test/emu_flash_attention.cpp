@@ -4,10 +4,11 @@
 // p = softmax_j(q_t.k_j / 8), the log-sum-exp per row, and the backward dq, dk, dv for a random dy
 // (dp_tj = dy_t.v_j, ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8,
 // dk_j = sum_t ds_tj q_t / 8, dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the
-// 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The kernels are deterministic by
+// 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The default kernels are deterministic by
 // construction (no atomic sums; dQ is summed from per-tile-pair shares, or with LLMC_FLASH_DQ=ordered added up
 // across blocks, in a fixed order), so every thread order gives the same bits, and the ordered dQ's blocks, which
-// draw tickets for their work, the same bits whatever order they start in; one warp at a time
+// draw tickets for their work, the same bits whatever order they start in (LLMC_FLASH_DQ=atomic's dQ is held to
+// the tolerance in three block orders, and every row converted by whichever warp adds last); one warp at a time
 // (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
 // missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
 //
@@ -142,10 +143,11 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
     float* delta = r.scratch.data();
     float* dq_scratch = r.scratch.data() + layout.dq;
     unsigned* dq_sync = nullptr;
-    if (dq == flash::FlashDq::Ordered) {
+    if (dq != flash::FlashDq::Shares) {
         dq_sync = reinterpret_cast<unsigned*>(r.scratch.data() + layout.sync);
         std::memset(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned));
     }
+    if (dq == flash::FlashDq::Atomic) std::fill(dq_scratch, r.scratch.data() + layout.sync, 0.0f);
     const Dim3 grid{tiles, unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
     for (unsigned linear : block_order) {
@@ -153,6 +155,9 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
         emu::run_block(Dim3{flash::kThreads, 1, 1}, Dim3{linear % tiles, linear / tiles, 0}, grid, order, 99, [&] {
             if (dq == flash::FlashDq::Ordered)
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Ordered>(
+                    r.dqkv.data(), dq_scratch, dq_sync, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
+            else if (dq == flash::FlashDq::Atomic)
+                flash::flash_attention_backward_kv_kernel<flash::FlashDq::Atomic>(
                     r.dqkv.data(), dq_scratch, dq_sync, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
             else
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Shares>(
@@ -302,6 +307,27 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
         const Result again = run(qkv_b, dy_b, B, T, NH, o.order, flash::FlashDq::Ordered, o.blocks);
         const bool same = same_bits(again, ordered);
         std::printf("  %-34s %s\n", o.name, same ? "same bits" : "DIFFERENT BITS  FAIL");
+        EXPECT(same);
+    }
+
+    // The atomic dQ: dK and dV the same bits again, dQ within the tolerance whichever block adds last and so
+    // converts a query tile's rows (blocks here run one at a time, each start order one of the GPU's sums; an
+    // unconverted row stays NaN and fails).
+    const struct {
+        Order order;
+        int blocks;
+        const char* label;
+    } atomic_runs[] = {{Order::Forward, 0, " (atomic dQ)"},
+                       {Order::Reverse, 1, " (atomic dQ, blocks reversed)"},
+                       {Order::WarpSerial, 2, " (atomic dQ, blocks shuffled, warps)"}};
+    for (const auto& a : atomic_runs) {
+        const Result atomic = run(qkv_b, dy_b, B, T, NH, a.order, flash::FlashDq::Atomic, a.blocks);
+        check_backward(atomic, a.label);
+        bool same = true;
+        for (size_t row = 0; row < size_t(B) * T; row++)
+            same = same && std::memcmp(atomic.dqkv.data() + row * 3 * C + C, got.dqkv.data() + row * 3 * C + C,
+                                       2 * C * sizeof(bf16)) == 0;
+        std::printf("  %-34s %s\n", "atomic dQ: dk, dv as with shares", same ? "same bits" : "DIFFERENT BITS  FAIL");
         EXPECT(same);
     }
 }

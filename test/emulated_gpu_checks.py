@@ -192,7 +192,7 @@ def main():
         lean = run(EMU["fp32"], f"fp32-demo-1-tuning{tune}", steps + ["--optimizer", "demo"], env={"LLMC_DEMO_TUNING": tune})
         same(f"fp32 demo, 1 rank, LLMC_DEMO_TUNING={tune}: the default {tag} run's losses and norms", lean, base)
 
-    # The DCT-domain momentum (LLMC_DEMO_MOMENTUM=dct: tuning 6 with fp32 DCTs, 7 with LLMC_DEMO_DCT=tensor; the
+    # The DCT-domain momentum (LLMC_DEMO_MOMENTUM=dct: tuning 6 with fp32 DCTs, 12 with LLMC_DEMO_DCT=tensor; the
     # 64 x 64 chunks' momentum kept as C1 m C2^T, no decode in the compress): the same training to rounding; its
     # checkpoints record the domain, so its own resume continues bit for bit and the CPU trainer, reading the
     # momentum converted to its spatial form, continues at its own straight run's losses (the DCT-domain

@@ -701,6 +701,11 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
     *p = old + v;
     return old;
 }
+inline float atomicAdd(float* p, float v) {
+    const float old = *p;
+    *p = old + v;
+    return old;
+}
 inline unsigned atomicOr(unsigned* p, unsigned v) {
     const unsigned old = *p;
     *p = old | v;
