@@ -13,12 +13,10 @@
 //             no atomics: every output element has one owner and one summation order, so gradients are
 //             bit-identical from run to run. The scratch is 16 KB per tile pair (428 MB for GPT-2 124M at B=16,
 //             T=1024), written once and read once: ~0.3 ms of HBM traffic where recomputing S and dP per query
-//             tile (the other deterministic way) costs two more tile products per pair. FlashDq::Ordered (below)
-//             drops the scratch and the last kernel: the key tiles of a head add their shares into one fp32
-//             accumulator per query tile, in a fixed order, each waiting for its turn; still one summation
-//             order per element, so still bit-identical from run to run. FlashDq::Atomic (opt-in) is
-//             FlashAttention-2's: fp32 atomic adds into the same accumulators with no waits, the last warp to
-//             add a query tile's rows converting them; fastest, but its sums' order, so its bits, vary by run.
+//             tile (the other deterministic way) costs two more tile products per pair. FlashDq::Atomic
+//             (opt-in, below) is FlashAttention-2's: the key tiles add their shares into one fp32 accumulator
+//             per query tile with atomic adds, the last warp to add a query tile's rows converting them; no
+//             scratch slots and no last kernel, but its sums' order, so its bits, vary from run to run.
 //
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
@@ -74,7 +72,7 @@ inline constexpr int kForwardRowTiles = 1;
 __host__ __device__ constexpr int forward_threads(int row_tiles) { return kThreads / row_tiles; }
 inline constexpr size_t kBackwardSmem = 7 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
 // Backward blocks per SM the register allocation is held to: on Hopper 3 (12 warps; 168 registers, no spills
-// in the shares kernel, 24 bytes in the ordered one; three 65.5 KB blocks fit its 228 KB), where 2 let ptxas
+// in the shares kernel, 36 bytes in the atomic one; three 65.5 KB blocks fit its 228 KB), where 2 let ptxas
 // take 239 and left 8 warps per SM to hide the mma.sync chains; an A100's 164 KB holds only 2 blocks.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr int kBackwardMinBlocks = 2;
@@ -313,62 +311,25 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
     __syncthreads();
 }
 
-// ---- the ordered dQ: a cross-block protocol -------------------------------------------------------------------
+// ---- how the backward sums dQ ---------------------------------------------------------------------------------
 // How the backward sums each query tile's dQ over its key tiles (flash_attention_backward):
 //   Shares:  every tile pair writes its share (64 x 64 fp32) to a slot of its own and a second kernel sums the
-//            slots of each query tile in key-tile order (16 KB written and read back through HBM per pair).
-//   Ordered: the key tiles of a head add their shares into one fp32 accumulator per query tile, in the fixed
-//            order key tile qt, qt - 1, ..., 0, each warp waiting for its 16 rows' count of the contributions
-//            made so far before it adds its own; key tile 0 writes the scaled bf16 result into dqkv. The
-//            accumulators of the heads in flight (256 KB each at T = 1024) stay in L2. Blocks draw their work
-//            from a ticket counter, key tiles of a head from the last to the first, so every block a block waits
-//            for has drawn its ticket earlier and is running or done: no hang whatever order the GPU starts
-//            blocks in and however few fit on it at once (ticket 0 never waits; ticket i only on lower ones).
-//   Atomic:  the key tiles of a head add their shares into the same accumulators with fp32 atomic adds in
-//            whatever order they arrive (no waits), and per (query tile, warp) a count of the contributions made:
-//            the warp that brings it to qt + 1 (key tiles 0 .. qt) writes the scaled bf16 result into dqkv, as
-//            the last block of CUDA's threadFenceReduction sample does (a fence between the adds and the count,
-//            and between the count and the reads). Accumulators and counts are zeroed before every launch.
-// Shares and Ordered sum in a fixed order (every run gives the same bits); they differ from each other by fp32
-// rounding. Atomic's order, so its bits, vary from run to run (within that rounding of the others).
-enum class FlashDq { Shares, Ordered, Atomic };
+//            slots of each query tile in key-tile order (16 KB written and read back through HBM per pair). One
+//            owner and one summation order per element: every run gives the same bits.
+//   Atomic:  the key tiles of a head add their shares into one fp32 accumulator per query tile with atomic adds
+//            in whatever order they arrive (no waits; the accumulators of the heads in flight, 256 KB each at
+//            T = 1024, stay in L2), and per (query tile, warp) a count of the contributions made: the warp that
+//            brings it to qt + 1 (key tiles 0 .. qt) writes the scaled bf16 result into dqkv, as the last block
+//            of CUDA's threadFenceReduction sample does (a fence between the adds and the count, and between the
+//            count and the reads). Accumulators and counts are zeroed before every launch. The order of the
+//            sums, so their bits, varies from run to run (within fp32 rounding of the shares' sum).
+// (A third way, the key tiles adding in a fixed order, each warp waiting for its turn, was deterministic but
+// 13.6% slower than the shares on an H100 and was retired; dev/bench/README.md, ninth session.)
+enum class FlashDq { Shares, Atomic };
 
-// The ordered dQ's synchronization words: the ticket counter, then one contribution count per (batch x head,
-// query tile, warp). Zeroed before every launch.
-__host__ __device__ inline size_t ordered_dq_sync_words(int BNH, int T) {
-    return 1 + size_t(BNH) * ((T + kTile - 1) / kTile) * kWarps;
-}
-
-// Waits (one lane of the warp spins, the warp then proceeds together) until *count == expected, as written by
-// signal_contribution of the blocks before this one; what they wrote before signalling is then visible. A wait
-// of 64 M polls (tens of seconds: a broken protocol, not a slow GPU, since the block waited for is running)
-// traps, so the launch fails with an error instead of hanging the trainer.
-__device__ __forceinline__ void wait_for_contributions(const unsigned* count, unsigned expected, int lane) {
-#if defined(LLMC_BLOCK_EMULATOR)
-    if (lane == 0) emu::wait_for_value(count, expected, "flash ordered dQ: a warp's turn to add its dQ share");
-#else
-    if (lane == 0) {
-        unsigned seen;
-        for (uint32_t spins = 0;; spins++) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
-            if (seen == expected) break;
-            if (spins == (1u << 26)) __trap();  // 64 M polls: tens of seconds
-            __nanosleep(64);
-        }
-    }
-#endif
-    __syncwarp();
-}
-// After this warp's writes of its rows: counts this contribution, with release semantics for all 32 lanes'
-// writes (the warp barrier orders them before lane 0's release reduction: cooperative groups' grid-sync
-// pattern, one warp wide, with red.release in place of a full fence and a relaxed atomic).
-__device__ __forceinline__ void signal_contribution(unsigned* count, int lane) {
-    __syncwarp();
-#if defined(LLMC_BLOCK_EMULATOR)
-    if (lane == 0) atomicAdd(count, 1u);
-#else
-    if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
-#endif
+// The atomic dQ's contribution counts: one per (batch x head, query tile, warp). Zeroed before every launch.
+__host__ __device__ inline size_t atomic_dq_count_words(int BNH, int T) {
+    return size_t(BNH) * ((T + kTile - 1) / kTile) * kWarps;
 }
 
 // Atomic: adds v to the accumulator pair at dst in L2 (one 8-byte vector reduction on Hopper).
@@ -514,13 +475,13 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
 // grid (key tiles, B * NH), kThreads threads, kBackwardSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
 // on transposed products (rows are keys): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
 // dK += dS^T Q; then, with dS^T staged in shared memory, warp w computes rows 16 w .. + 15 of the pair's dQ share
-// dS K: DQ = Shares writes it to the pair's slot of dq_scratch; DQ = Ordered adds it to the query tile's
-// accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32) in its turn, or, for key tile 0, writes the
-// scaled total into dqkv's q part (dq_sync: ordered_dq_sync_words, zeroed); DQ = Atomic adds it at once (the
-// accumulators zeroed) and the last warp to add converts. At the end dK * scale and dV go to dqkv's k and v parts.
+// dS K: DQ = Shares writes it to the pair's slot of dq_scratch; DQ = Atomic adds it to the query tile's
+// accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32, zeroed) and counts the addition in dq_count
+// (atomic_dq_count_words, zeroed), the last warp to add converting the rows into dqkv's q part. At the end
+// dK * scale and dV go to dqkv's k and v parts.
 template <FlashDq DQ>
 __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_backward_kv_kernel(bf16* dqkv, float* dq_scratch,
-                                                                                 unsigned* dq_sync, const bf16* qkv,
+                                                                                 unsigned* dq_count, const bf16* qkv,
                                                                                  const bf16* dout, const float* lse,
                                                                                  const float* delta, int T, int NH,
                                                                                  float scale_log2, float scale) {
@@ -536,14 +497,7 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
     auto sD = [&](int buf) { return rows + (2 * buf + 1) * kTile; };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int tiles = (T + kTile - 1) / kTile;
-    int ktile = blockIdx.x, bh = blockIdx.y;  // Shares: low key tiles see the most query tiles: first
-    if constexpr (DQ == FlashDq::Ordered) {   // the last key tile of a head first: it adds its dQ share first
-        __shared__ unsigned ticket;
-        if (threadIdx.x == 0) ticket = atomicAdd(dq_sync, 1u);
-        __syncthreads();
-        bh = int(ticket / unsigned(tiles));
-        ktile = tiles - 1 - int(ticket % unsigned(tiles));
-    }
+    const int ktile = blockIdx.x, bh = blockIdx.y;  // low key tiles see the most query tiles: first
     const Head hd = head_of_block(qkv, T, NH, bh);
     const bf16* dy = dout + hd.y_offset;
     const int k0 = ktile * kTile;
@@ -602,10 +556,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
         __syncthreads();
         const bf16* kbase = sK + (lane & 15) * kPitch + (lane >> 4) * 8;
         const size_t slot = DQ == FlashDq::Shares ? size_t(bh) * tile_pairs(T) + tile_pair(qt, ktile)
-                                                  : size_t(bh) * tiles + qt;
+                                                  : size_t(bh) * tiles + qt;  // Atomic: the query tile's
         float* rows16 = dq_scratch + slot * kShareFloats + size_t(warp) * 16 * kHeadSize;  // this warp's rows
-        unsigned* count = DQ != FlashDq::Shares ? dq_sync + 1 + slot * kWarps + warp : nullptr;
-        const bool first = ktile == qt, last = ktile == 0;      // Ordered: the first and the last to add
+        unsigned* count = DQ == FlashDq::Atomic ? dq_count + slot * kWarps + warp : nullptr;
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             float acc[kNT / 2][4] = {};
@@ -621,8 +574,6 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                     mma_16816(acc[2 * np + 1], a, b[2], b[3]);
                 }
             }
-            if (DQ == FlashDq::Ordered && half == 0 && !first)
-                wait_for_contributions(count, unsigned(qt - ktile), lane);
 #pragma unroll
             for (int nt = 0; nt < kNT / 2; nt++)
 #pragma unroll
@@ -630,27 +581,11 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                     const int col = half * 32 + nt * 8 + 2 * t;
                     float2* dst = reinterpret_cast<float2*>(rows16 + (g + 8 * r) * kHeadSize + col);
                     LLMC_REQUIRE_ALIGNED(dst, 8);
-                    float2 v = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-                    if constexpr (DQ == FlashDq::Shares) {
-                        *dst = v;
-                        continue;
-                    } else if constexpr (DQ == FlashDq::Atomic) {
-                        atomic_add_pair(dst, v);
-                        continue;
-                    }
-                    if (!first) {  // L2, where the previous key tile's block wrote it (not a stale L1 line)
-                        const float2 sum = __ldcg(dst);
-                        v = make_float2(sum.x + v.x, sum.y + v.y);
-                    }
-                    const int q = q0 + warp * 16 + g + 8 * r;
-                    if (!last)
-                        __stcg(dst, v);
-                    else if (q < T)
-                        store_bf16x2(dqkv + (hd.q - qkv) + size_t(q) * hd.stride + col,
-                                     pack_bf16x2(v.x * scale, v.y * scale));
+                    const float2 v = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+                    if constexpr (DQ == FlashDq::Shares) *dst = v;
+                    else atomic_add_pair(dst, v);
                 }
         }
-        if (DQ == FlashDq::Ordered && !last) signal_contribution(count, lane);
         if constexpr (DQ == FlashDq::Atomic) {
             __threadfence();  // this lane's adds are done in L2 before the count says so
             __syncwarp();
@@ -732,10 +667,10 @@ inline std::string flash_attention_unsupported(int C, int NH) {
 }
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
 // The backward's scratch, in floats from its start: delta (B, NH, T) at 0, then, 16-byte aligned, the dQ shares
-// (flash::tile_pair) or the ordered or atomic dQ's accumulators (B * NH, query tiles, 64 x 64) at `dq`, then
-// their synchronization words (ordered_dq_sync_words) at `sync`; `floats` in all.
+// (flash::tile_pair) or the atomic dQ's accumulators (B * NH, query tiles, 64 x 64) at `dq`, then the atomic
+// dQ's contribution counts (atomic_dq_count_words) at `count`; `floats` in all.
 struct FlashBackwardScratchLayout {
-    size_t dq, sync, floats;
+    size_t dq, count, floats;
 };
 inline FlashBackwardScratchLayout flash_backward_scratch_layout(int B, int T, int NH, flash::FlashDq dq) {
     const size_t delta = (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4;
@@ -743,23 +678,20 @@ inline FlashBackwardScratchLayout flash_backward_scratch_layout(int B, int T, in
         const size_t end = delta + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
         return {delta, end, end};
     }
-    const size_t sync = delta + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats;
-    return {delta, sync, sync + flash::ordered_dq_sync_words(B * NH, T)};
+    const size_t count = delta + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats;
+    return {delta, count, count + flash::atomic_dq_count_words(B * NH, T)};
 }
 inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flash::FlashDq dq) {
     return flash_backward_scratch_layout(B, T, NH, dq).floats;
 }
 
-// LLMC_FLASH_DQ=shares|ordered|atomic (default shares): how the flash backward sums dQ (flash::FlashDq). A bad
-// value is an error.
+// LLMC_FLASH_DQ=shares|atomic (default shares): how the flash backward sums dQ (flash::FlashDq). A bad value is
+// an error.
 inline flash::FlashDq flash_dq_from_env() {
     const char* s = std::getenv("LLMC_FLASH_DQ");
     const std::string choice = s ? s : "shares";
-    LLMC_CHECK(choice == "shares" || choice == "ordered" || choice == "atomic",
-               "LLMC_FLASH_DQ must be shares, ordered or atomic; got '" + choice + "'");
-    return choice == "ordered" ? flash::FlashDq::Ordered
-           : choice == "atomic" ? flash::FlashDq::Atomic
-                                : flash::FlashDq::Shares;
+    LLMC_CHECK(choice == "shares" || choice == "atomic", "LLMC_FLASH_DQ must be shares or atomic; got '" + choice + "'");
+    return choice == "atomic" ? flash::FlashDq::Atomic : flash::FlashDq::Shares;
 }
 
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
@@ -792,13 +724,11 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     const FlashBackwardScratchLayout layout = flash_backward_scratch_layout(B, T, NH, dq);
     float* delta = scratch;
     float* dq_scratch = scratch + layout.dq;
-    unsigned* dq_sync = nullptr;
-    if (dq != FlashDq::Shares) {
-        dq_sync = reinterpret_cast<unsigned*>(scratch + layout.sync);
-        CUDA_CHECK(cudaMemsetAsync(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned), env.stream));
+    unsigned* dq_count = nullptr;
+    if (dq == FlashDq::Atomic) {  // accumulators and counts are one range
+        dq_count = reinterpret_cast<unsigned*>(scratch + layout.count);
+        CUDA_CHECK(cudaMemsetAsync(dq_scratch, 0, (layout.floats - layout.dq) * sizeof(float), env.stream));
     }
-    if (dq == FlashDq::Atomic)
-        CUDA_CHECK(cudaMemsetAsync(dq_scratch, 0, (layout.sync - layout.dq) * sizeof(float), env.stream));
     LLMC_LAUNCH(flash::flash_delta_blocks(rows), flash::kDeltaThreads, 0, env.stream, flash::flash_attention_delta_kernel)(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
     CUDA_CHECK_LAUNCH();
@@ -807,14 +737,10 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
         CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(flash::kBackwardSmem)));
         LLMC_LAUNCH(grid, flash::kThreads, flash::kBackwardSmem, env.stream, kernel)(
-            reinterpret_cast<bf16*>(dqkv), dq_scratch, dq_sync, reinterpret_cast<const bf16*>(qkv),
+            reinterpret_cast<bf16*>(dqkv), dq_scratch, dq_count, reinterpret_cast<const bf16*>(qkv),
             reinterpret_cast<const bf16*>(dout), lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
         CUDA_CHECK_LAUNCH();
     };
-    if (dq == FlashDq::Ordered) {
-        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Ordered>);
-        return;  // key tile 0's blocks wrote dQ
-    }
     if (dq == FlashDq::Atomic) {
         launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
         return;  // the last warp to add to each query tile's rows wrote them

@@ -98,9 +98,7 @@ public:
     bool flash_attention() const { return flash_attention_; }
     const char* attention_name() const {
         if (!flash_attention_) return "matmul";
-        return flash_dq_ == flash::FlashDq::Ordered  ? "flash (ordered dQ)"
-               : flash_dq_ == flash::FlashDq::Atomic ? "flash (atomic dQ)"
-                                                     : "flash";
+        return flash_dq_ == flash::FlashDq::Atomic ? "flash (atomic dQ)" : "flash";
     }
     int max_batch() const { return max_B_; }
     int max_seq() const { return max_T_; }

@@ -5,10 +5,9 @@
 // (dp_tj = dy_t.v_j, ds_tj = p_tj (dp_tj - sum_i p_ti dp_ti), dq_t = sum_j ds_tj k_j / 8,
 // dk_j = sum_t ds_tj q_t / 8, dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the
 // 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The default kernels are deterministic by
-// construction (no atomic sums; dQ is summed from per-tile-pair shares, or with LLMC_FLASH_DQ=ordered added up
-// across blocks, in a fixed order), so every thread order gives the same bits, and the ordered dQ's blocks, which
-// draw tickets for their work, the same bits whatever order they start in (LLMC_FLASH_DQ=atomic's dQ is held to
-// the tolerance in three block orders, and every row converted by whichever warp adds last); one warp at a time
+// construction (no atomic sums; dQ is summed from per-tile-pair shares), so every thread order gives the same
+// bits (LLMC_FLASH_DQ=atomic's dQ is held to the tolerance in three block orders, with every row converted by
+// whichever warp adds last); one warp at a time
 // (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
 // missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
 //
@@ -133,8 +132,8 @@ struct Result {
 };
 
 // The backward's key-tile kernel as flash_attention_backward launches it, with its blocks run in `block_order`
-// (a permutation of the grid's linear block indices): the shares kernel's blocks are independent, and the ordered
-// dQ's blocks draw tickets, so any start order must give the same bits.
+// (a permutation of the grid's linear block indices): the shares kernel's blocks are independent, so any start
+// order must give the same bits; the atomic dQ's last block to add to a query tile converts it.
 void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B,
                      int T, int NH, Order order, const std::vector<unsigned>& block_order) {
     const size_t rows = llmc::flash_attention_lse_floats(B, T, NH);
@@ -142,23 +141,20 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
     const llmc::FlashBackwardScratchLayout layout = llmc::flash_backward_scratch_layout(B, T, NH, dq);
     float* delta = r.scratch.data();
     float* dq_scratch = r.scratch.data() + layout.dq;
-    unsigned* dq_sync = nullptr;
-    if (dq != flash::FlashDq::Shares) {
-        dq_sync = reinterpret_cast<unsigned*>(r.scratch.data() + layout.sync);
-        std::memset(dq_sync, 0, flash::ordered_dq_sync_words(B * NH, T) * sizeof(unsigned));
+    unsigned* dq_count = nullptr;
+    if (dq == flash::FlashDq::Atomic) {
+        dq_count = reinterpret_cast<unsigned*>(r.scratch.data() + layout.count);
+        std::fill(dq_scratch, r.scratch.data() + layout.count, 0.0f);
+        std::memset(dq_count, 0, flash::atomic_dq_count_words(B * NH, T) * sizeof(unsigned));
     }
-    if (dq == flash::FlashDq::Atomic) std::fill(dq_scratch, r.scratch.data() + layout.sync, 0.0f);
     const Dim3 grid{tiles, unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
     for (unsigned linear : block_order) {
         std::memset(flash::flash_smem, 0xff, sizeof(flash::flash_smem));
         emu::run_block(Dim3{flash::kThreads, 1, 1}, Dim3{linear % tiles, linear / tiles, 0}, grid, order, 99, [&] {
-            if (dq == flash::FlashDq::Ordered)
-                flash::flash_attention_backward_kv_kernel<flash::FlashDq::Ordered>(
-                    r.dqkv.data(), dq_scratch, dq_sync, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
-            else if (dq == flash::FlashDq::Atomic)
+            if (dq == flash::FlashDq::Atomic)
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Atomic>(
-                    r.dqkv.data(), dq_scratch, dq_sync, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
+                    r.dqkv.data(), dq_scratch, dq_count, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
             else
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Shares>(
                     r.dqkv.data(), dq_scratch, nullptr, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
@@ -287,32 +283,9 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
         EXPECT(same);
     }
 
-    // The ordered dQ: the same dK and dV bits (the same products), dQ within the tolerance (a different summation
-    // order), and the same bits again whatever order the blocks start in (tickets) and the threads run in.
-    const Result ordered = run(qkv_b, dy_b, B, T, NH, Order::Forward, flash::FlashDq::Ordered);
-    check_backward(ordered, " (ordered dQ)");
-    bool same_kv = true;
-    for (size_t row = 0; row < size_t(B) * T; row++)
-        same_kv = same_kv && std::memcmp(ordered.dqkv.data() + row * 3 * C + C, got.dqkv.data() + row * 3 * C + C,
-                                         2 * C * sizeof(bf16)) == 0;
-    std::printf("  %-34s %s\n", "ordered dQ: dk, dv as with shares", same_kv ? "same bits" : "DIFFERENT BITS  FAIL");
-    EXPECT(same_kv);
-    const struct {
-        Order order;
-        int blocks;
-        const char* name;
-    } ordered_runs[] = {{Order::Shuffled, 1, "ordered dQ, blocks started reversed"},
-                        {Order::WarpSerial, 2, "ordered dQ, blocks shuffled, warps"}};
-    for (const auto& o : ordered_runs) {
-        const Result again = run(qkv_b, dy_b, B, T, NH, o.order, flash::FlashDq::Ordered, o.blocks);
-        const bool same = same_bits(again, ordered);
-        std::printf("  %-34s %s\n", o.name, same ? "same bits" : "DIFFERENT BITS  FAIL");
-        EXPECT(same);
-    }
-
-    // The atomic dQ: dK and dV the same bits again, dQ within the tolerance whichever block adds last and so
-    // converts a query tile's rows (blocks here run one at a time, each start order one of the GPU's sums; an
-    // unconverted row stays NaN and fails).
+    // The atomic dQ: dK and dV the same bits (the same products), dQ within the tolerance whichever block adds
+    // last and so converts a query tile's rows (blocks here run one at a time, each start order one of the GPU's
+    // sums; an unconverted row stays NaN and fails).
     const struct {
         Order order;
         int blocks;
@@ -441,12 +414,6 @@ TEST(emulator_traps_gpu_faults) {
                       if (threadIdx.x < 32) __syncthreads();
                   }),
                   "__syncthreads not reached by every thread");
-    // a warp waiting for a count no block has reached: a hang on the GPU (the ordered dQ's blocks take tickets so
-    // that whatever they wait for has started before them)
-    static unsigned count = 2;
-    EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1,
-                                 [&] { flash::wait_for_contributions(&count, 3, int(threadIdx.x)); }),
-                  "waits for 3, holds 2, and no other block runs: a hang on the GPU");
     // and the same calls, aligned, run through
     emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
         uint32_t r[4];
@@ -455,7 +422,6 @@ TEST(emulator_traps_gpu_faults) {
         flash::cp_async_commit();
         flash::cp_async_wait<0>();
         flash::store_bf16x2(global_like + 2 * threadIdx.x, 0u);
-        flash::wait_for_contributions(&count, 2, int(threadIdx.x));
     });
 }
 

@@ -61,7 +61,6 @@ gpu_test() {
 gpu_test --expect "attention matmul, LLMC_GELU_FUSION 2" build/emu/gpu_test_gpt2 $refs/tiny
 gpu_test --expect "LLMC_GELU_FUSION 0" LLMC_GELU_FUSION=0 build/emu/gpu_test_gpt2 $refs/tiny
 gpu_test --expect "attention flash" build/emu/gpu_test_gpt2 $refs/hs64
-gpu_test --expect "attention flash (ordered dQ)" LLMC_FLASH_DQ=ordered build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test --expect "attention flash (atomic dQ)" LLMC_FLASH_DQ=atomic build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test build/emu-fp32/gpu_test_gpt2 $refs/tiny
 gpu_test build/emu-fp32/gpu_test_demo $refs/tiny  # bf16 DeMo: the trainer checks below

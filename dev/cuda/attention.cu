@@ -4,10 +4,9 @@
 //   matmul path: forward out and the kept softmax probabilities, backward d qkv.
 //   flash (bf16 build, head size 64; other shapes print why they are skipped): forward out, the log-sum-exp
 //   (base 2, max abs error 1e-3), backward d qkv from the flash forward's out and lse with either dQ summation
-//   (flash::FlashDq: per-pair shares, or the ordered accumulation across blocks), and reruns of each that must
-//   give the same bits (no atomics; the ordered dQ's blocks add in a fixed order whatever order they run in),
-//   and the same dK, dV bits from both (the same products); the atomic dQ (opt-in, not deterministic) against
-//   the reference on three runs, with the same dK, dV bits again. T=200 is not a multiple
+//   (flash::FlashDq): the default per-pair shares, and a rerun that must give the same bits (no atomics); the
+//   atomic dQ (opt-in, not deterministic) against the reference on three runs, with the shares' dK, dV bits (the
+//   same products). T=200 is not a multiple
 //   of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
 //   element a kernel never writes fails.
 // Then timing (median of several runs) of both paths at B=8 and B=16, T=1024, C=768, and flash / matmul.
@@ -132,11 +131,10 @@ static bool same_bits(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
-// Scratch for the flash backward with any dQ summation.
+// Scratch for the flash backward with either dQ summation.
 static size_t flash_scratch_floats(int B, int T, int NH) {
-    return std::max({flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
-                     flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Ordered),
-                     flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Atomic)});
+    return std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
+                    flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Atomic));
 }
 
 // Flash attention on the same inputs as the matmul path, against the same reference.
@@ -182,30 +180,14 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     compare_dqkv(ck, "flash backward ", label, check::from_device_floatX(dqkv), ref, B, T, C, 2 * factor);
     backward(dqkv2, flash::FlashDq::Shares);
     ck.expect(same_bits(dqkv, dqkv2), "flash backward bit-identical on rerun " + label);
-    DeviceBuffer<floatX> ordered(3 * btc), ordered2(3 * btc);
-    CUDA_CHECK(cudaMemsetAsync(ordered.data(), 0xff, ordered.bytes(), env.stream));
-    CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
-    backward(ordered, flash::FlashDq::Ordered);
-    const std::vector<float> got = check::from_device_floatX(ordered), shares = check::from_device_floatX(dqkv);
-    compare_dqkv(ck, "flash backward, ordered dQ ", label, got, ref, B, T, C, 2 * factor);
-    bool same_kv = true;  // dK and dV come from the same products in both modes
-    for (size_t row = 0; row < size_t(B) * T; row++)
-        same_kv = same_kv && std::memcmp(got.data() + row * 3 * C + C, shares.data() + row * 3 * C + C,
-                                         2 * C * sizeof(float)) == 0;
-    ck.expect(same_kv, "flash backward dK, dV the same bits with either dQ " + label);
-    for (int rerun = 0; rerun < 3; rerun++) {  // blocks race differently on each run; the sums must not notice
-        CUDA_CHECK(cudaMemsetAsync(ordered2.data(), 0, ordered2.bytes(), env.stream));
-        backward(ordered2, flash::FlashDq::Ordered);
-        ck.expect(same_bits(ordered, ordered2), "flash backward, ordered dQ, bit-identical on rerun " +
-                                                    std::to_string(rerun + 1) + " " + label);
-    }
+    const std::vector<float> shares = check::from_device_floatX(dqkv);
     // The atomic dQ: its sums' order varies, so each run is checked against the reference (an unconverted row
-    // stays NaN), with dK and dV the same bits as the other modes'.
+    // stays NaN), with dK and dV the same bits as the shares'.
     for (int run = 0; run < 3; run++) {
-        CUDA_CHECK(cudaMemsetAsync(ordered2.data(), 0xff, ordered2.bytes(), env.stream));
+        CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0xff, dqkv2.bytes(), env.stream));
         CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
-        backward(ordered2, flash::FlashDq::Atomic);
-        const std::vector<float> atomic = check::from_device_floatX(ordered2);
+        backward(dqkv2, flash::FlashDq::Atomic);
+        const std::vector<float> atomic = check::from_device_floatX(dqkv2);
         compare_dqkv(ck, "flash backward, atomic dQ, run " + std::to_string(run + 1) + " ", label, atomic, ref, B, T,
                      C, 2 * factor);
         bool same = true;
@@ -299,13 +281,6 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
                                  C, NH);
     });
     check::report_flops(("flash_backward " + shape).c_str(), bwd, 2.5 * flops);  // 5 products = 2.5 x the forward's 2
-    const float ordered = median_ms(env.stream, [&] {
-        flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
-                                 C, NH, flash::FlashDq::Ordered);
-    });
-    check::report_flops(("flash_backward, ordered dQ " + shape).c_str(), ordered, 2.5 * flops);
-    std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash ordered dQ / shares " + shape).c_str(), ordered / bwd,
-                100.0 * (ordered / bwd - 1.0));
     const float atomic = median_ms(env.stream, [&] {
         flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
                                  T, C, NH, flash::FlashDq::Atomic);

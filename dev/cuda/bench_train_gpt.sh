@@ -9,10 +9,9 @@
 # timed against its alternative, and DeMo with its other kernel choices: LLMC_DEMO_DCT=tensor (the compress
 # kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
-# baseline. AdamW also runs with LLMC_FLASH_DQ=ordered and =atomic (the flash backward's dQ summed across blocks
-# in L2, in a fixed order or by atomic adds, instead of through per-pair shares and a second kernel).
-# BENCH_QUICK=1 runs only the default-attention runs (AdamW, its ordered- and atomic-dQ runs and the four DeMo
-# kernel choices), for
+# baseline. AdamW also runs with LLMC_FLASH_DQ=atomic (the flash backward's dQ summed across blocks in L2 by
+# atomic adds instead of through per-pair shares and a second kernel). BENCH_QUICK=1 runs only the
+# default-attention runs (AdamW, its atomic-dQ run and the four DeMo kernel choices), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
@@ -75,8 +74,6 @@ unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
-LLMC_FLASH_DQ=ordered run_ours adamw-ordereddq adamw
-ratio adamw adamw-ordereddq "AdamW step with LLMC_FLASH_DQ=ordered / with the dQ shares (default)"
 LLMC_FLASH_DQ=atomic run_ours adamw-atomicdq adamw
 ratio adamw adamw-atomicdq "AdamW step with LLMC_FLASH_DQ=atomic / with the dQ shares (default)"
 for tuning in ${BENCH_DEMO_TUNINGS:-}; do

@@ -524,9 +524,8 @@ inline bool register_dynamic_shared(void* array, size_t bytes) {
     return true;
 }
 
-// Every block of a grid, one after another in index order (kernels whose blocks depend on one another order
-// themselves by tickets they draw as they start, so they also see their dependencies run first),
-// with the first `shared_bytes` of every registered dynamic shared memory array filled with 0xff before each.
+// Every block of a grid, one after another in index order, with the first `shared_bytes` of every registered
+// dynamic shared memory array filled with 0xff before each.
 inline void run_grid(Dim3 block, Dim3 grid, Order order, uint32_t seed, size_t shared_bytes,
                      const std::function<void()>& body) {
     for (unsigned z = 0; z < grid.z; z++)
@@ -682,19 +681,6 @@ template <class T>
 void __stcg(T* p, T v) {
     *p = v;
 }
-namespace emu {
-// Blocks run one after another, so a block that waits for another's signal (a cross-block protocol such as
-// flash attention's ordered dQ) finds it already given or never gets it: the latter is a hang on the GPU (the
-// kernel waited for a block that claimed its work after it) and aborts here.
-inline void wait_for_value(const unsigned* p, unsigned expected, const char* what) {
-    if (*p != expected) {
-        char msg[200];
-        std::snprintf(msg, sizeof msg, "%s: waits for %u, holds %u, and no other block runs: a hang on the GPU", what,
-                      expected, *p);
-        fail(msg);
-    }
-}
-}  // namespace emu
 // One OS thread runs every fiber, so read-modify-write needs no atomicity.
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
     const unsigned old = *p;

@@ -81,8 +81,8 @@ for bin in "${bins[@]}"; do
 done
 
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
-# the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with each
-# of its three dQ summations, LLMC_FLASH_DQ), then every GELU
+# the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with both
+# dQ summations, LLMC_FLASH_DQ), then every GELU
 # level (0 separate kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
 variant() {  # variant <row name> <VAR=value> <binary> <args...>
   local name=$1 setting=$2 bin=$3
@@ -101,7 +101,6 @@ variant() {  # variant <row name> <VAR=value> <binary> <args...>
   rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
 }
 variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_ordered_dq LLMC_FLASH_DQ=ordered build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_atomic_dq LLMC_FLASH_DQ=atomic build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/cuda/gpu_test_gpt2 build/reference/hs64
 for level in 0 1 2; do
