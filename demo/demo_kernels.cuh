@@ -68,14 +68,12 @@ struct KernelConfig {
     int threads = 256;
     SmemLayout compress, apply;                  // the 64 x 64 launch group (cm::launch_tables)
     SmemLayout compress_compact;                 // its fp32 compress in the least memory (compact_smem tunings)
-    SmemLayout compress_tensor_compact;          // its tensor-core DCT-domain compress without a basis region
-                                                 // (compact_smem tunings with basis_table 2)
     SmemLayout compress_general, apply_general;  // every other chunk shape
     int world = 1;
     bool vec4_io = true;  // every 64 x 64 tensor's offset and row length are multiples of 4 floats (lean_io)
     size_t max_bytes() const {
-        return std::max({compress.bytes(), compress_compact.bytes(), compress_tensor_compact.bytes(), apply.bytes(),
-                         compress_general.bytes(), apply_general.bytes()});
+        return std::max({compress.bytes(), compress_compact.bytes(), apply.bytes(), compress_general.bytes(),
+                         apply_general.bytes()});
     }
 };
 
@@ -100,8 +98,7 @@ struct KernelTuning {
                            // back (from L2) for the error feedback, instead of 16 registers held across the kernel
     bool compact_smem;     // compress, fp32: KernelConfig::compress_compact (no tensor-core padding, one copy of
                            // the folded basis: n1 = n2) and 5 blocks per SM (48 registers): 5 x 44.5 KB fit an
-                           // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32; tensor cores (with
-                           // dct_momentum and basis_table 2): compress_tensor_compact, ~39 KB, and 5 blocks per SM
+                           // H100's 228 KB at top-k <= 32, 40 warps per SM instead of 32
     bool dct_momentum;     // compress, with lean_io and refetch: the 64 x 64 chunks' momentum is kept in the DCT
                            // domain (M = C1 m C2^T, see "DCT-domain momentum" below): M = decay M + s DCT(g), top-k
                            // of |M|, then M[sent] -= alpha v; no decode and no dense error feedback. Same math as the
@@ -116,8 +113,9 @@ struct KernelTuning {
     bool prefetch_own;     // compress, with dct_momentum: the block asks L2 for its own chunk's momentum as it starts,
                            // so the read after the DCT passes finds it there (no registers held, unlike a load)
     int basis_table;       // compress, with tensor_dct: the split fragments of the basis built by each block from the
-                           // folded basis (0), copied from the precomputed table at the head of the folded table
-                           // (1: kernel_tables), or read from that table by the DCT passes themselves (2)
+                           // folded basis (0), or copied from the precomputed table at the head of the folded table
+                           // (1: kernel_tables). Reading that table by the DCT passes themselves (no copy; also in a
+                           // compact layout at 5 blocks per SM) timed the same or slower and was retired.
 };
 inline constexpr KernelTuning kTunings[] = {
     // blocks, tile, coarse, tensor, lean, refetch, compact, dct momentum, warp lookup, register top-k, prefetch own,
@@ -134,13 +132,12 @@ inline constexpr KernelTuning kTunings[] = {
     {4, 8, 2, true, true, true, true, false, false, true, true, false, 0},        // 9: 4 + register top-k
     {4, 8, 2, false, true, true, true, false, true, false, false, true, 0},       // 10: 7 with RadixSelect (its twin)
     {4, 8, 2, false, false, true, true, true, true, true, false, true, 0},        // 11: 6 with RadixSelect (its twin)
-    // 7 with the basis fragments precomputed (tensor_basis_table); H100, 2026-11-27 (ninth session): 12 1.001 /
-    // 0.893 / 0.898 ms, 13 1.000 / 0.896 / 0.896, 14 1.009 / 0.899 / 0.898, against 7's 1.011 / 0.903 / 0.902
+    // 7 with the basis fragments precomputed (tensor_basis_table); H100, 2026-11-27 (ninth session): 1.001 / 0.893 /
+    // 0.898 ms against 7's 1.011 / 0.903 / 0.902 (read from L1 by the passes instead: 1.000 / 0.896 / 0.896, and in
+    // a compact layout at 5 blocks per SM 1.009 / 0.899 / 0.898; both retired)
     {4, 8, 2, true, true, true, true, false, true, true, true, true, 1},           // 12: 7, basis fragments copied
-    {4, 8, 2, true, true, true, true, false, true, true, true, true, 2},           // 13: 7, basis fragments read by the passes
-    {4, 8, 2, true, true, true, true, true, true, true, true, true, 2},            // 14: 13, compact: 5 blocks/SM
 };
-inline constexpr int kNumTunings = 15;
+inline constexpr int kNumTunings = 13;
 inline constexpr int kExactTuning = 0;   // the fp32 kernels as first written: the reference the others are checked
                                          // against (and the fallback of tunings 1 and 8)
 inline constexpr int kRadixTuning = 2;   // RadixSelect alone, same bits as 0 (the fallback of tuning 5)
@@ -171,9 +168,7 @@ inline const char* tuning_name(int t) {
         "tensor cores, register top-k, lean I/O, refetch",
         "tensor cores, RadixSelect, DCT-domain momentum",
         "RadixSelect, compact, 5 blocks/SM, DCT-domain momentum",
-        "tensor cores, register top-k, DCT-domain momentum, basis fragments copied",
-        "tensor cores, register top-k, DCT-domain momentum, basis fragments from L1",
-        "tensor cores, register top-k, DCT-domain momentum, basis fragments from L1, 5 blocks/SM"};
+        "tensor cores, register top-k, DCT-domain momentum, basis fragments copied"};
     return names[t];
 }
 // The compress kernel's __launch_bounds__ minimum blocks per SM (the apply kernel's is min_blocks).
@@ -296,7 +291,7 @@ inline uint32_t words4(size_t v) { return static_cast<uint32_t>((v + 3) & ~size_
 // compress layout without them and with one copy of the folded basis (n1 = n2 = 64), for compact_smem tunings.
 template <class InGroup>
 void carve_layouts(const cm::PlanTables& pt, int world, size_t T, InGroup in_group, SmemLayout& compress,
-                   SmemLayout& apply, SmemLayout* compact, SmemLayout* tensor_compact) {
+                   SmemLayout& apply, SmemLayout* compact) {
     const bool fixed = compact != nullptr;
     size_t cP = 0, cQ = 0, cB = 0, cL = 0, aP = 0, aQ = 0, aB = 0, aC = 0, aL = 0, segs = 0;
     size_t kP = 0, kQ = 0, kB = 0;  // the compact layout's
@@ -356,11 +351,6 @@ void carve_layouts(const cm::PlanTables& pt, int world, size_t T, InGroup in_gro
     carve(compress, cP, cQ, cB, 0, cL, 2 * T);
     carve(apply, aP, aQ, aB, aC, aL, T);
     if (compact) carve(*compact, kP, kQ, kB, 0, cL, 2 * T);
-    if (tensor_compact) {  // the DCT-domain tensor-core compress: no decode, the basis read from the folded table
-        const cm::ChunkDims t = tensor_core_dims();
-        carve(*tensor_compact, std::max({size_t(t.n1) * t.ldx, size_t(t.n1) * t.ldf, size_t(cm::kCoarseBins)}),
-              std::max(size_t(t.n1) * t.ldz, size_t(t.n1) * t.lde), 0, 0, cL, 2 * T);
-    }
 }
 
 // One layout per launch group: the general group's blocks (biases and LayerNorm weights of a GPT-2: 64-element
@@ -376,10 +366,9 @@ inline KernelConfig make_kernel_config(const cm::PlanTables& pt, int world) {
     auto is_fixed = [fixed_kernels](const cm::ChunkTensor& ct) {  // cm::launch_tables' rule
         return fixed_kernels && ct.n1 == cm::kFixedChunk && ct.n2 == cm::kFixedChunk;
     };
-    carve_layouts(pt, world, size_t(kc.threads), is_fixed, kc.compress, kc.apply, &kc.compress_compact,
-                  &kc.compress_tensor_compact);
+    carve_layouts(pt, world, size_t(kc.threads), is_fixed, kc.compress, kc.apply, &kc.compress_compact);
     carve_layouts(pt, world, size_t(kc.threads), [&](const cm::ChunkTensor& ct) { return !is_fixed(ct); },
-                  kc.compress_general, kc.apply_general, nullptr, nullptr);
+                  kc.compress_general, kc.apply_general, nullptr);
     for (const cm::ChunkTensor& ct : pt.tensors)
         if (is_fixed(ct) && (ct.offset % 4 != 0 || ct.cols % 4 != 0)) kc.vec4_io = false;
     return kc;
@@ -1426,8 +1415,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     static_assert(!kLean || THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
     static_assert(!kTune.refetch || kTune.lean_io, "refetch is a variant of lean I/O");
     constexpr bool kCompact = FIXED == int(cm::kFixedChunk) && kTune.compact_smem;
-    static_assert(!kCompact || !kTensor || (kTune.basis_table == 2 && kTune.dct_momentum),
-                  "the compact tensor-core layout has no basis region and no decode rows");
+    static_assert(!kCompact || !kTensor, "the compact layout has no room for the tensor cores' padded rows");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -1462,13 +1450,13 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     const int f1 = cm::folded_basis_floats(d.n1), f2 = cm::folded_basis_floats(d.n2);
     float* fold1 = B;
     float* fold2 = kCompact ? fold1 : B + f1;  // compact: n1 = n2, so the two bases are one (ct.fold1 == ct.fold2)
-    const float4* basis = reinterpret_cast<const float4*>(kTensor && kTune.basis_table == 2 ? a.folded : B);
+    const float4* basis = reinterpret_cast<const float4*>(B);
     if constexpr (kTensor) {
         LLMC_REQUIRE_ALIGNED(B, 16);
         LLMC_REQUIRE_ALIGNED(a.folded, 16);
         if constexpr (kTune.basis_table == 1)
             copy_tensor_basis(reinterpret_cast<const float4*>(a.folded), reinterpret_cast<float4*>(B));
-        else if constexpr (kTune.basis_table == 0)
+        else
             build_tensor_basis(a.folded + ct.fold1, reinterpret_cast<float4*>(B));
     } else {
         const float4* s1 = reinterpret_cast<const float4*>(a.folded + ct.fold1);
@@ -1857,9 +1845,7 @@ inline void raise_smem_limit(const void* kernel, size_t bytes) {
 
 // The shared-memory layout of tuning t's 64 x 64 compress launch.
 inline const SmemLayout& fixed_compress_layout(const KernelConfig& kc, int t) {
-    return !kTunings[t].compact_smem ? kc.compress
-           : kTunings[t].tensor_dct  ? kc.compress_tensor_compact
-                                     : kc.compress_compact;
+    return kTunings[t].compact_smem ? kc.compress_compact : kc.compress;
 }
 
 // The 64 x 64 kernels of tuning TUNE (prepare_kernels does the fp32 and the tensor-core tunings).
