@@ -690,7 +690,8 @@ inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flas
 inline flash::FlashDq flash_dq_from_env() {
     const char* s = std::getenv("LLMC_FLASH_DQ");
     const std::string choice = s ? s : "shares";
-    LLMC_CHECK(choice == "shares" || choice == "atomic", "LLMC_FLASH_DQ must be shares or atomic; got '" + choice + "'");
+    LLMC_CHECK(choice == "shares" || choice == "atomic",
+               "LLMC_FLASH_DQ must be shares or atomic; got '" + choice + "'");
     return choice == "atomic" ? flash::FlashDq::Atomic : flash::FlashDq::Shares;
 }
 
