@@ -18,9 +18,10 @@
 //   LLMC_ATTENTION=auto|flash|matmul  llmc/flash_attention.cuh (tensor-core tiles, no T x T matrices in memory;
 //                               bf16 build, head size 64) or the cuBLASLt + softmax attention; auto (default):
 //                               flash where it can run;
-//   LLMC_FLASH_DQ=shares|atomic  how the flash backward sums dQ over key tiles: per-pair shares and a second
-//                               kernel (default, deterministic), or FlashAttention-2's fp32 atomic adds (not
-//                               bit-identical from run to run);
+//   LLMC_FLASH_DQ=shares|shares_bf16|atomic  how the flash backward sums dQ over key tiles: per-pair shares and a
+//                               second kernel (default, deterministic), the shares in bf16 (half their traffic,
+//                               deterministic, each share rounded to bf16), or FlashAttention-2's fp32 atomic adds
+//                               (not bit-identical from run to run);
 //   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
 //                               bit-identical to the host reference) or on the tensor cores (3xTF32);
 //   LLMC_DEMO_MOMENTUM=spatial|dct  --optimizer demo: the 64 x 64 chunks' momentum as the reference keeps it

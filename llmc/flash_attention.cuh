@@ -13,7 +13,9 @@
 //             no atomics: every output element has one owner and one summation order, so gradients are
 //             bit-identical from run to run. The scratch is 16 KB per tile pair (428 MB for GPT-2 124M at B=16,
 //             T=1024), written once and read once: ~0.3 ms of HBM traffic where recomputing S and dP per query
-//             tile (the other deterministic way) costs two more tile products per pair. FlashDq::Atomic
+//             tile (the other deterministic way) costs two more tile products per pair. FlashDq::SharesBf16
+//             (opt-in) keeps the shares in bf16: half the scratch and its traffic, the same order, so the same
+//             determinism, with each share rounded to bf16 before the sum. FlashDq::Atomic
 //             (opt-in, below) is FlashAttention-2's: the key tiles add their shares into one fp32 accumulator
 //             per query tile with atomic adds, the last warp to add a query tile's rows converting them; no
 //             scratch slots and no last kernel, but its sums' order, so its bits, vary from run to run.
@@ -47,6 +49,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "llmc/cuda_common.cuh"
 
@@ -316,6 +319,9 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 //   Shares:  every tile pair writes its share (64 x 64 fp32) to a slot of its own and a second kernel sums the
 //            slots of each query tile in key-tile order (16 KB written and read back through HBM per pair). One
 //            owner and one summation order per element: every run gives the same bits.
+//   SharesBf16: the shares stored in bf16 (8 KB per pair, half the traffic through HBM) and summed in fp32 in the
+//            same order: deterministic as Shares, each share rounded once more (relative 2^-9, the rounding dS
+//            already has before dS K), so dQ is a little less precise than with fp32 shares.
 //   Atomic:  the key tiles of a head add their shares into one fp32 accumulator per query tile with atomic adds
 //            in whatever order they arrive (no waits; the accumulators of the heads in flight, 256 KB each at
 //            T = 1024, stay in L2), and per (query tile, warp) a count of the contributions made: the warp that
@@ -325,7 +331,7 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 //            sums, so their bits, varies from run to run (within fp32 rounding of the shares' sum).
 // (A third way, the key tiles adding in a fixed order, each warp waiting for its turn, was deterministic but
 // 13.6% slower than the shares on an H100 and was retired; dev/bench/README.md, ninth session.)
-enum class FlashDq { Shares, Atomic };
+enum class FlashDq { Shares, SharesBf16, Atomic };
 
 // The atomic dQ's contribution counts: one per (batch x head, query tile, warp). Zeroed before every launch.
 __host__ __device__ inline size_t atomic_dq_count_words(int BNH, int T) {
@@ -475,7 +481,8 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
 // grid (key tiles, B * NH), kThreads threads, kBackwardSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
 // on transposed products (rows are keys): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
 // dK += dS^T Q; then, with dS^T staged in shared memory, warp w computes rows 16 w .. + 15 of the pair's dQ share
-// dS K: DQ = Shares writes it to the pair's slot of dq_scratch; DQ = Atomic adds it to the query tile's
+// dS K: DQ = Shares writes it to the pair's slot of dq_scratch (SharesBf16: rounded to bf16, slots of 64 x 64 bf16);
+// DQ = Atomic adds it to the query tile's
 // accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32, zeroed) and counts the addition in dq_count
 // (atomic_dq_count_words, zeroed), the last warp to add converting the rows into dqkv's q part. At the end
 // dK * scale and dV go to dqkv's k and v parts.
@@ -555,9 +562,10 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                     pack_bf16x2(ds[nt][2 * r], ds[nt][2 * r + 1]);
         __syncthreads();
         const bf16* kbase = sK + (lane & 15) * kPitch + (lane >> 4) * 8;
-        const size_t slot = DQ == FlashDq::Shares ? size_t(bh) * tile_pairs(T) + tile_pair(qt, ktile)
+        const size_t slot = DQ != FlashDq::Atomic ? size_t(bh) * tile_pairs(T) + tile_pair(qt, ktile)
                                                   : size_t(bh) * tiles + qt;  // Atomic: the query tile's
-        float* rows16 = dq_scratch + slot * kShareFloats + size_t(warp) * 16 * kHeadSize;  // this warp's rows
+        using Share = std::conditional_t<DQ == FlashDq::SharesBf16, bf16, float>;
+        Share* rows16 = reinterpret_cast<Share*>(dq_scratch) + slot * kShareFloats + size_t(warp) * 16 * kHeadSize;
         unsigned* count = DQ == FlashDq::Atomic ? dq_count + slot * kWarps + warp : nullptr;
 #pragma unroll
         for (int half = 0; half < 2; half++) {
@@ -578,12 +586,15 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
             for (int nt = 0; nt < kNT / 2; nt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const int col = half * 32 + nt * 8 + 2 * t;
-                    float2* dst = reinterpret_cast<float2*>(rows16 + (g + 8 * r) * kHeadSize + col);
-                    LLMC_REQUIRE_ALIGNED(dst, 8);
-                    const float2 v = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-                    if constexpr (DQ == FlashDq::Shares) *dst = v;
-                    else atomic_add_pair(dst, v);
+                    Share* dst = rows16 + (g + 8 * r) * kHeadSize + half * 32 + nt * 8 + 2 * t;
+                    if constexpr (DQ == FlashDq::SharesBf16) {
+                        store_bf16x2(dst, pack_bf16x2(acc[nt][2 * r], acc[nt][2 * r + 1]));
+                    } else {
+                        LLMC_REQUIRE_ALIGNED(dst, 8);
+                        const float2 v = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
+                        if constexpr (DQ == FlashDq::Shares) *reinterpret_cast<float2*>(dst) = v;
+                        else atomic_add_pair(reinterpret_cast<float2*>(dst), v);
+                    }
                 }
         }
         if constexpr (DQ == FlashDq::Atomic) {
@@ -623,9 +634,25 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
     }
 }
 
+// Eight consecutive values of a dQ share, widened to fp32 (Share: float, or bf16 for FlashDq::SharesBf16).
+__device__ __forceinline__ void load_share8(float (&v)[8], const float* share) {
+    LLMC_REQUIRE_ALIGNED(share, 16);
+    const float4 lo = reinterpret_cast<const float4*>(share)[0], hi = reinterpret_cast<const float4*>(share)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+__device__ __forceinline__ void load_share8(float (&v)[8], const bf16* share) {
+    LLMC_REQUIRE_ALIGNED(share, 16);
+    uint32_t pairs[4];
+    load_bf16x8(pairs, share);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[2 * i] = bf16_lo(pairs[i]), v[2 * i + 1] = bf16_hi(pairs[i]);
+}
+
 // dQ = scale * (sum of the dQ shares of key tiles 0 .. qt, in that order) into dqkv's q part. One thread per
-// (b, h, t) and 8 of the 64 dimensions: consecutive threads read consecutive 32-byte pieces of a share row.
-__global__ void flash_attention_dq_reduce_kernel(bf16* dqkv, const float* dq_share, int B, int T, int NH, float scale) {
+// (b, h, t) and 8 of the 64 dimensions: consecutive threads read consecutive pieces of a share row. Share: float
+// (FlashDq::Shares) or bf16 (SharesBf16), summed in fp32 either way.
+template <typename Share>
+__global__ void flash_attention_dq_reduce_kernel(bf16* dqkv, const Share* dq_share, int B, int T, int NH, float scale) {
     const size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
     constexpr int kPieces = kHeadSize / 8;
     if (idx >= size_t(B) * NH * T * kPieces) return;
@@ -634,14 +661,14 @@ __global__ void flash_attention_dq_reduce_kernel(bf16* dqkv, const float* dq_sha
     const int tq = int(row % T);
     const size_t bh = row / T;
     const int b = int(bh / NH), h = int(bh % NH), qt = tq / kTile;
-    const float* share = dq_share + (bh * tile_pairs(T) + tile_pair(qt, 0)) * kShareFloats +
+    const Share* share = dq_share + (bh * tile_pairs(T) + tile_pair(qt, 0)) * kShareFloats +
                          size_t(tq % kTile) * kHeadSize + piece * 8;
     float sum[8] = {};
     for (int kt = 0; kt <= qt; kt++, share += kShareFloats) {  // the pairs (qt, 0..qt) are consecutive
-        LLMC_REQUIRE_ALIGNED(share, 16);
-        const float4 lo = reinterpret_cast<const float4*>(share)[0], hi = reinterpret_cast<const float4*>(share)[1];
-        sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-        sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+        float v[8];
+        load_share8(v, share);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sum[i] += v[i];
     }
     const int C = NH * kHeadSize;
     bf16* dst = dqkv + (size_t(b) * T + tq) * 3 * C + size_t(h) * kHeadSize + piece * 8;
@@ -667,15 +694,17 @@ inline std::string flash_attention_unsupported(int C, int NH) {
 }
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
 // The backward's scratch, in floats from its start: delta (B, NH, T) at 0, then, 16-byte aligned, the dQ shares
-// (flash::tile_pair) or the atomic dQ's accumulators (B * NH, query tiles, 64 x 64) at `dq`, then the atomic
+// (flash::tile_pair; SharesBf16: bf16, half the floats) or the atomic dQ's accumulators (B * NH, query tiles,
+// 64 x 64) at `dq`, then the atomic
 // dQ's contribution counts (atomic_dq_count_words) at `count`; `floats` in all.
 struct FlashBackwardScratchLayout {
     size_t dq, count, floats;
 };
 inline FlashBackwardScratchLayout flash_backward_scratch_layout(int B, int T, int NH, flash::FlashDq dq) {
     const size_t delta = (flash_attention_lse_floats(B, T, NH) + 3) / 4 * 4;
-    if (dq == flash::FlashDq::Shares) {
-        const size_t end = delta + size_t(B) * NH * flash::tile_pairs(T) * flash::kShareFloats;
+    if (dq != flash::FlashDq::Atomic) {
+        const size_t share_floats = dq == flash::FlashDq::SharesBf16 ? flash::kShareFloats / 2 : flash::kShareFloats;
+        const size_t end = delta + size_t(B) * NH * flash::tile_pairs(T) * share_floats;
         return {delta, end, end};
     }
     const size_t count = delta + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats;
@@ -685,14 +714,15 @@ inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flas
     return flash_backward_scratch_layout(B, T, NH, dq).floats;
 }
 
-// LLMC_FLASH_DQ=shares|atomic (default shares): how the flash backward sums dQ (flash::FlashDq). A bad value is
-// an error.
+// LLMC_FLASH_DQ=shares|shares_bf16|atomic (default shares): how the flash backward sums dQ (flash::FlashDq). A bad
+// value is an error.
 inline flash::FlashDq flash_dq_from_env() {
     const char* s = std::getenv("LLMC_FLASH_DQ");
     const std::string choice = s ? s : "shares";
-    LLMC_CHECK(choice == "shares" || choice == "atomic",
-               "LLMC_FLASH_DQ must be shares or atomic; got '" + choice + "'");
-    return choice == "atomic" ? flash::FlashDq::Atomic : flash::FlashDq::Shares;
+    LLMC_CHECK(choice == "shares" || choice == "shares_bf16" || choice == "atomic",
+               "LLMC_FLASH_DQ must be shares, shares_bf16 or atomic; got '" + choice + "'");
+    if (choice == "atomic") return flash::FlashDq::Atomic;
+    return choice == "shares_bf16" ? flash::FlashDq::SharesBf16 : flash::FlashDq::Shares;
 }
 
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
@@ -746,10 +776,16 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
         launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
         return;  // the last warp to add to each query tile's rows wrote them
     }
-    launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Shares>);
-    const size_t threads = rows * (flash::kHeadSize / 8);
-    LLMC_LAUNCH(unsigned(ceil_div<size_t>(threads, 256)), 256, 0, env.stream, flash::flash_attention_dq_reduce_kernel)(
-        reinterpret_cast<bf16*>(dqkv), dq_scratch, B, T, NH, flash::softmax_scale());
+    const unsigned reduce_blocks = unsigned(ceil_div<size_t>(rows * (flash::kHeadSize / 8), 256));
+    if (dq == FlashDq::SharesBf16) {
+        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::SharesBf16>);
+        LLMC_LAUNCH(reduce_blocks, 256, 0, env.stream, flash::flash_attention_dq_reduce_kernel<bf16>)(
+            reinterpret_cast<bf16*>(dqkv), reinterpret_cast<const bf16*>(dq_scratch), B, T, NH, flash::softmax_scale());
+    } else {
+        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Shares>);
+        LLMC_LAUNCH(reduce_blocks, 256, 0, env.stream, flash::flash_attention_dq_reduce_kernel<float>)(
+            reinterpret_cast<bf16*>(dqkv), dq_scratch, B, T, NH, flash::softmax_scale());
+    }
     CUDA_CHECK_LAUNCH();
 }
 

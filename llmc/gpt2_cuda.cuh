@@ -98,7 +98,8 @@ public:
     bool flash_attention() const { return flash_attention_; }
     const char* attention_name() const {
         if (!flash_attention_) return "matmul";
-        return flash_dq_ == flash::FlashDq::Atomic ? "flash (atomic dQ)" : "flash";
+        if (flash_dq_ == flash::FlashDq::Atomic) return "flash (atomic dQ)";
+        return flash_dq_ == flash::FlashDq::SharesBf16 ? "flash (bf16 dQ shares)" : "flash";
     }
     int max_batch() const { return max_B_; }
     int max_seq() const { return max_T_; }

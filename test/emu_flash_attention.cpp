@@ -6,8 +6,8 @@
 // dk_j = sum_t ds_tj q_t / 8, dv_j = sum_t p_tj dy_t). Sequence lengths that are and are not multiples of the
 // 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The default kernels are deterministic by
 // construction (no atomic sums; dQ is summed from per-tile-pair shares), so every thread order gives the same
-// bits (LLMC_FLASH_DQ=atomic's dQ is held to the tolerance in three block orders, with every row converted by
-// whichever warp adds last); one warp at a time
+// bits (so do LLMC_FLASH_DQ=shares_bf16's, held to the same tolerance; LLMC_FLASH_DQ=atomic's dQ is held to the
+// tolerance in three block orders, with every row converted by whichever warp adds last); one warp at a time
 // (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
 // missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
 //
@@ -155,16 +155,24 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
             if (dq == flash::FlashDq::Atomic)
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Atomic>(
                     r.dqkv.data(), dq_scratch, dq_count, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
+            else if (dq == flash::FlashDq::SharesBf16)
+                flash::flash_attention_backward_kv_kernel<flash::FlashDq::SharesBf16>(
+                    r.dqkv.data(), dq_scratch, nullptr, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
             else
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Shares>(
                     r.dqkv.data(), dq_scratch, nullptr, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
         });
     }
-    if (dq == flash::FlashDq::Shares) {
-        const unsigned rblocks = unsigned((rows * (HS / 8) + 255) / 256);
+    const unsigned rblocks = unsigned((rows * (HS / 8) + 255) / 256);
+    if (dq == flash::FlashDq::Shares)
         for (unsigned x = 0; x < rblocks; x++)
             emu::run_block(256, x, rblocks, order, 9,
                            [&] { flash::flash_attention_dq_reduce_kernel(r.dqkv.data(), dq_scratch, B, T, NH, sc); });
+    if (dq == flash::FlashDq::SharesBf16) {
+        const bf16* shares = reinterpret_cast<const bf16*>(dq_scratch);
+        for (unsigned x = 0; x < rblocks; x++)
+            emu::run_block(256, x, rblocks, order, 9,
+                           [&] { flash::flash_attention_dq_reduce_kernel(r.dqkv.data(), shares, B, T, NH, sc); });
     }
 }
 
@@ -186,7 +194,9 @@ Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int
     r.y.assign(size_t(B) * T * C, __float2bfloat16_rn(NAN));
     r.dqkv.assign(size_t(B) * T * 3 * C, __float2bfloat16_rn(NAN));
     r.lse.assign(rows, NAN);
-    r.scratch.assign(llmc::flash_attention_backward_scratch_floats(B, T, NH, dq), NAN);  // an unwritten share is NaN
+    // all bits set: an unwritten share is NaN, fp32 or bf16 (either half of a word)
+    r.scratch.assign(llmc::flash_attention_backward_scratch_floats(B, T, NH, dq), 0.0f);
+    std::memset(r.scratch.data(), 0xff, r.scratch.size() * sizeof(float));
     float* delta = r.scratch.data();
     const Dim3 grid{unsigned((T + flash::kTile - 1) / flash::kTile), unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2();
@@ -281,6 +291,24 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
                                                       : "one warp at a time";
         std::printf("  %-34s %s\n", name, same ? "same bits" : "DIFFERENT BITS  FAIL");
         EXPECT(same);
+    }
+
+    // The bf16 shares: dK and dV the same bits (the same products), dQ within the tolerance, and the same bits in
+    // every block and thread order (one owner per share element, one summation order).
+    {
+        const Result bf16_shares = run(qkv_b, dy_b, B, T, NH, Order::Forward, flash::FlashDq::SharesBf16);
+        check_backward(bf16_shares, " (bf16 dQ shares)");
+        const Result again = run(qkv_b, dy_b, B, T, NH, Order::WarpSerial, flash::FlashDq::SharesBf16, 2);
+        bool kv_same = true;
+        for (size_t row = 0; row < size_t(B) * T; row++)
+            kv_same = kv_same && std::memcmp(bf16_shares.dqkv.data() + row * 3 * C + C,
+                                             got.dqkv.data() + row * 3 * C + C, 2 * C * sizeof(bf16)) == 0;
+        const bool rerun_same = same_bits(again, bf16_shares);
+        const char* verdict[2] = {"DIFFERENT BITS  FAIL", "same bits"};
+        std::printf("  %-34s %s\n", "bf16 dQ shares: dk, dv as shares", verdict[kv_same]);
+        std::printf("  %-34s %s\n", "bf16 dQ shares: blocks shuffled", verdict[rerun_same]);
+        EXPECT(kv_same);
+        EXPECT(rerun_same);
     }
 
     // The atomic dQ: dK and dV the same bits (the same products), dQ within the tolerance whichever block adds

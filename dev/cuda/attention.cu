@@ -5,6 +5,7 @@
 //   flash (bf16 build, head size 64; other shapes print why they are skipped): forward out, the log-sum-exp
 //   (base 2, max abs error 1e-3), backward d qkv from the flash forward's out and lse with either dQ summation
 //   (flash::FlashDq): the default per-pair shares, and a rerun that must give the same bits (no atomics); the
+//   bf16 shares (opt-in) against the reference, with the shares' dK, dV bits and a bit-identical rerun; the
 //   atomic dQ (opt-in, not deterministic) against the reference on three runs, with the shares' dK, dV bits (the
 //   same products). T=200 is not a multiple
 //   of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
@@ -131,10 +132,18 @@ static bool same_bits(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
-// Scratch for the flash backward with either dQ summation.
+// Scratch for the flash backward with any dQ summation (the bf16 shares need the least).
 static size_t flash_scratch_floats(int B, int T, int NH) {
     return std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
                     flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Atomic));
+}
+
+// Whether dK and dV (the k and v parts of two (B*T, 3C) gradients) hold the same values.
+static bool same_dk_dv(const std::vector<float>& a, const std::vector<float>& b, size_t rows, int C) {
+    for (size_t row = 0; row < rows; row++)
+        if (std::memcmp(a.data() + row * 3 * C + C, b.data() + row * 3 * C + C, 2 * C * sizeof(float)) != 0)
+            return false;
+    return true;
 }
 
 // Flash attention on the same inputs as the matmul path, against the same reference.
@@ -181,6 +190,20 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     backward(dqkv2, flash::FlashDq::Shares);
     ck.expect(same_bits(dqkv, dqkv2), "flash backward bit-identical on rerun " + label);
     const std::vector<float> shares = check::from_device_floatX(dqkv);
+    // The bf16 shares: deterministic as the fp32 ones, each share rounded to bf16 before the sum.
+    {
+        CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0xff, dqkv2.bytes(), env.stream));
+        CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
+        backward(dqkv2, flash::FlashDq::SharesBf16);
+        const std::vector<float> bf16_shares = check::from_device_floatX(dqkv2);
+        compare_dqkv(ck, "flash backward, bf16 dQ shares ", label, bf16_shares, ref, B, T, C, 2 * factor);
+        ck.expect(same_dk_dv(bf16_shares, shares, size_t(B) * T, C),
+                  "flash backward dK, dV the same bits with the bf16 dQ shares " + label);
+        DeviceBuffer<floatX> dqkv3(3 * btc);
+        CUDA_CHECK(cudaMemsetAsync(dqkv3.data(), 0, dqkv3.bytes(), env.stream));
+        backward(dqkv3, flash::FlashDq::SharesBf16);
+        ck.expect(same_bits(dqkv2, dqkv3), "flash backward with bf16 dQ shares bit-identical on rerun " + label);
+    }
     // The atomic dQ: its sums' order varies, so each run is checked against the reference (an unconverted row
     // stays NaN), with dK and dV the same bits as the shares'.
     for (int run = 0; run < 3; run++) {
@@ -190,12 +213,9 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
         const std::vector<float> atomic = check::from_device_floatX(dqkv2);
         compare_dqkv(ck, "flash backward, atomic dQ, run " + std::to_string(run + 1) + " ", label, atomic, ref, B, T,
                      C, 2 * factor);
-        bool same = true;
-        for (size_t row = 0; row < size_t(B) * T; row++)
-            same = same && std::memcmp(atomic.data() + row * 3 * C + C, shares.data() + row * 3 * C + C,
-                                       2 * C * sizeof(float)) == 0;
-        ck.expect(same, "flash backward dK, dV the same bits with the atomic dQ, run " + std::to_string(run + 1) +
-                            " " + label);
+        ck.expect(same_dk_dv(atomic, shares, size_t(B) * T, C),
+                  "flash backward dK, dV the same bits with the atomic dQ, run " + std::to_string(run + 1) + " " +
+                      label);
     }
 }
 
@@ -288,6 +308,13 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     check::report_flops(("flash_backward, atomic dQ " + shape).c_str(), atomic, 2.5 * flops);
     std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash atomic dQ / shares " + shape).c_str(), atomic / bwd,
                 100.0 * (atomic / bwd - 1.0));
+    const float bf16_shares = median_ms(env.stream, [&] {
+        flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
+                                 T, C, NH, flash::FlashDq::SharesBf16);
+    });
+    check::report_flops(("flash_backward, bf16 dQ shares " + shape).c_str(), bf16_shares, 2.5 * flops);
+    std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash bf16 dQ shares / shares " + shape).c_str(),
+                bf16_shares / bwd, 100.0 * (bf16_shares / bwd - 1.0));
     std::printf("TIME %-32s fwd %.3f  bwd %.3f  (time ratio; speedup fwd %.2fx, bwd %.2fx)\n",
                 ("flash / matmul " + shape).c_str(), fwd / mm_fwd, bwd / mm_bwd, mm_fwd / fwd, mm_bwd / bwd);
 }

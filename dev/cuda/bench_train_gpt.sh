@@ -10,8 +10,9 @@
 # kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
 # baseline. AdamW also runs with LLMC_FLASH_DQ=atomic (the flash backward's dQ summed across blocks in L2 by
-# atomic adds instead of through per-pair shares and a second kernel). BENCH_QUICK=1 runs only the
-# default-attention runs (AdamW, its atomic-dQ run and the four DeMo kernel choices), for
+# atomic adds instead of through per-pair shares and a second kernel) and with LLMC_FLASH_DQ=shares_bf16 (the
+# shares in bf16: half their traffic). BENCH_QUICK=1 runs only the default-attention runs (AdamW, its two dQ
+# runs and the four DeMo kernel choices), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
@@ -76,6 +77,8 @@ run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
 LLMC_FLASH_DQ=atomic run_ours adamw-atomicdq adamw
 ratio adamw adamw-atomicdq "AdamW step with LLMC_FLASH_DQ=atomic / with the dQ shares (default)"
+LLMC_FLASH_DQ=shares_bf16 run_ours adamw-bf16dq adamw
+ratio adamw adamw-bf16dq "AdamW step with LLMC_FLASH_DQ=shares_bf16 / with the fp32 dQ shares (default)"
 for tuning in ${BENCH_DEMO_TUNINGS:-}; do
   LLMC_DEMO_TUNING=$tuning run_ours "demo-tuning$tuning" demo --demo_topk 32
   ratio adamw "demo-tuning$tuning" "DeMo step with LLMC_DEMO_TUNING=$tuning / AdamW step"

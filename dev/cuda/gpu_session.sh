@@ -3,10 +3,10 @@
 # (run inside the tree dev/cuda/gpu_bundle.sh packed, or any tree where `make cuda` has run):
 #   1. the NCCL transport's checker (real NCCL: bf16 wire, overlapped all-reduce), and on a machine with several
 #      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs);
-#   2. the attention and LayerNorm labs (the flash backward with either dQ summation, LLMC_FLASH_DQ; the fused
+#   2. the attention and LayerNorm labs (the flash backward with each dQ summation, LLMC_FLASH_DQ; the fused
 #      LayerNorm backward), checked and timed;
 #   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
-#   4. the end-to-end benchmark, quick form (AdamW with either dQ summation and DeMo's four kernel settings;
+#   4. the end-to-end benchmark, quick form (AdamW with each dQ summation and DeMo's four kernel settings;
 #      BENCH_DEMO_TUNINGS adds forced tunings);
 #   5. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
