@@ -22,7 +22,8 @@
 //
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
-// kept for timing against the default). Each warp keeps its own operand
+// kept for timing against the default; so is QT = 2, a forward block of 128 queries in 8 warps, which stages each
+// K / V tile once for twice the queries). Each warp keeps its own operand
 // fragments in registers and walks the other operand in 64-row tiles staged in shared memory by cp.async,
 // double-buffered so the next tile loads while the tensor cores work on the current one. 4 forward blocks per
 // SM (register cap 128 for the 4-warp one, which spills 32 bytes there), 3 backward blocks on Hopper
@@ -67,12 +68,20 @@ inline constexpr int kTileElems = kTile * kPitch;  // bf16 per staged tile
 inline constexpr int kNT = kTile / 8;              // 8-column accumulator tiles across a 64-wide product
 inline constexpr int kKT = kHeadSize / 16;         // 16-deep k steps across the head dim
 static_assert(kTile == kHeadSize, "the products below use one tile width for keys, queries and the head dim");
-// forward: Q + 2 x (K, V); backward: K, V, dS + 2 x (Q, dO) + 2 x (lse, delta)
-inline constexpr size_t kForwardSmem = 5 * kTileElems * sizeof(bf16);
-// The forward's warps own RT row tiles of 16 queries each (the 64-query tile is split over kWarps / RT warps).
-// 1 (4 warps per tile) ran 10-12% faster than 2 on an H100 at GPT-2 124M's shapes (dev/cuda/attention.cu).
+// The forward's blocks own QT 64-query tiles (kForwardQueryTiles) and their warps RT row tiles of 16 queries each
+// (kForwardRowTiles): QT * 4 / RT warps. RT = 1 (4 warps per tile) ran 10-12% faster than 2 on an H100 at GPT-2
+// 124M's shapes (dev/cuda/attention.cu). QT = 2 (FlashAttention-2's 128-query blocks) stages each K / V tile
+// once for 128 queries instead of 64, half the staging traffic; every (RT, QT) gives the same bits, and QT = 2
+// is not yet timed.
 inline constexpr int kForwardRowTiles = 1;
-__host__ __device__ constexpr int forward_threads(int row_tiles) { return kThreads / row_tiles; }
+inline constexpr int kForwardQueryTiles = 1;
+__host__ __device__ constexpr int forward_threads(int row_tiles, int query_tiles = 1) {
+    return query_tiles * kThreads / row_tiles;
+}
+// forward: QT Q tiles + 2 x (K, V); backward: K, V, dS + 2 x (Q, dO) + 2 x (lse, delta)
+__host__ __device__ constexpr size_t forward_smem(int query_tiles) {
+    return size_t(query_tiles + 4) * kTileElems * sizeof(bf16);
+}
 inline constexpr size_t kBackwardSmem = 7 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
 // Backward blocks per SM the register allocation is held to: on Hopper 3 (12 warps; 168 registers, no spills
 // in the shares kernel, 36 bytes in the atomic one; three 65.5 KB blocks fit its 228 KB), where 2 let ptxas
@@ -349,23 +358,31 @@ __device__ __forceinline__ void atomic_add_pair(float2* dst, float2 v) {
 }
 
 // ---- kernels ---------------------------------------------------------------------------------------------------
-// grid (query tiles, B * NH), forward_threads(RT) threads, kForwardSmem bytes. out (B, T, NH * 64); lse (B * NH, T)
-// holds max + log2(sum) of the base-2 logits x = q.k * scale * log2(e). Warp w owns RT row tiles of 16 queries,
-// rows q0 + 16 RT w .. + 16 RT - 1: RT = 1 (kForwardRowTiles) is 4 warps per 64-query tile, RT = 2 2 warps that
-// each reuse every K / V fragment they read from shared memory for two row tiles.
-template <int RT>
-__global__ void __launch_bounds__(forward_threads(RT), 4)
+// grid (blocks of QT query tiles, B * NH), forward_threads(RT, QT) threads, forward_smem(QT) bytes. out (B, T,
+// NH * 64); lse (B * NH, T) holds max + log2(sum) of the base-2 logits x = q.k * scale * log2(e). Warp w owns RT
+// row tiles of 16 queries, rows q0 + 16 RT w .. + 16 RT - 1: RT = 1 (kForwardRowTiles) is 4 warps per 64-query
+// tile, RT = 2 2 warps that each reuse every K / V fragment they read from shared memory for two row tiles. Each
+// warp walks key tiles 0 .. its own 64-query tile, masking in that last one, whatever QT: the same products in the
+// same order per row, so the same bits; with QT = 2 the first tile's warps sit out the block's last key tile.
+template <int RT, int QT = 1>
+__global__ void __launch_bounds__(forward_threads(RT, QT), 4 / QT)
     flash_attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale_log2) {
-    constexpr int THREADS = forward_threads(RT);
+    static_assert(QT == 1 || QT == 2, "64 or 128 queries per block");
+    constexpr int THREADS = forward_threads(RT, QT);
     LLMC_DYNAMIC_SHARED(float4, flash_smem);
-    // sQ, then two buffers of (K, V) tiles (buffer index arithmetic, not pointer arrays: those go to local memory)
+    // QT sQ tiles, then two buffers of (K, V) tiles (buffer index arithmetic, not pointer arrays: those go to
+    // local memory)
     bf16* sQ = reinterpret_cast<bf16*>(flash_smem);
-    auto sK = [&](int buf) { return sQ + (1 + 2 * buf) * kTileElems; };
-    auto sV = [&](int buf) { return sQ + (2 + 2 * buf) * kTileElems; };
+    auto sK = [&](int buf) { return sQ + (QT + 2 * buf) * kTileElems; };
+    auto sV = [&](int buf) { return sQ + (QT + 1 + 2 * buf) * kTileElems; };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-    const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
+    const int qblock = int(gridDim.x) - 1 - int(blockIdx.x);
     const Head hd = head_of_block(qkv, T, NH);
-    const int q0 = qtile * kTile;
+    const int q0 = qblock * QT * kTile;
+    // this warp's 64-query tile and the block's last key tile (QT = 1: the block's tile, written so that the
+    // compiler sees it)
+    const int qtile = QT == 1 ? qblock : (q0 + warp * RT * 16) / kTile;
+    const int last_kt = QT == 1 ? qblock : min(qblock * QT + QT - 1, (T - 1) / kTile);
     int row[RT][2];  // this thread's two rows of each of its row tiles
 #pragma unroll
     for (int rt = 0; rt < RT; rt++) {
@@ -373,7 +390,8 @@ __global__ void __launch_bounds__(forward_threads(RT), 4)
         row[rt][1] = row[rt][0] + 8;
     }
 
-    stage_tile<THREADS>(sQ, hd.q, hd.stride, q0, T);
+#pragma unroll
+    for (int j = 0; j < QT; j++) stage_tile<THREADS>(sQ + j * kTileElems, hd.q, hd.stride, q0 + j * kTile, T);
     stage_tile<THREADS>(sK(0), hd.k, hd.stride, 0, T);
     stage_tile<THREADS>(sV(0), hd.v, hd.stride, 0, T);
     cp_async_commit();
@@ -382,9 +400,9 @@ __global__ void __launch_bounds__(forward_threads(RT), 4)
     float m[RT][2], l[RT][2];  // l: this thread's share of the row sums
 #pragma unroll
     for (int rt = 0; rt < RT; rt++) m[rt][0] = m[rt][1] = -INFINITY, l[rt][0] = l[rt][1] = 0.0f;
-    for (int kt = 0; kt <= qtile; kt++) {
+    for (int kt = 0; kt <= last_kt; kt++) {
         const int buf = kt & 1;
-        current_tile_ready(kt < qtile, [&] {
+        current_tile_ready(kt < last_kt, [&] {
             stage_tile<THREADS>(sK(buf ^ 1), hd.k, hd.stride, (kt + 1) * kTile, T);
             stage_tile<THREADS>(sV(buf ^ 1), hd.v, hd.stride, (kt + 1) * kTile, T);
         });
@@ -393,40 +411,42 @@ __global__ void __launch_bounds__(forward_threads(RT), 4)
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int kk = 0; kk < kKT; kk++) load_a(qa[rt][kk], sQ, (warp * RT + rt) * 16, kk * 16, lane);
-        float s[RT][kNT][4] = {};
-        warp_product<RT>(s, qa, sK(buf), lane);
+        if (QT == 1 || kt <= qtile) {  // QT = 2: the block's last key tile lies above its first tile's queries
+            float s[RT][kNT][4] = {};
+            warp_product<RT>(s, qa, sK(buf), lane);
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            float mx[2] = {m[rt][0], m[rt][1]};
+            for (int rt = 0; rt < RT; rt++) {
+                float mx[2] = {m[rt][0], m[rt][1]};
 #pragma unroll
-            for (int nt = 0; nt < kNT; nt++)
+                for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int key = kt * kTile + nt * 8 + 2 * t + (i & 1);
-                    const float x = kt == qtile && key > row[rt][i / 2] ? -INFINITY : s[rt][nt][i] * scale_log2;
-                    s[rt][nt][i] = x;
-                    mx[i / 2] = fmaxf(mx[i / 2], x);
+                    for (int i = 0; i < 4; i++) {
+                        const int key = kt * kTile + nt * 8 + 2 * t + (i & 1);
+                        const float x = kt == qtile && key > row[rt][i / 2] ? -INFINITY : s[rt][nt][i] * scale_log2;
+                        s[rt][nt][i] = x;
+                        mx[i / 2] = fmaxf(mx[i / 2], x);
+                    }
+                float alpha[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {  // key kt * 64 <= every row of the tile, so the new max is finite
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                    alpha[r] = exp2f(m[rt][r] - mx[r]);
+                    m[rt][r] = mx[r];
+                    l[rt][r] *= alpha[r];
                 }
-            float alpha[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {  // key kt * 64 <= every row of the tile, so the new max is finite
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                alpha[r] = exp2f(m[rt][r] - mx[r]);
-                m[rt][r] = mx[r];
-                l[rt][r] *= alpha[r];
+                for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float p = exp2f(s[rt][nt][i] - m[rt][i / 2]);
+                        s[rt][nt][i] = p;
+                        l[rt][i / 2] += p;
+                        o[rt][nt][i] *= alpha[i / 2];
+                    }
             }
-#pragma unroll
-            for (int nt = 0; nt < kNT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float p = exp2f(s[rt][nt][i] - m[rt][i / 2]);
-                    s[rt][nt][i] = p;
-                    l[rt][i / 2] += p;
-                    o[rt][nt][i] *= alpha[i / 2];
-                }
+            warp_product_acc<RT>(o, s, sV(buf), lane);
         }
-        warp_product_acc<RT>(o, s, sV(buf), lane);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
     bf16* y = out + hd.y_offset;
@@ -726,15 +746,21 @@ inline flash::FlashDq flash_dq_from_env() {
 }
 
 // out (B, T, C) <- causal attention of qkv (B, T, 3C; not modified); lse (B, NH, T) kept for the backward.
-// RT: row tiles per warp (flash::kForwardRowTiles; dev/cuda/attention.cu times both).
-template <int RT = flash::kForwardRowTiles>
+// RT: row tiles per warp, QT: 64-query tiles per block (flash::kForwardRowTiles, kForwardQueryTiles;
+// dev/cuda/attention.cu times the four).
+template <int RT = flash::kForwardRowTiles, int QT = flash::kForwardQueryTiles>
 inline void flash_attention_forward(const CudaEnv& env, floatX* out, float* lse, const floatX* qkv, int B, int T,
                                     int C, int NH) {
     const std::string why = flash_attention_unsupported(C, NH);
     LLMC_CHECK(why.empty(), why);
     LLMC_CHECK(aligned16(out) && aligned16(qkv), "flash_attention_forward: buffers must be 16-byte aligned");
-    const dim3 grid(unsigned(ceil_div(T, flash::kTile)), unsigned(B * NH));
-    LLMC_LAUNCH(grid, flash::forward_threads(RT), flash::kForwardSmem, env.stream, flash::flash_attention_forward_kernel<RT>)(
+    const auto kernel = flash::flash_attention_forward_kernel<RT, QT>;
+    constexpr size_t smem = flash::forward_smem(QT);
+    if constexpr (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const dim3 grid(unsigned(ceil_div(T, QT * flash::kTile)), unsigned(B * NH));
+    LLMC_LAUNCH(grid, flash::forward_threads(RT, QT), smem, env.stream, kernel)(
         reinterpret_cast<flash::bf16*>(out), lse, reinterpret_cast<const flash::bf16*>(qkv), T, NH,
         flash::softmax_scale_log2());
     CUDA_CHECK_LAUNCH();

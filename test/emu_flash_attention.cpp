@@ -200,16 +200,28 @@ Result run(const std::vector<bf16>& qkv, const std::vector<bf16>& dy, int B, int
     float* delta = r.scratch.data();
     const Dim3 grid{unsigned((T + flash::kTile - 1) / flash::kTile), unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2();
-    launch(grid, order, [&] { flash::flash_attention_forward_kernel<flash::kForwardRowTiles>(r.y.data(), r.lse.data(), qkv.data(), T, NH, sl2); },
-           flash::forward_threads(flash::kForwardRowTiles));
-    // the other forward (2 warps of two row tiles: kept for timing against it) gives the same bits: the same
-    // products in the same order per row
-    std::vector<bf16> y1(r.y.size(), __float2bfloat16_rn(NAN));
-    std::vector<float> lse1(rows, NAN);
-    launch(grid, order, [&] { flash::flash_attention_forward_kernel<2>(y1.data(), lse1.data(), qkv.data(), T, NH, sl2); },
-           flash::forward_threads(2));
-    r.forward_variants_agree = std::memcmp(y1.data(), r.y.data(), y1.size() * sizeof(bf16)) == 0 &&
-                               std::memcmp(lse1.data(), r.lse.data(), rows * sizeof(float)) == 0;
+    // The forward as launched (kForwardRowTiles, kForwardQueryTiles), then the other three: 1 or 2 row tiles per
+    // warp, 64 or 128 queries per block (kept for timing against it). Each gives the same bits: the same products
+    // in the same order per row.
+    auto forward = [&]<int RT, int QT>(std::vector<bf16>& y, std::vector<float>& lse) {
+        const Dim3 g{unsigned((T + QT * flash::kTile - 1) / (QT * flash::kTile)), unsigned(B * NH), 1};
+        launch(g, order, [&] { flash::flash_attention_forward_kernel<RT, QT>(y.data(), lse.data(), qkv.data(), T, NH, sl2); },
+               flash::forward_threads(RT, QT));
+    };
+    forward.template operator()<flash::kForwardRowTiles, flash::kForwardQueryTiles>(r.y, r.lse);
+    r.forward_variants_agree = true;
+    auto other = [&]<int RT, int QT>() {
+        std::vector<bf16> y1(r.y.size(), __float2bfloat16_rn(NAN));
+        std::vector<float> lse1(rows, NAN);
+        forward.template operator()<RT, QT>(y1, lse1);
+        r.forward_variants_agree = r.forward_variants_agree &&
+                                   std::memcmp(y1.data(), r.y.data(), y1.size() * sizeof(bf16)) == 0 &&
+                                   std::memcmp(lse1.data(), r.lse.data(), rows * sizeof(float)) == 0;
+    };
+    other.template operator()<1, 1>();
+    other.template operator()<2, 1>();
+    other.template operator()<1, 2>();
+    other.template operator()<2, 2>();
     const unsigned dblocks = flash::flash_delta_blocks(rows);
     for (unsigned x = 0; x < dblocks; x++)
         emu::run_block(flash::kDeltaThreads, x, dblocks, order, 7,
@@ -231,7 +243,8 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
     const Result got = run(qkv_b, dy_b, B, T, NH, Order::Forward);
 
     expect_tensor_close("y (forward)", to_float(got.y), ref.y);
-    std::printf("  %-34s %s\n", "forward, 1 and 2 row tiles per warp", got.forward_variants_agree ? "same bits" : "DIFFERENT BITS  FAIL");
+    std::printf("  %-34s %s\n", "forward, 1/2 row tiles, 64/128 rows",
+                got.forward_variants_agree ? "same bits" : "DIFFERENT BITS  FAIL");
     EXPECT(got.forward_variants_agree);
     double lse_err = 0;
     for (size_t i = 0; i < ref.lse.size(); i++) lse_err = std::max(lse_err, std::fabs(double(got.lse[i]) - ref.lse[i]));

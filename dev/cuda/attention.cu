@@ -3,7 +3,8 @@
 // 12 heads), the tiny test model's (C=64, 4 heads, T=32), head size 12 with T=37, and head size 64 with T=200.
 //   matmul path: forward out and the kept softmax probabilities, backward d qkv.
 //   flash (bf16 build, head size 64; other shapes print why they are skipped): forward out, the log-sum-exp
-//   (base 2, max abs error 1e-3), backward d qkv from the flash forward's out and lse with either dQ summation
+//   (base 2, max abs error 1e-3), the other forward shapes (2 row tiles per warp, 128 queries per block: the same
+//   bits), backward d qkv from the flash forward's out and lse with either dQ summation
 //   (flash::FlashDq): the default per-pair shares, and a rerun that must give the same bits (no atomics); the
 //   bf16 shares (opt-in) against the reference, with the shares' dK, dV bits and a bit-identical rerun; the
 //   atomic dQ (opt-in, not deterministic) against the reference on three runs, with the shares' dK, dV bits (the
@@ -172,13 +173,22 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     env.sync();
     ck.compare_bound("flash forward out " + label, check::from_device_floatX(out), ref.out, ref.mag_out, factor);
     ck.compare("flash forward lse " + label, check::from_device(lse), ref.lse, 1e-3f, 0.0f);
-    {  // the 2-warp forward (two row tiles per warp) runs the same products per row: the same bits
+    {  // the other forwards (1 or 2 row tiles per warp, 64 or 128 queries per block) run the same products per
+       // row: the same bits
         DeviceBuffer<floatX> out1(btc);
         DeviceBuffer<float> lse1(rows);
-        flash_attention_forward<2>(env, out1.data(), lse1.data(), d_qkv.data(), B, T, C, NH);
-        env.sync();
-        ck.expect(same_bits(out, out1) && same_bits(lse, lse1),
-                  "flash forward with 1 and 2 row tiles per warp bit-identical " + label);
+        auto same_as_default = [&]<int RT, int QT>(const char* what) {
+            CUDA_CHECK(cudaMemsetAsync(out1.data(), 0xff, out1.bytes(), env.stream));
+            CUDA_CHECK(cudaMemsetAsync(lse1.data(), 0xff, lse1.bytes(), env.stream));
+            flash_attention_forward<RT, QT>(env, out1.data(), lse1.data(), d_qkv.data(), B, T, C, NH);
+            env.sync();
+            ck.expect(same_bits(out, out1) && same_bits(lse, lse1),
+                      std::string("flash forward bit-identical with ") + what + " " + label);
+        };
+        same_as_default.template operator()<1, 1>("1 row tile per warp, 64 queries per block");
+        same_as_default.template operator()<2, 1>("2 row tiles per warp, 64 queries per block");
+        same_as_default.template operator()<1, 2>("1 row tile per warp, 128 queries per block");
+        same_as_default.template operator()<2, 2>("2 row tiles per warp, 128 queries per block");
     }
     auto backward = [&](DeviceBuffer<floatX>& g, flash::FlashDq dq) {
         flash_attention_backward(env, g.data(), scratch.data(), d_dout.data(), out.data(), d_qkv.data(), lse.data(), B,
@@ -291,10 +301,17 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
         flash_attention_forward(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
     });
     check::report_flops(("flash_forward " + shape).c_str(), fwd, flops);
-    const float fwd1 = median_ms(env.stream, [&] {
-        flash_attention_forward<2>(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    });
-    check::report_flops(("flash_forward, 2 warps x 2 row tiles " + shape).c_str(), fwd1, flops);
+    auto time_forward = [&]<int RT, int QT>(const char* what) {
+        const float ms = median_ms(env.stream, [&] {
+            flash_attention_forward<RT, QT>(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
+        });
+        check::report_flops((std::string("flash_forward, ") + what + " " + shape).c_str(), ms, flops);
+        const std::string name = std::string("flash forward ") + what + " / default " + shape;
+        std::printf("TIME %-32s %.3f  (%+.1f%%)\n", name.c_str(), ms / fwd, 100.0 * (ms / fwd - 1.0));
+    };
+    time_forward.template operator()<2, 1>("2 warps x 2 row tiles");
+    time_forward.template operator()<1, 2>("128 queries, 8 warps");
+    time_forward.template operator()<2, 2>("128 queries, 4 warps x 2 row tiles");
     // out and lse now hold the forward's results, as a training step's backward would see them
     const float bwd = median_ms(env.stream, [&] {
         flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T,
