@@ -22,6 +22,9 @@
 //                               second kernel (default, deterministic), the shares in bf16 (half their traffic,
 //                               deterministic, each share rounded to bf16), or FlashAttention-2's fp32 atomic adds
 //                               (not bit-identical from run to run);
+//   LLMC_MATMUL_TUNE=0|1        1: each matmul problem's cuBLASLt algorithm is the fastest of the heuristic's
+//                               first 8, timed when the problem is first met (the weight gradients excepted), not
+//                               its first choice; tuned runs are not bit-reproducible across runs (llmc/matmul.cuh);
 //   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
 //                               bit-identical to the host reference) or on the tensor cores (3xTF32);
 //   LLMC_DEMO_MOMENTUM=spatial|dct  --optimizer demo: the 64 x 64 chunks' momentum as the reference keeps it
@@ -129,6 +132,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     record["_run"]["stochastic_rounding"] = env_flag("LLMC_STOCHASTIC_ROUNDING", true) && !kFloatXIsFloat;
     record["_run"]["gelu_fusion"] = model.gelu_fusion();
     record["_run"]["attention"] = model.attention_name();
+    record["_run"]["matmul_tune"] = env.tune_matmuls;
     if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     if (cfg.optimizer == "demo") {
         record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
@@ -162,6 +166,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     }
     (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
     (void)gelu_fusion_from_env(0);              // any GPU work
+    (void)matmul_tune_from_env();
     const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_MOMENTUM/_TUNING fails here too
     const bool overlap_requested = ddp_overlap_from_env();
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");

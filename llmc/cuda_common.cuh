@@ -242,6 +242,39 @@ using x128 = Packed128<floatX>;
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // ---------------------------------------------------------------------------------------------------------
+// Asynchronous global -> shared copies of BYTES (4 or 16), zero-filled when !valid (the source is not read).
+// The emulator performs them only at the issuing thread's wait (dev/cuda/block_emulator.h).
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+#if defined(LLMC_BLOCK_EMULATOR)
+    emu::cp_async(dst, src, BYTES, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(BYTES),
+                     "r"(valid ? BYTES : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(LLMC_BLOCK_EMULATOR)
+    emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most PENDING of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(LLMC_BLOCK_EMULATOR)
+    emu::cp_async_wait(PENDING);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Reductions (fixed butterfly order: deterministic)
 __device__ __forceinline__ float warp_sum(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -438,6 +471,9 @@ struct CudaEnv {
     // fp32 builds: allow TF32 tensor cores in matmuls (faster, ~1e-3 relative error). Off by default so the
     // fp32 build matches references tightly.
     bool allow_tf32 = false;
+    // matmul.cuh: time cuBLASLt's candidate algorithms for each new problem instead of taking its first
+    // (LLMC_MATMUL_TUNE, matmul_tune_from_env).
+    bool tune_matmuls = false;
 
     explicit CudaEnv(int device_index = 0) : device(device_index) {
         if (!cuda_device_present()) fail("no CUDA device found (cudaGetDeviceCount): this program needs an NVIDIA GPU");

@@ -165,37 +165,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
 #endif
 }
 
-// Asynchronous global -> shared copies of BYTES (4 or 16), zero-filled when !valid (the source is not read).
-// The emulator performs them only at the issuing thread's wait (dev/cuda/block_emulator.h).
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
-#if defined(LLMC_BLOCK_EMULATOR)
-    emu::cp_async(dst, src, BYTES, valid);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(BYTES),
-                     "r"(valid ? BYTES : 0));
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(LLMC_BLOCK_EMULATOR)
-    emu::cp_async_commit();
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-// Waits until at most PENDING of this thread's committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(LLMC_BLOCK_EMULATOR)
-    emu::cp_async_wait(PENDING);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-#endif
-}
+// cp_async, cp_async_commit, cp_async_wait: llmc/cuda_common.cuh.
 
 // Rows [row0, row0 + 64) of a strided row-major tensor into a staged tile (asynchronously; rows at or past T
 // become zeros).

@@ -77,6 +77,7 @@ public:
         gelu_fusion_ = gelu_fusion_from_env(env.props.major >= 9 ? 2 : 0);
         flash_attention_ = flash_attention_from_env(config);
         flash_dq_ = flash_dq_from_env();
+        env.tune_matmuls = matmul_tune_from_env();
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -319,7 +320,7 @@ private:
         }
         matmul_forward(env_, a_.logits, a_.lnf, at(p, ParamKind::wte, layout_), nullptr, N, C, Vp);
         if (targets)
-            fused_classifier(a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits, s);
+            fused_classifier(env_, a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits);
     }
 
     void run_backward(int B, int T, const GradsFinal& on_final) {

@@ -10,6 +10,11 @@
 //    saving gelu_backward_inplace's pass over N x OC).
 // Every epilogue has one fallback, in matmul_lt: when cuBLASLt cannot fuse it (alignment rules, or no algorithm
 // for the problem), matmul_lt_unfused runs the plain product and then the separate bias / GELU kernels.
+// The algorithm of each problem is cuBLASLt's heuristic first choice, or with CudaEnv::tune_matmuls
+// (LLMC_MATMUL_TUNE=1, opt-in) the fastest of its first kTuneCandidates, timed on the problem's own buffers the
+// first time the problem is met, for products that overwrite their output (the accumulating weight gradients keep
+// the heuristic's: a timing run would add to them). Tuned choices can differ between processes, and with them
+// the bits of the products, so a tuned run is not bit-reproducible across runs or a resume.
 // Row-major (PyTorch) matrices are column-major transposes; each call below derives its op/ld from that.
 // Compute is always fp32 (CUBLAS_COMPUTE_32F); fp32 builds may opt into TF32 through CudaEnv::allow_tf32.
 #pragma once
@@ -61,6 +66,7 @@ struct LtKey {
     }
     bool operator<(const LtKey& o) const { return tie() < o.tie(); }
 };
+inline constexpr int kTuneCandidates = 8;  // CudaEnv::tune_matmuls: the heuristic's candidates timed per problem
 // One process drives one GPU, so a process-wide cache is enough.
 struct LtChoice {
     int found;  // 0: cuBLASLt has nothing for this problem (remembered too)
@@ -69,6 +75,30 @@ struct LtChoice {
 inline std::map<LtKey, LtChoice>& lt_algo_cache() {
     static std::map<LtKey, LtChoice> cache;
     return cache;
+}
+
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
+inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+    return a && b && x < y + b_bytes && y < x + a_bytes;
+}
+
+// The candidate of `candidates` that `run` (one product with the given algorithm) completes fastest, by 3 timed
+// runs after a warm-up each; candidates cuBLASLt rejects (state or launch) are passed over. Index 0 when none runs.
+template <class Run>
+int fastest_candidate(const CudaEnv& env, const cublasLtMatmulHeuristicResult_t* candidates, int count, Run&& run) {
+    int best = 0;
+    float best_ms = 0.0f;
+    CudaTimer timer(env.stream);
+    for (int c = 0; c < count; c++) {
+        if (candidates[c].state != CUBLAS_STATUS_SUCCESS || candidates[c].workspaceSize > env.workspace_bytes) continue;
+        if (run(candidates[c].algo) != CUBLAS_STATUS_SUCCESS) continue;
+        timer.start();
+        for (int i = 0; i < 3; i++) CUBLAS_CHECK(run(candidates[c].algo));
+        const float ms = timer.stop_ms();
+        if (best_ms == 0.0f || ms < best_ms) best = c, best_ms = ms;
+    }
+    return best;
 }
 
 inline void lt_set_batch(cublasLtMatrixLayout_t layout, int batch, long long stride) {
@@ -204,6 +234,11 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                                       pre_gelu ? detail::lt_alignment(pre_gelu, 0) : 256u,
                                       dgelu_input ? detail::lt_alignment(dgelu_input, 0) : 256u}),
                             static_cast<int64_t>(env.workspace_bytes)};
+    const float beta = accumulate ? 1.0f : 0.0f;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(env.lt, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d, desc.c, d, desc.d, &algo,
+                              env.workspace, env.workspace_bytes, env.stream);
+    };
     auto& cache = detail::lt_algo_cache();
     auto cached = cache.find(key);
     cublasLtMatmulHeuristicResult_t heuristic{};
@@ -212,10 +247,20 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
         heuristic = cached->second.heuristic;
         found = cached->second.found;
     } else {
+        // Tuning reruns the product: only where that gives the same output (it overwrites D, reading nothing D is)
+        const size_t d_bytes = (size_t(batch - 1) * strideD + size_t(m) * n) * sizeof(TD);
+        const size_t a_bytes = (size_t(batch - 1) * strideA + size_t(m) * k) * sizeof(floatX);
+        const size_t b_bytes = (size_t(batch - 1) * strideB + size_t(k) * n) * sizeof(floatX);
+        const bool tune = env.tune_matmuls && !accumulate && !detail::ranges_overlap(d, d_bytes, a, a_bytes) &&
+                          !detail::ranges_overlap(d, d_bytes, b, b_bytes) &&
+                          !detail::ranges_overlap(d, d_bytes, dgelu_input, size_t(m) * n * sizeof(floatX));
+        cublasLtMatmulHeuristicResult_t candidates[detail::kTuneCandidates]{};
         const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(env.lt, desc.op, desc.a, desc.b, desc.c, desc.d,
-                                                                 desc.pref, 1, &heuristic, &found);
+                                                                 desc.pref, tune ? detail::kTuneCandidates : 1,
+                                                                 candidates, &found);
         if (st == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;  // "nothing for this configuration"
         else if (st != CUBLAS_STATUS_SUCCESS) cublas_fail(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+        heuristic = candidates[found > 1 ? detail::fastest_candidate(env, candidates, found, run) : 0];
         cache.emplace(key, detail::LtChoice{found, heuristic});
     }
     if constexpr (std::is_same_v<TD, floatX>) {
@@ -236,9 +281,7 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                               " k=" + std::to_string(k) + " batch=" + std::to_string(batch) +
                               (bias ? " +bias" : "") + (pre_gelu ? " +gelu" : "") + (dgelu_input ? " +dgelu" : "") +
                               ": keep channels and head sizes multiples of 8 (16-byte aligned rows)");
-    const float beta = accumulate ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(env.lt, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d, desc.c, d, desc.d,
-                                &heuristic.algo, env.workspace, env.workspace_bytes, env.stream));
+    CUBLAS_CHECK(run(heuristic.algo));
 }
 
 // The same, for a problem stated as a km::GemmShape (kernel_math.h).
@@ -257,6 +300,14 @@ inline void matmul_forward(const CudaEnv& env, floatX* out, const floatX* inp, c
     const km::GemmShape g = km::linear_forward_gemm(N, C, OC);
     if (pre_gelu && !fuse_gelu) matmul_lt_unfused(env, out, weight, inp, bias, g.m, g.n, g.k, g.ta, g.tb, false, pre_gelu, 1.0f, nullptr);
     else matmul_lt<floatX>(env, out, weight, inp, bias, g, false, pre_gelu);
+}
+
+// LLMC_MATMUL_TUNE=0|1 (default 0): CudaEnv::tune_matmuls (see the top of this file). A bad value is an error.
+inline bool matmul_tune_from_env() {
+    const char* s = std::getenv("LLMC_MATMUL_TUNE");
+    const std::string v = s ? s : "0";
+    LLMC_CHECK(v == "0" || v == "1", "LLMC_MATMUL_TUNE must be 0 or 1; got '" + v + "'");
+    return v == "1";
 }
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }

@@ -442,11 +442,11 @@ TEST(emulator_traps_gpu_faults) {
                   }),
                   "misaligned 16-byte access (ldmatrix row address");
     EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
-                      flash::cp_async<16>(smem_like + 8 * threadIdx.x + 4, global_like, true);
+                      llmc::cp_async<16>(smem_like + 8 * threadIdx.x + 4, global_like, true);
                   }),
                   "misaligned 16-byte access (cp.async shared-memory destination");
     EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
-                      flash::cp_async<16>(smem_like + 8 * threadIdx.x, global_like + 1, false);
+                      llmc::cp_async<16>(smem_like + 8 * threadIdx.x, global_like + 1, false);
                   }),
                   "misaligned 16-byte access (cp.async global source");
     EXPECT_ABORTS(emu::run_block(32, 0, 1, Order::Forward, 1, [&] { flash::store_bf16x2(global_like + 1, 0u); }),
@@ -459,9 +459,9 @@ TEST(emulator_traps_gpu_faults) {
     emu::run_block(32, 0, 1, Order::Forward, 1, [&] {
         uint32_t r[4];
         flash::ldmatrix_x4<false>(r, smem_like + 8 * (threadIdx.x % 8));
-        flash::cp_async<16>(smem_like + 8 * threadIdx.x, global_like + 8 * threadIdx.x, true);
-        flash::cp_async_commit();
-        flash::cp_async_wait<0>();
+        llmc::cp_async<16>(smem_like + 8 * threadIdx.x, global_like + 8 * threadIdx.x, true);
+        llmc::cp_async_commit();
+        llmc::cp_async_wait<0>();
         flash::store_bf16x2(global_like + 2 * threadIdx.x, 0u);
     });
 }

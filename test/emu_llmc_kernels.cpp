@@ -43,6 +43,8 @@
 #include "llmc/matmul.cuh"
 #include "test/testing.h"
 
+EMU_DEFINE_SHARED(llmc, classifier_smem)  // the staged classifier's row
+
 namespace {
 
 using emu::Dim3;
@@ -54,12 +56,13 @@ constexpr double kRound = llmc::kFloatXIsFloat ? 1e-5 : 1.0 / 256 + 1e-5;
 constexpr int kVec = llmc::x128::size;
 
 // ---- launching -------------------------------------------------------------------------------------------
-// Every block of a grid (these kernels use no dynamic shared memory).
-void launch(Dim3 grid, Dim3 block, Order order, const std::function<void()>& kernel) {
-    emu::run_grid(block, grid, order, 1234, 0, kernel);
+// Every block of a grid, with `shared_bytes` of dynamic shared memory poisoned before each block (only the staged
+// classifier has any).
+void launch(Dim3 grid, Dim3 block, Order order, const std::function<void()>& kernel, size_t shared_bytes = 0) {
+    emu::run_grid(block, grid, order, 1234, shared_bytes, kernel);
 }
-void launch(unsigned grid, unsigned block, Order order, const std::function<void()>& kernel) {
-    launch(Dim3{grid, 1, 1}, Dim3{block, 1, 1}, order, kernel);
+void launch(unsigned grid, unsigned block, Order order, const std::function<void()>& kernel, size_t shared_bytes = 0) {
+    launch(Dim3{grid, 1, 1}, Dim3{block, 1, 1}, order, kernel, shared_bytes);
 }
 
 // ---- data ------------------------------------------------------------------------------------------------
@@ -803,22 +806,30 @@ void check_fused_classifier(int N, int V, int Vp) {
         expect_close(what + shape, valid, want, 1e-5, 1e-5);  // fp32 log-sum-exp over V terms
         EXPECT(nan_ok);
     };
-    // The scalar kernel always; the 128-bit one where fused_classifier would launch it.
+    // The scalar kernel always; the 128-bit one and the staged one (its row in dynamic shared memory) where
+    // fused_classifier would launch them (width 0 below: the staged kernel).
     std::vector<floatX> x = fx(logits);
     std::vector<int> widths = {1};
     if (llmc::fused_classifier_vec(x.data(), Vp) > 1) widths.push_back(kVec);
+    if (llmc::fused_classifier_staged(x.data(), Vp, 9)) widths.push_back(0);
     for (int vec : widths) {
-        const std::string name = vec > 1 ? "fused_classifier (128-bit)" : "fused_classifier (scalar)";
+        const std::string name = vec == 0  ? "fused_classifier (staged)"
+                                 : vec > 1 ? "fused_classifier (128-bit)"
+                                           : "fused_classifier (scalar)";
         auto kernel = [&](bool grad, floatX* lg, float* ls) {
-            if (grad && vec > 1) llmc::fused_classifier_kernel<true, kVec>(lg, ls, targets.data(), dloss, V, Vp);
+            if (vec == 0 && grad) llmc::fused_classifier_staged_kernel<true>(lg, ls, targets.data(), dloss, V, Vp);
+            else if (vec == 0) llmc::fused_classifier_staged_kernel<false>(lg, ls, targets.data(), dloss, V, Vp);
+            else if (grad && vec > 1) llmc::fused_classifier_kernel<true, kVec>(lg, ls, targets.data(), dloss, V, Vp);
             else if (grad) llmc::fused_classifier_kernel<true, 1>(lg, ls, targets.data(), dloss, V, Vp);
             else if (vec > 1) llmc::fused_classifier_kernel<false, kVec>(lg, ls, targets.data(), dloss, V, Vp);
             else llmc::fused_classifier_kernel<false, 1>(lg, ls, targets.data(), dloss, V, Vp);
         };
+        const size_t smem = vec == 0 ? size_t(Vp) * sizeof(floatX) : 0;
         // evaluation (no gradient): losses, logits untouched
         std::vector<float> losses(size_t(N), 0.0f);
         x = fx(logits);
-        launch(unsigned(N), llmc::kClassifierBlock, Order::Forward, [&] { kernel(false, x.data(), losses.data()); });
+        launch(unsigned(N), llmc::kClassifierBlock, Order::Forward, [&] { kernel(false, x.data(), losses.data()); },
+               smem);
         check_losses(name + " eval losses ", losses);
         EXPECT_EQ(bit_diffs(x, fx(logits)), size_t{0});
         // training: losses and dlogits, in three thread orders
@@ -828,7 +839,8 @@ void check_fused_classifier(int N, int V, int Vp) {
         for (int run = 0; run < 3; run++) {
             d[run] = fx(logits);
             l[run].assign(size_t(N), 0.0f);
-            launch(unsigned(N), llmc::kClassifierBlock, orders[run], [&] { kernel(true, d[run].data(), l[run].data()); });
+            launch(unsigned(N), llmc::kClassifierBlock, orders[run], [&] { kernel(true, d[run].data(), l[run].data()); },
+                   smem);
         }
         check_losses(name + " losses ", l[0]);
         // probabilities ~1/V times dloss, rounded once; padded columns exact zeros

@@ -12,7 +12,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   the host, on MPI's reducer thread) the bits and bytes of the one after the backward.
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
-  refusing every epilogue or every problem, train as closely and agree with each other bit for bit.
+  refusing every epilogue or every problem, train as closely and agree with each other bit for bit; with
+  LLMC_MATMUL_TUNE=1 (each new problem's candidate algorithms run and timed first) the bits of the untuned run.
 - DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
   the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
   trainer resumes it converted).
@@ -312,6 +313,16 @@ def main():
     # computes as its cuBLASLt does), so the run keeps the bits of the run above.
     gemm = run(EMU["bf16"], "bf16-no-algo", one_head, env={"LLMC_EMU_CUBLASLT_NO_ALGO": "1", "LLMC_GELU_FUSION": "2"})
     same("bf16, no cuBLASLt algorithm at all: the cuBLAS GEMM fallback gives the same bits", gemm, fallback)
+    # LLMC_MATMUL_TUNE=1: the candidates of each new problem (three here, all computing the same products) are run
+    # and timed on the problem's own buffers before it runs for real; those runs must leave the untuned run's bits
+    # (with the matmul attention's batched products too).
+    for attention in ("matmul", "flash"):
+        tuned = run(EMU["bf16"], f"bf16-{attention}-matmul-tune", one_head,
+                    env={"LLMC_MATMUL_TUNE": "1", "LLMC_ATTENTION": attention, "LLMC_GELU_FUSION": "2"})
+        same(f"bf16, {attention} attention, LLMC_MATMUL_TUNE=1: the untuned run's bits", tuned,
+             runs[f"bf16-{attention}-gelu2"])
+    with open(os.path.join(TMP, "bf16-flash-matmul-tune", "config.json")) as f:
+        check(json.load(f)["_run"].get("matmul_tune") is True, "the LLMC_MATMUL_TUNE=1 run records matmul_tune true")
 
     # Every launch with its threads run in another order between barriers (LLMC_EMU_ORDER): a missing barrier
     # anywhere in the step (the DeMo kernels, flash attention, the reductions) would change the bits.

@@ -365,10 +365,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     if (env_flag("LLMC_EMU_CUBLASLT_NO_ALGO") ||
         (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT && env_flag("LLMC_EMU_CUBLASLT_NO_EPILOGUE")))
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    heuristicResultsArray[0] = cublasLtMatmulHeuristicResult_t{};
-    heuristicResultsArray[0].state = CUBLAS_STATUS_SUCCESS;
-    heuristicResultsArray[0].wavesCount = 1.0f;
-    *returnAlgoCount = 1;
+    // Up to three candidates (numbered in algo.data[0]; every one computes the same products here), so that
+    // callers choosing among several (matmul.cuh's LLMC_MATMUL_TUNE) run that code.
+    const int count = std::min(requestedAlgoCount, 3);
+    for (int i = 0; i < count; i++) {
+        heuristicResultsArray[i] = cublasLtMatmulHeuristicResult_t{};
+        heuristicResultsArray[i].algo.data[0] = uint64_t(i);
+        heuristicResultsArray[i].state = CUBLAS_STATUS_SUCCESS;
+        heuristicResultsArray[i].wavesCount = 1.0f;
+    }
+    *returnAlgoCount = count;
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -41,9 +41,11 @@
 #include <string>
 #include <vector>
 
-// The kernels' dynamic shared memory (LLMC_DYNAMIC_SHARED): the DeMo kernels' and flash attention's.
+// The kernels' dynamic shared memory (LLMC_DYNAMIC_SHARED): the DeMo kernels', flash attention's and the staged
+// classifier's.
 EMU_DEFINE_SHARED(demo, smem4)
 EMU_DEFINE_SHARED(llmc::flash, flash_smem)
+EMU_DEFINE_SHARED(llmc, classifier_smem)
 
 namespace {
 

@@ -3,10 +3,12 @@
 # (run inside the tree dev/cuda/gpu_bundle.sh packed, or any tree where `make cuda` has run):
 #   1. the NCCL transport's checker (real NCCL: bf16 wire, overlapped all-reduce), and on a machine with several
 #      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs);
-#   2. the attention and LayerNorm labs (the flash backward with each dQ summation, LLMC_FLASH_DQ; the fused
-#      LayerNorm backward), checked and timed;
+#   2. the attention, LayerNorm and matmul labs (the flash backward with each dQ summation, LLMC_FLASH_DQ, and
+#      the forward's four block shapes; the fused LayerNorm backward; cuBLASLt's first against tuned algorithms,
+#      LLMC_MATMUL_TUNE), checked and timed;
 #   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
-#   4. the end-to-end benchmark, quick form (AdamW with each dQ summation and DeMo's four kernel settings;
+#   4. the end-to-end benchmark, quick form (AdamW with each dQ summation and tuned matmuls, and DeMo's four
+#      kernel settings;
 #      BENCH_DEMO_TUNINGS adds forced tunings);
 #   5. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
@@ -56,8 +58,9 @@ step nccl_transport 60 build/cuda/nccl_transport
 step multi_gpu 420 dev/cuda/multi_gpu_check.sh  # exits at once on one GPU
 step attention 60 build/cuda/attention
 step layernorm 30 build/cuda/layernorm
+step matmul 60 build/cuda/matmul
 step demo_compress 180 build/cuda/demo_compress
-BENCH_QUICK=1 step bench_train_gpt 240 dev/cuda/bench_train_gpt.sh
+BENCH_QUICK=1 step bench_train_gpt 300 dev/cuda/bench_train_gpt.sh
 for tuning in ${PROFILE_TUNINGS:-default}; do
   if [[ $tuning == default ]]; then step profile_compress 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
   else LLMC_DEMO_TUNING=$tuning step "profile_compress_$tuning" 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
@@ -70,7 +73,7 @@ refs='python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 -
         --seq 96 --out-dir build/reference/hs64'
 [[ -f build/reference/tiny/state.bin && -f build/reference/hs64/state.bin ]] ||
   step references 90 env -u LD_LIBRARY_PATH bash -c "$refs"
-GPU_CHECK_SKIP="nccl_transport attention layernorm demo_compress demo_apply train_gpt_resume multi_gpu" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
+GPU_CHECK_SKIP="nccl_transport attention layernorm matmul demo_compress demo_apply train_gpt_resume multi_gpu" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
   step gpu_check 600 dev/cuda/gpu_check.sh
 tar -czf "$logdir/logs.tgz" build/cuda-logs build/bench-train-gpt/summary.txt build/bench-train-gpt/*.log \
   build/check-train-gpt-resume/*.log build/multi-gpu-check/*.log 2>/dev/null

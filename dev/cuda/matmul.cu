@@ -2,9 +2,12 @@
 // misaligned-bias and misaligned-pre_gelu fallbacks, the unfused path matmul_lt takes when cuBLASLt has no
 // algorithm) and matmul_backward (dinp, plain and as the gradient of a GELU input through the DGELU epilogue or
 // its fallbacks, fp32 dweight accumulation, deterministic dbias) against
-// CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows, timing on B*T = 8192 rows).
+// CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows, timing on B*T = 8192 rows), with cuBLASLt's
+// first algorithm and with CudaEnv::tune_matmuls (LLMC_MATMUL_TUNE=1: the fastest of its candidates).
 // Exit 0 PASS, 1 FAIL, 77 SKIP.
+#include <array>
 #include <cstring>
+#include <string>
 
 #include "dev/cuda/common.h"
 #include "llmc/matmul.cuh"
@@ -140,7 +143,10 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
               "dbias bit-identical " + label);
 }
 
-static void time_shape(CudaEnv& env, int N, int C, int OC, const char* name) {
+// Times the forward (bias; bias + GELU) and the backward (plain; DGELU) of one linear layer, with the algorithms
+// the process-wide cache holds or picks now (so env.tune_matmuls decides for problems new to it); returns the
+// four times in ms.
+static std::array<float, 4> time_shape(CudaEnv& env, int N, int C, int OC, const std::string& name) {
     DeviceBuffer<floatX> inp(size_t(N) * C), w(size_t(OC) * C), bias(OC), out(size_t(N) * OC), pre(size_t(N) * OC),
         dinp(size_t(N) * C);
     DeviceBuffer<float> dw(size_t(OC) * C), db(OC), scratch(matmul_backward_scratch_floats(N, OC));
@@ -151,26 +157,43 @@ static void time_shape(CudaEnv& env, int N, int C, int OC, const char* name) {
     const float f = check::time_ms(env.stream, 10, [&] {
         matmul_forward(env, out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
     });
-    check::report_flops((std::string("matmul_forward ") + name).c_str(), f, flops);
+    check::report_flops(("matmul_forward " + name).c_str(), f, flops);
     const float g = check::time_ms(env.stream, 10, [&] {
         matmul_forward(env, out.data(), inp.data(), w.data(), bias.data(), N, C, OC, pre.data(), true);
     });
-    check::report_flops((std::string("matmul_forward+gelu ") + name).c_str(), g, flops);
+    check::report_flops(("matmul_forward+gelu " + name).c_str(), g, flops);
     const float b = check::time_ms(env.stream, 10, [&] {
         matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), out.data(), inp.data(), w.data(), N, C, OC);
     });
-    check::report_flops((std::string("matmul_backward ") + name).c_str(), b, 2 * flops);
+    check::report_flops(("matmul_backward " + name).c_str(), b, 2 * flops);
     DeviceBuffer<floatX> pre_in(size_t(N) * C);  // the backward of a GELU input: the DGELU epilogue on dinp
     CUDA_CHECK(cudaMemset(pre_in.data(), 0, pre_in.bytes()));
     const float dg = check::time_ms(env.stream, 10, [&] {
         matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), out.data(), inp.data(), w.data(), N, C, OC,
                         pre_in.data());
     });
-    check::report_flops((std::string("matmul_backward+dgelu ") + name).c_str(), dg, 2 * flops);
+    check::report_flops(("matmul_backward+dgelu " + name).c_str(), dg, 2 * flops);
     const float cr = check::time_ms(env.stream, 20, [&] {  // dbias alone: the column reduction over dout
         column_reduce<1>(ColumnOutputs<1>{{db.data()}}, scratch.data(), N, OC, BiasGrad{out.data(), OC}, env.stream);
     });
-    check::report_bandwidth((std::string("dbias column reduction ") + name).c_str(), cr, double(N) * OC * sizeof(floatX));
+    check::report_bandwidth(("dbias column reduction " + name).c_str(), cr, double(N) * OC * sizeof(floatX));
+    return {f, g, b, dg};
+}
+
+// The same shape with the algorithms tuned (LLMC_MATMUL_TUNE=1's choice: a fresh cache, tune_matmuls on), and the
+// tuned times over the first-choice ones; the cache and the setting are restored to the first choices after.
+static void time_shape_tuned(CudaEnv& env, int N, int C, int OC, const char* name) {
+    const std::array<float, 4> first = time_shape(env, N, C, OC, name);
+    detail::lt_algo_cache().clear();
+    env.tune_matmuls = true;
+    const std::array<float, 4> tuned = time_shape(env, N, C, OC, std::string(name) + " tuned");
+    detail::lt_algo_cache().clear();
+    env.tune_matmuls = false;
+    const char* what[4] = {"forward", "forward+gelu", "backward", "backward+dgelu"};
+    for (int i = 0; i < 4; i++)
+        std::printf("TIME %-32s %.3f  (%+.1f%%; the weight gradient keeps its first choice)\n",
+                    (std::string("matmul ") + what[i] + " tuned / first " + name).c_str(), tuned[i] / first[i],
+                    100.0 * (tuned[i] / first[i] - 1.0));
 }
 
 int main() {
@@ -178,9 +201,9 @@ int main() {
         check_shape(env, ck, 512, 768, 3072);  // GPT-2 fc, fewer rows for the CPU reference
         check_shape(env, ck, 300, 64, 192);    // tiny model qkv, N not a multiple of 8
         const int N = 8 * 1024;
-        time_shape(env, N, 768, 3 * 768, "qkv  (8192x768 -> 2304)");
-        time_shape(env, N, 768, 4 * 768, "fc   (8192x768 -> 3072)");
-        time_shape(env, N, 4 * 768, 768, "proj (8192x3072 -> 768)");
-        time_shape(env, N, 768, 50304, "lm head (8192x768 -> 50304)");
+        time_shape_tuned(env, N, 768, 3 * 768, "qkv  (8192x768 -> 2304)");
+        time_shape_tuned(env, N, 768, 4 * 768, "fc   (8192x768 -> 3072)");
+        time_shape_tuned(env, N, 4 * 768, 768, "proj (8192x3072 -> 768)");
+        time_shape_tuned(env, N, 768, 50304, "lm head (8192x768 -> 50304)");
     });
 }
