@@ -25,6 +25,8 @@
 //   LLMC_MATMUL_TUNE=0|1        1: each matmul problem's cuBLASLt algorithm is the fastest of the heuristic's
 //                               first 8, timed when the problem is first met (the weight gradients excepted), not
 //                               its first choice; tuned runs are not bit-reproducible across runs (llmc/matmul.cuh);
+//   LLMC_CUDA_GRAPH=0|1         1: each training micro-step's kernels replayed as one captured CUDA graph (the same
+//                               bits; not with AdamW-DDP's overlapped all-reduce; llmc/gpt2_cuda.cuh);
 //   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
 //                               bit-identical to the host reference) or on the tensor cores (3xTF32);
 //   LLMC_DEMO_MOMENTUM=spatial|dct  --optimizer demo: the 64 x 64 chunks' momentum as the reference keeps it
@@ -133,6 +135,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     record["_run"]["gelu_fusion"] = model.gelu_fusion();
     record["_run"]["attention"] = model.attention_name();
     record["_run"]["matmul_tune"] = env.tune_matmuls;
+    record["_run"]["cuda_graph"] = model.cuda_graph();
     if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     if (cfg.optimizer == "demo") {
         record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
@@ -166,7 +169,9 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     }
     (void)flash_attention_from_env(cfg.model);  // a bad LLMC_ATTENTION or LLMC_GELU_FUSION fails here, before
     (void)gelu_fusion_from_env(0);              // any GPU work
+    (void)flash_dq_from_env();
     (void)matmul_tune_from_env();
+    (void)cuda_graph_from_env();
     const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_MOMENTUM/_TUNING fails here too
     const bool overlap_requested = ddp_overlap_from_env();
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
@@ -258,10 +263,12 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
-            // the last micro-step's backward tells the optimizer which gradients are final, layer by layer
+            // the last micro-step's backward tells the overlapped all-reduce which gradients are final, layer by
+            // layer (only it listens: without it the backward may run as one CUDA graph, LLMC_CUDA_GRAPH)
             const bool last = micro == grad_accum - 1;
             loss += model.forward_backward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len,
-                                           1.0f / static_cast<float>(grad_accum), last ? grads_final : GPT2Cuda::GradsFinal());
+                                           1.0f / static_cast<float>(grad_accum),
+                                           last && overlap ? grads_final : GPT2Cuda::GradsFinal());
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);

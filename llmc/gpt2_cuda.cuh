@@ -15,6 +15,13 @@
 // from the activations (12 x 400 MB for GPT-2 124M at B=16, T=1024) and made that model's step 23-25% shorter
 // on an H100 (dev/bench/README.md).
 //
+// LLMC_CUDA_GRAPH=1 (opt-in): a training micro-step's kernels, from the encoder to layer 0's backward, are captured
+// into one CUDA graph (at the second micro-step of a shape: the first one, run as usual, settles cuBLASLt's
+// algorithm choices) and replayed, so the step's ~340 launches cost one; the batch upload, the encoder backward's
+// plan (built on the host from the batch) and the embedding backward stay outside. The same kernels in the same
+// order, so the same bits. Not with an optimizer that wants the backward's per-layer reports (AdamW-DDP's
+// overlapped all-reduce), which run on the host between kernels.
+//
 // Precision: activations and parameters floatX (bf16 by default), every reduction and accumulation in fp32,
 // gradients fp32. Deterministic: no atomics anywhere (bucketed encoder backward, column reductions for bias and
 // LayerNorm gradients), so the same inputs give bit-identical gradients on the same GPU.
@@ -35,6 +42,35 @@
 #include "llmc/matmul.cuh"
 
 namespace llmc {
+
+// LLMC_CUDA_GRAPH=0|1 (default 0): replay each training micro-step's kernels as one captured CUDA graph (see the
+// top of this file). Another value is an error.
+inline bool cuda_graph_from_env() {
+    const char* s = std::getenv("LLMC_CUDA_GRAPH");
+    const std::string v = s ? s : "0";
+    LLMC_CHECK(v == "0" || v == "1", "LLMC_CUDA_GRAPH must be 0 or 1; got '" + v + "'");
+    return v == "1";
+}
+
+// A captured and instantiated CUDA graph (owned), and the micro-step shape it was captured for.
+struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    int B = 0, T = 0;
+    float loss_scale = 0.0f;
+    StepGraph() = default;
+    StepGraph(const StepGraph&) = delete;
+    StepGraph& operator=(const StepGraph&) = delete;
+    ~StepGraph() {
+        if (exec) (void)cudaGraphExecDestroy(exec);
+    }
+    bool is_for(int b, int t, float scale) const { return B == b && T == t && loss_scale == scale; }
+    // Drops the graph; the next one is for (b, t, scale).
+    void reset(int b, int t, float scale) {
+        if (exec) (void)cudaGraphExecDestroy(exec);
+        exec = nullptr;
+        B = b, T = t, loss_scale = scale;
+    }
+};
 
 // LLMC_ATTENTION=auto|flash|matmul (default auto: flash where this build and model can run it): true for flash.
 // A bad value, or flash where it cannot run, is an error; train_gpt checks it before any GPU work.
@@ -78,6 +114,7 @@ public:
         flash_attention_ = flash_attention_from_env(config);
         flash_dq_ = flash_dq_from_env();
         env.tune_matmuls = matmul_tune_from_env();
+        cuda_graph_ = cuda_graph_from_env();
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -96,6 +133,7 @@ public:
     float* grads() { return grads_; }
     size_t activation_bytes() const { return act_mem_.bytes(); }
     int gelu_fusion() const { return gelu_fusion_; }
+    bool cuda_graph() const { return cuda_graph_; }
     bool flash_attention() const { return flash_attention_; }
     const char* attention_name() const {
         if (!flash_attention_) return "matmul";
@@ -110,7 +148,8 @@ public:
     // Runs the model (evaluation: the logits stay intact). Returns the mean loss, or 0 when targets is null.
     // inputs/targets: B*T token ids in host memory.
     float forward(const int* inputs, const int* targets, int B, int T) {
-        run_forward(inputs, targets, B, T, false, 1.0f);
+        stage_batch(inputs, targets, B, T);
+        forward_kernels(B, T, targets != nullptr, false, 1.0f);
         return targets ? mean_loss(B * T) : 0.0f;
     }
 
@@ -126,10 +165,18 @@ public:
     float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
                            const GradsFinal& on_final = {}) {
         LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
-        run_forward(inputs, targets, B, T, true, loss_scale);
-        plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
-        plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
-        run_backward(B, T, on_final);
+        stage_batch(inputs, targets, B, T);
+        if (cuda_graph_ && !on_final) {
+            forward_backward_layers_graph(B, T, loss_scale);
+            plan_.build(inputs, B * T);  // host work overlaps the graph
+            plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
+        } else {
+            forward_kernels(B, T, true, true, loss_scale);
+            plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
+            plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
+            backward_layers(B, T, on_final);
+        }
+        backward_embeddings(B, T, on_final);
         return mean_loss(B * T);
     }
 
@@ -265,19 +312,25 @@ private:
     float* lstat(float* base, int l) const { return base + size_t(l) * n_cap_; }
     float* lse_slice(int l) const { return a_.lse + size_t(l) * n_cap_ * config_.num_heads; }
 
-    void run_forward(const int* inputs, const int* targets, int B, int T, bool write_dlogits, float loss_scale) {
+    // The batch checked and queued for upload (outside any graph: the copies leave pinned staging buffers).
+    void stage_batch(const int* inputs, const int* targets, int B, int T) {
         LLMC_CHECK(B > 0 && T > 0 && B <= max_B_ && T <= max_T_ && size_t(B) * T <= n_cap_,
                    "forward: batch " + std::to_string(B) + "x" + std::to_string(T) + " exceeds the allocated " +
                        std::to_string(max_B_) + "x" + std::to_string(max_T_));
+        const int V = config_.vocab_size, N = B * T;
+        for (int i = 0; i < N; i++)
+            LLMC_CHECK(inputs[i] >= 0 && inputs[i] < V && (!targets || (targets[i] >= 0 && targets[i] < V)),
+                       "forward: token id out of range [0, " + std::to_string(V) + ") at position " + std::to_string(i));
+        inputs_upload_.upload(a_.inputs, inputs, size_t(N), env_.stream);
+        if (targets) targets_upload_.upload(a_.targets, targets, size_t(N), env_.stream);
+    }
+
+    // The forward's kernels on the staged batch (the losses too when with_loss: the staged targets).
+    void forward_kernels(int B, int T, bool with_loss, bool write_dlogits, float loss_scale) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
         const int N = B * T;
         cudaStream_t s = env_.stream;
-        for (int i = 0; i < N; i++)
-            LLMC_CHECK(inputs[i] >= 0 && inputs[i] < V && (!targets || (targets[i] >= 0 && targets[i] < V)),
-                       "forward: token id out of range [0, " + std::to_string(V) + ") at position " + std::to_string(i));
-        inputs_upload_.upload(a_.inputs, inputs, size_t(N), s);
-        if (targets) targets_upload_.upload(a_.targets, targets, size_t(N), s);
         floatX* p = params_;
 
         encoder_forward(a_.encoded, a_.inputs, at(p, ParamKind::wte, layout_), at(p, ParamKind::wpe, layout_), B, T, C, s);
@@ -319,11 +372,34 @@ private:
             }
         }
         matmul_forward(env_, a_.logits, a_.lnf, at(p, ParamKind::wte, layout_), nullptr, N, C, Vp);
-        if (targets)
+        if (with_loss)
             fused_classifier(env_, a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits);
     }
 
-    void run_backward(int B, int T, const GradsFinal& on_final) {
+    // LLMC_CUDA_GRAPH: forward_kernels and backward_layers of a training micro-step, as one graph replayed per
+    // shape (B, T, loss_scale); the first micro-step of a shape runs them directly, the second captures them.
+    void forward_backward_layers_graph(int B, int T, float loss_scale) {
+        if (!graph_.is_for(B, T, loss_scale)) {
+            graph_.reset(B, T, loss_scale);
+            forward_kernels(B, T, true, true, loss_scale);  // a first run: cuBLASLt picks and caches its algorithms
+            backward_layers(B, T, {});
+            return;
+        }
+        if (!graph_.exec) {
+            cudaGraph_t graph = nullptr;
+            CUDA_CHECK(cudaStreamBeginCapture(env_.stream, cudaStreamCaptureModeRelaxed));
+            forward_kernels(B, T, true, true, loss_scale);
+            backward_layers(B, T, {});
+            CUDA_CHECK(cudaStreamEndCapture(env_.stream, &graph));
+            const cudaError_t instantiated = cudaGraphInstantiate(&graph_.exec, graph, 0);
+            (void)cudaGraphDestroy(graph);
+            CUDA_CHECK(instantiated);
+        }
+        CUDA_CHECK(cudaGraphLaunch(graph_.exec, env_.stream));
+    }
+
+    // The backward from the classifier down to layer 0 (on_final: told of each layer's gradients as it is done).
+    void backward_layers(int B, int T, const GradsFinal& on_final) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size;
         const int N = B * T;
@@ -377,8 +453,13 @@ private:
                                l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr);
             if (on_final) on_final(layout_.backward_ranges_of_layer(l));
         }
+    }
+
+    // The embeddings' backward (wte and wpe from the residual stream's gradient), with the plan of the batch.
+    void backward_embeddings(int B, int T, const GradsFinal& on_final) {
+        float* g = grads_;
         encoder_backward(at(g, ParamKind::wte, layout_), at(g, ParamKind::wpe, layout_), a_.dresidual, plan_,
-                         a_.encoder_plan, B, T, C, s);
+                         a_.encoder_plan, B, T, config_.channels, env_.stream);
         if (on_final) on_final(layout_.backward_ranges_of_embeddings());
     }
 
@@ -400,6 +481,8 @@ private:
     int gelu_fusion_ = 0;
     bool flash_attention_ = false;
     flash::FlashDq flash_dq_ = flash::FlashDq::Shares;
+    bool cuda_graph_ = false;
+    StepGraph graph_;  // LLMC_CUDA_GRAPH: the captured micro-step
     DeviceArena param_mem_, grad_mem_, act_mem_;
     floatX* params_ = nullptr;
     float* grads_ = nullptr;

@@ -13,7 +13,9 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit; with
-  LLMC_MATMUL_TUNE=1 (each new problem's candidate algorithms run and timed first) the bits of the untuned run.
+  LLMC_MATMUL_TUNE=1 (each new problem's candidate algorithms run and timed first) the bits of the untuned run, and
+  with LLMC_CUDA_GRAPH=1 (each micro-step's kernels captured into a graph and replayed; also for DeMo over 1 and 2
+  ranks and with 2 micro-steps per step) the bits of the run without.
 - DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
   the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
   trainer resumes it converted).
@@ -313,16 +315,30 @@ def main():
     # computes as its cuBLASLt does), so the run keeps the bits of the run above.
     gemm = run(EMU["bf16"], "bf16-no-algo", one_head, env={"LLMC_EMU_CUBLASLT_NO_ALGO": "1", "LLMC_GELU_FUSION": "2"})
     same("bf16, no cuBLASLt algorithm at all: the cuBLAS GEMM fallback gives the same bits", gemm, fallback)
-    # LLMC_MATMUL_TUNE=1: the candidates of each new problem (three here, all computing the same products) are run
-    # and timed on the problem's own buffers before it runs for real; those runs must leave the untuned run's bits
-    # (with the matmul attention's batched products too).
-    for attention in ("matmul", "flash"):
-        tuned = run(EMU["bf16"], f"bf16-{attention}-matmul-tune", one_head,
-                    env={"LLMC_MATMUL_TUNE": "1", "LLMC_ATTENTION": attention, "LLMC_GELU_FUSION": "2"})
-        same(f"bf16, {attention} attention, LLMC_MATMUL_TUNE=1: the untuned run's bits", tuned,
-             runs[f"bf16-{attention}-gelu2"])
-    with open(os.path.join(TMP, "bf16-flash-matmul-tune", "config.json")) as f:
-        check(json.load(f)["_run"].get("matmul_tune") is True, "the LLMC_MATMUL_TUNE=1 run records matmul_tune true")
+    # Two knobs that must keep the bits, with either attention (the matmul attention's batched products too):
+    # LLMC_MATMUL_TUNE=1, where the candidates of each new problem (three here, all computing the same products)
+    # are run and timed on the problem's own buffers before it runs for real; and LLMC_CUDA_GRAPH=1, where each
+    # micro-step's kernels are captured once and replayed (the emulated runtime records the stream's work and
+    # refuses what a GPU cannot capture). The graph also for DeMo, with 2 micro-steps per step (the graph
+    # replayed within a step), and over 2 ranks (DeMo takes no per-layer reports) below.
+    for knob, tag, record in (("LLMC_MATMUL_TUNE", "matmul-tune", "matmul_tune"),
+                              ("LLMC_CUDA_GRAPH", "cuda-graph", "cuda_graph")):
+        for attention in ("matmul", "flash"):
+            other = run(EMU["bf16"], f"bf16-{attention}-{tag}", one_head,
+                        env={knob: "1", "LLMC_ATTENTION": attention, "LLMC_GELU_FUSION": "2"})
+            same(f"bf16, {attention} attention, {knob}=1: the bits without it", other, runs[f"bf16-{attention}-gelu2"])
+        with open(os.path.join(TMP, f"bf16-flash-{tag}", "config.json")) as f:
+            check(json.load(f)["_run"].get(record) is True, f"the {knob}=1 run records {record} true")
+    same("fp32 demo, 1 rank, LLMC_CUDA_GRAPH=1: the bits without the graph",
+         run(EMU["fp32"], "fp32-demo-1-cuda-graph", steps + ["--optimizer", "demo"], env={"LLMC_CUDA_GRAPH": "1"}),
+         emu_demo1)
+    accum1 = steps + ["--optimizer", "adamw", "--total_batch_size", "256"]
+    same("fp32 adamw, 2 micro-steps per step, LLMC_CUDA_GRAPH=1: the bits without the graph",
+         run(EMU["fp32"], "fp32-adamw-1-accum-cuda-graph", accum1, env={"LLMC_CUDA_GRAPH": "1"}),
+         run(EMU["fp32"], "fp32-adamw-1-accum", accum1))
+    same("fp32 demo, 2 ranks, LLMC_CUDA_GRAPH=1: the bits and bytes without the graph",
+         run(EMU["fp32"], "fp32-demo-2-cuda-graph", steps + ["--optimizer", "demo"], ranks=2,
+             env={"LLMC_CUDA_GRAPH": "1"}), demo2, keys=("loss", "grad_norm", "bytes_sent", "bytes_recv"))
 
     # Every launch with its threads run in another order between barriers (LLMC_EMU_ORDER): a missing barrier
     # anywhere in the step (the DeMo kernels, flash attention, the reductions) would change the bits.

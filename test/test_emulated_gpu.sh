@@ -3,7 +3,8 @@
 # against the emulated device (kernels run by dev/cuda/block_emulator.h; CUDA runtime, cuBLASLt/cuBLAS and
 # NCCL-over-MPI from dev/cuda/emu_*.cpp). This runs
 #  - the GPU tests: the CUDA GPT-2 against the independent PyTorch reference (logits, loss, every gradient, 10
-#    AdamW steps; bf16 with both attentions, the three flash dQ summations and the DGELU epilogue, and fp32) and
+#    AdamW steps; bf16 with both attentions, the three flash dQ summations, the DGELU epilogue and the micro-step
+#    as a CUDA graph, and fp32) and
 #    CudaDemo against the CPU DeMo optimizer (10 steps, fp32; also with LLMC_DEMO_MOMENTUM=dct, the state blob
 #    converted both ways; and both with --demo_delay 1, eager and stale, the state blob's pending round moved both
 #    ways);
@@ -64,6 +65,7 @@ gpu_test --expect "LLMC_GELU_FUSION 0" LLMC_GELU_FUSION=0 build/emu/gpu_test_gpt
 gpu_test --expect "attention flash" build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test --expect "attention flash (atomic dQ)" LLMC_FLASH_DQ=atomic build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test --expect "attention flash (bf16 dQ shares)" LLMC_FLASH_DQ=shares_bf16 build/emu/gpu_test_gpt2 $refs/hs64
+gpu_test --expect "micro-steps as a CUDA graph" LLMC_CUDA_GRAPH=1 build/emu/gpu_test_gpt2 $refs/hs64
 gpu_test build/emu-fp32/gpu_test_gpt2 $refs/tiny
 gpu_test build/emu-fp32/gpu_test_demo $refs/tiny  # bf16 DeMo: the trainer checks below
 gpu_test --expect "DCT domain" LLMC_DEMO_MOMENTUM=dct build/emu-fp32/gpu_test_demo $refs/tiny

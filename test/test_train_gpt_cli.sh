@@ -3,9 +3,9 @@
 # flags and help (one config schema: the help texts are identical but for the program name), bad flags,
 # values and config files get the same one-line errors and a non-zero exit before any GPU work, and with no
 # GPU the trainer says so in one line and exits non-zero instead of crashing; a bad LLMC_ATTENTION,
-# LLMC_GELU_FUSION, LLMC_DEMO_DCT, LLMC_DEMO_MOMENTUM, LLMC_DEMO_TUNING or LLMC_DDP_OVERLAP is refused before any
-# GPU work. Skips when ./train_gpt is not built (no CUDA toolkit). Everything after the parser is checked on a
-# GPU (make gpu-check).
+# LLMC_GELU_FUSION, LLMC_FLASH_DQ, LLMC_MATMUL_TUNE, LLMC_CUDA_GRAPH, LLMC_DEMO_DCT, LLMC_DEMO_MOMENTUM,
+# LLMC_DEMO_TUNING or LLMC_DDP_OVERLAP is refused before any GPU work. Skips when ./train_gpt is not built (no
+# CUDA toolkit). Everything after the parser is checked on a GPU (make gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ ! -x ./train_gpt ]]; then
@@ -77,7 +77,16 @@ check "LLMC_DEMO_TUNING=5 with LLMC_DEMO_MOMENTUM=dct -> one-line error" one_lin
 for bad in 2 yes ""; do
   LLMC_DDP_OVERLAP=$bad run ./train_gpt --steps 1 --out_dir "$TMP/run"
   check "LLMC_DDP_OVERLAP='$bad' -> one-line error" one_line_error "LLMC_DDP_OVERLAP must be 0 or 1; got '$bad'"
+  for knob in LLMC_MATMUL_TUNE LLMC_CUDA_GRAPH; do
+    export "$knob=$bad"
+    run ./train_gpt --steps 1 --out_dir "$TMP/run"
+    unset "$knob"
+    check "$knob='$bad' -> one-line error" one_line_error "$knob must be 0 or 1; got '$bad'"
+  done
 done
+LLMC_FLASH_DQ=ordered run ./train_gpt --steps 1 --out_dir "$TMP/run"
+check "LLMC_FLASH_DQ=ordered (retired) -> one-line error" one_line_error \
+  "LLMC_FLASH_DQ must be shares, shares_bf16 or atomic; got 'ordered'"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "(a GPU is present: the no-GPU message is not checked here)"

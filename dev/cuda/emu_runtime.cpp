@@ -18,7 +18,11 @@
 // checked by emu::Launch. Fresh allocations are filled with 0xff bytes (NaN in fp32 and bf16), as the GPU
 // promises nothing about them, so a read before the first write shows up as NaN. Device memory is mapped
 // inaccessible (mprotect) except while device work runs, so host code that dereferences a device pointer
-// stops with a message naming the allocation, as it would crash with a GPU. What it cannot catch: a kernel
+// stops with a message naming the allocation, as it would crash with a GPU. Stream capture (CUDA graphs) records
+// a stream's launches, copies and memsets into a graph instead of queueing them, and a graph launch queues
+// copies of them; what a GPU cannot capture fails here too (waiting for the capturing stream, an event recorded
+// on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated. What it
+// cannot catch: a kernel
 // touching host memory, and races between work that runs concurrently on a GPU (two streams' kernels here run
 // one after the other).
 #include "dev/cuda/block_emulator.h"
@@ -208,6 +212,8 @@ struct Stream {
     unsigned flags = 0;
     std::deque<emu::StreamWork> queue;
     uint64_t queued = 0, done = 0;
+    std::unique_ptr<std::vector<emu::StreamWork>> capture;  // while capturing: the graph's work, in order
+    bool capture_invalidated = false;                        // something that cannot be captured was asked for
 };
 // Every live stream, the legacy (null) stream included, for cudaDeviceSynchronize.
 std::set<Stream*>& streams() {
@@ -247,8 +253,20 @@ void run_device() {
 }
 void enqueue(cudaStream_t stream, emu::StreamWork&& work) {
     Stream* s = stream_of(stream);
+    if (s->capture) {
+        s->capture->push_back(std::move(work));
+        return;
+    }
     s->queue.push_back(std::move(work));
     s->queued++;
+}
+// An operation a capturing stream cannot record: the capture is invalidated (cudaStreamEndCapture reports it) and
+// the call fails, as on a GPU.
+bool refuse_while_capturing(cudaStream_t stream) {
+    Stream* s = stream_of(stream);
+    if (!s->capture) return false;
+    s->capture_invalidated = true;
+    return true;
 }
 // The legacy stream waits for the streams that are not non-blocking before its work runs.
 void run_legacy_dependencies() {
@@ -324,6 +342,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     if (bytes == 0) return cudaSuccess;
     if (const cudaError_t e = check_copy(dst, src, bytes, kind, dst_dev, src_dev); e != cudaSuccess) return e;
     const bool dst_pageable = !dst_dev && !is_pinned(dst, bytes), src_pageable = !src_dev && !is_pinned(src, bytes);
+    if ((dst_pageable || src_pageable) && refuse_while_capturing(stream)) return fail_with(cudaErrorStreamCaptureUnsupported);
     if (dst_pageable) {  // into pageable memory: complete (after the stream's earlier work) before returning
         run_all(stream_of(stream));
         DeviceWork device;
@@ -446,6 +465,9 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
         case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
         case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+        case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+        case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+        case cudaErrorIllegalState: return "cudaErrorIllegalState";
         default: return "cudaErrorUnknown";
     }
 }
@@ -459,6 +481,9 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorInvalidDeviceFunction: return "invalid device function";
         case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
         case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+        case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
         default: return "unknown error";
     }
 }
@@ -481,11 +506,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
     run_all(stream_of(s));
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     if (!e) return fail_with(cudaErrorInvalidResourceHandle);
+    if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
     const Event marker = *reinterpret_cast<Event*>(e);  // the event's position now, not at a later re-record
     enqueue(s, [marker] { run_to_event(&marker); });
     return cudaSuccess;
@@ -506,6 +533,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return fail_with(cudaErrorInvalidResourceHandle);
+    if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
     auto* ev = reinterpret_cast<Event*>(e);
     ev->stream = stream_of(s);
     ev->recorded = true;
@@ -527,6 +555,57 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop)
     run_to_event(a);
     run_to_event(b);
     *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+    return cudaSuccess;
+}
+
+// Stream capture: the stream's work goes into a graph (a list of it, in order) until the capture ends; a launched
+// graph queues a copy of every item on the launch stream. Only single-stream graphs.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    Stream* stream = stream_of(s);
+    if (!s || stream->capture) return fail_with(cudaErrorIllegalState);
+    stream->capture = std::make_unique<std::vector<emu::StreamWork>>();
+    stream->capture_invalidated = false;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+    if (!status) return fail_with(cudaErrorInvalidValue);
+    const Stream* stream = stream_of(s);
+    *status = !stream->capture              ? cudaStreamCaptureStatusNone
+              : stream->capture_invalidated ? cudaStreamCaptureStatusInvalidated
+                                            : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+    if (!graph) return fail_with(cudaErrorInvalidValue);
+    Stream* stream = stream_of(s);
+    *graph = nullptr;
+    if (!stream->capture) return fail_with(cudaErrorIllegalState);
+    std::unique_ptr<std::vector<emu::StreamWork>> work = std::move(stream->capture);
+    if (stream->capture_invalidated) return fail_with(cudaErrorStreamCaptureInvalidated);
+    *graph = reinterpret_cast<cudaGraph_t>(work.release());
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+    if (!exec || !graph) return fail_with(cudaErrorInvalidValue);
+    const auto* work = reinterpret_cast<const std::vector<emu::StreamWork>*>(graph);
+    *exec = reinterpret_cast<cudaGraphExec_t>(new std::vector<emu::StreamWork>(*work));
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec) return fail_with(cudaErrorInvalidResourceHandle);
+    if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
+    for (const emu::StreamWork& work : *reinterpret_cast<const std::vector<emu::StreamWork>*>(exec)) {
+        emu::StreamWork copy = work;
+        enqueue(s, std::move(copy));
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete reinterpret_cast<std::vector<emu::StreamWork>*>(exec);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete reinterpret_cast<std::vector<emu::StreamWork>*>(graph);
     return cudaSuccess;
 }
 
