@@ -102,19 +102,8 @@ __global__ void __launch_bounds__(kClassifierBlock, 2)
     __shared__ float shared_red[kWarpSize];
     x128* srow = reinterpret_cast<x128*>(classifier_smem);
     constexpr int E = x128::size;
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int num_warps = blockDim.x / kWarpSize, stride = int(blockDim.x);
-    const int row = blockIdx.x, chunks = Vp / E, full = V / E;  // chunks [0, full) hold no padding
+    const int stride = int(blockDim.x), row = blockIdx.x, chunks = Vp / E;
     floatX* x = logits + size_t(row) * Vp;
-    // the block's reduction of one value per thread, in warp order; every thread gets the result
-    auto block_reduce = [&](float v, bool is_max) {
-        v = is_max ? warp_max(v) : warp_sum(v);
-        __syncthreads();  // shared_red's previous use is over
-        if (lane == 0) shared_red[warp] = v;
-        __syncthreads();
-        float w = lane < num_warps ? shared_red[lane] : (is_max ? -INFINITY : 0.0f);
-        return is_max ? warp_max(w) : warp_sum(w);
-    };
 
     // pass 1: the row into shared memory, every copy of the thread in flight at once (each thread then reads only
     // the chunks it copied, until thread 0 reads the target's logit after the reductions' barriers); the max
@@ -126,18 +115,18 @@ __global__ void __launch_bounds__(kClassifierBlock, 2)
         const x128 v = srow[c];
 #pragma unroll
         for (int k = 0; k < E; k++)
-            if (c < full || c * E + k < V) mx = fmaxf(mx, v.f(k));
+            if (c * E + k < V) mx = fmaxf(mx, v.f(k));
     }
-    mx = block_reduce(mx, true);
+    mx = block_max(mx, shared_red);
     // pass 2: the sum of exp(x - max)
     float sum = 0.0f;
     for (int c = threadIdx.x; c < chunks; c += stride) {
         const x128 v = srow[c];
 #pragma unroll
         for (int k = 0; k < E; k++)
-            if (c < full || c * E + k < V) sum += expf(v.f(k) - mx);
+            if (c * E + k < V) sum += expf(v.f(k) - mx);
     }
-    const km::SoftmaxStat stat{mx, block_reduce(sum, false)};
+    const km::SoftmaxStat stat{mx, block_sum(sum, shared_red)};
     const int target = targets[row];
     const bool valid = target >= 0 && target < V;
     if (threadIdx.x == 0)

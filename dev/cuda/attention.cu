@@ -306,8 +306,7 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
             flash_attention_forward<RT, QT>(env, out.data(), lse.data(), qkv.data(), B, T, C, NH);
         });
         check::report_flops((std::string("flash_forward, ") + what + " " + shape).c_str(), ms, flops);
-        const std::string name = std::string("flash forward ") + what + " / default " + shape;
-        std::printf("TIME %-32s %.3f  (%+.1f%%)\n", name.c_str(), ms / fwd, 100.0 * (ms / fwd - 1.0));
+        check::report_ratio(std::string("flash forward ") + what + " / default " + shape, ms, fwd);
     };
     time_forward.template operator()<2, 1>("2 warps x 2 row tiles");
     time_forward.template operator()<1, 2>("128 queries, 8 warps");
@@ -323,15 +322,13 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
                                  T, C, NH, flash::FlashDq::Atomic);
     });
     check::report_flops(("flash_backward, atomic dQ " + shape).c_str(), atomic, 2.5 * flops);
-    std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash atomic dQ / shares " + shape).c_str(), atomic / bwd,
-                100.0 * (atomic / bwd - 1.0));
+    check::report_ratio("flash atomic dQ / shares " + shape, atomic, bwd);
     const float bf16_shares = median_ms(env.stream, [&] {
         flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
                                  T, C, NH, flash::FlashDq::SharesBf16);
     });
     check::report_flops(("flash_backward, bf16 dQ shares " + shape).c_str(), bf16_shares, 2.5 * flops);
-    std::printf("TIME %-32s %.3f  (%+.1f%%)\n", ("flash bf16 dQ shares / shares " + shape).c_str(),
-                bf16_shares / bwd, 100.0 * (bf16_shares / bwd - 1.0));
+    check::report_ratio("flash bf16 dQ shares / shares " + shape, bf16_shares, bwd);
     std::printf("TIME %-32s fwd %.3f  bwd %.3f  (time ratio; speedup fwd %.2fx, bwd %.2fx)\n",
                 ("flash / matmul " + shape).c_str(), fwd / mm_fwd, bwd / mm_bwd, mm_fwd / fwd, mm_bwd / bwd);
 }

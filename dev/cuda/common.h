@@ -134,6 +134,12 @@ inline void report_bandwidth(const char* name, float ms, double bytes) {
 inline void report_flops(const char* name, float ms, double flops) {
     std::printf("TIME %-32s %8.4f ms  %8.1f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
 }
+// A variant's time against its baseline's: the ratio and the change in percent (below 1 / negative: faster).
+inline void report_ratio(const std::string& name, float ms, float baseline_ms, const char* note = nullptr) {
+    const double ratio = double(ms) / baseline_ms;
+    std::printf("TIME %-32s %.3f  (%+.1f%%%s%s)\n", name.c_str(), ratio, 100.0 * (ratio - 1.0), note ? "; " : "",
+                note ? note : "");
+}
 
 // Runs body(env, checker) after the no-GPU check; exit code per the protocol above.
 template <typename Body>

@@ -90,6 +90,6 @@ int main() {
                 big.data(), big_losses.data(), big_targets.data(), 1.0f / NT, V, Vp);
         });
         check::report_bandwidth("two-pass kernel (8192x50304)", ms2, 2.0 * NT * Vp * sizeof(floatX));
-        std::printf("TIME %-32s %.3f  (%+.1f%%)\n", "fused_classifier / two-pass", ms / ms2, 100.0 * (ms / ms2 - 1.0));
+        check::report_ratio("fused_classifier / two-pass", ms, ms2);
     });
 }

@@ -191,9 +191,8 @@ static void time_shape_tuned(CudaEnv& env, int N, int C, int OC, const char* nam
     env.tune_matmuls = false;
     const char* what[4] = {"forward", "forward+gelu", "backward", "backward+dgelu"};
     for (int i = 0; i < 4; i++)
-        std::printf("TIME %-32s %.3f  (%+.1f%%; the weight gradient keeps its first choice)\n",
-                    (std::string("matmul ") + what[i] + " tuned / first " + name).c_str(), tuned[i] / first[i],
-                    100.0 * (tuned[i] / first[i] - 1.0));
+        check::report_ratio(std::string("matmul ") + what[i] + " tuned / first " + name, tuned[i], first[i],
+                            "the weight gradient keeps its first choice");
 }
 
 int main() {
