@@ -62,10 +62,12 @@ struct Dim3 {
 // that, since all threads reach it in the same round.
 enum class Order { Forward, Reverse, Shuffled, WarpSerial };
 
-// Fiber switching. On x86-64 a stack switch that saves only the callee-saved registers and the FP control
-// words (glibc's swapcontext also saves the signal mask: two system calls per switch, ~20x slower); elsewhere
-// ucontext. The symbol is weak: every translation unit that includes this header defines it (a program whose
-// emulated kernels live in several files links them all).
+// Fiber switching. On x86-64 a stack switch that saves only the callee-saved general registers (glibc's
+// swapcontext also saves the signal mask: two system calls per switch, ~20x slower); elsewhere ucontext. The FP
+// control words (MXCSR, x87) are not switched: no kernel changes them, so every fiber runs with the calling
+// thread's, and loading them serializes the pipeline (it was 86% of a switch's time). The symbol is weak: every
+// translation unit that includes this header defines it (a program whose emulated kernels live in several files
+// links them all).
 #if defined(__x86_64__)
 extern "C" void emu_switch_stack(void** save_sp, void* load_sp);
 asm(R"(
@@ -79,14 +81,8 @@ emu_switch_stack:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -102,13 +98,12 @@ struct Context {
     void* sp = nullptr;
 };
 // A context that starts `entry` (which must never return) on the given stack.
-inline void make_context(Context& c, std::vector<char>& stack, void (*entry)()) {
-    auto top = reinterpret_cast<uintptr_t>(stack.data() + stack.size()) & ~uintptr_t{15};
+inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
     auto* sp = reinterpret_cast<uint64_t*>(top);
     *--sp = 0;                                    // entry starts with rsp = 8 mod 16, as after a call
     *--sp = reinterpret_cast<uint64_t>(entry);    // "return address" of the first switch
     for (int r = 0; r < 6; r++) *--sp = 0;        // rbp rbx r12 r13 r14 r15
-    *--sp = 0x0000037f00001f80ull;                // mxcsr (low word), x87 control word (high word)
     c.sp = sp;
 }
 inline void switch_context(Context& from, Context& to) { emu_switch_stack(&from.sp, to.sp); }
@@ -116,10 +111,10 @@ inline void switch_context(Context& from, Context& to) { emu_switch_stack(&from.
 struct Context {
     ucontext_t uc;
 };
-inline void make_context(Context& c, std::vector<char>& stack, void (*entry)()) {
+inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
     getcontext(&c.uc);
-    c.uc.uc_stack.ss_sp = stack.data();
-    c.uc.uc_stack.ss_size = stack.size();
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = bytes;
     c.uc.uc_link = nullptr;
     makecontext(&c.uc, entry, 0);
 }
@@ -138,6 +133,7 @@ struct BlockState {
     struct Fiber {
         Context ctx;
         Wait wait = Wait::None;
+        unsigned warp_exchanges = 0;  // warp-wide exchanges (shuffles, votes, ldmatrix, mma) so far
         std::vector<std::vector<AsyncCopy>> copy_groups;  // committed groups, oldest first
         std::vector<AsyncCopy> open_group;                // issued since the last commit
     };
@@ -147,8 +143,9 @@ struct BlockState {
     Context scheduler;
     int current = -1;  // linear thread id of the running fiber
     std::function<void()> body;
-    uint64_t slots[32][32];  // per warp: one 64-bit exchange word per lane
-    uint32_t mma[32][32][6];  // per warp: each lane's A and B fragment registers of an emulated mma.sync
+    // Two buffers per warp, used by alternate exchanges (see next_exchange_buffer)
+    uint64_t slots[2][32][32];  // per warp: one 64-bit exchange word per lane
+    uint32_t mma[2][32][32][6];  // per warp: each lane's A and B fragment registers of an emulated mma.sync
 };
 
 inline BlockState*& active_block() {
@@ -237,22 +234,23 @@ inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t see
     block_index() = block;
     block_dim() = dim;
     grid_dim() = grid;
-    static std::vector<std::vector<char>> stacks;  // reused by every block (kernel frames are small)
-    if (stacks.size() < size_t(threads)) stacks.resize(size_t(threads));
-    for (int t = 0; t < threads; t++) {
-        if (stacks[size_t(t)].empty()) stacks[size_t(t)].resize(64 * 1024);
-        make_context(b.fibers[size_t(t)].ctx, stacks[size_t(t)], fiber_entry);
-    }
+    // One array of stacks, reused by every block (kernel frames are small). Their stride is 64 KiB plus 5 cache
+    // lines: with a power-of-two stride every stack's top would fall in the same cache set, and a switch, which
+    // reads the top of the next fiber's stack, would miss every time.
+    constexpr size_t kStackBytes = 64 * 1024 + 5 * 64;
+    static std::vector<char> stacks(1024 * kStackBytes);
+    for (int t = 0; t < threads; t++)
+        make_context(b.fibers[size_t(t)].ctx, stacks.data() + size_t(t) * kStackBytes, kStackBytes, fiber_entry);
     std::vector<int> sequence(static_cast<size_t>(threads));
     std::iota(sequence.begin(), sequence.end(), 0);
     if (order == Order::Reverse) std::reverse(sequence.begin(), sequence.end());
     std::mt19937 rng(seed ^ ((block.x + grid.x * (block.y + grid.y * block.z)) * 2654435761u));
     using Wait = BlockState::Wait;
+    // which warps run this round (all but for WarpSerial and Shuffled)
+    std::vector<char> runs(size_t(threads / 32), 1);
     for (;;) {
         if (order == Order::Shuffled) std::shuffle(sequence.begin(), sequence.end(), rng);
         bool ran = false;
-        // which warps run this round (all but for WarpSerial and Shuffled)
-        std::vector<char> runs(size_t(threads / 32), 1);
         if (order == Order::WarpSerial || order == Order::Shuffled) {
             std::vector<int> ready;
             for (int w = 0; w < threads / 32; w++)
@@ -319,7 +317,15 @@ inline void run_block(int threads, unsigned block, unsigned grid, Order order, u
 
 // Warps are consecutive linear thread ids (threadIdx.x fastest), whatever the block's shape.
 inline int lane() { return active_block()->current & 31; }
-inline uint64_t* warp_slots() { return active_block()->slots[active_block()->current >> 5]; }
+// A warp-wide exchange publishes each lane's word, waits at one warp barrier, then reads. Successive exchanges
+// alternate between two buffers (every lane of a warp makes the same sequence of them), so no second barrier is
+// needed before a lane may write again: it writes this buffer next two exchanges on, and the exchange between
+// them cannot complete until every lane has finished reading this one.
+inline int next_exchange_buffer() {
+    BlockState* b = active_block();
+    return int(b->fibers[size_t(b->current)].warp_exchanges++ & 1u);
+}
+inline uint64_t* warp_slots(int buffer) { return active_block()->slots[buffer][active_block()->current >> 5]; }
 inline void check_full(unsigned mask) {
     if (mask != 0xffffffffu) fail("only full-warp masks are emulated");
 }
@@ -339,22 +345,18 @@ T from_word(uint64_t w) {
 // Every lane publishes a word, then reads lane src(lane)'s word.
 template <class T, class Src>
 T exchange(T v, Src src) {
-    uint64_t* s = warp_slots();
+    uint64_t* s = warp_slots(next_exchange_buffer());
     s[lane()] = to_word(v);
     wait_at(BlockState::Wait::Warp);
-    const int from = src(lane());
-    const T r = from_word<T>(s[from]);
-    wait_at(BlockState::Wait::Warp);
-    return r;
+    return from_word<T>(s[src(lane())]);
 }
 template <class T, class Op>
 T reduce(T v, Op op) {
-    uint64_t* s = warp_slots();
+    uint64_t* s = warp_slots(next_exchange_buffer());
     s[lane()] = to_word(v);
     wait_at(BlockState::Wait::Warp);
     T r = from_word<T>(s[0]);
     for (int l = 1; l < 32; l++) r = op(r, from_word<T>(s[l]));
-    wait_at(BlockState::Wait::Warp);
     return r;
 }
 
@@ -366,7 +368,7 @@ T reduce(T v, Op op) {
 template <int K, class AOf, class BOf>
 inline void warp_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, AOf A, BOf B) {
     BlockState* b = active_block();
-    uint32_t(*w)[6] = b->mma[b->current >> 5];
+    uint32_t(*w)[6] = b->mma[next_exchange_buffer()][b->current >> 5];
     const int me = lane();
     for (int i = 0; i < 4; i++) w[me][i] = a[i];
     w[me][4] = b0;
@@ -378,7 +380,6 @@ inline void warp_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
         const int r = g + (i >= 2 ? 8 : 0), n = 2 * t + (i & 1);
         for (int k = 0; k < K; k++) sum[i] += A(w, r, k) * B(w, k, n);
     }
-    wait_at(BlockState::Wait::Warp);
     for (int i = 0; i < 4; i++) d[i] = float(double(d[i]) + sum[i]);
 }
 inline double float_of_bits(uint32_t bits) {
@@ -461,7 +462,7 @@ inline void cp_async_wait(int pending) {
 // (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4); the first in the low half (PTX ISA, "Warp-level matrix load
 // instruction: ldmatrix").
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
-    uint64_t* s = warp_slots();
+    uint64_t* s = warp_slots(next_exchange_buffer());
     const int me = lane();
     require_aligned(row, 16, "ldmatrix row address");
     s[me] = reinterpret_cast<uintptr_t>(row);
@@ -477,7 +478,6 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
         const uint32_t hi = trans ? element(i, 2 * t + 1, g) : element(i, g, 2 * t + 1);
         r[i] = lo | (hi << 16);
     }
-    wait_at(BlockState::Wait::Warp);
 }
 
 // ---- whole launches: LLMC_LAUNCH (llmc/cuda_common.cuh) ------------------------------------------------------
@@ -645,12 +645,11 @@ T __shfl_sync(unsigned mask, T v, int src) {
 }
 inline unsigned __ballot_sync(unsigned mask, int pred) {
     emu::check_full(mask);
-    uint64_t* s = emu::warp_slots();
+    uint64_t* s = emu::warp_slots(emu::next_exchange_buffer());
     s[emu::lane()] = pred ? 1u : 0u;
     emu::wait_at(emu::BlockState::Wait::Warp);
     unsigned r = 0;
     for (int l = 0; l < 32; l++) r |= unsigned(s[l] & 1u) << l;
-    emu::wait_at(emu::BlockState::Wait::Warp);
     return r;
 }
 inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
