@@ -10,10 +10,16 @@
 //           (top-k and packing are fused into that kernel: StepTimings::topk stays 0)
 //   exchange NcclTransport::allgather_device when the transport is NCCL (the buckets stay on the GPU);
 //           any other Transport (LocalTransport, MPI without NCCL) through host memory with allgather_bytes;
-//           then every rank's 32-byte header and size are checked with the CPU decoder's messages
+//           every rank's 32-byte header and size are checked with the CPU decoder's messages
 //                                          -> StepTimings::exchange (host wall, from the bucket being ready)
 //   apply   demo_apply_kernel: scatter-mean, inverse DCT, sign, weight decay, update of the fp32 master
 //           weights and their floatX copy                                     -> StepTimings::apply (cudaEvents)
+// The host waits for the GPU twice per step, as little as the step allows: for the norm (the clip scale) and
+// after the apply. With NCCL the gathered headers and the apply kernel's error flags are read back into pinned
+// memory behind the apply and checked after that second wait (headers first: a bucket from a rank with other
+// options gets the CPU decoder's message, not the index errors its body causes; the run stops either way before
+// anything is written), and the compress kernel's time is read then too. With several ranks the host also
+// waits for the all-gather itself (NcclTransport's watchdog covers it); the host path waits for its copies.
 // With --demo_delay 1 (the CPU optimizer's order, demo_optimizer.h) the update of step t is applied at step t+1
 // and its buckets travel during step t+1's forward and backward: clip; finish the pending round's exchange
 // (NcclTransport::allgather_device_finish, or Transport::allgather_bytes_finish and the upload) and apply it
@@ -178,6 +184,8 @@ public:
         memory_.add(&folded_, kt.folded.size());
         memory_.add(&natural_, tables_.bases.natural.size());
         memory_.add(&error_, 2);
+        header_readback_ = llmc::PinnedHostBuffer<std::byte>(size_t(world_) * kBucketHeaderBytes);
+        error_readback_ = llmc::PinnedHostBuffer<uint32_t>(2);
         memory_.allocate("master weights + DeMo momentum, buckets and tables (" + std::to_string(n) +
                          " parameters x 2 x fp32, " + std::to_string(world_) + " x " + std::to_string(bytes) +
                          " bucket bytes)");
@@ -255,16 +263,12 @@ public:
         t_++;
 
         if (config_.demo.delay == 0) {
-            // compress() waits for the bucket (the exchange would anyway): the exchange's figure excludes it
             compress(grads, lr, clip, result);
             start = clock::now();
             exchange_start();
             exchange_finish();
             result.seconds.exchange = seconds_since(start);
-            CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-            apply_gathered(params, cm::apply_params(config_, lr, world_, tables_.bucket_bytes));
-            CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-            finish_apply(true, result);
+            apply_gathered(params, cm::apply_params(config_, lr, world_, tables_.bucket_bytes), result);
             return result;
         }
         // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
@@ -277,6 +281,7 @@ public:
         exchange_start();
         result.seconds.exchange += seconds_since(start);
         if (eager()) apply_own_share(params, lr, stochastic_, result);  // while the all-gather runs
+        if (compress_timed_) read_compress_time(result);  // no wait yet this step (lazy updates over NCCL)
         return result;
     }
 
@@ -288,10 +293,7 @@ public:
         finish_pending_exchange(result);
         cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
         ap.apply_wd = false;
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        apply_gathered(params, ap);
-        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-        finish_apply(true, result);
+        apply_gathered(params, ap, result);
         pending_ = false;
     }
 
@@ -364,7 +366,8 @@ private:
     }
 
     // This step's gradient into this rank's bucket (header stays, body zeroed for the OR-ed bit parts), the
-    // momentum and error feedback updated; ev_[0] .. ev_[1] time it (StepTimings::transform).
+    // momentum and error feedback updated; ev_[0] .. ev_[1] time it (StepTimings::transform, read by
+    // read_compress_time after the step's next wait).
     void compress(float* grads, float lr, float clip, llmc::StepResult& result) {
         const size_t bytes = tables_.bucket_bytes;
         CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
@@ -373,22 +376,33 @@ private:
         launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
                            bucket_, cp, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
-        CUDA_CHECK(cudaEventSynchronize(ev_[1]));
+        compress_timed_ = true;
+        result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
+    }
+    void read_compress_time(llmc::StepResult& result) {
+        CUDA_CHECK(cudaEventSynchronize(ev_[1]));  // done already after finish_apply's wait
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
         result.seconds.transform = ms * 1e-3;
-        result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
+        compress_timed_ = false;
     }
 
-    // The gathered buckets (gathered_) applied by the apply kernel with the rounding of step t_.
-    void apply_gathered(llmc::floatX* params, const cm::ApplyParams& ap) {
-        launch_apply_of(gathered_, params, ap, stochastic_);
+    // The gathered buckets (gathered_) applied with the rounding of step t_.
+    void apply_gathered(llmc::floatX* params, const cm::ApplyParams& ap, llmc::StepResult& result) {
+        apply_buckets(gathered_, params, ap, stochastic_, result);
     }
-    void launch_apply_of(const uint8_t* buckets, llmc::floatX* params, const cm::ApplyParams& ap, bool stochastic) {
-        const uint32_t init_error[2] = {0u, UINT32_MAX};
-        CUDA_CHECK(cudaMemcpyAsync(error_, init_error, sizeof init_error, cudaMemcpyHostToDevice, stream_));
+    // The apply kernel over `buckets`, timed (ev_[2] .. ev_[3]) and waited for (finish_apply; `whose` names the
+    // buckets in its errors).
+    void apply_buckets(const uint8_t* buckets, llmc::floatX* params, const cm::ApplyParams& ap, bool stochastic,
+                       llmc::StepResult& result, const char* whose = nullptr) {
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        // the error flags and the lowest failing rank (UINT32_MAX: none), set on the device (no host copy)
+        CUDA_CHECK(cudaMemsetAsync(error_, 0, sizeof(uint32_t), stream_));
+        CUDA_CHECK(cudaMemsetAsync(error_ + 1, 0xff, sizeof(uint32_t), stream_));
         launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, buckets, master_, params, ap,
                         step_seed(t_), stochastic, error_, stream_);
+        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+        finish_apply(true, result, whose);
     }
 
     // Eager delayed updates: params = master - lr * sign(decode(bucket_ alone)) (the scatter-mean over one rank
@@ -399,10 +413,7 @@ private:
         cm::ApplyParams ap = cm::apply_params(config_, lr, 1, tables_.bucket_bytes);
         ap.apply_wd = false;
         ap.keep_master = true;
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        launch_apply_of(bucket_, params, ap, stochastic);
-        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-        finish_apply(true, result, kPendingBucket);
+        apply_buckets(bucket_, params, ap, stochastic, result, kPendingBucket);
     }
 
     // --demo_delay 1's update, in the CPU optimizer's order (it decays the weights in its compress, after the
@@ -413,17 +424,15 @@ private:
     // step has no round to apply: a decay pass, then (stale) a rounding pass.
     void apply_delayed(llmc::floatX* params, float lr, llmc::StepResult& result) {
         const size_t n = layout_.num_params;
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
         if (pending_) {
             cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
             ap.wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
             ap.decay_after = true;
             ap.keep_params = eager();
-            apply_gathered(params, ap);
-            CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-            finish_apply(true, result);
+            apply_gathered(params, ap, result);
             return;
         }
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
         if (config_.weight_decay != 0.0f) {
             const float wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
             for (const auto& [offset, count] : decay_ranges_) {
@@ -440,12 +449,18 @@ private:
         finish_apply(false, result);
     }
 
-    // Waits for the update (ev_[2] .. ev_[3]: added to StepTimings::apply); a corrupt bucket the apply kernel
-    // found (when `checked`) is reported here, as `whose` when given, else by the rank the kernel names.
+    // Waits for the update (ev_[2] .. ev_[3]: added to StepTimings::apply); then checks the gathered headers read
+    // back behind it (exchange_finish), and reports a corrupt bucket the apply kernel found (when `checked`), as
+    // `whose` when given, else by the rank the kernel names; reads the compress kernel's time if it is due.
     void finish_apply(bool checked, llmc::StepResult& result, const char* whose = nullptr) {
-        uint32_t error[2] = {0u, 0u};
-        if (checked) CUDA_CHECK(cudaMemcpyAsync(error, error_, sizeof error, cudaMemcpyDeviceToHost, stream_));
+        uint32_t* error = error_readback_.data();
+        error[0] = error[1] = 0u;
+        if (checked) CUDA_CHECK(cudaMemcpyAsync(error, error_, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (headers_pending_) {
+            headers_pending_ = false;
+            check_headers(std::span<const std::byte>(header_readback_.data(), header_readback_.size()));
+        }
         if (error[0]) {
             const std::string who = whose ? std::string(whose) : "DeMo bucket from rank " + std::to_string(error[1]);
             if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
@@ -454,6 +469,7 @@ private:
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
         result.seconds.apply += ms * 1e-3;
+        if (compress_timed_) read_compress_time(result);
     }
 
     // The exchange of bucket_, every rank's bucket into gathered_ (rank r at r * bucket_bytes), in two halves.
@@ -484,37 +500,44 @@ private:
         exchange_finish();
         result.seconds.exchange += seconds_since(start);
     }
-    // finish: waits for the all-gather, checks every rank's header and size, and (host path) uploads the buckets.
+    // finish: the all-gather's end; every rank's header and size checked (NCCL: after the apply's wait, from the
+    // copies queued here; see the top of the file), and (host path) the buckets uploaded.
     void exchange_finish() {
         const size_t bytes = tables_.bucket_bytes;
         in_flight_ = false;
-        std::vector<std::byte> headers(size_t(world_) * kBucketHeaderBytes);
         if (nccl_) {
-            // the compute stream waits for the broadcasts, and the host for them too
-            nccl_->allgather_device_finish();
+            // the compute stream waits for the broadcasts (with several ranks, the host too)
+            nccl_->allgather_device_finish(false);
+            std::memset(header_readback_.data(), 0, header_readback_.size());
             for (int r = 0; r < world_; r++)
                 if (offsets_[size_t(r) + 1] - offsets_[size_t(r)] >= kBucketHeaderBytes)
-                    CUDA_CHECK(cudaMemcpyAsync(headers.data() + size_t(r) * kBucketHeaderBytes, gathered_ + offsets_[size_t(r)],
-                                               kBucketHeaderBytes, cudaMemcpyDeviceToHost, stream_));
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
-        } else {
-            if (config_.demo.delay == 1) transport_.allgather_bytes_finish(host_all_, offsets_);
-            LLMC_CHECK(offsets_.size() == size_t(world_) + 1, "DeMo: all-gather returned a wrong number of buckets");
-            for (int r = 0; r < world_; r++) {
-                const size_t size = offsets_[size_t(r) + 1] - offsets_[size_t(r)];
-                if (size >= kBucketHeaderBytes)
-                    std::memcpy(headers.data() + size_t(r) * kBucketHeaderBytes, host_all_.data() + offsets_[size_t(r)],
-                                kBucketHeaderBytes);
-            }
+                    CUDA_CHECK(cudaMemcpyAsync(header_readback_.data() + size_t(r) * kBucketHeaderBytes,
+                                               gathered_ + offsets_[size_t(r)], kBucketHeaderBytes,
+                                               cudaMemcpyDeviceToHost, stream_));
+            headers_pending_ = true;
+            return;
         }
+        if (config_.demo.delay == 1) transport_.allgather_bytes_finish(host_all_, offsets_);
+        LLMC_CHECK(offsets_.size() == size_t(world_) + 1, "DeMo: all-gather returned a wrong number of buckets");
+        std::vector<std::byte> headers(size_t(world_) * kBucketHeaderBytes);
+        for (int r = 0; r < world_; r++) {
+            const size_t size = offsets_[size_t(r) + 1] - offsets_[size_t(r)];
+            if (size >= kBucketHeaderBytes)
+                std::memcpy(headers.data() + size_t(r) * kBucketHeaderBytes, host_all_.data() + offsets_[size_t(r)],
+                            kBucketHeaderBytes);
+        }
+        check_headers(headers);
+        // every size checked: the buckets are back to back at r * bytes
+        CUDA_CHECK(cudaMemcpyAsync(gathered_, host_all_.data(), bytes * size_t(world_), cudaMemcpyHostToDevice,
+                                   stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // host_all_ may change before the copy ran otherwise
+    }
+    // Every rank's header (world_ x kBucketHeaderBytes, zeros for a bucket shorter than one) and size.
+    void check_headers(std::span<const std::byte> headers) const {
         for (int r = 0; r < world_; r++)
             cm::check_bucket_header(tables_.plan, tables_.format,
-                                    std::span<const std::byte>(headers).subspan(size_t(r) * kBucketHeaderBytes, kBucketHeaderBytes),
+                                    headers.subspan(size_t(r) * kBucketHeaderBytes, kBucketHeaderBytes),
                                     offsets_[size_t(r) + 1] - offsets_[size_t(r)], "DeMo bucket from rank " + std::to_string(r));
-        if (!nccl_) {  // every size checked: the buckets are back to back at r * bytes
-            CUDA_CHECK(cudaMemcpyAsync(gathered_, host_all_.data(), bytes * size_t(world_), cudaMemcpyHostToDevice, stream_));
-            CUDA_CHECK(cudaStreamSynchronize(stream_));  // host_all_ may change before the copy ran otherwise
-        }
     }
 
     llmc::OptimizerConfig config_;
@@ -539,6 +562,10 @@ private:
     float* folded_ = nullptr;
     float* natural_ = nullptr;
     uint32_t* error_ = nullptr;
+    llmc::PinnedHostBuffer<std::byte> header_readback_;  // the gathered headers, checked after the apply's wait
+    llmc::PinnedHostBuffer<uint32_t> error_readback_;    // the apply kernel's error flags and rank
+    bool headers_pending_ = false;  // header_readback_ holds headers not yet checked
+    bool compress_timed_ = false;   // ev_[0] .. ev_[1] hold a compress whose time is not yet read
     cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
     std::vector<std::byte> host_bucket_, host_all_;
     std::vector<size_t> offsets_;

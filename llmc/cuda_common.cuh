@@ -298,18 +298,25 @@ __device__ __forceinline__ km::SoftmaxStat warp_softmax_merge(km::SoftmaxStat s)
     return s;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. `shared` holds
-// 32 values. Safe to call repeatedly (syncs before reusing the shared slots).
-template <typename T>
-__device__ T block_sum(T v, T* shared) {
+// Reduction over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: each warp's butterfly,
+// then one over the warps' results in warp order; every thread gets the result. `shared` holds 32 values. Safe to
+// call repeatedly (syncs before reusing the shared slots). `identity` fills the lanes past the last warp.
+template <typename T, typename WarpReduce>
+__device__ T block_reduce(T v, T* shared, T identity, WarpReduce warp_reduce) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int num_warps = blockDim.x / kWarpSize;
-    v = warp_sum(v);
+    v = warp_reduce(v);
     __syncthreads();
     if (lane == 0) shared[warp] = v;
     __syncthreads();
-    T r = lane < num_warps ? shared[lane] : T(0);
-    return warp_sum(r);
+    return warp_reduce(lane < num_warps ? shared[lane] : identity);
+}
+template <typename T>
+__device__ T block_sum(T v, T* shared) {
+    return block_reduce(v, shared, T(0), [](T x) { return warp_sum(x); });
+}
+__device__ __forceinline__ float block_max(float v, float* shared) {
+    return block_reduce(v, shared, -INFINITY, [](float x) { return warp_max(x); });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -365,6 +372,41 @@ public:
         return host;
     }
     std::vector<T> download() const { return download(count_); }
+
+private:
+    T* ptr_ = nullptr;
+    size_t count_ = 0;
+};
+
+// Pinned (page-locked) host memory for small readbacks: a cudaMemcpyAsync into pageable memory makes the host wait
+// for the stream's earlier work, one into pinned memory is queued like a kernel, so several results can be read
+// back behind one synchronization.
+template <typename T>
+class PinnedHostBuffer {
+public:
+    PinnedHostBuffer() = default;
+    explicit PinnedHostBuffer(size_t count) {
+        if (count) CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
+        count_ = count;
+    }
+    ~PinnedHostBuffer() {
+        if (ptr_) (void)cudaFreeHost(ptr_);
+    }
+    PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+    PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+    PinnedHostBuffer(PinnedHostBuffer&& o) noexcept
+        : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+    PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept {
+        if (this != &o) {
+            if (ptr_) (void)cudaFreeHost(ptr_);
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            count_ = std::exchange(o.count_, 0);
+        }
+        return *this;
+    }
+    T* data() { return ptr_; }
+    const T* data() const { return ptr_; }
+    size_t size() const { return count_; }
 
 private:
     T* ptr_ = nullptr;

@@ -17,7 +17,8 @@
 //  - allgather_device_start / _finish (DeMo's --demo_delay 1: a step's buckets travel during the next step's
 //    forward and backward): allgather_device split in two. start() exchanges the sizes (tiny, synchronous) and
 //    enqueues the broadcasts on the communication stream behind an event of the compute stream; finish() makes
-//    the compute stream wait for them and blocks the host until they are done. allgather_device is start then
+//    the compute stream wait for them and blocks the host until they are done (finish(false), CudaDemo's: not
+//    with one rank, whose "collective" is a device copy with nothing to watch). allgather_device is start then
 //    finish (one code path). The host-vector all-gather keeps transport.h's default split (the whole
 //    collective inside allgather_bytes_start): CudaDemo uses the device split whenever the transport is NCCL.
 //  - allreduce_sum / allreduce_max (host doubles), host broadcast, barrier, abort: delegated to the process
@@ -288,13 +289,14 @@ public:
         device_gather_in_flight_ = true;
         counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    void allgather_device_finish() {
+    void allgather_device_finish(bool host_waits = true) {
         LLMC_CHECK(device_gather_in_flight_, "NCCL: device all-gather finished without a start");
         Timed timed(counters_);
         device_gather_in_flight_ = false;
         count_wire(device_wire_);
-        const auto watched = watch("NCCL all-gather of the DeMo buckets");
         CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0));
+        if (comm_ == nullptr && !host_waits) return;  // one rank: a device copy, ordered for the compute stream
+        const auto watched = watch("NCCL all-gather of the DeMo buckets");
         CUDA_CHECK(cudaEventSynchronize(gathered_));
     }
     bool allgather_device_in_flight() const { return device_gather_in_flight_; }

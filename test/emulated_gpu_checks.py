@@ -35,6 +35,7 @@ Failures are collected and reported together.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -371,6 +372,41 @@ def main():
     handover = run(EMU["fp32"], "fp32-handover", keep + ["--resume", step2])
     compare("CPU trainer's step-2 checkpoint resumed by the fp32 GPU trainer: steps 3-4", handover,
             cpu_full[-2:] if cpu_full else None, "loss", 2e-5)
+
+    # Host waits per training step (LLMC_EMU_HOST_WAITS=1: the emulated runtime counts every synchronization or
+    # copy into pageable memory that had queued device work to wait for; on a GPU each leaves it idle for a host
+    # round trip). 4 steps less 2, halved: the run's setup, final evaluation and checkpoint cancel. DeMo waits for
+    # the norm and after its apply, reading the gathered headers, its error flags and its kernel times then, so it
+    # needs no more than AdamW (which waits for the norm and after its update).
+    waits = {}
+    for opt, extra in (("adamw", []), ("demo", []), ("demo-delay1", ["--demo_delay", "1"])):
+        counts = []
+        for n in (2, 4):
+            p = subprocess.run([EMU["bf16"]] + BASE + ["--steps", str(n), "--optimizer", opt.split("-")[0], "--threads",
+                                "2", "--out_dir", os.path.join(TMP, f"waits-{opt}-{n}")] + extra, cwd=ROOT,
+                               env=dict(ENV, LLMC_EMU_HOST_WAITS="1"), capture_output=True, text=True, timeout=600)
+            m = re.search(r"emulated device: (\d+) host waits", p.stderr)
+            counts.append(int(m.group(1)) if p.returncode == 0 and m else None)
+        waits[opt] = (counts[1] - counts[0]) / 2 if None not in counts else None
+        print(f"      {opt}: {waits[opt]} host waits per step", flush=True)
+    check(None not in waits.values() and all(w == int(w) for w in waits.values()),
+          "host waits per step: the same count every step")
+    check(None not in waits.values() and waits["demo"] <= waits["adamw"] and waits["demo-delay1"] <= waits["adamw"] + 1,
+          "host waits per step: DeMo no more than AdamW (--demo_delay 1: one more, its own share's apply)")
+
+    # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET inverts one byte of what the other ranks
+    # receive from rank ROOT's broadcasts): the receiving rank stops with the CPU decoder's message, after the
+    # apply's wait where the headers are checked, and the job ends (no hang, non-zero exit). The header's magic
+    # (both delays), and the last byte of the bucket (the last tensor's last index: out of its chunk).
+    size = demo2[0]["payload_bytes"] if demo2 else 0
+    for offset, delay, message in ((0, "0", "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"),
+                                   (0, "1", "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"),
+                                   (size - 1, "0", "DeMo bucket from rank 1: coefficient index outside its chunk")):
+        cmd = ["mpirun", "-np", "2", "-x", f"LLMC_EMU_NCCL_CORRUPT=1:{offset}", EMU["fp32"]] + BASE + steps + [
+            "--optimizer", "demo", "--demo_delay", delay, "--threads", "1", "--out_dir", os.path.join(TMP, "corrupt")]
+        p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        check(size > 0 and p.returncode != 0 and f"error (rank 0): {message}" in p.stdout + p.stderr,
+              f"damaged bucket byte {offset} over NCCL, --demo_delay {delay}: rank 0 stops with '{message}'")
 
     print()
     if failures:

@@ -7,7 +7,8 @@
 // collective sees the old contents, as on a GPU. With this,
 // `mpirun -np 2 build/emu/train_gpt ...` runs the NCCL transport's code paths (size exchange, grouped
 // broadcasts, average all-reduce, byte counters) without a GPU. Without MPI (USE_MPI=0) only a world of one
-// can be set up.
+// can be set up. For the tests of what a receiver does with damaged data, LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET
+// inverts byte OFFSET of what every other rank receives from each ncclBroadcast by rank ROOT (a bad link).
 #include <nccl.h>
 
 #include <cstdio>
@@ -168,6 +169,23 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     });
 }
 
+// LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET (see the top of the file); root -1 when unset.
+struct Corruption {
+    int root = -1;
+    size_t offset = 0;
+};
+Corruption corruption_from_env() {
+    Corruption c;
+    const char* v = std::getenv("LLMC_EMU_NCCL_CORRUPT");
+    unsigned long long offset = 0;
+    if (v && *v && std::sscanf(v, "%d:%llu", &c.root, &offset) != 2) {
+        std::fprintf(stderr, "emulated NCCL: LLMC_EMU_NCCL_CORRUPT='%s' is not ROOT:OFFSET\n", v);
+        std::exit(1);
+    }
+    c.offset = size_t(offset);
+    return c;
+}
+
 // A communicator of several ranks exists only with MPI (ncclCommInitRank), so without it these never exchange.
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                            cudaStream_t stream) {
@@ -181,6 +199,9 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
         if (comm->nranks > 1 && bytes > 0 && MPI_Bcast(out, int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
             return false;
 #endif
+        static const Corruption corrupt = corruption_from_env();
+        if (root == corrupt.root && comm->rank != root && corrupt.offset < bytes)
+            out[corrupt.offset] = char(~out[corrupt.offset]);
         return true;
     });
 }

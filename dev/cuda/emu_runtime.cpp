@@ -21,8 +21,11 @@
 // stops with a message naming the allocation, as it would crash with a GPU. Stream capture (CUDA graphs) records
 // a stream's launches, copies and memsets into a graph instead of queueing them, and a graph launch queues
 // copies of them; what a GPU cannot capture fails here too (waiting for the capturing stream, an event recorded
-// on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated. What it
-// cannot catch: a kernel
+// on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated.
+// cudaEventElapsedTime on an event whose work has not run fails with cudaErrorNotReady, as on a GPU where it has
+// not finished. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued device work (a
+// synchronization or a copy into pageable memory that had work to wait for): on a GPU each is a round trip that
+// leaves the device idle, so tests count them per training step. What it cannot catch: a kernel
 // touching host memory, and races between work that runs concurrently on a GPU (two streams' kernels here run
 // one after the other).
 #include "dev/cuda/block_emulator.h"
@@ -242,6 +245,26 @@ void run_until(Stream* s, uint64_t position) {
     }
 }
 void run_all(Stream* s) { run_until(s, UINT64_MAX); }
+
+// Host waits for device work (see the top of the file), reported at exit with LLMC_EMU_HOST_WAITS=1.
+struct HostWaits {
+    uint64_t count = 0;
+    ~HostWaits() {
+        const char* v = std::getenv("LLMC_EMU_HOST_WAITS");
+        if (v && std::string(v) == "1")
+            std::fprintf(stderr, "emulated device: %llu host waits for device work\n", (unsigned long long)count);
+    }
+};
+HostWaits& host_waits() {
+    static HostWaits w;
+    return w;
+}
+bool pending(const Stream* s, uint64_t position) { return s->done < position && !s->queue.empty(); }
+// The host waits for stream s up to `position` (all its work for UINT64_MAX).
+void host_wait(Stream* s, uint64_t position = UINT64_MAX) {
+    if (pending(s, position)) host_waits().count++;
+    run_until(s, position);
+}
 void run_device() {
     for (bool again = true; again;) {  // work may make other streams wait: repeat until all are empty
         again = false;
@@ -250,6 +273,12 @@ void run_device() {
             run_all(s);
         }
     }
+}
+void run_device_waiting() {
+    bool any = false;
+    for (Stream* s : streams()) any = any || pending(s, UINT64_MAX);
+    if (any) host_waits().count++;
+    run_device();
 }
 void enqueue(cudaStream_t stream, emu::StreamWork&& work) {
     Stream* s = stream_of(stream);
@@ -270,6 +299,9 @@ bool refuse_while_capturing(cudaStream_t stream) {
 }
 // The legacy stream waits for the streams that are not non-blocking before its work runs.
 void run_legacy_dependencies() {
+    bool any = false;
+    for (Stream* s : streams()) any = any || pending(s, UINT64_MAX);
+    if (any) host_waits().count++;
     for (Stream* s : streams())
         if (s != legacy_stream() && (s->flags & cudaStreamNonBlocking) == 0) run_all(s);
     run_all(legacy_stream());
@@ -288,6 +320,7 @@ struct Event {
 void run_to_event(const Event* e) {
     if (e->stream) run_until(e->stream, e->position);
 }
+bool event_done(const Event* e) { return !e->stream || !pending(e->stream, e->position); }
 
 constexpr int kSharedOptin = 227 * 1024;  // an H100's opt-in limit per block
 
@@ -317,7 +350,7 @@ extern "C" {
 
 cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, Memory::device); }
 cudaError_t cudaFree(void* p) {
-    run_device();  // cudaFree waits for the device
+    run_device_waiting();  // cudaFree waits for the device
     return release(p, Memory::device);
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, Memory::pinned_host); }
@@ -344,7 +377,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     const bool dst_pageable = !dst_dev && !is_pinned(dst, bytes), src_pageable = !src_dev && !is_pinned(src, bytes);
     if ((dst_pageable || src_pageable) && refuse_while_capturing(stream)) return fail_with(cudaErrorStreamCaptureUnsupported);
     if (dst_pageable) {  // into pageable memory: complete (after the stream's earlier work) before returning
-        run_all(stream_of(stream));
+        host_wait(stream_of(stream));
         DeviceWork device;
         std::memmove(dst, src, bytes);
     } else if (src_pageable) {  // from pageable memory: the data is taken now, written in stream order
@@ -400,7 +433,7 @@ cudaError_t cudaGetDevice(int* device) {
 }
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail_with(cudaErrorInvalidDevice); }
 cudaError_t cudaDeviceSynchronize() {
-    run_device();
+    run_device_waiting();
     return cudaSuccess;
 }
 
@@ -507,7 +540,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
-    run_all(stream_of(s));
+    host_wait(stream_of(s));
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
@@ -543,7 +576,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!e) return fail_with(cudaErrorInvalidResourceHandle);
-    run_to_event(reinterpret_cast<Event*>(e));
+    const auto* ev = reinterpret_cast<Event*>(e);
+    if (ev->stream) host_wait(ev->stream, ev->position);
     return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
@@ -552,8 +586,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop)
     const auto* a = reinterpret_cast<Event*>(start);
     const auto* b = reinterpret_cast<Event*>(stop);
     if (!a->timing || !b->timing || !a->recorded || !b->recorded) return fail_with(cudaErrorInvalidResourceHandle);
-    run_to_event(a);
-    run_to_event(b);
+    if (!event_done(a) || !event_done(b)) return cudaErrorNotReady;  // the host has not waited for them (not sticky)
     *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
     return cudaSuccess;
 }
