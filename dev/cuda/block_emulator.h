@@ -142,6 +142,10 @@ struct BlockState {
     std::vector<Dim3> index;  // threadIdx of each linear thread id
     Context scheduler;
     int current = -1;  // linear thread id of the running fiber
+    // The round in progress: the thread order, the position reached in it, and which warps run (run_block)
+    const std::vector<int>* sequence = nullptr;
+    size_t position = 0;
+    const std::vector<char>* runs = nullptr;
     std::function<void()> body;
     // Two buffers per warp, used by alternate exchanges (see next_exchange_buffer)
     uint64_t slots[2][32][32];  // per warp: one 64-bit exchange word per lane
@@ -186,20 +190,42 @@ inline void require_aligned(const void* p, size_t bytes, const char* what) {
     }
 }
 
+// The next fiber of the round that can run, made the current one; null (current -1) when the round is over.
+inline BlockState::Fiber* next_of_round(BlockState& b) {
+    const std::vector<int>& sequence = *b.sequence;
+    while (b.position < sequence.size()) {
+        const int t = sequence[b.position++];
+        BlockState::Fiber& f = b.fibers[size_t(t)];
+        if (f.wait != BlockState::Wait::None || !(*b.runs)[size_t(t / 32)]) continue;
+        b.current = t;
+        thread_index() = b.index[size_t(t)];
+        return &f;
+    }
+    b.current = -1;
+    return nullptr;
+}
+// Leaves the current fiber (its wait already set) for the next one of the round, or for the scheduler when the
+// round is over: one switch per barrier a thread reaches, not two through the scheduler.
+inline void switch_from(BlockState& b, BlockState::Fiber& from) {
+    BlockState::Fiber* next = next_of_round(b);
+    switch_context(from.ctx, next ? next->ctx : b.scheduler);
+}
+
 // Parks the current fiber at a barrier of the given kind and returns when the scheduler releases it.
 inline void wait_at(BlockState::Wait kind) {
     BlockState* b = active_block();
     if (!b || b->current < 0) fail("barrier or warp intrinsic outside emu::run_block");
     BlockState::Fiber& f = b->fibers[size_t(b->current)];
     f.wait = kind;
-    switch_context(f.ctx, b->scheduler);
+    switch_from(*b, f);
 }
 
 inline void fiber_entry() {
     BlockState* b = active_block();
     b->body();
-    b->fibers[size_t(b->current)].wait = BlockState::Wait::Done;
-    switch_context(b->fibers[size_t(b->current)].ctx, b->scheduler);
+    BlockState::Fiber& f = b->fibers[size_t(b->current)];
+    f.wait = BlockState::Wait::Done;
+    switch_from(*b, f);
     fail("a finished thread was resumed");
 }
 
@@ -226,9 +252,10 @@ inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t see
     b.threads = threads;
     b.body = body;
     b.fibers.resize(size_t(threads));
-    b.index.resize(size_t(threads));
-    for (int t = 0; t < threads; t++)
-        b.index[size_t(t)] = Dim3{unsigned(t) % dim.x, unsigned(t) / dim.x % dim.y, unsigned(t) / (dim.x * dim.y)};
+    b.index.reserve(size_t(threads));
+    for (unsigned z = 0; z < dim.z; z++)
+        for (unsigned y = 0; y < dim.y; y++)
+            for (unsigned x = 0; x < dim.x; x++) b.index.push_back(Dim3{x, y, z});
     poison_static_shared();
     active_block() = &b;
     block_index() = block;
@@ -270,12 +297,13 @@ inline void run_block(Dim3 dim, Dim3 block, Dim3 grid, Order order, uint32_t see
                 }
             }
         }
-        for (int t : sequence) {
-            BlockState::Fiber& f = b.fibers[size_t(t)];
-            if (f.wait != Wait::None || !runs[size_t(t / 32)]) continue;
-            b.current = t;
-            thread_index() = b.index[size_t(t)];
-            switch_context(b.scheduler, f.ctx);
+        // the round: each thread that can run, in order, runs to its next barrier and hands over to the next
+        // (switch_from); the last one returns here
+        b.sequence = &sequence;
+        b.runs = &runs;
+        b.position = 0;
+        if (BlockState::Fiber* first = next_of_round(b)) {
+            switch_context(b.scheduler, first->ctx);
             ran = true;
         }
         b.current = -1;
