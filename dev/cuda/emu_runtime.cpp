@@ -260,6 +260,13 @@ HostWaits& host_waits() {
     return w;
 }
 bool pending(const Stream* s, uint64_t position) { return s->done < position && !s->queue.empty(); }
+// Whether any stream has work queued; with legacy_only, any of those the legacy stream waits for.
+bool work_queued(bool legacy_only) {
+    for (Stream* s : streams())
+        if ((!legacy_only || s == legacy_stream() || (s->flags & cudaStreamNonBlocking) == 0) && pending(s, UINT64_MAX))
+            return true;
+    return false;
+}
 // The host waits for stream s up to `position` (all its work for UINT64_MAX).
 void host_wait(Stream* s, uint64_t position = UINT64_MAX) {
     if (pending(s, position)) host_waits().count++;
@@ -275,9 +282,7 @@ void run_device() {
     }
 }
 void run_device_waiting() {
-    bool any = false;
-    for (Stream* s : streams()) any = any || pending(s, UINT64_MAX);
-    if (any) host_waits().count++;
+    if (work_queued(false)) host_waits().count++;
     run_device();
 }
 void enqueue(cudaStream_t stream, emu::StreamWork&& work) {
@@ -299,9 +304,7 @@ bool refuse_while_capturing(cudaStream_t stream) {
 }
 // The legacy stream waits for the streams that are not non-blocking before its work runs.
 void run_legacy_dependencies() {
-    bool any = false;
-    for (Stream* s : streams()) any = any || pending(s, UINT64_MAX);
-    if (any) host_waits().count++;
+    if (work_queued(true)) host_waits().count++;
     for (Stream* s : streams())
         if (s != legacy_stream() && (s->flags & cudaStreamNonBlocking) == 0) run_all(s);
     run_all(legacy_stream());
