@@ -27,6 +27,9 @@
 //                               its first choice; tuned runs are not bit-reproducible across runs (llmc/matmul.cuh);
 //   LLMC_CUDA_GRAPH=0|1         1: each training micro-step's kernels replayed as one captured CUDA graph (the same
 //                               bits; not with AdamW-DDP's overlapped all-reduce; llmc/gpt2_cuda.cuh);
+//   LLMC_BIAS_GRAD=reduce|epilogue  the qkv and fc bias gradients by a column reduction over dout (default) or
+//                               from cuBLASLt's BGRADB epilogue on their weight-gradient products (no pass of its
+//                               own; the sums in cuBLASLt's order; llmc/matmul.cuh);
 //   LLMC_DEMO_DCT=fp32|tensor   --optimizer demo: the compress kernel's DCTs in fp32 multiply-adds (default,
 //                               bit-identical to the host reference) or on the tensor cores (3xTF32);
 //   LLMC_DEMO_MOMENTUM=spatial|dct  --optimizer demo: the 64 x 64 chunks' momentum as the reference keeps it
@@ -136,6 +139,7 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     record["_run"]["attention"] = model.attention_name();
     record["_run"]["matmul_tune"] = env.tune_matmuls;
     record["_run"]["cuda_graph"] = model.cuda_graph();
+    record["_run"]["bias_grad"] = model.bias_grad_epilogue() ? "epilogue" : "reduce";
     if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     if (cfg.optimizer == "demo") {
         record["_run"]["demo_dct"] = demo_kernels.tensor_cores ? "tensor" : "fp32";
@@ -172,6 +176,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     (void)flash_dq_from_env();
     (void)matmul_tune_from_env();
     (void)cuda_graph_from_env();
+    (void)bias_grad_epilogue_from_env();
     const demo::KernelChoice demo_kernels = demo::demo_kernels_from_env();  // a bad LLMC_DEMO_DCT/_MOMENTUM/_TUNING fails here too
     const bool overlap_requested = ddp_overlap_from_env();
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");

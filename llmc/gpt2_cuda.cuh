@@ -25,6 +25,10 @@
 // Precision: activations and parameters floatX (bf16 by default), every reduction and accumulation in fp32,
 // gradients fp32. Deterministic: no atomics anywhere (bucketed encoder backward, column reductions for bias and
 // LayerNorm gradients), so the same inputs give bit-identical gradients on the same GPU.
+//
+// LLMC_BIAS_GRAD=epilogue (opt-in; default reduce): the qkv and fc bias gradients come from cuBLASLt's BGRADB
+// epilogue on their weight-gradient products instead of a column reduction that reads dout once more
+// (llmc/matmul.cuh); the projections' bias gradients stay in the LayerNorm backwards, which read that dout anyway.
 #pragma once
 #include <cstdlib>
 #include <functional>
@@ -115,6 +119,7 @@ public:
         flash_dq_ = flash_dq_from_env();
         env.tune_matmuls = matmul_tune_from_env();
         cuda_graph_ = cuda_graph_from_env();
+        bias_grad_epilogue_ = bias_grad_epilogue_from_env();
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -134,6 +139,7 @@ public:
     size_t activation_bytes() const { return act_mem_.bytes(); }
     int gelu_fusion() const { return gelu_fusion_; }
     bool cuda_graph() const { return cuda_graph_; }
+    bool bias_grad_epilogue() const { return bias_grad_epilogue_; }
     bool flash_attention() const { return flash_attention_; }
     const char* attention_name() const {
         if (!flash_attention_) return "matmul";
@@ -434,7 +440,7 @@ private:
             matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, fch_gelu,
                             layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
-                            layer(p, ParamKind::fcw, l), N, C, 4 * C);
+                            layer(p, ParamKind::fcw, l), N, C, 4 * C, nullptr, true, bias_grad_epilogue_);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
                                residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s,
                                layer(g, ParamKind::attprojb, l));
@@ -447,7 +453,7 @@ private:
             else
                 attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
-                            layer(p, ParamKind::qkvw, l), N, C, 3 * C);
+                            layer(p, ParamKind::qkvw, l), N, C, 3 * C, nullptr, true, bias_grad_epilogue_);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
                                residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s,
                                l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr);
@@ -482,6 +488,7 @@ private:
     bool flash_attention_ = false;
     flash::FlashDq flash_dq_ = flash::FlashDq::Shares;
     bool cuda_graph_ = false;
+    bool bias_grad_epilogue_ = false;
     StepGraph graph_;  // LLMC_CUDA_GRAPH: the captured micro-step
     DeviceArena param_mem_, grad_mem_, act_mem_;
     floatX* params_ = nullptr;

@@ -4,10 +4,13 @@
 //    gradient buffer without rounding through bf16).
 //  - matmul_forward: out (N,OC) = inp (N,C) W^T + b for PyTorch-layout W (OC,C), with the bias and optionally
 //    the GELU fused as epilogues (pre_gelu keeps the GELU input for the backward).
-//  - matmul_backward: dinp = dout W, dweight += dout^T inp (fp32), dbias += column sums of dout (deterministic
-//    column reduction, not the cuBLASLt BGRAD epilogue, so the bias gradient is fp32 and reproducible). When
-//    inp was gelu(pre_gelu), dinp can come out as the gradient of pre_gelu directly (cuBLASLt's DGELU epilogue,
-//    saving gelu_backward_inplace's pass over N x OC).
+//  - matmul_backward: dinp = dout W, dweight += dout^T inp (fp32), dbias += column sums of dout: by default a
+//    deterministic column reduction (its own pass over dout), or with fuse_bias_grad (LLMC_BIAS_GRAD=epilogue,
+//    opt-in) cuBLASLt's BGRADB epilogue on the weight-gradient product, which already reads dout: the sums
+//    come out of that product in fp32 (D's type) into scratch and are added to dbias. The epilogue sums in its
+//    own order, so the bias gradient's last bits differ from the reduction's (reproducible from run to run
+//    for one algorithm). When inp was gelu(pre_gelu), dinp can come out as the gradient of pre_gelu directly
+//    (cuBLASLt's DGELU epilogue, saving gelu_backward_inplace's pass over N x OC).
 // Every epilogue has one fallback, in matmul_lt: when cuBLASLt cannot fuse it (alignment rules, or no algorithm
 // for the problem), matmul_lt_unfused runs the plain product and then the separate bias / GELU kernels.
 // The algorithm of each problem is cuBLASLt's heuristic first choice, or with CudaEnv::tune_matmuls
@@ -18,6 +21,7 @@
 // Row-major (PyTorch) matrices are column-major transposes; each call below derives its op/ld from that.
 // Compute is always fp32 (CUBLAS_COMPUTE_32F); fp32 builds may opt into TF32 through CudaEnv::allow_tf32.
 #pragma once
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <type_traits>
@@ -126,10 +130,10 @@ inline bool lt_epilogue_ok(const void* d, const floatX* bias, const floatX* aux,
 }
 
 template <typename TD>
-void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+bool matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                bool transA, bool transB, bool accumulate, int batch = 1, long long strideA = 0, long long strideB = 0,
                long long strideD = 0, floatX* pre_gelu = nullptr, float alpha = 1.0f,
-               const floatX* dgelu_input = nullptr);
+               const floatX* dgelu_input = nullptr, TD* bias_grad = nullptr);
 
 // The epilogues' work without cuBLASLt's fusion: the product (with the bias epilogue alone where that can
 // still be fused), then the bias, GELU or GELU-backward kernels. matmul_lt takes this path by itself whenever
@@ -152,13 +156,17 @@ inline void matmul_lt_unfused(const CudaEnv& env, floatX* d, const floatX* a, co
 
 // Column-major: D (m x n, ld m) = alpha * op(A) (m x k) * op(B) (k x n) [+ D if accumulate] [+ bias (m)]
 // [then GELU, with the pre-GELU values written to pre_gelu (m x n, ld m)]
-// [or, with dgelu_input (m x n, ld m): D = gelu'(dgelu_input) * (the product), the GELU backward].
+// [or, with dgelu_input (m x n, ld m): D = gelu'(dgelu_input) * (the product), the GELU backward]
+// [or, with bias_grad (n elements of D's type, 16-byte aligned): bias_grad = the column sums of op(B) over k,
+// cuBLASLt's BGRADB epilogue; alpha 1, no batch, no other epilogue].
 // A is stored (k x m, ld k) when transA else (m x k, ld m); B is (n x k, ld n) when transB else (k x n, ld k).
 // Batched: `batch` matrices at strides (in elements) strideA/B/D. TD is floatX or float.
+// Returns true. With bias_grad alone it may return false instead, having run nothing: cuBLASLt has no kernel
+// with that epilogue for the problem (or bias_grad is misaligned), and the caller sums op(B) itself.
 template <typename TD>
-void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+bool matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                bool transA, bool transB, bool accumulate, int batch, long long strideA, long long strideB,
-               long long strideD, floatX* pre_gelu, float alpha, const floatX* dgelu_input) {
+               long long strideD, floatX* pre_gelu, float alpha, const floatX* dgelu_input, TD* bias_grad) {
     static_assert(std::is_same_v<TD, float> || std::is_same_v<TD, floatX>, "matmul_lt: D must be float or floatX");
     constexpr cudaDataType_t d_type = std::is_same_v<TD, float> ? CUDA_R_32F : kFloatXCuda;
     LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "matmul_lt: empty or negative shape m=" + std::to_string(m) +
@@ -169,13 +177,16 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                "matmul_lt: the GELU-backward epilogue takes no bias, accumulation, forward GELU or batch");
     LLMC_CHECK(!(pre_gelu && (accumulate || batch > 1)), "matmul_lt: the GELU epilogue takes no accumulation or batch");
     LLMC_CHECK(!(bias && batch > 1), "matmul_lt: the bias epilogue takes no batch");
+    LLMC_CHECK(!(bias_grad && (bias || pre_gelu || dgelu_input || batch > 1 || alpha != 1.0f)),
+               "matmul_lt: the bias-gradient epilogue takes no other epilogue, batch or alpha");
     const bool wants_epilogue = bias || pre_gelu || dgelu_input;
     if constexpr (std::is_same_v<TD, floatX>) {
         if (wants_epilogue && !lt_epilogue_ok(d, bias, pre_gelu ? pre_gelu : dgelu_input, m)) {
             matmul_lt_unfused(env, d, a, b, bias, m, n, k, transA, transB, accumulate, pre_gelu, alpha, dgelu_input);
-            return;
+            return true;
         }
     }
+    if (bias_grad && !aligned16(bias_grad)) return false;
     detail::LtDescs desc;
     const cublasComputeType_t compute =
         (kFloatXIsFloat && env.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -200,9 +211,14 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
     if (pre_gelu) epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (dgelu_input) epilogue = CUBLASLT_EPILOGUE_DGELU;
     else if (bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
+    else if (bias_grad) epilogue = CUBLASLT_EPILOGUE_BGRADB;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias) {  // bias and aux types default to D's type (floatX), which is what we store
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (bias_grad) {  // written in D's type: fp32 for the weight gradients
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_grad,
+                                                    sizeof(bias_grad)));
     }
     if (pre_gelu || dgelu_input) {
         const int64_t ld = m;
@@ -232,7 +248,8 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
                             int(compute), align_a, align_b, align_d,
                             std::min({bias ? detail::lt_alignment(bias, 0) : 256u,
                                       pre_gelu ? detail::lt_alignment(pre_gelu, 0) : 256u,
-                                      dgelu_input ? detail::lt_alignment(dgelu_input, 0) : 256u}),
+                                      dgelu_input ? detail::lt_alignment(dgelu_input, 0) : 256u,
+                                      bias_grad ? detail::lt_alignment(bias_grad, 0) : 256u}),
                             static_cast<int64_t>(env.workspace_bytes)};
     const float beta = accumulate ? 1.0f : 0.0f;
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
@@ -266,30 +283,33 @@ void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, cons
     if constexpr (std::is_same_v<TD, floatX>) {
         if (found == 0 && wants_epilogue) {  // no fused kernel for this problem
             matmul_lt_unfused(env, d, a, b, bias, m, n, k, transA, transB, accumulate, pre_gelu, alpha, dgelu_input);
-            return;
+            return true;
         }
     }
+    if (found == 0 && bias_grad) return false;
     if (found == 0 && epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
         // No cuBLASLt kernel for this problem (an unusual alignment): the classic cuBLAS GEMM takes it.
         const float beta0 = accumulate ? 1.0f : 0.0f;
         CUBLAS_CHECK(cublasGemmStridedBatchedEx(env.blas, opA, opB, m, n, k, &alpha, a, kFloatXCuda, transA ? k : m, strideA,
                                                 b, kFloatXCuda, transB ? n : k, strideB, &beta0, d, d_type, m, strideD,
                                                 batch, compute, CUBLAS_GEMM_DEFAULT));
-        return;
+        return true;
     }
     LLMC_CHECK(found > 0, "cuBLASLt has no algorithm for matmul m=" + std::to_string(m) + " n=" + std::to_string(n) +
                               " k=" + std::to_string(k) + " batch=" + std::to_string(batch) +
                               (bias ? " +bias" : "") + (pre_gelu ? " +gelu" : "") + (dgelu_input ? " +dgelu" : "") +
                               ": keep channels and head sizes multiples of 8 (16-byte aligned rows)");
     CUBLAS_CHECK(run(heuristic.algo));
+    return true;
 }
 
 // The same, for a problem stated as a km::GemmShape (kernel_math.h).
 template <typename TD>
-void matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, const km::GemmShape& g,
-               bool accumulate, floatX* pre_gelu = nullptr, float alpha = 1.0f, const floatX* dgelu_input = nullptr) {
-    matmul_lt<TD>(env, d, a, b, bias, g.m, g.n, g.k, g.ta, g.tb, accumulate, g.batch, g.sa, g.sb, g.sd, pre_gelu, alpha,
-                  dgelu_input);
+bool matmul_lt(const CudaEnv& env, TD* d, const floatX* a, const floatX* b, const floatX* bias, const km::GemmShape& g,
+               bool accumulate, floatX* pre_gelu = nullptr, float alpha = 1.0f, const floatX* dgelu_input = nullptr,
+               TD* bias_grad = nullptr) {
+    return matmul_lt<TD>(env, d, a, b, bias, g.m, g.n, g.k, g.ta, g.tb, accumulate, g.batch, g.sa, g.sb, g.sd, pre_gelu,
+                         alpha, dgelu_input, bias_grad);
 }
 
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be nullptr).
@@ -310,7 +330,18 @@ inline bool matmul_tune_from_env() {
     return v == "1";
 }
 
-inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_reduce_scratch_floats(N, OC, 1); }
+// LLMC_BIAS_GRAD=reduce|epilogue (default reduce): matmul_backward's fuse_bias_grad (see the top of this file).
+inline bool bias_grad_epilogue_from_env() {
+    const char* s = std::getenv("LLMC_BIAS_GRAD");
+    const std::string v = s ? s : "reduce";
+    LLMC_CHECK(v == "reduce" || v == "epilogue", "LLMC_BIAS_GRAD must be reduce or epilogue; got '" + v + "'");
+    return v == "epilogue";
+}
+
+// At least OC floats (the epilogue's sums) either way.
+inline size_t matmul_backward_scratch_floats(int N, int OC) {
+    return std::max(column_reduce_scratch_floats(N, OC, 1), size_t(OC));
+}
 
 // Given dout (N,OC) of out = inp (N,C) @ weight (OC,C)^T + bias:
 //   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
@@ -319,15 +350,23 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) { return column_redu
 // pre_gelu (N,C; may be nullptr): inp was gelu(pre_gelu), and dinp is then the gradient of pre_gelu instead:
 // cuBLASLt's DGELU epilogue when fuse_dgelu (matmul_lt falls back by itself where cuBLASLt cannot fuse), else
 // the product and gelu_backward_inplace.
+// fuse_bias_grad: dbias from the weight-gradient product's BGRADB epilogue (into scratch, then added), where
+// cuBLASLt has that kernel; else the column reduction.
 inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
                             const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                            const floatX* pre_gelu = nullptr, bool fuse_dgelu = true) {
+                            const floatX* pre_gelu = nullptr, bool fuse_dgelu = true, bool fuse_bias_grad = false) {
     const km::GemmShape g = km::linear_dinp_gemm(N, C, OC);
     if (dinp && pre_gelu && !fuse_dgelu)
         matmul_lt_unfused(env, dinp, weight, dout, nullptr, g.m, g.n, g.k, g.ta, g.tb, false, nullptr, 1.0f, pre_gelu);
     else if (dinp)
         matmul_lt<floatX>(env, dinp, weight, dout, nullptr, g, false, nullptr, 1.0f, pre_gelu);
-    if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, km::linear_dweight_gemm(N, C, OC), true);
+    const km::GemmShape dw = km::linear_dweight_gemm(N, C, OC);
+    if (dweight && dbias && fuse_bias_grad &&
+        matmul_lt<float>(env, dweight, inp, dout, nullptr, dw, true, nullptr, 1.0f, nullptr, scratch)) {
+        column_reduce_finish<1>(ColumnOutputs<1>{{dbias}}, scratch, 1, OC, env.stream);  // dbias += the sums
+        return;
+    }
+    if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, dw, true);
     if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
 }
 

@@ -1,11 +1,11 @@
-// Checks of dev/cuda/emu_cublas.cpp, the CPU cuBLASLt/cuBLAS that the emulated CUDA trainer links instead of
-// the real libraries. Each product goes through the same calls llmc/matmul.cuh makes (descriptors, attributes,
-// preference, heuristic, matmul) on small odd shapes, over transA/transB, fp32 and bf16 operands, fp32 and bf16
-// D, accumulation in place and from a separate C, alpha != 1, strided batches, padded leading dimensions and
-// each epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU), and is compared with a triple loop in double written
-// here; cublasGemmStridedBatchedEx likewise. Also: the heuristic's refusals (aux ld not a multiple of 8,
-// misaligned bias, LLMC_EMU_CUBLASLT_NO_EPILOGUE / NO_ALGO), and the status codes for bad arguments.
-// Elements outside the matrices (ld padding, batch gaps) must come back untouched, and C must not be read
+// Checks of dev/cuda/emu_cublas.cpp, the CPU cuBLASLt/cuBLAS that the emulated CUDA trainer links instead of the
+// real libraries. Each product goes through the same calls llmc/matmul.cuh makes (descriptors, attributes,
+// preference, heuristic, matmul) on small odd shapes, over transA/transB, fp32 and bf16 operands, fp32 and bf16 D,
+// accumulation in place and from a separate C, alpha != 1, strided batches, padded leading dimensions and each
+// epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADA, BGRADB), and is compared with a triple loop in double
+// written here; cublasGemmStridedBatchedEx likewise. Also: the heuristic's refusals (aux ld not a multiple of 8,
+// misaligned bias, a batched bias gradient, LLMC_EMU_CUBLASLT_NO_EPILOGUE / NO_ALGO), and the status codes for bad
+// arguments. Elements outside the matrices (ld padding, batch gaps) must come back untouched, and C must not be read
 // when beta is 0 (it holds NaN then).
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -89,7 +89,7 @@ struct Problem {
           B(cs.ab, size_t(ldb * (cs.tb ? cs.k : cs.n) + sb * (cs.batch - 1)), 12, 1.0),
           C(cs.d, size_t(ldc * cs.n + sc * (cs.batch - 1)), 13, 2.0),
           D(cs.d, size_t(ldd * cs.n + sd * (cs.batch - 1)), 14, 2.0),
-          bias(cs.d, size_t(cs.m), 15, 1.0),
+          bias(cs.d, size_t(std::max(cs.m, cs.n)) + 4, 15, 1.0),  // the bias gradient: m or n, then 4 untouched
           aux(cs.d, size_t(cs.m) * cs.n * cs.batch, 16, 2.0) {
         if (cs.in_place) {
             ldc = ldd;
@@ -104,6 +104,7 @@ struct Problem {
 };
 
 bool has_bias(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool bias_grad(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB; }
 bool gelu_fwd(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 
 // Compares `after` (D and aux after the call) with the double reference computed from `before`.
@@ -161,6 +162,19 @@ void check_result(const Problem& before, const Problem& after, const std::string
     for (size_t i = 0; i < inside.size(); i++)
         if (!inside[i] && after.D.at(i) != before.D.at(i))
             check(after.D.at(i), before.D.at(i), 0, "D padding", -1, long(i), -1);
+    // the bias gradient: op(A)'s rows or op(B)'s columns summed over k (batch 0: bias gradients are not batched)
+    const int grad_len = c.epilogue == CUBLASLT_EPILOGUE_BGRADA ? c.m : c.epilogue == CUBLASLT_EPILOGUE_BGRADB ? c.n : 0;
+    for (int x = 0; x < grad_len; x++) {
+        double want = 0, mag = 0;
+        for (int p = 0; p < c.k; p++) {
+            const double t = c.epilogue == CUBLASLT_EPILOGUE_BGRADA ? before.a(0, x, p) : before.bm(0, p, x);
+            want += t;
+            mag += std::fabs(t);
+        }
+        check(after.bias.at(size_t(x)), want, rel * std::fabs(want) + 1e-6 * mag + floor, "bias gradient", 0, x, -1);
+    }
+    for (size_t i = size_t(grad_len); i < after.bias.size(); i++)
+        if (after.bias.at(i) != before.bias.at(i)) check(after.bias.at(i), before.bias.at(i), 0, "bias (untouched)", -1, long(i), -1);
     if (!gelu_fwd(c.epilogue))
         for (size_t i = 0; i < after.aux.size(); i++)
             if (after.aux.at(i) != before.aux.at(i)) check(after.aux.at(i), before.aux.at(i), 0, "aux (untouched)", -1, long(i), -1);
@@ -195,7 +209,7 @@ struct LtCall {
             }
         }
         OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &cs.epilogue, sizeof(cs.epilogue)));
-        if (has_bias(cs.epilogue)) {
+        if (has_bias(cs.epilogue) || bias_grad(cs.epilogue)) {
             const void* bp = bias ? bias : p.bias.ptr();
             OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
         }
@@ -306,7 +320,8 @@ TEST(lt_epilogues_match_double_reference) {
         cs.in_place = cs.ta;
         cs.pad = cs.tb ? 0 : 2;
         for (auto epi : {CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-                         CUBLASLT_EPILOGUE_DGELU}) {
+                         CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_BGRADA, CUBLASLT_EPILOGUE_BGRADB}) {
+            if (bias_grad(epi) && cs.batch > 1) continue;  // refused (heuristic_refuses_what_cublaslt_cannot_fuse)
             cs.epilogue = epi;
             run_lt_case(cs);
         }
@@ -375,12 +390,21 @@ TEST(heuristic_refuses_what_cublaslt_cannot_fuse) {
         EXPECT_EQ(short_ld.heuristic(h.lt, &r, &found), CUBLAS_STATUS_INVALID_VALUE);
         EXPECT_EQ(found, 0);
     }
-    {
+    for (auto epi : {CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_BGRADB}) {  // the bias vector, or its gradient
         Case bias = gelu;
-        bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        bias.epilogue = epi;
         Problem p(bias);
         LtCall misaligned(p, 0, static_cast<const __nv_bfloat16*>(p.bias.ptr()) + 1);
         EXPECT_EQ(misaligned.heuristic(h.lt, &r, &found), CUBLAS_STATUS_NOT_SUPPORTED);
+        EXPECT_EQ(found, 0);
+    }
+    {
+        Case grad = gelu;
+        grad.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+        grad.batch = 2;
+        Problem pb(grad);
+        LtCall batched_grad(pb);
+        EXPECT_EQ(batched_grad.heuristic(h.lt, &r, &found), CUBLAS_STATUS_NOT_SUPPORTED);
         EXPECT_EQ(found, 0);
     }
     {

@@ -15,7 +15,9 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit; with
   LLMC_MATMUL_TUNE=1 (each new problem's candidate algorithms run and timed first) the bits of the untuned run, and
   with LLMC_CUDA_GRAPH=1 (each micro-step's kernels captured into a graph and replayed; also for DeMo over 1 and 2
-  ranks and with 2 micro-steps per step) the bits of the run without.
+  ranks and with 2 micro-steps per step) the bits of the run without; with LLMC_BIAS_GRAD=epilogue (the qkv and
+  fc bias gradients from the emulated cuBLASLt's BGRADB epilogue, counted) the CPU trainer's losses, and under
+  the epilogue refusal the column reduction's bits.
 - DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
   the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
   trainer resumes it converted).
@@ -51,7 +53,8 @@ BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32",
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_MOMENTUM", "LLMC_DEMO_TUNING", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
-             "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER"):
+             "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER", "LLMC_BIAS_GRAD", "LLMC_MATMUL_TUNE", "LLMC_CUDA_GRAPH",
+             "LLMC_FLASH_DQ"):
     ENV.pop(knob, None)
 failures = []
 
@@ -62,8 +65,9 @@ def check(cond, what):
         failures.append(what)
 
 
-def run(trainer, name, args, ranks=None, env=None):
-    """Runs a trainer into TMP/name; returns its train metrics (one dict per step) or None on failure."""
+def launch(trainer, name, args, ranks=None, env=None, timeout=600):
+    """Runs a trainer (on `ranks` MPI ranks) into TMP/name with ENV and `env`; returns the finished process, its
+    output captured."""
     out = os.path.join(TMP, name)
     shutil.rmtree(out, ignore_errors=True)
     cmd = [trainer] + BASE + args + ["--out_dir", out]
@@ -72,12 +76,18 @@ def run(trainer, name, args, ranks=None, env=None):
     else:
         cmd += ["--threads", "2"]
     start = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
     print(f"      ran {name} in {time.time() - start:.1f} s", flush=True)
+    return p
+
+
+def run(trainer, name, args, ranks=None, env=None):
+    """launch(); returns the run's train metrics (one dict per step) or None on failure."""
+    p = launch(trainer, name, args, ranks, env)
     if p.returncode != 0:
         print(f"      {name}: exit {p.returncode}\n" + (p.stdout + p.stderr)[-1500:])
         return None
-    return metrics(out)
+    return metrics(os.path.join(TMP, name))
 
 
 def metrics(out, kind="train"):
@@ -316,6 +326,25 @@ def main():
     # computes as its cuBLASLt does), so the run keeps the bits of the run above.
     gemm = run(EMU["bf16"], "bf16-no-algo", one_head, env={"LLMC_EMU_CUBLASLT_NO_ALGO": "1", "LLMC_GELU_FUSION": "2"})
     same("bf16, no cuBLASLt algorithm at all: the cuBLAS GEMM fallback gives the same bits", gemm, fallback)
+    # LLMC_BIAS_GRAD=epilogue: the qkv and fc bias gradients from the BGRADB epilogue of their weight-gradient
+    # products (summed in the emulated cuBLASLt's order, so other bits), and under the refusal above the column
+    # reduction again, with its bits.
+    p = launch(EMU["bf16"], "bf16-flash-biasgrad", one_head,
+               env={"LLMC_BIAS_GRAD": "epilogue", "LLMC_ATTENTION": "flash", "LLMC_GELU_FUSION": "2",
+                    "LLMC_EMU_CUBLASLT_COUNTS": "1"})
+    epi = metrics(os.path.join(TMP, "bf16-flash-biasgrad")) if p.returncode == 0 else None
+    # 2 per layer (qkv, fc) per micro-step: tiny.json has 2 layers, one micro-step per step
+    m = re.search(r"BGRADB=(\d+)", p.stderr)
+    check(m is not None and int(m.group(1)) == 2 * 2 * 4,
+          f"bf16, LLMC_BIAS_GRAD=epilogue: 16 weight-gradient products ran with BGRADB (got {m and m.group(1)})")
+    compare("bf16, flash attention, LLMC_BIAS_GRAD=epilogue, vs CPU trainer", epi, cpu, "loss", 3e-3)
+    compare("bf16, LLMC_BIAS_GRAD=epilogue: the gradient norm of the column reduction's run", epi,
+            runs["bf16-flash-gelu2"], "grad_norm", 1e-3)
+    with open(os.path.join(TMP, "bf16-flash-biasgrad", "config.json")) as f:
+        check(json.load(f)["_run"].get("bias_grad") == "epilogue", "the LLMC_BIAS_GRAD=epilogue run records it")
+    same("bf16, every epilogue refused, LLMC_BIAS_GRAD=epilogue: the column reduction's bits",
+         run(EMU["bf16"], "bf16-no-epilogue-biasgrad", one_head,
+             env=dict(refused, LLMC_GELU_FUSION="2", LLMC_BIAS_GRAD="epilogue")), fallback)
     # Two knobs that must keep the bits, with either attention (the matmul attention's batched products too):
     # LLMC_MATMUL_TUNE=1, where the candidates of each new problem (three here, all computing the same products)
     # are run and timed on the problem's own buffers before it runs for real; and LLMC_CUDA_GRAPH=1, where each
@@ -379,12 +408,11 @@ def main():
     # the norm and after its apply, reading the gathered headers, its error flags and its kernel times then, so it
     # needs no more than AdamW (which waits for the norm and after its update).
     waits = {}
-    for opt, extra in (("adamw", []), ("demo", []), ("demo-delay1", ["--demo_delay", "1"])):
+    for opt, args in (("adamw", ["--optimizer", "adamw"]), ("demo", ["--optimizer", "demo"]),
+                      ("demo-delay1", ["--optimizer", "demo", "--demo_delay", "1"])):
         counts = []
         for n in (2, 4):
-            p = subprocess.run([EMU["bf16"]] + BASE + ["--steps", str(n), "--optimizer", opt.split("-")[0], "--threads",
-                                "2", "--out_dir", os.path.join(TMP, f"waits-{opt}-{n}")] + extra, cwd=ROOT,
-                               env=dict(ENV, LLMC_EMU_HOST_WAITS="1"), capture_output=True, text=True, timeout=600)
+            p = launch(EMU["bf16"], f"waits-{opt}-{n}", ["--steps", str(n)] + args, env={"LLMC_EMU_HOST_WAITS": "1"})
             m = re.search(r"emulated device: (\d+) host waits", p.stderr)
             counts.append(int(m.group(1)) if p.returncode == 0 and m else None)
         waits[opt] = (counts[1] - counts[0]) / 2 if None not in counts else None
@@ -402,9 +430,8 @@ def main():
     for offset, delay, message in ((0, "0", "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"),
                                    (0, "1", "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"),
                                    (size - 1, "0", "DeMo bucket from rank 1: coefficient index outside its chunk")):
-        cmd = ["mpirun", "-np", "2", "-x", f"LLMC_EMU_NCCL_CORRUPT=1:{offset}", EMU["fp32"]] + BASE + steps + [
-            "--optimizer", "demo", "--demo_delay", delay, "--threads", "1", "--out_dir", os.path.join(TMP, "corrupt")]
-        p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        p = launch(EMU["fp32"], "corrupt", steps + ["--optimizer", "demo", "--demo_delay", delay], ranks=2,
+                   env={"LLMC_EMU_NCCL_CORRUPT": f"1:{offset}"}, timeout=300)
         check(size > 0 and p.returncode != 0 and f"error (rank 0): {message}" in p.stdout + p.stderr,
               f"damaged bucket byte {offset} over NCCL, --demo_delay {delay}: rank 0 stops with '{message}'")
 

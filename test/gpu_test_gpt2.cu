@@ -68,8 +68,9 @@ int main(int argc, char** argv) {
                     kFloatXName, mc.describe().c_str(), ref.B, ref.T, ref.steps, lr);
 
         GPT2Cuda model(mc, ref.B, ref.T, env);
-        std::printf("  attention %s, LLMC_GELU_FUSION %d%s\n", model.attention_name(), model.gelu_fusion(),
-                    model.cuda_graph() ? ", micro-steps as a CUDA graph" : "");
+        std::printf("  attention %s, LLMC_GELU_FUSION %d%s%s\n", model.attention_name(), model.gelu_fusion(),
+                    model.cuda_graph() ? ", micro-steps as a CUDA graph" : "",
+                    model.bias_grad_epilogue() ? ", bias gradients from the BGRADB epilogue" : "");
         OptimizerConfig oc;
         oc.weight_decay = 0.1f;
         oc.grad_clip = 1.0f;

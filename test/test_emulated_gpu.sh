@@ -67,6 +67,9 @@ gpu_test --expect "attention flash (atomic dQ)" LLMC_FLASH_DQ=atomic build/emu/g
 # the bf16 dQ shares, with the micro-steps as a CUDA graph (the graph keeps the bits: the trainer checks below)
 gpu_test --expect "attention flash (bf16 dQ shares), LLMC_GELU_FUSION 2, micro-steps as a CUDA graph" \
   LLMC_FLASH_DQ=shares_bf16 LLMC_CUDA_GRAPH=1 build/emu/gpu_test_gpt2 $refs/hs64
+# the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue (the emulated cuBLASLt's own sums), bf16 and fp32
+gpu_test --expect "bias gradients from the BGRADB epilogue" LLMC_BIAS_GRAD=epilogue build/emu/gpu_test_gpt2 $refs/tiny
+gpu_test --expect "bias gradients from the BGRADB epilogue" LLMC_BIAS_GRAD=epilogue build/emu-fp32/gpu_test_gpt2 $refs/tiny
 gpu_test build/emu-fp32/gpu_test_gpt2 $refs/tiny
 gpu_test build/emu-fp32/gpu_test_demo $refs/tiny  # bf16 DeMo: the trainer checks below
 gpu_test --expect "DCT domain" LLMC_DEMO_MOMENTUM=dct build/emu-fp32/gpu_test_demo $refs/tiny

@@ -3,8 +3,8 @@
 # flags and help (one config schema: the help texts are identical but for the program name), bad flags,
 # values and config files get the same one-line errors and a non-zero exit before any GPU work, and with no
 # GPU the trainer says so in one line and exits non-zero instead of crashing; a bad LLMC_ATTENTION,
-# LLMC_GELU_FUSION, LLMC_FLASH_DQ, LLMC_MATMUL_TUNE, LLMC_CUDA_GRAPH, LLMC_DEMO_DCT, LLMC_DEMO_MOMENTUM,
-# LLMC_DEMO_TUNING or LLMC_DDP_OVERLAP is refused before any GPU work. Skips when ./train_gpt is not built (no
+# LLMC_GELU_FUSION, LLMC_FLASH_DQ, LLMC_MATMUL_TUNE, LLMC_CUDA_GRAPH, LLMC_BIAS_GRAD, LLMC_DEMO_DCT,
+# LLMC_DEMO_MOMENTUM, LLMC_DEMO_TUNING or LLMC_DDP_OVERLAP is refused before any GPU work. Skips when ./train_gpt is not built (no
 # CUDA toolkit). Everything after the parser is checked on a GPU (make gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +83,10 @@ for bad in 2 yes ""; do
     unset "$knob"
     check "$knob='$bad' -> one-line error" one_line_error "$knob must be 0 or 1; got '$bad'"
   done
+done
+for bad in fused Epilogue ""; do
+  LLMC_BIAS_GRAD=$bad run ./train_gpt --steps 1 --out_dir "$TMP/run"
+  check "LLMC_BIAS_GRAD='$bad' -> one-line error" one_line_error "LLMC_BIAS_GRAD must be reduce or epilogue; got '$bad'"
 done
 LLMC_FLASH_DQ=ordered run ./train_gpt --steps 1 --out_dir "$TMP/run"
 check "LLMC_FLASH_DQ=ordered (retired) -> one-line error" one_line_error \

@@ -12,9 +12,10 @@
 # baseline. AdamW also runs with LLMC_FLASH_DQ=atomic (the flash backward's dQ summed across blocks in L2 by
 # atomic adds instead of through per-pair shares and a second kernel) and with LLMC_FLASH_DQ=shares_bf16 (the
 # shares in bf16: half their traffic), with LLMC_MATMUL_TUNE=1 (each matmul's algorithm the fastest of cuBLASLt's
-# candidates) and with LLMC_CUDA_GRAPH=1 (each micro-step one CUDA graph; DeMo too). BENCH_QUICK=1 runs only the
-# default-attention runs (AdamW, its two dQ runs, its tuned matmuls and graphs, and DeMo's four kernel choices and
-# graphs), for
+# candidates), with LLMC_CUDA_GRAPH=1 (each micro-step one CUDA graph; DeMo too) and with LLMC_BIAS_GRAD=epilogue
+# (the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue, not a column reduction). BENCH_QUICK=1 runs only
+# the default-attention runs (AdamW, its two dQ runs, its tuned matmuls, graphs and bias epilogue, and DeMo's four
+# kernel choices and graphs), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
@@ -74,7 +75,7 @@ ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
 : >"$out/summary.txt"
 nvidia-smi -L
 unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO_TUNING LLMC_FLASH_DQ \
-  LLMC_MATMUL_TUNE LLMC_CUDA_GRAPH
+  LLMC_MATMUL_TUNE LLMC_CUDA_GRAPH LLMC_BIAS_GRAD
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
@@ -86,6 +87,8 @@ LLMC_MATMUL_TUNE=1 run_ours adamw-matmultune adamw
 ratio adamw adamw-matmultune "AdamW step with LLMC_MATMUL_TUNE=1 / with cuBLASLt's first algorithms (default)"
 LLMC_CUDA_GRAPH=1 run_ours adamw-cudagraph adamw
 ratio adamw adamw-cudagraph "AdamW step with LLMC_CUDA_GRAPH=1 / with every kernel launched (default)"
+LLMC_BIAS_GRAD=epilogue run_ours adamw-biasgrad adamw
+ratio adamw adamw-biasgrad "AdamW step with LLMC_BIAS_GRAD=epilogue / with the bias gradients' column reductions (default)"
 LLMC_CUDA_GRAPH=1 run_ours demo-cudagraph demo --demo_topk 32
 ratio demo demo-cudagraph "DeMo step with LLMC_CUDA_GRAPH=1 / with every kernel launched (default)"
 for tuning in ${BENCH_DEMO_TUNINGS:-}; do

@@ -8,11 +8,15 @@
 //  - Column-major: element (i, j) of a matrix with leading dimension ld is at [i + j*ld]; D = alpha op(A) op(B)
 //    + beta C, strided-batched when the layouts say so; A/B/C/D in bf16 or fp32, compute and scale in fp32
 //    (the product by cblas_sgemm on float copies of the operands; bf16 stores round to nearest even).
-//  - Epilogues DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU (bias and aux in D's type, as the defaults are).
+//  - Epilogues DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU (bias and aux in D's type, as the defaults are), and
+//    BGRADA / BGRADB: the bias gradient, op(A)'s rows (m) or op(B)'s columns (n) summed over k as stored (in
+//    double, rounded once to D's type; alpha does not scale it), written to the bias pointer; not batched.
 //  - The heuristic reports one algorithm for every valid problem, except where the real library documents
 //    that it cannot fuse (bias/aux not 16-byte aligned, aux ld or batch stride not a multiple of 8), and, to
 //    drive matmul.cuh's fallbacks in tests: none for any epilogue when LLMC_EMU_CUBLASLT_NO_EPILOGUE is set,
 //    none at all when LLMC_EMU_CUBLASLT_NO_ALGO is set (set: non-empty and not "0").
+//  - LLMC_EMU_CUBLASLT_COUNTS=1 prints at exit how many products ran with each epilogue, so a test can tell
+//    that a path it asked for was taken (a fused epilogue and its fallback may give the same values).
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -22,8 +26,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 struct cublasContext {
@@ -71,6 +77,7 @@ bool fp32_compute(cublasComputeType_t c) {
            c == CUBLAS_COMPUTE_32F_FAST_TF32;
 }
 bool has_bias(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool has_bias_grad(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB; }
 bool has_aux(cublasLtEpilogue_t e) {
     return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
@@ -132,6 +139,11 @@ struct Gemm {
     int64_t aux_ld = 0, aux_stride = 0;
 };
 
+// Element (row, col) of op(X) for an operand stored as Mat x, op N or T, in batch 0 (bias gradients take no batch).
+float op_element(const Mat& x, cublasOperation_t op, int64_t row, int64_t col) {
+    return load(x.p, x.t, op == CUBLAS_OP_N ? row + col * x.ld : col + row * x.ld);
+}
+
 // A float view of a stored rows x cols matrix: the memory itself when fp32, else a converted copy (ld = rows).
 const float* as_float(const Mat& x, int64_t batch, int64_t rows, int64_t cols, std::vector<float>& buf, int64_t& ld) {
     const int64_t base = batch * x.stride;
@@ -147,7 +159,47 @@ const float* as_float(const Mat& x, int64_t batch, int64_t rows, int64_t cols, s
     return buf.data();
 }
 
+const char* epilogue_name(int e) {
+    switch (e) {
+        case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+        case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+        case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+        case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+        case CUBLASLT_EPILOGUE_BGRADA: return "BGRADA";
+        case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    }
+    return "?";
+}
+
+// Products run per epilogue, reported at exit with LLMC_EMU_CUBLASLT_COUNTS=1 (cublasGemmStridedBatchedEx's
+// as DEFAULT). Counted when the product runs, in its stream's order.
+struct EpilogueCounts {
+    std::vector<std::pair<int, uint64_t>> counts;  // (epilogue, products), in first-seen order
+    void add(cublasLtEpilogue_t e) {
+        for (auto& [epilogue, n] : counts)
+            if (epilogue == int(e)) {
+                n++;
+                return;
+            }
+        counts.emplace_back(int(e), 1);
+    }
+    ~EpilogueCounts() {
+        const char* v = std::getenv("LLMC_EMU_CUBLASLT_COUNTS");
+        if (!v || std::strcmp(v, "1") != 0) return;
+        std::fprintf(stderr, "emulated cuBLASLt: products by epilogue:");
+        for (const auto& [epilogue, n] : counts)
+            std::fprintf(stderr, " %s=%llu", epilogue_name(epilogue), (unsigned long long)n);
+        std::fprintf(stderr, "\n");
+    }
+};
+EpilogueCounts& epilogue_counts() {
+    static EpilogueCounts c;
+    return c;
+}
+
 void run_gemm(const Gemm& g) {
+    epilogue_counts().add(g.epilogue);
     if (g.m == 0 || g.n == 0) return;
     const bool na = g.ta == CUBLAS_OP_N, nb = g.tb == CUBLAS_OP_N;
     std::vector<float> abuf, bbuf, prod(size_t(g.m * g.n));
@@ -178,6 +230,16 @@ void run_gemm(const Gemm& g) {
                 }
                 store(d, g.d.t, d_base + i + j * g.d.ld, v);
             }
+        }
+    }
+    if (has_bias_grad(g.epilogue)) {
+        const bool from_a = g.epilogue == CUBLASLT_EPILOGUE_BGRADA;
+        void* out = const_cast<void*>(g.bias);
+        for (int64_t x = 0; x < (from_a ? g.m : g.n); x++) {
+            double sum = 0.0;
+            for (int64_t p = 0; p < g.k; p++)
+                sum += from_a ? op_element(g.a, g.ta, x, p) : op_element(g.b, g.tb, p, x);
+            store(out, g.d.t, x, float(sum));
         }
     }
 }
@@ -211,10 +273,12 @@ cublasStatus_t lt_problem(const MatmulDesc* op, const Layout* a, const Layout* b
     g.epilogue = op->epilogue;
     switch (op->epilogue) {
         case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX:
-        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: case CUBLASLT_EPILOGUE_DGELU: break;
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: case CUBLASLT_EPILOGUE_DGELU: case CUBLASLT_EPILOGUE_BGRADA:
+        case CUBLASLT_EPILOGUE_BGRADB: break;
         default: return CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    if (has_bias(op->epilogue)) {
+    if (has_bias_grad(op->epilogue) && g.batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (has_bias(op->epilogue) || has_bias_grad(op->epilogue)) {
         if (!op->bias) return CUBLAS_STATUS_INVALID_VALUE;
         if (!aligned16(op->bias)) return CUBLAS_STATUS_NOT_SUPPORTED;
         g.bias = op->bias;

@@ -83,7 +83,8 @@ done
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
 # the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with both
 # dQ summations, LLMC_FLASH_DQ: fp32 shares, bf16 shares, atomic; with tuned matmul algorithms, LLMC_MATMUL_TUNE;
-# and with the micro-step as a CUDA graph, LLMC_CUDA_GRAPH), then every GELU
+# with the micro-step as a CUDA graph, LLMC_CUDA_GRAPH; with the qkv and fc bias gradients from cuBLASLt's BGRADB
+# epilogue, LLMC_BIAS_GRAD=epilogue), then every GELU
 # level (0 separate kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
 variant() {  # variant <row name> <VAR=value> <binary> <args...>
   local name=$1 setting=$2 bin=$3
@@ -106,6 +107,7 @@ variant gpu_test_gpt2_atomic_dq LLMC_FLASH_DQ=atomic build/cuda/gpu_test_gpt2 bu
 variant gpu_test_gpt2_bf16_dq LLMC_FLASH_DQ=shares_bf16 build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_matmul_tune LLMC_MATMUL_TUNE=1 build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_cuda_graph LLMC_CUDA_GRAPH=1 build/cuda/gpu_test_gpt2 build/reference/hs64
+variant gpu_test_gpt2_bias_grad LLMC_BIAS_GRAD=epilogue build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/cuda/gpu_test_gpt2 build/reference/hs64
 for level in 0 1 2; do
   variant gpu_test_gpt2_gelu$level LLMC_GELU_FUSION=$level build/cuda/gpu_test_gpt2 build/reference/tiny

@@ -5,11 +5,11 @@
 #      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs);
 #   2. the attention, LayerNorm and matmul labs (the flash backward with each dQ summation, LLMC_FLASH_DQ, and
 #      the forward's four block shapes; the fused LayerNorm backward; cuBLASLt's first against tuned algorithms,
-#      LLMC_MATMUL_TUNE), checked and timed;
+#      LLMC_MATMUL_TUNE; the bias gradients by column reduction against the BGRADB epilogue, LLMC_BIAS_GRAD),
+#      checked and timed;
 #   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
-#   4. the end-to-end benchmark, quick form (AdamW with each dQ summation and tuned matmuls, and DeMo's four
-#      kernel settings;
-#      BENCH_DEMO_TUNINGS adds forced tunings);
+#   4. the end-to-end benchmark, quick form (AdamW with each dQ summation, tuned matmuls and the bias epilogue,
+#      and DeMo's four kernel settings; BENCH_DEMO_TUNINGS adds forced tunings);
 #   5. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
 #   6. the trainer's determinism and resume check;

@@ -1,10 +1,10 @@
 // Checker for llmc/matmul.cuh: matmul_forward (bias epilogue, fused GELU epilogue vs separate GELU kernel,
 // misaligned-bias and misaligned-pre_gelu fallbacks, the unfused path matmul_lt takes when cuBLASLt has no
-// algorithm) and matmul_backward (dinp, plain and as the gradient of a GELU input through the DGELU epilogue or
-// its fallbacks, fp32 dweight accumulation, deterministic dbias) against
-// CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows, timing on B*T = 8192 rows), with cuBLASLt's
-// first algorithm and with CudaEnv::tune_matmuls (LLMC_MATMUL_TUNE=1: the fastest of its candidates).
-// Exit 0 PASS, 1 FAIL, 77 SKIP.
+// algorithm) and matmul_backward (dinp, plain and as the gradient of a GELU input through the DGELU epilogue or its
+// fallbacks, fp32 dweight accumulation, deterministic dbias by the column reduction or by cuBLASLt's BGRADB
+// epilogue, LLMC_BIAS_GRAD=epilogue) against CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows,
+// timing on B*T = 8192 rows), with cuBLASLt's first algorithm and with CudaEnv::tune_matmuls (LLMC_MATMUL_TUNE=1:
+// the fastest of its candidates). Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <array>
 #include <cstring>
 #include <string>
@@ -141,6 +141,32 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
     env.sync();
     ck.expect(std::memcmp(db_first.data(), check::from_device(d_db2).data(), OC * sizeof(float)) == 0,
               "dbias bit-identical " + label);
+
+    // LLMC_BIAS_GRAD=epilogue: dbias from the weight-gradient product's BGRADB epilogue (where cuBLASLt has it; the
+    // column reduction otherwise), the same dweight, and the same bits when run again.
+    {
+        const bool fused = matmul_lt<float>(env, d_dw.data(), d_inp.data(), d_dout.data(), nullptr,
+                                            km::linear_dweight_gemm(N, C, OC), true, nullptr, 1.0f, nullptr, scratch.data());
+        env.sync();
+        std::printf("  BGRADB epilogue on the dweight product %s: %s\n", label.c_str(),
+                    fused ? "fused" : "no cuBLASLt kernel (the column reduction runs instead)");
+        std::vector<float> db_epilogue;
+        for (int run = 0; run < 2; run++) {
+            auto d_dw3 = check::to_device(dw0), d_db3 = check::to_device(db0);
+            matmul_backward(env, nullptr, d_dw3.data(), d_db3.data(), scratch.data(), d_dout.data(), d_inp.data(), d_w.data(),
+                            N, C, OC, nullptr, true, /*fuse_bias_grad=*/true);
+            env.sync();
+            if (run == 0) {
+                ck.compare("backward dweight, bias epilogue " + label, check::from_device(d_dw3), ref_dw, 1e-3f * rms(ref_dw),
+                           1e-3f);
+                db_epilogue = check::from_device(d_db3);
+                ck.compare("backward dbias, bias epilogue " + label, db_epilogue, ref_db, 1e-4f * rms(ref_db), 1e-5f);
+            } else {
+                ck.expect(std::memcmp(db_epilogue.data(), check::from_device(d_db3).data(), OC * sizeof(float)) == 0,
+                          "dbias from the bias epilogue bit-identical when run again " + label);
+            }
+        }
+    }
 }
 
 // Times the forward (bias; bias + GELU) and the backward (plain; DGELU) of one linear layer, with the algorithms
@@ -180,6 +206,28 @@ static std::array<float, 4> time_shape(CudaEnv& env, int N, int C, int OC, const
     return {f, g, b, dg};
 }
 
+// The backward with the bias gradient by the column reduction (default) and by the BGRADB epilogue
+// (LLMC_BIAS_GRAD=epilogue), both with dinp and dweight, and the second over the first.
+static void time_bias_grad(CudaEnv& env, int N, int C, int OC, const std::string& name) {
+    DeviceBuffer<floatX> inp(size_t(N) * C), w(size_t(OC) * C), dout(size_t(N) * OC), dinp(size_t(N) * C);
+    DeviceBuffer<float> dw(size_t(OC) * C), db(OC), scratch(matmul_backward_scratch_floats(N, OC));
+    for (auto* b : {&inp, &w, &dout}) CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
+    CUDA_CHECK(cudaMemset(dw.data(), 0, dw.bytes()));
+    CUDA_CHECK(cudaMemset(db.data(), 0, db.bytes()));
+    const double flops = 4.0 * N * C * OC;
+    float ms[2];
+    for (int fuse = 0; fuse <= 1; fuse++) {
+        ms[fuse] = check::time_ms(env.stream, 10, [&] {
+            matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), dout.data(), inp.data(), w.data(), N, C,
+                            OC, nullptr, true, fuse != 0);
+        });
+        check::report_flops(("matmul_backward+dbias " + std::string(fuse ? "bias epilogue " : "column reduction ") + name)
+                                .c_str(), ms[fuse], flops);
+    }
+    check::report_ratio("matmul_backward+dbias bias epilogue / column reduction " + name, ms[1], ms[0],
+                        "LLMC_BIAS_GRAD=epilogue against the default");
+}
+
 // The same shape with the algorithms tuned (LLMC_MATMUL_TUNE=1's choice: a fresh cache, tune_matmuls on), and the
 // tuned times over the first-choice ones; the cache and the setting are restored to the first choices after.
 static void time_shape_tuned(CudaEnv& env, int N, int C, int OC, const char* name) {
@@ -204,5 +252,7 @@ int main() {
         time_shape_tuned(env, N, 768, 4 * 768, "fc   (8192x768 -> 3072)");
         time_shape_tuned(env, N, 4 * 768, 768, "proj (8192x3072 -> 768)");
         time_shape_tuned(env, N, 768, 50304, "lm head (8192x768 -> 50304)");
+        time_bias_grad(env, 2 * N, 768, 3 * 768, "qkv (16384x768 -> 2304)");
+        time_bias_grad(env, 2 * N, 768, 4 * 768, "fc  (16384x768 -> 3072)");
     });
 }
