@@ -528,6 +528,9 @@ struct CudaEnv {
         CUBLAS_CHECK(cublasCreate(&blas));
         CUBLAS_CHECK(cublasSetStream(blas, stream));
         CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+        // The fallback GEMMs share cuBLASLt's workspace: no allocation of cuBLAS's own (none during a CUDA graph
+        // capture, LLMC_CUDA_GRAPH), and one stream orders their use of it.
+        CUBLAS_CHECK(cublasSetWorkspace(blas, workspace, workspace_bytes));
     }
     ~CudaEnv() {
         if (workspace) (void)cudaFree(workspace);

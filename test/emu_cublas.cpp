@@ -492,6 +492,9 @@ TEST(bad_arguments_get_cublas_status_codes) {
                                          CUDA_R_32F, 4, 0, &one, x, CUDA_R_32F, 4, 0, 1, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT),
               CUBLAS_STATUS_NOT_INITIALIZED);
+    EXPECT_EQ(cublasSetWorkspace(nullptr, x, sizeof(x)), CUBLAS_STATUS_NOT_INITIALIZED);
+    EXPECT_EQ(cublasSetWorkspace(h.blas, nullptr, sizeof(x)), CUBLAS_STATUS_INVALID_VALUE);
+    OK(cublasSetWorkspace(h.blas, x, sizeof(x)));
     EXPECT(std::string(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED)).find("NOT_SUPPORTED") != std::string::npos);
     EXPECT(std::string(cublasLtGetStatusString(CUBLAS_STATUS_INVALID_VALUE)).find("INVALID_VALUE") != std::string::npos);
 }

@@ -483,6 +483,11 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t streamId) {
     handle->stream = streamId;
     return CUBLAS_STATUS_SUCCESS;
 }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t workspaceSizeInBytes) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!workspace && workspaceSizeInBytes > 0) return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;  // the CPU products need no workspace
+}
 const char* cublasGetStatusName(cublasStatus_t status) { return status_name(status); }
 const char* cublasGetStatusString(cublasStatus_t status) { return status_name(status); }
 
