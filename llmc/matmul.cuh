@@ -12,7 +12,8 @@
 //    for one algorithm). When inp was gelu(pre_gelu), dinp can come out as the gradient of pre_gelu directly
 //    (cuBLASLt's DGELU epilogue, saving gelu_backward_inplace's pass over N x OC).
 // Every epilogue has one fallback, in matmul_lt: when cuBLASLt cannot fuse it (alignment rules, or no algorithm
-// for the problem), matmul_lt_unfused runs the plain product and then the separate bias / GELU kernels.
+// for the problem), matmul_lt_unfused runs the plain product and then the separate bias / GELU kernels; the bias
+// gradient's is matmul_backward's column reduction (matmul_lt says it ran nothing).
 // The algorithm of each problem is cuBLASLt's heuristic first choice, or with CudaEnv::tune_matmuls
 // (LLMC_MATMUL_TUNE=1, opt-in) the fastest of its first kTuneCandidates, timed on the problem's own buffers the
 // first time the problem is met, for products that overwrite their output (the accumulating weight gradients keep
