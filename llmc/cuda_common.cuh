@@ -699,9 +699,10 @@ struct ColumnOutputs {
     float* out[NV];  // nullptr: skip that value
 };
 
-// grid ceil(cols / 32), block (32, kColumnReduceThreadsY).
+// grid ceil(cols / 32), block (32, kColumnReduceThreadsY). accumulate: out += the sums, else out = them.
 template <int NV>
-__global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float* partial, int splits, int cols) {
+__global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float* partial, int splits, int cols,
+                                            bool accumulate) {
     __shared__ float shared[NV][kColumnReduceThreadsY][kWarpSize];
     const int c = blockIdx.x * kWarpSize + threadIdx.x;
     float acc[NV];
@@ -720,15 +721,18 @@ __global__ void column_reduce_stage2_kernel(ColumnOutputs<NV> outs, const float*
         if (outs.out[k] == nullptr) continue;
         float s = 0.0f;
         for (int y = 0; y < kColumnReduceThreadsY; y++) s += shared[k][y][threadIdx.x];
-        outs.out[k][c] += s;
+        outs.out[k][c] = accumulate ? outs.out[k][c] + s : s;
     }
 }
 
-// Stage 2 of a column reduction whose stage 1 wrote `partial` (splits x NV x cols floats) itself.
+// Stage 2 of a column reduction whose stage 1 wrote `partial` (splits x NV x cols floats) itself; the outputs get
+// the sums added (accumulate) or written.
 template <int NV>
-void column_reduce_finish(ColumnOutputs<NV> outs, const float* partial, int splits, int cols, cudaStream_t stream) {
+void column_reduce_finish(ColumnOutputs<NV> outs, const float* partial, int splits, int cols, cudaStream_t stream,
+                          bool accumulate = true) {
     const dim3 block(kWarpSize, kColumnReduceThreadsY);
-    LLMC_LAUNCH(ceil_div(cols, kWarpSize), block, 0, stream, column_reduce_stage2_kernel<NV>)(outs, partial, splits, cols);
+    LLMC_LAUNCH(ceil_div(cols, kWarpSize), block, 0, stream, column_reduce_stage2_kernel<NV>)(outs, partial, splits, cols,
+                                                                                              accumulate);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -752,10 +756,17 @@ struct BiasGrad {
     bool aligned() const { return aligned16(dout); }
 };
 
-// `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats.
+// `scratch` holds column_reduce_scratch_floats(rows, cols, NV) floats. accumulate: as column_reduce_finish.
 template <int NV, typename F>
-void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream) {
-    if (rows <= 0 || cols <= 0) return;
+void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream,
+                   bool accumulate = true) {
+    if (cols <= 0) return;
+    if (rows <= 0) {  // no rows: the sums are zero
+        if (!accumulate)
+            for (float* out : outs.out)
+                if (out) CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(cols) * sizeof(float), stream));
+        return;
+    }
     const int splits = ceil_div(rows, kColumnReduceRowsPerSplit);
     LLMC_CHECK(splits <= 65535, "column_reduce: too many rows");
     const int vec = column_reduce_vec(cols, f);
@@ -765,7 +776,7 @@ void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F
         scratch, rows, cols, f);
     else LLMC_LAUNCH(grid, block, 0, stream, column_reduce_stage1_kernel<NV, 1, F>)(scratch, rows, cols, f);
     CUDA_CHECK_LAUNCH();
-    column_reduce_finish<NV>(outs, scratch, splits, cols, stream);
+    column_reduce_finish<NV>(outs, scratch, splits, cols, stream, accumulate);
 }
 
 }  // namespace llmc

@@ -119,17 +119,20 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const int* plan, int nu
     for (int k = 0; k < kPer; k++) out[k] += acc[k];
 }
 
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int B, int T, int C) {
+// accumulate: dwpe += the sums, else dwpe = them.
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int B, int T, int C, bool accumulate) {
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;  // t * C + c
     if (idx >= T * C) return;
     float acc = 0.0f;
     for (int b = 0; b < B; b++) acc += to_float(dout[size_t(b) * T * C + idx]);
-    dwpe[idx] += acc;
+    dwpe[idx] = accumulate ? dwpe[idx] + acc : acc;
 }
 
-// dwte += scatter of dout by token (using `plan`, already uploaded to `plan_device`), dwpe += sum over b of dout.
+// dwte += scatter of dout by token (using `plan`, already uploaded to `plan_device`), dwpe += sum over b of dout
+// (accumulate false: dwpe's first T rows = the sums; its later rows, positions this batch does not reach, are the
+// caller's; dwte is always added to: GPT-2's classifier writes it first).
 inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const EncoderBackwardPlan& plan,
-                             const int* plan_device, int B, int T, int C, cudaStream_t stream) {
+                             const int* plan_device, int B, int T, int C, cudaStream_t stream, bool accumulate = true) {
     LLMC_CHECK(plan.num_positions == B * T, "encoder_backward: the plan was built for another batch shape");
     if (plan.num_buckets > 0) {
         if (C % x128::size == 0 && aligned16(dout)) {
@@ -143,7 +146,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const
         }
         CUDA_CHECK_LAUNCH();
     }
-    LLMC_LAUNCH(ceil_div(T * C, 256), 256, 0, stream, encoder_backward_wpe_kernel)(dwpe, dout, B, T, C);
+    LLMC_LAUNCH(ceil_div(T * C, 256), 256, 0, stream, encoder_backward_wpe_kernel)(dwpe, dout, B, T, C, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -149,7 +149,11 @@ public:
     int max_batch() const { return max_B_; }
     int max_seq() const { return max_T_; }
 
-    void zero_grad() { CUDA_CHECK(cudaMemsetAsync(grads_, 0, layout_.num_params * sizeof(float), env_.stream)); }
+    // Starts a new gradient sum: the next forward_backward writes every gradient instead of adding to it (the
+    // weight-gradient products with beta 0, the reductions' last stage storing), so no step clears the 500 MB of
+    // a GPT-2 124M gradient buffer, and the products skip reading it. Until that backward, grads() holds whatever
+    // it held (the trainer stages the starting weights there).
+    void zero_grad() { overwrite_grads_ = true; }
 
     // Runs the model (evaluation: the logits stay intact). Returns the mean loss, or 0 when targets is null.
     // inputs/targets: B*T token ids in host memory.
@@ -164,7 +168,8 @@ public:
     using GradsFinal = std::function<void(std::span<const ParamRange>)>;
 
     // One training micro-step: forward, then backward of loss_scale * mean loss, ADDING into grads() (call
-    // zero_grad() at the start of each optimizer step; pass 1/grad_accum as loss_scale). Returns the mean loss.
+    // zero_grad() at the start of each optimizer step: the first micro-step after it writes instead; pass
+    // 1/grad_accum as loss_scale). Returns the mean loss.
     // on_final (the last micro-step of an optimizer step): told of every gradient range once, in backward order:
     // ln_f and the last layer, each layer down to the first, then wte and wpe (wte last: the encoder backward
     // adds to the classifier's part of it).
@@ -172,17 +177,19 @@ public:
                            const GradsFinal& on_final = {}) {
         LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
         stage_batch(inputs, targets, B, T);
+        const bool accumulate = !overwrite_grads_;
         if (cuda_graph_ && !on_final) {
-            forward_backward_layers_graph(B, T, loss_scale);
+            forward_backward_layers_graph(B, T, loss_scale, accumulate);
             plan_.build(inputs, B * T);  // host work overlaps the graph
             plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
         } else {
             forward_kernels(B, T, true, true, loss_scale);
             plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
             plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
-            backward_layers(B, T, on_final);
+            backward_layers(B, T, on_final, accumulate);
         }
-        backward_embeddings(B, T, on_final);
+        backward_embeddings(B, T, on_final, accumulate);
+        overwrite_grads_ = false;
         return mean_loss(B * T);
     }
 
@@ -383,29 +390,32 @@ private:
     }
 
     // LLMC_CUDA_GRAPH: forward_kernels and backward_layers of a training micro-step, as one graph replayed per
-    // shape (B, T, loss_scale); the first micro-step of a shape runs them directly, the second captures them.
-    void forward_backward_layers_graph(int B, int T, float loss_scale) {
-        if (!graph_.is_for(B, T, loss_scale)) {
-            graph_.reset(B, T, loss_scale);
+    // shape (B, T, loss_scale), one for the micro-steps that write the gradients and one for those that add to
+    // them; the first micro-step of each runs the kernels directly, the second captures them.
+    void forward_backward_layers_graph(int B, int T, float loss_scale, bool accumulate) {
+        StepGraph& sg = step_graphs_[accumulate ? 1 : 0];
+        if (!sg.is_for(B, T, loss_scale)) {
+            sg.reset(B, T, loss_scale);
             forward_kernels(B, T, true, true, loss_scale);  // a first run: cuBLASLt picks and caches its algorithms
-            backward_layers(B, T, {});
+            backward_layers(B, T, {}, accumulate);
             return;
         }
-        if (!graph_.exec) {
+        if (!sg.exec) {
             cudaGraph_t graph = nullptr;
             CUDA_CHECK(cudaStreamBeginCapture(env_.stream, cudaStreamCaptureModeRelaxed));
             forward_kernels(B, T, true, true, loss_scale);
-            backward_layers(B, T, {});
+            backward_layers(B, T, {}, accumulate);
             CUDA_CHECK(cudaStreamEndCapture(env_.stream, &graph));
-            const cudaError_t instantiated = cudaGraphInstantiate(&graph_.exec, graph, 0);
+            const cudaError_t instantiated = cudaGraphInstantiate(&sg.exec, graph, 0);
             (void)cudaGraphDestroy(graph);
             CUDA_CHECK(instantiated);
         }
-        CUDA_CHECK(cudaGraphLaunch(graph_.exec, env_.stream));
+        CUDA_CHECK(cudaGraphLaunch(sg.exec, env_.stream));
     }
 
     // The backward from the classifier down to layer 0 (on_final: told of each layer's gradients as it is done).
-    void backward_layers(int B, int T, const GradsFinal& on_final) {
+    // accumulate false: every gradient of these layers (and wte's classifier part) written, not added to.
+    void backward_layers(int B, int T, const GradsFinal& on_final, bool accumulate) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size;
         const int N = B * T;
@@ -417,13 +427,13 @@ private:
 
         // classifier (tied wte): logits hold dlogits
         matmul_backward(env_, a_.dbtc, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
-                        at(p, ParamKind::wte, layout_), N, C, Vp);
+                        at(p, ParamKind::wte, layout_), N, C, Vp, nullptr, true, false, accumulate);
         // Each LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the projection
         // whose output that residual gradient is (the last fcproj here, then each layer's attproj and the fcproj
         // below it), which those matmul backwards then skip.
         layernorm_backward(a_.dresidual, at(g, ParamKind::lnfw, layout_), at(g, ParamKind::lnfb, layout_), fs, a_.dbtc,
                            lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw, layout_), a_.lnf_mean, a_.lnf_rstd, N, C, s,
-                           layer(g, ParamKind::fcprojb, L - 1));
+                           layer(g, ParamKind::fcprojb, L - 1), accumulate);
         for (int l = L - 1; l >= 0; l--) {
             const floatX* residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C);
             floatX* ln1 = lslice(a_.ln1, l, C);
@@ -438,34 +448,40 @@ private:
             // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
             // dfch: the DGELU epilogue of this product (LLMC_GELU_FUSION=2), or the product then the GELU backward
             matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, fch_gelu,
-                            layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2);
+                            layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2, false, accumulate);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
-                            layer(p, ParamKind::fcw, l), N, C, 4 * C, nullptr, true, bias_grad_epilogue_);
+                            layer(p, ParamKind::fcw, l), N, C, 4 * C, nullptr, true, bias_grad_epilogue_, accumulate);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
                                residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s,
-                               layer(g, ParamKind::attprojb, l));
+                               layer(g, ParamKind::attprojb, l), accumulate);
             // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), nullptr, fs, a_.dresidual, atty,
-                            layer(p, ParamKind::attprojw, l), N, C, C);
+                            layer(p, ParamKind::attprojw, l), N, C, C, nullptr, true, false, accumulate);
             if (flash_attention_)
                 flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH,
                                          flash_dq_);
             else
                 attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
-                            layer(p, ParamKind::qkvw, l), N, C, 3 * C, nullptr, true, bias_grad_epilogue_);
+                            layer(p, ParamKind::qkvw, l), N, C, 3 * C, nullptr, true, bias_grad_epilogue_, accumulate);
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
                                residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s,
-                               l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr);
+                               l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr, accumulate);
             if (on_final) on_final(layout_.backward_ranges_of_layer(l));
         }
     }
 
     // The embeddings' backward (wte and wpe from the residual stream's gradient), with the plan of the batch.
-    void backward_embeddings(int B, int T, const GradsFinal& on_final) {
+    // accumulate false: wpe written (its rows from T on, positions the batch does not reach, zeroed), wte added to
+    // the classifier's part, which backward_layers wrote.
+    void backward_embeddings(int B, int T, const GradsFinal& on_final, bool accumulate) {
         float* g = grads_;
-        encoder_backward(at(g, ParamKind::wte, layout_), at(g, ParamKind::wpe, layout_), a_.dresidual, plan_,
-                         a_.encoder_plan, B, T, config_.channels, env_.stream);
+        float* dwpe = at(g, ParamKind::wpe, layout_);
+        encoder_backward(at(g, ParamKind::wte, layout_), dwpe, a_.dresidual, plan_, a_.encoder_plan, B, T,
+                         config_.channels, env_.stream, accumulate);
+        const size_t reached = size_t(T) * config_.channels, wpe_numel = layout_.kind_numel[int(ParamKind::wpe)];
+        if (!accumulate && reached < wpe_numel)
+            CUDA_CHECK(cudaMemsetAsync(dwpe + reached, 0, (wpe_numel - reached) * sizeof(float), env_.stream));
         if (on_final) on_final(layout_.backward_ranges_of_embeddings());
     }
 
@@ -489,7 +505,8 @@ private:
     flash::FlashDq flash_dq_ = flash::FlashDq::Shares;
     bool cuda_graph_ = false;
     bool bias_grad_epilogue_ = false;
-    StepGraph graph_;  // LLMC_CUDA_GRAPH: the captured micro-step
+    StepGraph step_graphs_[2];  // LLMC_CUDA_GRAPH: the captured micro-step, writing / adding to the gradients
+    bool overwrite_grads_ = false;  // zero_grad() was called: the next backward writes the gradients
     DeviceArena param_mem_, grad_mem_, act_mem_;
     floatX* params_ = nullptr;
     float* grads_ = nullptr;

@@ -380,11 +380,15 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_re
 // dinp (N,C) += dx; dweight, dbias (C, fp32) += parameter gradients; dinp_sum (C, fp32; skipped when nullptr) +=
 // the column sums of the updated dinp, which are the bias gradient of the linear layer whose output feeds this
 // residual stream (GPT-2's attproj and fcproj), so that layer's backward need not read dinp again for it. dinp
-// must not alias dout. scratch: layernorm_backward_scratch_floats(N, C) floats.
+// must not alias dout. scratch: layernorm_backward_scratch_floats(N, C) floats. accumulate false: dweight, dbias
+// and dinp_sum are written instead of added to (dinp is always added to).
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
-                               int C, cudaStream_t stream, float* dinp_sum = nullptr) {
-    if (N == 0) return;
+                               int C, cudaStream_t stream, float* dinp_sum = nullptr, bool accumulate = true) {
+    if (N == 0) {  // no rows: zero parameter gradients
+        column_reduce_finish<3>(ColumnOutputs<3>{{dweight, dbias, dinp_sum}}, scratch, 0, C, stream, accumulate);
+        return;
+    }
     const bool aligned = aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
     const int vecs = layernorm_lane_vecs(C, aligned);
     if (vecs == 0) {  // strided rows, then the column reductions reading dout, inp and dinp again
@@ -393,8 +397,8 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
                                                                                         rstd, N, C);
         CUDA_CHECK_LAUNCH();
         column_reduce<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, N, C, LayerNormParamGrad{dout, inp, mean, rstd, C},
-                         stream);
-        if (dinp_sum) column_reduce<1>(ColumnOutputs<1>{{dinp_sum}}, scratch, N, C, BiasGrad{dinp, C}, stream);
+                         stream, accumulate);
+        if (dinp_sum) column_reduce<1>(ColumnOutputs<1>{{dinp_sum}}, scratch, N, C, BiasGrad{dinp, C}, stream, accumulate);
         return;
     }
     const int splits = ceil_div(N, kColumnReduceRowsPerSplit);
@@ -414,10 +418,10 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
     };
     if (dinp_sum) {
         launch_nv.template operator()<3>();
-        column_reduce_finish<3>(ColumnOutputs<3>{{dweight, dbias, dinp_sum}}, scratch, splits, C, stream);
+        column_reduce_finish<3>(ColumnOutputs<3>{{dweight, dbias, dinp_sum}}, scratch, splits, C, stream, accumulate);
     } else {
         launch_nv.template operator()<2>();
-        column_reduce_finish<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, splits, C, stream);
+        column_reduce_finish<2>(ColumnOutputs<2>{{dweight, dbias}}, scratch, splits, C, stream, accumulate);
     }
 }
 

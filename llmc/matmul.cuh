@@ -4,7 +4,7 @@
 //    gradient buffer without rounding through bf16).
 //  - matmul_forward: out (N,OC) = inp (N,C) W^T + b for PyTorch-layout W (OC,C), with the bias and optionally
 //    the GELU fused as epilogues (pre_gelu keeps the GELU input for the backward).
-//  - matmul_backward: dinp = dout W, dweight += dout^T inp (fp32), dbias += column sums of dout: by default a
+//  - matmul_backward: dinp = dout W, dweight (+)= dout^T inp (fp32), dbias (+)= column sums of dout: by default a
 //    deterministic column reduction (its own pass over dout), or with fuse_bias_grad (LLMC_BIAS_GRAD=epilogue,
 //    opt-in) cuBLASLt's BGRADB epilogue on the weight-gradient product, which already reads dout: the sums
 //    come out of that product in fp32 (D's type) into scratch and are added to dbias. The epilogue sums in its
@@ -353,9 +353,12 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) {
 // the product and gelu_backward_inplace.
 // fuse_bias_grad: dbias from the weight-gradient product's BGRADB epilogue (into scratch, then added), where
 // cuBLASLt has that kernel; else the column reduction.
+// accumulate false: dweight and dbias are written instead of added to (the first micro-step of a step: no zeroed
+// gradient buffer needed, and the product does not read the old dweight).
 inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
                             const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                            const floatX* pre_gelu = nullptr, bool fuse_dgelu = true, bool fuse_bias_grad = false) {
+                            const floatX* pre_gelu = nullptr, bool fuse_dgelu = true, bool fuse_bias_grad = false,
+                            bool accumulate = true) {
     const km::GemmShape g = km::linear_dinp_gemm(N, C, OC);
     if (dinp && pre_gelu && !fuse_dgelu)
         matmul_lt_unfused(env, dinp, weight, dout, nullptr, g.m, g.n, g.k, g.ta, g.tb, false, nullptr, 1.0f, pre_gelu);
@@ -363,12 +366,12 @@ inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, fl
         matmul_lt<floatX>(env, dinp, weight, dout, nullptr, g, false, nullptr, 1.0f, pre_gelu);
     const km::GemmShape dw = km::linear_dweight_gemm(N, C, OC);
     if (dweight && dbias && fuse_bias_grad &&
-        matmul_lt<float>(env, dweight, inp, dout, nullptr, dw, true, nullptr, 1.0f, nullptr, scratch)) {
-        column_reduce_finish<1>(ColumnOutputs<1>{{dbias}}, scratch, 1, OC, env.stream);  // dbias += the sums
+        matmul_lt<float>(env, dweight, inp, dout, nullptr, dw, accumulate, nullptr, 1.0f, nullptr, scratch)) {
+        column_reduce_finish<1>(ColumnOutputs<1>{{dbias}}, scratch, 1, OC, env.stream, accumulate);  // dbias (+)= sums
         return;
     }
-    if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, dw, true);
-    if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream);
+    if (dweight) matmul_lt<float>(env, dweight, inp, dout, nullptr, dw, accumulate);
+    if (dbias) column_reduce<1>(ColumnOutputs<1>{{dbias}}, scratch, N, OC, BiasGrad{dout, OC}, env.stream, accumulate);
 }
 
 }  // namespace llmc

@@ -236,8 +236,16 @@ void check_encoder_backward(int B, int T, int C, int V, int token_range) {
         }
         float* dp = dwpe[run].data();
         launch(unsigned(llmc::ceil_div(T * C, 256)), 256, orders[run],
-               [&] { llmc::encoder_backward_wpe_kernel(dp, dout_x.data(), B, T, C); });
+               [&] { llmc::encoder_backward_wpe_kernel(dp, dout_x.data(), B, T, C, true); });
     }
+    // dwpe written instead (accumulate false, the first micro-step after GPT2Cuda::zero_grad): over NaN, the bits of
+    // adding the sums to zeros
+    std::vector<float> wpe_zero(size_t(T) * C, 0.0f), wpe_nan(size_t(T) * C, NAN);
+    launch(unsigned(llmc::ceil_div(T * C, 256)), 256, Order::Forward,
+           [&] { llmc::encoder_backward_wpe_kernel(wpe_zero.data(), dout_x.data(), B, T, C, true); });
+    launch(unsigned(llmc::ceil_div(T * C, 256)), 256, Order::Reverse,
+           [&] { llmc::encoder_backward_wpe_kernel(wpe_nan.data(), dout_x.data(), B, T, C, false); });
+    EXPECT_EQ(bit_diffs(wpe_nan, wpe_zero), size_t{0});
     // fp32 sums of up to BT terms of size ~1 onto ~0.1
     expect_close("encoder_backward_wte " + label, dwte[0], ref_dwte, 1e-5, 1e-5);
     expect_close("encoder_backward_wpe (B=" + std::to_string(B) + ",T=" + std::to_string(T) + ",C=" + std::to_string(C) + ")",
@@ -418,17 +426,18 @@ std::pair<std::vector<double>, std::vector<double>> layernorm_param_grads_ref(co
 }
 
 // column_reduce: stage 1 on a (ceil(cols/(32 vec)), splits) grid of (32, 8) blocks, stage 2 on ceil(cols/32)
-// blocks of (32, 8) adds the splits. vec: column_reduce's choice (column_reduce_vec), or 1 to force the scalar
-// loads.
+// blocks of (32, 8) adds the splits (to the outputs, or written over them: accumulate false). vec:
+// column_reduce's choice (column_reduce_vec), or 1 to force the scalar loads.
 template <int NV>
 void run_column_reduce_finish(llmc::ColumnOutputs<NV> outs, const std::vector<float>& partial, int splits, int cols,
-                              Order order) {
+                              Order order, bool accumulate = true) {
     const Dim3 block{unsigned(llmc::kWarpSize), unsigned(llmc::kColumnReduceThreadsY), 1};
     launch(Dim3{unsigned(llmc::ceil_div(cols, llmc::kWarpSize)), 1, 1}, block, order,
-           [&] { llmc::column_reduce_stage2_kernel<NV>(outs, partial.data(), splits, cols); });
+           [&] { llmc::column_reduce_stage2_kernel<NV>(outs, partial.data(), splits, cols, accumulate); });
 }
 template <int NV, class F>
-void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Order order, int vec) {
+void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Order order, int vec,
+                       bool accumulate = true) {
     const int splits = llmc::ceil_div(rows, llmc::kColumnReduceRowsPerSplit);
     std::vector<float> scratch(llmc::column_reduce_scratch_floats(rows, cols, NV), NAN);
     const Dim3 grid{unsigned(llmc::ceil_div(cols, llmc::kWarpSize * vec)), unsigned(splits), 1};
@@ -437,7 +446,7 @@ void run_column_reduce(llmc::ColumnOutputs<NV> outs, int rows, int cols, F f, Or
         if (vec > 1) llmc::column_reduce_stage1_kernel<NV, kVec>(scratch.data(), rows, cols, f);
         else llmc::column_reduce_stage1_kernel<NV, 1>(scratch.data(), rows, cols, f);
     });
-    run_column_reduce_finish<NV>(outs, scratch, splits, cols, order);
+    run_column_reduce_finish<NV>(outs, scratch, splits, cols, order, accumulate);
 }
 
 // layernorm_backward as it launches its kernels for this C: vecs > 0 the fused 128-bit kernel (dinp, and the
@@ -583,6 +592,15 @@ TEST(column_reduce_layernorm_and_bias_grads) {
         std::vector<float> only_db = db0;
         run_column_reduce<2>(llmc::ColumnOutputs<2>{{nullptr, only_db.data()}}, N, C, f, Order::Forward, vec);
         EXPECT_EQ(bit_diffs(only_db, db[0]), size_t{0});
+
+        // accumulate false (the first micro-step after GPT2Cuda::zero_grad): the sums written over whatever the
+        // outputs held (NaN here), the bits of adding them to zeros
+        std::vector<float> zero_dw(size_t(C), 0.0f), zero_db(size_t(C), 0.0f), nan_dw(size_t(C), NAN),
+            nan_db(size_t(C), NAN);
+        run_column_reduce<2>(llmc::ColumnOutputs<2>{{zero_dw.data(), zero_db.data()}}, N, C, f, Order::Forward, vec);
+        run_column_reduce<2>(llmc::ColumnOutputs<2>{{nan_dw.data(), nan_db.data()}}, N, C, f, Order::Reverse, vec, false);
+        expect_same_bits("  written (accumulate false) over NaN vs added to zeros: dweight", nan_dw, zero_dw);
+        EXPECT_EQ(bit_diffs(nan_db, zero_db), size_t{0});
     }
 }
 

@@ -31,6 +31,7 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
 
     std::vector<float> ref(size_t(N) * OC), ref_mis(size_t(N) * OC), ref_gelu(size_t(N) * OC);
     std::vector<float> ref_dinp(size_t(N) * C), ref_dw(size_t(OC) * C), ref_db(OC);
+    std::vector<float> ref_dw_sum(size_t(OC) * C), ref_db_sum(OC);  // the sums alone (written, not accumulated)
 #pragma omp parallel for
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
@@ -52,13 +53,15 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
 #pragma omp parallel for
     for (int o = 0; o < OC; o++) {
         for (int c = 0; c < C; c++) {
-            double s = dw0[size_t(o) * C + c];
+            double s = 0;
             for (int n = 0; n < N; n++) s += double(dout[size_t(n) * OC + o]) * inp[size_t(n) * C + c];
-            ref_dw[size_t(o) * C + c] = static_cast<float>(s);
+            ref_dw[size_t(o) * C + c] = static_cast<float>(s + dw0[size_t(o) * C + c]);
+            ref_dw_sum[size_t(o) * C + c] = static_cast<float>(s);
         }
-        double s = db0[o];
+        double s = 0;
         for (int n = 0; n < N; n++) s += dout[size_t(n) * OC + o];
-        ref_db[o] = static_cast<float>(s);
+        ref_db[o] = static_cast<float>(s + db0[o]);
+        ref_db_sum[o] = static_cast<float>(s);
     }
 
     auto d_inp = check::to_device_floatX(inp), d_w = check::to_device_floatX(w), d_bias = check::to_device_floatX(bias);
@@ -166,6 +169,21 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
                           "dbias from the bias epilogue bit-identical when run again " + label);
             }
         }
+    }
+
+    // accumulate false (the first micro-step after GPT2Cuda::zero_grad): dweight and dbias written over NaN, by
+    // the column reduction and by the bias epilogue; the product must not read the old dweight (beta 0)
+    for (int fuse = 0; fuse <= 1; fuse++) {
+        auto d_dw4 = check::to_device(std::vector<float>(size_t(OC) * C, NAN));
+        auto d_db4 = check::to_device(std::vector<float>(size_t(OC), NAN));
+        matmul_backward(env, nullptr, d_dw4.data(), d_db4.data(), scratch.data(), d_dout.data(), d_inp.data(), d_w.data(),
+                        N, C, OC, nullptr, true, fuse != 0, /*accumulate=*/false);
+        env.sync();
+        const std::string how = fuse ? "bias epilogue" : "column reduction";
+        ck.compare("backward dweight written, " + how + " " + label, check::from_device(d_dw4), ref_dw_sum,
+                   1e-3f * rms(ref_dw_sum), 1e-3f);
+        ck.compare("backward dbias written, " + how + " " + label, check::from_device(d_db4), ref_db_sum,
+                   1e-4f * rms(ref_db_sum), 1e-5f);
     }
 }
 
