@@ -761,10 +761,8 @@ template <int NV, typename F>
 void column_reduce(ColumnOutputs<NV> outs, float* scratch, int rows, int cols, F f, cudaStream_t stream,
                    bool accumulate = true) {
     if (cols <= 0) return;
-    if (rows <= 0) {  // no rows: the sums are zero
-        if (!accumulate)
-            for (float* out : outs.out)
-                if (out) CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(cols) * sizeof(float), stream));
+    if (rows <= 0) {  // no rows: the sums are zero (stage 2 over no splits writes them)
+        if (!accumulate) column_reduce_finish<NV>(outs, scratch, 0, cols, stream, false);
         return;
     }
     const int splits = ceil_div(rows, kColumnReduceRowsPerSplit);

@@ -385,8 +385,8 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) { return column_re
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                                int C, cudaStream_t stream, float* dinp_sum = nullptr, bool accumulate = true) {
-    if (N == 0) {  // no rows: zero parameter gradients
-        column_reduce_finish<3>(ColumnOutputs<3>{{dweight, dbias, dinp_sum}}, scratch, 0, C, stream, accumulate);
+    if (N == 0) {  // no rows: the parameter gradients' sums are zero (stage 2 over no splits writes them)
+        if (!accumulate) column_reduce_finish<3>(ColumnOutputs<3>{{dweight, dbias, dinp_sum}}, scratch, 0, C, stream, false);
         return;
     }
     const bool aligned = aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
