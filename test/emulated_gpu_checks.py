@@ -81,13 +81,18 @@ def launch(trainer, name, args, ranks=None, env=None, timeout=600):
     return p
 
 
-def run(trainer, name, args, ranks=None, env=None):
-    """launch(); returns the run's train metrics (one dict per step) or None on failure."""
-    p = launch(trainer, name, args, ranks, env)
+def finished(p, name):
+    """The train metrics (one dict per step) of launch() run `name`, or None (its output's tail printed) if it
+    failed."""
     if p.returncode != 0:
         print(f"      {name}: exit {p.returncode}\n" + (p.stdout + p.stderr)[-1500:])
         return None
     return metrics(os.path.join(TMP, name))
+
+
+def run(trainer, name, args, ranks=None, env=None):
+    """launch(), then finished()."""
+    return finished(launch(trainer, name, args, ranks, env), name)
 
 
 def metrics(out, kind="train"):
@@ -332,7 +337,7 @@ def main():
     p = launch(EMU["bf16"], "bf16-flash-biasgrad", one_head,
                env={"LLMC_BIAS_GRAD": "epilogue", "LLMC_ATTENTION": "flash", "LLMC_GELU_FUSION": "2",
                     "LLMC_EMU_CUBLASLT_COUNTS": "1"})
-    epi = metrics(os.path.join(TMP, "bf16-flash-biasgrad")) if p.returncode == 0 else None
+    epi = finished(p, "bf16-flash-biasgrad")
     # 2 per layer (qkv, fc) per micro-step: tiny.json has 2 layers, one micro-step per step
     m = re.search(r"BGRADB=(\d+)", p.stderr)
     check(m is not None and int(m.group(1)) == 2 * 2 * 4,

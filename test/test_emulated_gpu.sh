@@ -52,8 +52,8 @@ gpu_test() {
   local expect=""
   [[ $1 == --expect ]] && { expect=$2; shift 2; }
   echo "== $*"
-  local log
-  log=$(env "$@" 2>&1); local rc=$?
+  local log rc=0
+  log=$(env "$@" 2>&1) || rc=$?  # under set -e a bare failing assignment would end the script unreported
   echo "$log"
   [[ $rc -eq 0 ]] || { echo "FAIL: $*"; status=1; }
   [[ -z $expect || $log == *"$expect"* ]] || { echo "FAIL: $* did not run with '$expect'"; status=1; }
