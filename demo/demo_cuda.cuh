@@ -10,7 +10,8 @@
 //           (top-k and packing are fused into that kernel: StepTimings::topk stays 0)
 //   exchange NcclTransport::allgather_device when the transport is NCCL (the buckets stay on the GPU);
 //           any other Transport (LocalTransport, MPI without NCCL) through host memory with allgather_bytes;
-//           every rank's 32-byte header and size are checked with the CPU decoder's messages
+//           every rank's 32-byte header and size are checked with the CPU decoder's messages; the first
+//           exchange of a process also exchanges the sizes, the later ones know them (GatherSizes::equal)
 //                                          -> StepTimings::exchange (host wall, from the bucket being ready)
 //   apply   demo_apply_kernel: scatter-mean, inverse DCT, sign, weight decay, update of the fp32 master
 //           weights and their floatX copy                                     -> StepTimings::apply (cudaEvents)
@@ -480,15 +481,16 @@ private:
         const size_t bytes = tables_.bucket_bytes;
         if (nccl_) {
             nccl_->allgather_device_start(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bucket_), bytes),
-                                          reinterpret_cast<std::byte*>(gathered_), bytes * size_t(world_), offsets_);
+                                          reinterpret_cast<std::byte*>(gathered_), bytes * size_t(world_), offsets_,
+                                          gather_sizes_);
         } else {
             host_bucket_.resize(bytes);
             CUDA_CHECK(cudaMemcpyAsync(host_bucket_.data(), bucket_, bytes, cudaMemcpyDeviceToHost, stream_));
             CUDA_CHECK(cudaStreamSynchronize(stream_));
             if (config_.demo.delay == 0)
-                transport_.allgather_bytes(host_bucket_, host_all_, offsets_);
+                transport_.allgather_bytes(host_bucket_, host_all_, offsets_, gather_sizes_);
             else
-                transport_.allgather_bytes_start(host_bucket_);
+                transport_.allgather_bytes_start(host_bucket_, gather_sizes_);
         }
         in_flight_ = true;
     }
@@ -501,10 +503,13 @@ private:
         result.seconds.exchange += seconds_since(start);
     }
     // finish: the all-gather's end; every rank's header and size checked (NCCL: after the apply's wait, from the
-    // copies queued here; see the top of the file), and (host path) the buckets uploaded.
+    // copies queued here; see the top of the file), and (host path) the buckets uploaded. Once the sizes were all
+    // this rank's, the next exchanges skip the size exchange (gather_sizes_).
     void exchange_finish() {
         const size_t bytes = tables_.bucket_bytes;
         in_flight_ = false;
+        if (config_.demo.delay == 1 && !nccl_) transport_.allgather_bytes_finish(host_all_, offsets_);
+        gather_sizes_ = llmc::next_gather_sizes(offsets_, bytes);
         if (nccl_) {
             // the compute stream waits for the broadcasts (with several ranks, the host too)
             nccl_->allgather_device_finish(false);
@@ -517,7 +522,6 @@ private:
             headers_pending_ = true;
             return;
         }
-        if (config_.demo.delay == 1) transport_.allgather_bytes_finish(host_all_, offsets_);
         LLMC_CHECK(offsets_.size() == size_t(world_) + 1, "DeMo: all-gather returned a wrong number of buckets");
         std::vector<std::byte> headers(size_t(world_) * kBucketHeaderBytes);
         for (int r = 0; r < world_; r++) {
@@ -569,6 +573,10 @@ private:
     cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
     std::vector<std::byte> host_bucket_, host_all_;
     std::vector<size_t> offsets_;
+    // The first exchange of a process learns the bucket sizes; once every rank's matched (a bucket's size follows
+    // from the plan and the wire format) the later ones skip the size exchange: with NCCL, a start that never
+    // blocks the host.
+    llmc::GatherSizes gather_sizes_ = llmc::GatherSizes::exchange;
     std::vector<std::pair<size_t, size_t>> decay_ranges_;  // (offset, count) of the weight-decayed parameters
     int64_t t_ = 0;  // steps done (the stochastic rounding's step counter)
     // --demo_delay 1: a round compressed into bucket_ and not yet applied, its lr, and whether its exchange was

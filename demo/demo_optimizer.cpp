@@ -298,7 +298,8 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
     if (config_.demo.delay == 0) {
         compress(params, grads, lr, bucket_, result.seconds, scale);
         t0 = now();
-        transport_.allgather_bytes(bucket_, gathered_, offsets_);
+        transport_.allgather_bytes(bucket_, gathered_, offsets_, gather_sizes_);
+        gather_sizes_ = llmc::next_gather_sizes(offsets_, bucket_.size());
         result.seconds.exchange = seconds_since(t0);
         apply(gathered_, offsets_, params, lr, result.seconds);
         return result;
@@ -315,7 +316,7 @@ llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> g
     pending_.present = true;
     pending_.lr = lr;
     t0 = now();
-    transport_.allgather_bytes_start(pending_.bucket);
+    transport_.allgather_bytes_start(pending_.bucket, gather_sizes_);
     pending_in_flight_ = true;
     result.seconds.exchange += seconds_since(t0);
     if (eager()) write_working_weights(params, result.seconds);  // while the all-gather runs
@@ -334,8 +335,9 @@ void DemoOptimizer::finish_updates(std::span<float> params, llmc::StepResult& re
 
 void DemoOptimizer::apply_pending_round(std::span<float> shared, llmc::StepTimings& timings) {
     const auto t0 = now();
-    if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket);  // load_state's round
+    if (!pending_in_flight_) transport_.allgather_bytes_start(pending_.bucket, gather_sizes_);  // load_state's round
     transport_.allgather_bytes_finish(gathered_, offsets_);
+    gather_sizes_ = llmc::next_gather_sizes(offsets_, pending_.bucket.size());
     pending_in_flight_ = false;
     timings.exchange += seconds_since(t0);
     apply(gathered_, offsets_, shared, pending_.lr, timings);

@@ -114,6 +114,9 @@ private:
     std::vector<float> master_;        // eager delayed updates: the shared weights (set_weights; empty before)
     std::vector<std::byte> gathered_;  // step(): all ranks' buckets
     std::vector<size_t> offsets_;
+    // The first all-gather of a process exchanges the bucket sizes; once every rank's matched (a bucket's size
+    // follows from the plan and the wire format, fixed for the run) the later ones skip that round trip.
+    llmc::GatherSizes gather_sizes_ = llmc::GatherSizes::exchange;
 };
 
 }  // namespace demo

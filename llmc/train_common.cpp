@@ -98,7 +98,8 @@ int resolve_batch_geometry(TrainConfig& cfg, int world) {
 void check_same_config_everywhere(Transport& transport, const std::string& config_json) {
     std::vector<std::byte> all;
     std::vector<size_t> offsets;
-    transport.allgather_bytes(std::as_bytes(std::span(config_json.data(), config_json.size())), all, offsets);
+    transport.allgather_bytes(std::as_bytes(std::span(config_json.data(), config_json.size())), all, offsets,
+                              GatherSizes::exchange);
     const auto text_of = [&](int r) {
         return std::string(reinterpret_cast<const char*>(all.data()) + offsets[r], offsets[r + 1] - offsets[r]);
     };

@@ -41,9 +41,9 @@ void Transport::start_allreduce_ranges(float* base, size_t, std::span<const Para
     }
 }
 
-void Transport::allgather_bytes_start(std::span<const std::byte> mine) {
+void Transport::allgather_bytes_start(std::span<const std::byte> mine, GatherSizes sizes) {
     LLMC_CHECK(!gather_in_flight_, std::string(name()) + " transport: an all-gather was started while another is in flight");
-    allgather_bytes(mine, early_all_, early_offsets_);
+    allgather_bytes(mine, early_all_, early_offsets_, sizes);
     gather_in_flight_ = true;
 }
 

@@ -25,12 +25,32 @@
 
 namespace llmc {
 
+// How an all-gather learns how many bytes each rank contributes. `exchange`: any size per rank, learnt from a
+// small all-gather of the sizes first (one more round trip per call; on NCCL the host also waits for it).
+// `equal`: every rank passes the same number of bytes and the caller knows it (one collective; on NCCL a plain
+// ncclAllGather the host does not wait for at start). A rank whose size differs breaks the collective (a hang
+// or garbage), so a caller uses `equal` only for sizes it has seen exchanged and checked before: DeMo exchanges
+// its first round's sizes and checks them, and its bucket size never changes afterwards.
+enum class GatherSizes { exchange, equal };
+
+// The all-gather mode for the next round of a fixed-size exchange, given this round's offsets (world + 1
+// entries): `equal` once a round showed every rank contributing `size` bytes, else `exchange`. Every rank
+// compares the same offsets with its own size, one of those it compares, so all ranks switch together.
+inline GatherSizes next_gather_sizes(std::span<const size_t> offsets, size_t size) {
+    for (size_t r = 0; r + 1 < offsets.size(); r++)
+        if (offsets[r + 1] - offsets[r] != size) return GatherSizes::exchange;
+    return offsets.size() >= 2 ? GatherSizes::equal : GatherSizes::exchange;
+}
+
 struct CommCounters {
     uint64_t bytes_sent = 0;
     uint64_t bytes_recv = 0;
     uint64_t payload_bytes = 0;
     double seconds = 0.0;
     uint64_t collectives = 0;
+    // all-gathers that ran a collective to learn their sizes first (GatherSizes::exchange; a world of one runs
+    // none, but NCCL's one-rank communicator does)
+    uint64_t size_exchanges = 0;
 };
 
 class Transport {
@@ -56,17 +76,18 @@ public:
     // not hide). Both check and keep the books here and hand the work to start_/finish_allreduce_ranges.
     void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16);
     void allreduce_mean_finish();
-    // Every rank contributes `mine` (any size, may differ per rank). On return `all` holds the ranks' buffers
-    // concatenated in rank order and offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
+    // Every rank contributes `mine` (GatherSizes::exchange: any size, may differ per rank; equal: the same size
+    // on every rank). On return `all` holds the ranks' buffers concatenated in rank order and
+    // offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
     virtual void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
-                                 std::vector<size_t>& offsets) = 0;
+                                 std::vector<size_t>& offsets, GatherSizes sizes) = 0;
     // The same all-gather split in two, so it can run while this rank computes (DeMo's --demo_delay 1: a
     // step's buckets travel during the next step's forward and backward). start() begins gathering `mine`,
     // which must stay unchanged until finish(); finish() waits for it and fills `all` and `offsets` as
     // allgather_bytes does. One all-gather at a time; every rank starts and finishes in the same order. Other
     // collectives may run in between. `seconds` counts the time spent inside start() and finish() (what the
     // computation did not hide). This default runs the whole all-gather in start(); MpiTransport overlaps.
-    virtual void allgather_bytes_start(std::span<const std::byte> mine);
+    virtual void allgather_bytes_start(std::span<const std::byte> mine, GatherSizes sizes);
     virtual void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets);
     bool allgather_in_flight() const { return gather_in_flight_; }
 
@@ -127,8 +148,8 @@ public:
     int world_size() const override { return 1; }
     void allreduce_mean(std::span<float> data) override { counters_.payload_bytes += data.size_bytes(); }
     void allreduce_mean_bf16(std::span<float> data) override { counters_.payload_bytes += data.size_bytes() / 2; }
-    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
-                         std::vector<size_t>& offsets) override {
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
+                         GatherSizes) override {
         counters_.payload_bytes += mine.size();
         all.assign(mine.begin(), mine.end());
         offsets = {0, mine.size()};

@@ -7,8 +7,9 @@
 // The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of MPI_COMM_WORLD, so
 // it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
 // it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
-// otherwise (or with LLMC_MPI_COMM_THREAD=0) it is an MPI_Iallgatherv that MPI may only progress inside
-// finish()'s wait. MPI's counts are ints: all-gathers of more than 2 GiB in total run in rounds (gather_in_slices).
+// otherwise (or with LLMC_MPI_COMM_THREAD=0) it is an MPI_Iallgatherv (MPI_Iallgather for GatherSizes::equal)
+// that MPI may only progress inside finish()'s wait. With GatherSizes::equal no all-gather exchanges sizes first.
+// MPI's counts are ints: all-gathers of more than 2 GiB in total run in rounds (gather_in_slices).
 // The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) works
 // the same way on a third communicator: a reducer thread takes the ranges in the order they were started and
 // all-reduces each as allreduce_mean does (so the ranges get the bits of a blocking all-reduce of the buffer).
@@ -146,21 +147,22 @@ protected:
     }
 
 public:
-    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
-                         std::vector<size_t>& offsets) override {
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
+                         GatherSizes how) override {
         counters_.payload_bytes += mine.size();
         Timer t(counters_);
         const auto watched = watch("MPI all-gather of the DeMo buckets");
         LLMC_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "allgather: bucket larger than 2 GiB");
-        std::vector<int> sizes(world_);
-        exchange_sizes(static_cast<int>(mine.size()), sizes, MPI_COMM_WORLD);
+        std::vector<int> sizes;
+        learn_sizes(static_cast<int>(mine.size()), how, sizes, MPI_COMM_WORLD);
+        if (how == GatherSizes::exchange && world_ > 1) counters_.size_exchanges++;
         offsets = offsets_of(sizes);
         all.resize(offsets[world_]);
         gather_in_slices(mine.data(), sizes, offsets, all.data(), MPI_COMM_WORLD);
         count_gather(sizes, offsets);
     }
 
-    void allgather_bytes_start(std::span<const std::byte> mine) override {
+    void allgather_bytes_start(std::span<const std::byte> mine, GatherSizes how) override {
         LLMC_CHECK(!gather_in_flight_, "MPI: an all-gather was started while another is in flight");
         LLMC_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "allgather: bucket larger than 2 GiB");
         counters_.payload_bytes += mine.size();
@@ -177,21 +179,27 @@ public:
             return;
         }
         const auto watched = watch("MPI all-gather of the DeMo buckets (start)");
+        if (how == GatherSizes::exchange) counters_.size_exchanges++;  // here: the helper thread must not count
         if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
         if (comm_thread_ok_) {
-            gather_thread_ = std::thread([this] {
-                lay_out_gather();
+            gather_thread_ = std::thread([this, how] {
+                lay_out_gather(how);
                 gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
             });
             return;
         }
-        lay_out_gather();
-        const std::vector<int> displs = int_displs(gather_offsets_);
-        if (gather_offsets_[world_] <= gather_slice_limit())  // one call, moved by MPI meanwhile
-            MPI_Iallgatherv(gather_send_.data(), static_cast<int>(gather_send_.size()), MPI_BYTE, gather_all_.data(),
-                            gather_sizes_.data(), displs.data(), MPI_BYTE, gather_comm_, &gather_request_);
-        else  // too large for one call: the rounds run in finish()
+        lay_out_gather(how);
+        const int count = static_cast<int>(gather_send_.size());
+        if (gather_offsets_[world_] > gather_slice_limit()) {  // too large for one call: the rounds run in finish()
             gather_deferred_ = true;
+        } else if (how == GatherSizes::equal) {  // one call, moved by MPI meanwhile
+            MPI_Iallgather(gather_send_.data(), count, MPI_BYTE, gather_all_.data(), count, MPI_BYTE, gather_comm_,
+                           &gather_request_);
+        } else {
+            const std::vector<int> displs = int_displs(gather_offsets_);
+            MPI_Iallgatherv(gather_send_.data(), count, MPI_BYTE, gather_all_.data(), gather_sizes_.data(),
+                            displs.data(), MPI_BYTE, gather_comm_, &gather_request_);
+        }
     }
 
     void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
@@ -241,9 +249,11 @@ private:
             if (!awaited.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
     }
-    void exchange_sizes(int my_size, std::vector<int>& sizes, MPI_Comm comm) const {
-        sizes.resize(world_);
-        MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
+    // Every rank's contribution to an all-gather: exchanged (one MPI_Allgather of an int), or this rank's own
+    // size everywhere (GatherSizes::equal: the caller vouches for it).
+    void learn_sizes(int my_size, GatherSizes how, std::vector<int>& sizes, MPI_Comm comm) const {
+        sizes.assign(world_, my_size);
+        if (how == GatherSizes::exchange) MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
     }
     std::vector<size_t> offsets_of(const std::vector<int>& sizes) const {
         std::vector<size_t> offsets(world_ + 1, 0);
@@ -269,13 +279,18 @@ private:
         if (const char* env = std::getenv("LLMC_MPI_REDUCE_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
         return limit;
     }
-    // Every rank's sizes[r] bytes into all + offsets[r]. One MPI_Allgatherv when the total fits its int counts;
+    // Every rank's sizes[r] bytes into all + offsets[r]. One MPI_Allgather (equal sizes) or MPI_Allgatherv when
+    // the total fits their int counts;
     // otherwise rounds: round k moves bytes [k s, (k + 1) s) of every bucket (s = limit / world) through a
     // staging buffer, so the paper's 1B model on 64 ranks (3.5 GB of fp32 buckets) still goes through MPI.
     void gather_in_slices(const std::byte* mine, const std::vector<int>& sizes, const std::vector<size_t>& offsets,
                           std::byte* all, MPI_Comm comm) {
         const size_t limit = gather_slice_limit();
         if (offsets[world_] <= limit) {
+            if (std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == sizes[rank_]; })) {
+                MPI_Allgather(mine, sizes[rank_], MPI_BYTE, all, sizes[rank_], MPI_BYTE, comm);
+                return;
+            }
             const std::vector<int> displs = int_displs(offsets);
             MPI_Allgatherv(mine, sizes[rank_], MPI_BYTE, all, sizes.data(), displs.data(), MPI_BYTE, comm);
             return;
@@ -431,9 +446,9 @@ private:
         reduce_ready_.notify_one();
         reducer_.join();
     }
-    // The overlapped gather's sizes (exchanged on gather_comm_), offsets and result buffer.
-    void lay_out_gather() {
-        exchange_sizes(static_cast<int>(gather_send_.size()), gather_sizes_, gather_comm_);
+    // The overlapped gather's sizes (exchanged on gather_comm_ unless equal), offsets and result buffer.
+    void lay_out_gather(GatherSizes how) {
+        learn_sizes(static_cast<int>(gather_send_.size()), how, gather_sizes_, gather_comm_);
         gather_offsets_ = offsets_of(gather_sizes_);
         gather_all_.resize(gather_offsets_[world_]);
     }

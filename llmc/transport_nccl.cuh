@@ -10,13 +10,16 @@
 //  - allreduce_mean_start / _finish (transport.h; device buffers): the same averages per range,
 //    enqueued while the backward still runs (AdamW-DDP's overlap, LLMC_DDP_OVERLAP in train_gpt.cu); each
 //    start is one NCCL group of all-reduces behind an event of the compute stream, and only finish() blocks.
-//  - allgather_bytes: size exchange (ncclAllGather of one uint64 per rank), then one grouped ncclBroadcast per
-//    rank with its exact size, straight into the concatenated layout (no padding to the largest bucket).
+//  - allgather_bytes: GatherSizes::exchange: size exchange (ncclAllGather of one uint64 per rank, which the
+//    host waits for), then one grouped ncclBroadcast per rank with its exact size, straight into the
+//    concatenated layout (no padding to the largest bucket). GatherSizes::equal (DeMo after its first round):
+//    one ncclAllGather, no size exchange, nothing for the host to wait for before the data moves.
 //    The interface returns a host vector; allgather_device() is the same collective leaving the result on the
 //    device (what a CUDA DeMo wants). `mine` may be host or device memory.
 //  - allgather_device_start / _finish (DeMo's --demo_delay 1: a step's buckets travel during the next step's
-//    forward and backward): allgather_device split in two. start() exchanges the sizes (tiny, synchronous) and
-//    enqueues the broadcasts on the communication stream behind an event of the compute stream; finish() makes
+//    forward and backward): allgather_device split in two. start() exchanges the sizes (tiny, synchronous;
+//    with GatherSizes::equal nothing) and enqueues the broadcasts (the all-gather) on the communication stream
+//    behind an event of the compute stream, so with equal sizes start() never blocks the host; finish() makes
 //    the compute stream wait for them and blocks the host until they are done (finish(false), CudaDemo's: not
 //    with one rank, whose "collective" is a device copy with nothing to watch). allgather_device is start then
 //    finish (one code path). The host-vector all-gather keeps transport.h's default split (the whole
@@ -249,14 +252,14 @@ protected:
     }
 
 public:
-    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
-                         std::vector<size_t>& offsets) override {
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
+                         GatherSizes how) override {
         Timed timed(counters_);
         const auto watched = watch("NCCL all-gather of the DeMo buckets");
         gather_.reserve_bytes(1);  // make sure a device target exists even for empty gathers
-        const size_t total = gather_sizes(mine.size(), offsets);
+        const size_t total = gather_sizes(mine.size(), how, offsets);
         gather_.reserve_bytes(total);
-        count_wire(gather_into_device(mine, gather_.ptr, offsets));
+        count_wire(gather_into_device(mine, gather_.ptr, offsets, how));
         all.resize(total);
         if (total) CUDA_CHECK(cudaMemcpyAsync(all.data(), gather_.ptr, total, cudaMemcpyDeviceToHost, comm_stream_));
         CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
@@ -264,26 +267,27 @@ public:
 
     // Like allgather_bytes, with the concatenation left on the device: `out` must hold `capacity` bytes (the
     // required size is offsets.back(); throws if it does not fit). `mine` may be host or device memory.
-    void allgather_device(std::span<const std::byte> mine, std::byte* out, size_t capacity, std::vector<size_t>& offsets) {
-        allgather_device_start(mine, out, capacity, offsets);
+    void allgather_device(std::span<const std::byte> mine, std::byte* out, size_t capacity, std::vector<size_t>& offsets,
+                          GatherSizes how) {
+        allgather_device_start(mine, out, capacity, offsets, how);
         allgather_device_finish();
     }
 
-    // allgather_device in two halves. start() fills `offsets` at once (the size exchange) and enqueues the
+    // allgather_device in two halves. start() fills `offsets` at once (the size exchange, if any) and enqueues the
     // broadcasts behind the compute stream's work so far; `mine` and `out` must stay untouched until finish()
     // (the broadcasts read `mine` and write `out` meanwhile), after which the compute stream's later work sees
     // the result. One device all-gather at a time; other collectives may run in between (they queue behind it
     // on the communication stream).
     void allgather_device_start(std::span<const std::byte> mine, std::byte* out, size_t capacity,
-                                std::vector<size_t>& offsets) {
+                                std::vector<size_t>& offsets, GatherSizes how) {
         LLMC_CHECK(!device_gather_in_flight_, "NCCL: a device all-gather was started while another is in flight");
         const auto start = std::chrono::steady_clock::now();
         {
             const auto watched = watch("NCCL all-gather of the DeMo buckets (start)");
-            const size_t total = gather_sizes(mine.size(), offsets);
+            const size_t total = gather_sizes(mine.size(), how, offsets);
             LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
                                               " bytes, the output holds " + std::to_string(capacity));
-            device_wire_ = gather_into_device(mine, out, offsets);  // counted by finish()
+            device_wire_ = gather_into_device(mine, out, offsets, how);  // counted by finish()
             CUDA_CHECK(cudaEventRecord(gathered_, comm_stream_));
         }
         device_gather_in_flight_ = true;
@@ -357,13 +361,14 @@ private:
         CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
     }
 
-    // Exchanges the bucket sizes; fills offsets (world + 1 entries) and returns the total. Counts the payload.
-    size_t gather_sizes(size_t my_size, std::vector<size_t>& offsets) {
+    // Every rank's bucket size: exchanged, or my_size everywhere (GatherSizes::equal); fills offsets (world + 1
+    // entries) and returns the total. Counts the payload.
+    size_t gather_sizes(size_t my_size, GatherSizes how, std::vector<size_t>& offsets) {
         const int W = world_size(), r = rank();
         counters_.payload_bytes += my_size;
-        std::vector<uint64_t> sizes(W, 0);
-        sizes[r] = my_size;
-        if (comm_) {
+        std::vector<uint64_t> sizes(W, my_size);
+        if (comm_ && how == GatherSizes::exchange) {
+            counters_.size_exchanges++;
             sizes_.reserve_bytes(W * sizeof(uint64_t));
             uint64_t* dev = reinterpret_cast<uint64_t*>(sizes_.ptr);
             const uint64_t mine64 = my_size;
@@ -386,7 +391,8 @@ private:
     }
     // Every rank's bucket into out[offsets[r], offsets[r+1]) (enqueued on the comm stream; caller syncs). Returns
     // the ring model's wire bytes, for the caller to count at the end of the collective.
-    WireBytes gather_into_device(std::span<const std::byte> mine, std::byte* out, const std::vector<size_t>& offsets) {
+    WireBytes gather_into_device(std::span<const std::byte> mine, std::byte* out, const std::vector<size_t>& offsets,
+                                 GatherSizes how) {
         const int W = world_size(), r = rank();
         wait_for_compute();
         std::byte* my_slot = out + offsets[r];
@@ -394,7 +400,10 @@ private:
             const cudaMemcpyKind kind = is_device_pointer(mine.data()) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
             CUDA_CHECK(cudaMemcpyAsync(my_slot, mine.data(), mine.size(), kind, comm_stream_));
         }
-        if (comm_) {
+        if (comm_ && how == GatherSizes::equal) {  // in place: this rank's slot is already in the output
+            const size_t n = offsets[r + 1] - offsets[r];
+            if (n) NCCL_CHECK(ncclAllGather(my_slot, out, n, ncclUint8, comm_, comm_stream_));
+        } else if (comm_) {
             NCCL_CHECK(ncclGroupStart());
             for (int root = 0; root < W; root++) {
                 const size_t n = offsets[root + 1] - offsets[root];

@@ -47,8 +47,8 @@ public:
     void allreduce_mean_bf16(std::span<float> data) override {
         staged(data, [&](std::span<float> host) { world_.allreduce_mean_bf16(host); });
     }
-    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all,
-                         std::vector<size_t>& offsets) override {
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
+                         GatherSizes how) override {
         const auto start = std::chrono::steady_clock::now();
         std::span<const std::byte> host = mine;
         if (!mine.empty() && is_device_pointer(mine.data())) {
@@ -58,10 +58,10 @@ public:
             host = std::span<const std::byte>(host_, mine.size());
         }
         world_.reset_counters();
-        world_.allgather_bytes(host, all, offsets);
+        world_.allgather_bytes(host, all, offsets, how);
         absorb_counters(start);
     }
-    void allgather_bytes_start(std::span<const std::byte> mine) override {
+    void allgather_bytes_start(std::span<const std::byte> mine, GatherSizes how) override {
         const auto start = std::chrono::steady_clock::now();
         std::span<const std::byte> host = mine;
         if (!mine.empty() && is_device_pointer(mine.data())) {
@@ -71,7 +71,7 @@ public:
             host = gather_host_;
         }
         world_.reset_counters();
-        world_.allgather_bytes_start(host);
+        world_.allgather_bytes_start(host, how);
         absorb_counters(start);
     }
     void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
@@ -159,6 +159,7 @@ private:
         counters_.bytes_recv += c.bytes_recv;
         counters_.payload_bytes += c.payload_bytes;
         counters_.collectives += c.collectives;
+        counters_.size_exchanges += c.size_exchanges;
         counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     void reserve(size_t bytes) {

@@ -426,19 +426,37 @@ def main():
           "host waits per step: the same count every step")
     check(None not in waits.values() and waits["demo"] <= waits["adamw"] and waits["demo-delay1"] <= waits["adamw"] + 1,
           "host waits per step: DeMo no more than AdamW (--demo_delay 1: one more, its own share's apply)")
+    # 2 ranks over NCCL add one wait per step, the all-gather's end (the watchdog's): the bucket sizes are
+    # exchanged at the first step only (a size exchange is a wait of its own)
+    counts = []
+    for n in (2, 4):
+        p = launch(EMU["bf16"], f"waits-demo-2ranks-{n}", ["--steps", str(n), "--optimizer", "demo"], ranks=2,
+                   env={"LLMC_EMU_HOST_WAITS": "1"})
+        m = re.search(r"emulated device: (\d+) host waits", p.stderr)
+        counts.append(int(m.group(1)) if p.returncode == 0 and m else None)
+    waits["demo-2ranks"] = (counts[1] - counts[0]) / 2 if None not in counts else None
+    print(f"      demo, 2 ranks: {waits['demo-2ranks']} host waits per step", flush=True)
+    check(None not in waits.values() and waits["demo-2ranks"] == waits["demo"] + 1,
+          "host waits per step: DeMo on 2 ranks one more than on one (the all-gather's end; no size exchange)")
 
-    # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET inverts one byte of what the other ranks
-    # receive from rank ROOT's broadcasts): the receiving rank stops with the CPU decoder's message, after the
-    # apply's wait where the headers are checked, and the job ends (no hang, non-zero exit). The header's magic
-    # (both delays), and the last byte of the bucket (the last tensor's last index: out of its chunk).
+    # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET:SKIP inverts one byte of what the other ranks
+    # receive from rank ROOT, from the SKIP+1-th bucket on): the receiving rank stops with the CPU decoder's
+    # message, after the apply's wait where the headers are checked, and the job ends (no hang, non-zero exit).
+    # The header's magic (both delays), and the last byte of the bucket (the last tensor's last index: out of its
+    # chunk), in the first round (its size exchange and broadcasts) and in the second (a plain all-gather of
+    # buckets of known size); the steps finished before it are in the metrics.
     size = demo2[0]["payload_bytes"] if demo2 else 0
-    for offset, delay, message in ((0, "0", "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"),
-                                   (0, "1", "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"),
-                                   (size - 1, "0", "DeMo bucket from rank 1: coefficient index outside its chunk")):
+    magic = "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"
+    for offset, delay, skip, message in ((0, "0", 0, magic), (0, "1", 0, magic), (0, "0", 1, magic), (0, "1", 1, magic),
+                                         (size - 1, "0", 0, "DeMo bucket from rank 1: coefficient index outside its chunk"),
+                                         (size - 1, "0", 1, "DeMo bucket from rank 1: coefficient index outside its chunk")):
         p = launch(EMU["fp32"], "corrupt", steps + ["--optimizer", "demo", "--demo_delay", delay], ranks=2,
-                   env={"LLMC_EMU_NCCL_CORRUPT": f"1:{offset}"}, timeout=300)
-        check(size > 0 and p.returncode != 0 and f"error (rank 0): {message}" in p.stdout + p.stderr,
-              f"damaged bucket byte {offset} over NCCL, --demo_delay {delay}: rank 0 stops with '{message}'")
+                   env={"LLMC_EMU_NCCL_CORRUPT": f"1:{offset}:{skip}"}, timeout=300)
+        done = len(metrics(os.path.join(TMP, "corrupt"))) if os.path.exists(os.path.join(TMP, "corrupt", "metrics.jsonl")) else 0
+        check(size > 0 and p.returncode != 0 and f"error (rank 0): {message}" in p.stdout + p.stderr and
+              done == skip + int(delay),
+              f"damaged bucket byte {offset} of round {skip + 1} over NCCL, --demo_delay {delay}: rank 0 stops with "
+              f"'{message}' after {skip + int(delay)} step(s) (finished {done})")
 
     print()
     if failures:

@@ -197,6 +197,8 @@ int main(int argc, char** argv) {
         checks.expect(std::memcmp(via_nccl.losses.data(), gpu.losses.data(), 3 * sizeof(float)) == 0 &&
                    std::memcmp(via_nccl.state.data(), again.state.data(), again.state.size()) == 0,
                "NCCL device exchange (allgather_device) gives the same run");
+        checks.expect(nccl.counters().size_exchanges == (nccl.uses_nccl() ? 1u : 0u),
+                      "NCCL device exchange: the sizes are exchanged at the first step only (then ncclAllGather)");
 
         // state blob: GPU -> CPU -> GPU, unchanged (the DCT-domain momentum: converted, to rounding on the way back)
         demo::DemoOptimizer cpu2(demo_config(), layout, cpu_transport);

@@ -25,7 +25,7 @@ public:
     int rank() const override { return 1; }
     int world_size() const override { return world_; }
     void allreduce_mean(std::span<float>) override {}
-    void allgather_bytes(std::span<const std::byte>, std::vector<std::byte>&, std::vector<size_t>&) override {}
+    void allgather_bytes(std::span<const std::byte>, std::vector<std::byte>&, std::vector<size_t>&, llmc::GatherSizes) override {}
     void allreduce_sum(std::span<double>) override {
         const auto watched = watch("the slow all-reduce");
         sleep_for_seconds(wait_);

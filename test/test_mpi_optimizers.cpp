@@ -57,7 +57,7 @@ public:
     int rank() const override { return 0; }
     int world_size() const override { return 1; }
     void allreduce_mean(std::span<float>) override { fail("simulation must not communicate"); }
-    void allgather_bytes(std::span<const std::byte>, std::vector<std::byte>&, std::vector<size_t>&) override {
+    void allgather_bytes(std::span<const std::byte>, std::vector<std::byte>&, std::vector<size_t>&, GatherSizes) override {
         fail("simulation must not communicate");
     }
     void allreduce_sum(std::span<double>) override {}
@@ -82,6 +82,7 @@ void add_bytes(CommCounters& sum, const CommCounters& c) {
     sum.bytes_sent += c.bytes_sent;
     sum.bytes_recv += c.bytes_recv;
     sum.payload_bytes += c.payload_bytes;
+    sum.size_exchanges += c.size_exchanges;
 }
 
 RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
@@ -115,6 +116,8 @@ RunCounters run_demo_case(const OptimizerConfig& cfg, const char* label) {
             EXPECT_EQ(loss[0], W * (W + 1) / 2.0);
         }
     }
+    // the first round exchanges the bucket sizes; the later ones know them (GatherSizes::equal)
+    EXPECT_EQ(counted.over_steps.size_exchanges, uint64_t{W > 1 ? 1u : 0u});
     counted.total = counted.over_steps;
     const std::vector<float> working = params;
     const std::span<float> shared = real.master_weights(params);
@@ -224,6 +227,49 @@ TEST(demo_mpi_delayed_equals_simulation) {
     cfg.decay_groups = DecayGroups::all;
     cfg.grad_clip = 0.5f;
     run_demo_case(cfg, "delayed options");
+}
+
+// MpiTransport's all-gather with GatherSizes::equal (no size exchange; MPI_Allgather / MPI_Iallgather) against
+// the exchanging one: the same bytes, offsets and ring counters, blocking and split (with a scalar reduction in
+// between), and only the exchanging calls count a size exchange. Oracle: each rank's bytes are a formula of
+// (rank, position). Under test_mpi.sh also without the helper thread and in slices of 1000 bytes.
+TEST(allgather_equal_sizes_equals_exchanged) {
+    Transport& world = *g_world;
+    const int W = world.world_size(), me = world.rank();
+    const size_t E = 777;
+    auto byte_of = [](int r, size_t j) { return std::byte(static_cast<unsigned char>((31 * r + 7 * j + 3) & 0xff)); };
+    std::vector<std::byte> mine(E);
+    for (size_t j = 0; j < E; j++) mine[j] = byte_of(me, j);
+    for (const bool split : {false, true})
+        for (const GatherSizes how : {GatherSizes::exchange, GatherSizes::equal}) {
+            std::vector<std::byte> all;
+            std::vector<size_t> offsets;
+            world.reset_counters();
+            if (split) {
+                world.allgather_bytes_start(mine, how);
+                std::vector<double> scalar = {1.0};
+                world.allreduce_sum(scalar);
+                EXPECT_EQ(scalar[0], static_cast<double>(W));
+                world.allgather_bytes_finish(all, offsets);
+            } else {
+                world.allgather_bytes(mine, all, offsets, how);
+            }
+            EXPECT_EQ(offsets.size(), static_cast<size_t>(W) + 1);
+            EXPECT_EQ(all.size(), E * W);
+            size_t wrong = 0;
+            for (int r = 0; r < W; r++) {
+                wrong += offsets[r] != E * r;
+                for (size_t j = 0; j < E && E * r + j < all.size(); j++) wrong += all[E * r + j] != byte_of(r, j);
+            }
+            EXPECT_EQ(wrong, size_t{0});
+            const CommCounters c = world.counters();
+            EXPECT_EQ(c.payload_bytes, uint64_t{E});
+            EXPECT_EQ(c.bytes_recv, uint64_t{E} * (W - 1));
+            EXPECT_EQ(c.bytes_sent, uint64_t{E} * (W - 1));
+            EXPECT_EQ(c.size_exchanges, uint64_t{how == GatherSizes::exchange && W > 1 ? 1u : 0u});
+            EXPECT(next_gather_sizes(offsets, E) == GatherSizes::equal);
+            EXPECT(next_gather_sizes(offsets, E + 1) == GatherSizes::exchange);
+        }
 }
 
 TEST(adamw_ddp_averages_gradients) {

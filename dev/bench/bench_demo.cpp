@@ -110,7 +110,7 @@ int run(int argc, char** argv) {
                 if (r == 0) tm = rank_tm;  // one rank's compress is one step's cost
             }
             const double e0 = now_seconds(), cpu0 = cpu_seconds();
-            transport.allgather_bytes(bucket, gathered, gathered_offsets);
+            transport.allgather_bytes(bucket, gathered, gathered_offsets, llmc::GatherSizes::equal);
             tm.exchange = now_seconds() - e0;
             demo_opt.apply(all, offsets, params, 1e-4f, tm);
             cpu_s += cpu_seconds() - cpu0;

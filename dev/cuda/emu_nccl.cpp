@@ -6,9 +6,11 @@
 // the delivery into the output buffer on the stream (emu_streams.h): a reader that does not wait for the
 // collective sees the old contents, as on a GPU. With this,
 // `mpirun -np 2 build/emu/train_gpt ...` runs the NCCL transport's code paths (size exchange, grouped
-// broadcasts, average all-reduce, byte counters) without a GPU. Without MPI (USE_MPI=0) only a world of one
-// can be set up. For the tests of what a receiver does with damaged data, LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET
-// inverts byte OFFSET of what every other rank receives from each ncclBroadcast by rank ROOT (a bad link).
+// broadcasts, byte all-gather, average all-reduce, byte counters) without a GPU. Without MPI (USE_MPI=0) only a
+// world of one can be set up. For the tests of what a receiver does with damaged data,
+// LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET[:SKIP] inverts byte OFFSET of what every other rank receives from rank ROOT
+// (a bad link): from each ncclBroadcast by ROOT and from ROOT's block of each ncclAllGather of bytes (ncclUint8:
+// the DeMo buckets, not the size exchange's uint64s), leaving the first SKIP of those collectives intact.
 #include <nccl.h>
 
 #include <cstdio>
@@ -173,16 +175,29 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
 struct Corruption {
     int root = -1;
     size_t offset = 0;
-};
-Corruption corruption_from_env() {
-    Corruption c;
-    const char* v = std::getenv("LLMC_EMU_NCCL_CORRUPT");
-    unsigned long long offset = 0;
-    if (v && *v && std::sscanf(v, "%d:%llu", &c.root, &offset) != 2) {
-        std::fprintf(stderr, "emulated NCCL: LLMC_EMU_NCCL_CORRUPT='%s' is not ROOT:OFFSET\n", v);
-        std::exit(1);
+    long long skip = 0;  // collectives carrying ROOT's bytes still to leave intact
+    // Inverts byte `offset` of `block` (what this rank received from `from`) if the damage applies to it.
+    void apply(int from, int me, char* block, size_t bytes) {
+        if (from != root || me == root) return;
+        if (skip-- > 0) return;
+        if (offset < bytes) block[offset] = char(~block[offset]);
     }
-    c.offset = size_t(offset);
+};
+Corruption& corruption() {
+    static Corruption c = [] {
+        Corruption parsed;
+        const char* v = std::getenv("LLMC_EMU_NCCL_CORRUPT");
+        unsigned long long offset = 0;
+        long long skip = 0;
+        const int fields = v && *v ? std::sscanf(v, "%d:%llu:%lld", &parsed.root, &offset, &skip) : 0;
+        if (v && *v && fields < 2) {
+            std::fprintf(stderr, "emulated NCCL: LLMC_EMU_NCCL_CORRUPT='%s' is not ROOT:OFFSET[:SKIP]\n", v);
+            std::exit(1);
+        }
+        parsed.offset = size_t(offset);
+        parsed.skip = skip;
+        return parsed;
+    }();
     return c;
 }
 
@@ -199,9 +214,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
         if (comm->nranks > 1 && bytes > 0 && MPI_Bcast(out, int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
             return false;
 #endif
-        static const Corruption corrupt = corruption_from_env();
-        if (root == corrupt.root && comm->rank != root && corrupt.offset < bytes)
-            out[corrupt.offset] = char(~out[corrupt.offset]);
+        corruption().apply(root, comm->rank, out, bytes);
         return true;
     });
 }
@@ -219,6 +232,9 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
             MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, int(bytes), MPI_BYTE, comm->mpi) != MPI_SUCCESS)
             return false;
 #endif
+        Corruption& corrupt = corruption();
+        if (type == ncclUint8 && corrupt.root >= 0 && corrupt.root < comm->nranks)
+            corrupt.apply(corrupt.root, comm->rank, out + size_t(corrupt.root) * bytes, bytes);
         return true;
     });
 }

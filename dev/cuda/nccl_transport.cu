@@ -4,7 +4,8 @@
 // Checks allreduce_mean (device and host buffers), allreduce_mean_bf16, the overlapped all-reduce
 // (allreduce_mean_start / _finish, both wires), allgather_bytes (device and host contributions, uneven and
 // empty buckets), allgather_device, its split form (allgather_device_start / _finish, DeMo's --demo_delay 1:
-// the same contents and counters, with other collectives and compute-stream work in between), device
+// the same contents and counters, with other collectives and compute-stream work in between), the same with
+// GatherSizes::equal (no size exchange: one ncclAllGather), device
 // broadcast, scalar reductions and the byte counters' ring model.
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
@@ -123,19 +124,21 @@ int main(int argc, char** argv) {
             t.reset_counters();
             const std::span<const std::byte> src = from_device ? std::span<const std::byte>(mine_dev.data(), mine.size())
                                                                : std::span<const std::byte>(mine);
-            t.allgather_bytes(src, all, offsets);
+            t.allgather_bytes(src, all, offsets, GatherSizes::exchange);
             verify(all, offsets, from_device ? "allgather_bytes (device mine)" : "allgather_bytes (host mine)");
             const uint64_t recv = total - size_of(r);
             const uint64_t sent = W > 1 ? total - size_of((r + 1) % W) : 0;
             ck.expect(t.counters().bytes_recv == recv && t.counters().bytes_sent == sent &&
-                          t.counters().payload_bytes == size_of(r),
-                      "allgather counters (ring model)");
+                          t.counters().payload_bytes == size_of(r) &&
+                          t.counters().size_exchanges == (t.uses_nccl() ? 1u : 0u),
+                      "allgather counters (ring model; one size exchange over NCCL)");
         }
         {
             DeviceBuffer<std::byte> out(total + 16);
             std::vector<size_t> offsets;
             t.reset_counters();
-            t.allgather_device(std::span<const std::byte>(mine_dev.data(), mine.size()), out.data(), out.size(), offsets);
+            t.allgather_device(std::span<const std::byte>(mine_dev.data(), mine.size()), out.data(), out.size(), offsets,
+                               GatherSizes::exchange);
             verify(out.download(), offsets, "allgather_device");
             const CommCounters whole = t.counters();
             // split: a scalar reduction and a device all-reduce in between, and a kernel-free copy on the compute
@@ -144,7 +147,7 @@ int main(int argc, char** argv) {
             std::vector<size_t> offsets2;
             t.reset_counters();
             t.allgather_device_start(std::span<const std::byte>(mine_dev.data(), mine.size()), out2.data(), out2.size(),
-                                     offsets2);
+                                     offsets2, GatherSizes::exchange);
             ck.expect(t.allgather_device_in_flight() && offsets2 == offsets, "allgather_device_start: offsets at once");
             std::vector<double> between = {1.0};
             t.allreduce_sum(between);
@@ -159,6 +162,48 @@ int main(int argc, char** argv) {
                           split.payload_bytes == whole.payload_bytes && split.collectives == whole.collectives &&
                           whole.collectives == 1 && whole.payload_bytes == size_of(r),
                       "allgather_device_start / _finish counters equal allgather_device's (one collective)");
+        }
+        {
+            // GatherSizes::equal (DeMo after its first round): every rank 53 bytes, no size exchange; one
+            // ncclAllGather in place. The same bytes, offsets and counters as the exchanging all-gather's.
+            const size_t E = 53;
+            std::vector<std::byte> eq(E);
+            for (size_t j = 0; j < E; j++) eq[j] = byte_of(r, j);
+            DeviceBuffer<std::byte> eq_dev(E), out(E * W + 16), copy(E * W);
+            eq_dev.upload(eq);
+            auto verify_equal = [&](const std::vector<std::byte>& all, const std::vector<size_t>& offsets,
+                                    const std::string& what) {
+                bool ok = offsets.size() == size_t(W + 1) && all.size() >= E * W;
+                for (int q = 0; ok && q < W; q++) {
+                    ok &= offsets[q] == E * q && offsets[q + 1] == E * (q + 1);
+                    for (size_t j = 0; ok && j < E; j++) ok &= all[E * q + j] == byte_of(q, j);
+                }
+                const uint64_t wire = E * uint64_t(W - 1);
+                ok &= t.counters().bytes_recv == wire && t.counters().bytes_sent == wire &&
+                      t.counters().payload_bytes == E && t.counters().collectives == 1 &&
+                      t.counters().size_exchanges == 0;
+                ck.expect(ok, what + " (GatherSizes::equal): bytes, offsets and counters");
+            };
+            for (int from_device = 0; from_device < 2; from_device++) {
+                std::vector<std::byte> all;
+                std::vector<size_t> offsets;
+                t.reset_counters();
+                t.allgather_bytes(from_device ? std::span<const std::byte>(eq_dev.data(), E) : std::span<const std::byte>(eq),
+                                  all, offsets, GatherSizes::equal);
+                verify_equal(all, offsets, from_device ? "allgather_bytes (device mine)" : "allgather_bytes (host mine)");
+            }
+            std::vector<size_t> offsets;
+            t.reset_counters();
+            CUDA_CHECK(cudaMemset(out.data(), 0, out.bytes()));
+            t.allgather_device_start(std::span<const std::byte>(eq_dev.data(), E), out.data(), out.size(), offsets,
+                                     GatherSizes::equal);
+            std::vector<double> between = {1.0};
+            t.allreduce_sum(between);
+            t.allgather_device_finish();
+            CUDA_CHECK(cudaMemcpyAsync(copy.data(), out.data(), E * W, cudaMemcpyDeviceToDevice, env.stream));
+            CUDA_CHECK(cudaStreamSynchronize(env.stream));
+            verify_equal(copy.download(), offsets, "allgather_device_start / _finish");
+            ck.expect(between[0] == W, "allgather_device_finish (GatherSizes::equal; collectives between)");
         }
         // device broadcast from the last rank
         std::vector<float> b(1000, float(r));
