@@ -427,7 +427,7 @@ private:
 
         // classifier (tied wte): logits hold dlogits
         matmul_backward(env_, a_.dbtc, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
-                        at(p, ParamKind::wte, layout_), N, C, Vp, nullptr, true, false, accumulate);
+                        at(p, ParamKind::wte, layout_), N, C, Vp, {.accumulate = accumulate});
         // Each LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the projection
         // whose output that residual gradient is (the last fcproj here, then each layer's attproj and the fcproj
         // below it), which those matmul backwards then skip.
@@ -448,22 +448,25 @@ private:
             // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
             // dfch: the DGELU epilogue of this product (LLMC_GELU_FUSION=2), or the product then the GELU backward
             matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, fch_gelu,
-                            layer(p, ParamKind::fcprojw, l), N, 4 * C, C, fch, gelu_fusion_ >= 2, false, accumulate);
+                            layer(p, ParamKind::fcprojw, l), N, 4 * C, C,
+                            {.pre_gelu = fch, .fuse_dgelu = gelu_fusion_ >= 2, .accumulate = accumulate});
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
-                            layer(p, ParamKind::fcw, l), N, C, 4 * C, nullptr, true, bias_grad_epilogue_, accumulate);
+                            layer(p, ParamKind::fcw, l), N, C, 4 * C,
+                            {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
                                residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s,
                                layer(g, ParamKind::attprojb, l), accumulate);
             // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), nullptr, fs, a_.dresidual, atty,
-                            layer(p, ParamKind::attprojw, l), N, C, C, nullptr, true, false, accumulate);
+                            layer(p, ParamKind::attprojw, l), N, C, C, {.accumulate = accumulate});
             if (flash_attention_)
                 flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH,
                                          flash_dq_);
             else
                 attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
-                            layer(p, ParamKind::qkvw, l), N, C, 3 * C, nullptr, true, bias_grad_epilogue_, accumulate);
+                            layer(p, ParamKind::qkvw, l), N, C, 3 * C,
+                            {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
                                residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s,
                                l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr, accumulate);

@@ -344,21 +344,30 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) {
     return std::max(column_reduce_scratch_floats(N, OC, 1), size_t(OC));
 }
 
+// What matmul_backward does beyond a plain linear layer's gradients added to the buffers (the defaults).
+struct MatmulBackwardOptions {
+    // (N,C): inp was gelu(pre_gelu), and dinp is then the gradient of pre_gelu instead: cuBLASLt's DGELU epilogue
+    // when fuse_dgelu (matmul_lt falls back by itself where cuBLASLt cannot fuse), else the product and
+    // gelu_backward_inplace
+    const floatX* pre_gelu = nullptr;
+    bool fuse_dgelu = true;
+    // dbias from the weight-gradient product's BGRADB epilogue (into scratch, then added), where cuBLASLt has that
+    // kernel; else the column reduction (LLMC_BIAS_GRAD)
+    bool fuse_bias_grad = false;
+    // false: dweight and dbias are written instead of added to (the first micro-step of a step: no zeroed
+    // gradient buffer needed, and the product does not read the old dweight)
+    bool accumulate = true;
+};
+
 // Given dout (N,OC) of out = inp (N,C) @ weight (OC,C)^T + bias:
 //   dinp (N,C) = dout @ weight              (overwritten; skipped when dinp is nullptr)
 //   dweight (OC,C, fp32) += dout^T @ inp     (accumulated: gradient accumulation over micro-steps)
 //   dbias (OC, fp32) += sum over rows of dout (skipped when nullptr; needs `scratch`, see above)
-// pre_gelu (N,C; may be nullptr): inp was gelu(pre_gelu), and dinp is then the gradient of pre_gelu instead:
-// cuBLASLt's DGELU epilogue when fuse_dgelu (matmul_lt falls back by itself where cuBLASLt cannot fuse), else
-// the product and gelu_backward_inplace.
-// fuse_bias_grad: dbias from the weight-gradient product's BGRADB epilogue (into scratch, then added), where
-// cuBLASLt has that kernel; else the column reduction.
-// accumulate false: dweight and dbias are written instead of added to (the first micro-step of a step: no zeroed
-// gradient buffer needed, and the product does not read the old dweight).
+// with the variations of MatmulBackwardOptions.
 inline void matmul_backward(const CudaEnv& env, floatX* dinp, float* dweight, float* dbias, float* scratch,
                             const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                            const floatX* pre_gelu = nullptr, bool fuse_dgelu = true, bool fuse_bias_grad = false,
-                            bool accumulate = true) {
+                            const MatmulBackwardOptions& options = {}) {
+    const auto& [pre_gelu, fuse_dgelu, fuse_bias_grad, accumulate] = options;
     const km::GemmShape g = km::linear_dinp_gemm(N, C, OC);
     if (dinp && pre_gelu && !fuse_dgelu)
         matmul_lt_unfused(env, dinp, weight, dout, nullptr, g.m, g.n, g.k, g.ta, g.tb, false, nullptr, 1.0f, pre_gelu);

@@ -117,7 +117,7 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
             for (size_t i = 0; i < want.size(); i++) want[i] = ref_dinp[i] * km::gelu_derivative(pre[i + size_t(offset)]);
             const std::string how = offset ? "misaligned pre_gelu (fallback) " : "fused ";
             matmul_backward(env, d_dinp.data(), nullptr, nullptr, nullptr, d_dout.data(), d_inp.data(), d_w.data(), N, C,
-                            OC, d_pre_in.data() + offset);
+                            OC, {.pre_gelu = d_pre_in.data() + offset});
             env.sync();
             ck.compare("backward dgelu " + how + label, check::from_device_floatX(d_dinp), want, atol_dinp, 2 * check::kRtol);
             if (offset) continue;
@@ -157,7 +157,7 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
         for (int run = 0; run < 2; run++) {
             auto d_dw3 = check::to_device(dw0), d_db3 = check::to_device(db0);
             matmul_backward(env, nullptr, d_dw3.data(), d_db3.data(), scratch.data(), d_dout.data(), d_inp.data(), d_w.data(),
-                            N, C, OC, nullptr, true, /*fuse_bias_grad=*/true);
+                            N, C, OC, {.fuse_bias_grad = true});
             env.sync();
             if (run == 0) {
                 ck.compare("backward dweight, bias epilogue " + label, check::from_device(d_dw3), ref_dw, 1e-3f * rms(ref_dw),
@@ -177,7 +177,7 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
         auto d_dw4 = check::to_device(std::vector<float>(size_t(OC) * C, NAN));
         auto d_db4 = check::to_device(std::vector<float>(size_t(OC), NAN));
         matmul_backward(env, nullptr, d_dw4.data(), d_db4.data(), scratch.data(), d_dout.data(), d_inp.data(), d_w.data(),
-                        N, C, OC, nullptr, true, fuse != 0, /*accumulate=*/false);
+                        N, C, OC, {.fuse_bias_grad = fuse != 0, .accumulate = false});
         env.sync();
         const std::string how = fuse ? "bias epilogue" : "column reduction";
         ck.compare("backward dweight written, " + how + " " + label, check::from_device(d_dw4), ref_dw_sum,
@@ -214,7 +214,7 @@ static std::array<float, 4> time_shape(CudaEnv& env, int N, int C, int OC, const
     CUDA_CHECK(cudaMemset(pre_in.data(), 0, pre_in.bytes()));
     const float dg = check::time_ms(env.stream, 10, [&] {
         matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), out.data(), inp.data(), w.data(), N, C, OC,
-                        pre_in.data());
+                        {.pre_gelu = pre_in.data()});
     });
     check::report_flops(("matmul_backward+dgelu " + name).c_str(), dg, 2 * flops);
     const float cr = check::time_ms(env.stream, 20, [&] {  // dbias alone: the column reduction over dout
@@ -237,7 +237,7 @@ static void time_bias_grad(CudaEnv& env, int N, int C, int OC, const std::string
     for (int fuse = 0; fuse <= 1; fuse++) {
         ms[fuse] = check::time_ms(env.stream, 10, [&] {
             matmul_backward(env, dinp.data(), dw.data(), db.data(), scratch.data(), dout.data(), inp.data(), w.data(), N, C,
-                            OC, nullptr, true, fuse != 0);
+                            OC, {.fuse_bias_grad = fuse != 0});
         });
         check::report_flops(("matmul_backward+dbias " + std::string(fuse ? "bias epilogue " : "column reduction ") + name)
                                 .c_str(), ms[fuse], flops);
