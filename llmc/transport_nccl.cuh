@@ -396,14 +396,17 @@ private:
         const int W = world_size(), r = rank();
         wait_for_compute();
         std::byte* my_slot = out + offsets[r];
-        if (!mine.empty()) {
-            const cudaMemcpyKind kind = is_device_pointer(mine.data()) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+        const bool on_device = !mine.empty() && is_device_pointer(mine.data());
+        if (comm_ && how == GatherSizes::equal && on_device) {  // straight from `mine`: no copy into the output
+            NCCL_CHECK(ncclAllGather(mine.data(), out, mine.size(), ncclUint8, comm_, comm_stream_));
+        } else if (!mine.empty()) {
+            const cudaMemcpyKind kind = on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
             CUDA_CHECK(cudaMemcpyAsync(my_slot, mine.data(), mine.size(), kind, comm_stream_));
         }
-        if (comm_ && how == GatherSizes::equal) {  // in place: this rank's slot is already in the output
+        if (comm_ && how == GatherSizes::equal && !on_device) {  // in place: this rank's slot is in the output now
             const size_t n = offsets[r + 1] - offsets[r];
             if (n) NCCL_CHECK(ncclAllGather(my_slot, out, n, ncclUint8, comm_, comm_stream_));
-        } else if (comm_) {
+        } else if (comm_ && how == GatherSizes::exchange) {
             NCCL_CHECK(ncclGroupStart());
             for (int root = 0; root < W; root++) {
                 const size_t n = offsets[root + 1] - offsets[root];

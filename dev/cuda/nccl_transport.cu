@@ -226,6 +226,25 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaMemset(grads.data(), 0, grads.bytes()));
         const float ms = check::time_ms(env.stream, 5, [&] { t.allreduce_mean(std::span<float>(grads.data(), grads.size())); });
         if (r == 0) check::report_bandwidth("allreduce_mean 124M fp32 (bus bw)", ms, 2.0 * (W - 1) / std::max(W, 1) * grads.bytes() + (W == 1 ? grads.bytes() : 0));
+        // timing: DeMo's bucket all-gather (GPT-2 124M, k=32, fp32 values: 6,132,512 bytes per rank) with the size
+        // exchange (the first round's; every round's before 2026-11-28) and with the sizes known (every later
+        // round); GB/s of the bytes each rank receives (one rank: the copy)
+        const size_t bucket = 6132512;
+        DeviceBuffer<std::byte> bucket_in(bucket), bucket_out(bucket * W);
+        CUDA_CHECK(cudaMemset(bucket_in.data(), 0, bucket));
+        std::vector<size_t> bucket_offsets;
+        float gather_ms[2] = {0.0f, 0.0f};
+        for (const GatherSizes how : {GatherSizes::exchange, GatherSizes::equal}) {
+            const int i = how == GatherSizes::equal;
+            gather_ms[i] = check::time_ms(env.stream, 20, [&] {
+                t.allgather_device(std::span<const std::byte>(bucket_in.data(), bucket), bucket_out.data(),
+                                   bucket_out.size(), bucket_offsets, how);
+            });
+            if (r == 0)
+                check::report_bandwidth(i ? "allgather_device 6.1 MB, sizes known" : "allgather_device 6.1 MB, size exchange",
+                                        gather_ms[i], double(bucket) * std::max(W - 1, 1));
+        }
+        if (r == 0) check::report_ratio("allgather_device sizes known / size exchange", gather_ms[1], gather_ms[0]);
 #endif
 
         std::printf("rank %d: %s\n", r, ck.failures == 0 ? "PASS" : "FAIL");
