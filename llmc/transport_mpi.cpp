@@ -7,7 +7,7 @@
 // The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of MPI_COMM_WORLD, so
 // it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
 // it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
-// otherwise (or with LLMC_MPI_COMM_THREAD=0) it is an MPI_Iallgatherv (MPI_Iallgather for GatherSizes::equal)
+// otherwise (or with LLMC_MPI_COMM_THREAD=0) it is an MPI_Iallgatherv (MPI_Iallgather when the sizes are equal)
 // that MPI may only progress inside finish()'s wait. With GatherSizes::equal no all-gather exchanges sizes first.
 // MPI's counts are ints: all-gathers of more than 2 GiB in total run in rounds (gather_in_slices).
 // The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) works
@@ -192,7 +192,7 @@ public:
         const int count = static_cast<int>(gather_send_.size());
         if (gather_offsets_[world_] > gather_slice_limit()) {  // too large for one call: the rounds run in finish()
             gather_deferred_ = true;
-        } else if (how == GatherSizes::equal) {  // one call, moved by MPI meanwhile
+        } else if (same_everywhere(gather_sizes_)) {  // one call, moved by MPI meanwhile
             MPI_Iallgather(gather_send_.data(), count, MPI_BYTE, gather_all_.data(), count, MPI_BYTE, gather_comm_,
                            &gather_request_);
         } else {
@@ -255,6 +255,10 @@ private:
         sizes.assign(world_, my_size);
         if (how == GatherSizes::exchange) MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
     }
+    // Every rank contributes as many bytes as the first: MPI_Allgather(v) without the v.
+    static bool same_everywhere(const std::vector<int>& sizes) {
+        return std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == sizes.front(); });
+    }
     std::vector<size_t> offsets_of(const std::vector<int>& sizes) const {
         std::vector<size_t> offsets(world_ + 1, 0);
         for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(sizes[r]);
@@ -287,7 +291,7 @@ private:
                           std::byte* all, MPI_Comm comm) {
         const size_t limit = gather_slice_limit();
         if (offsets[world_] <= limit) {
-            if (std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == sizes[rank_]; })) {
+            if (same_everywhere(sizes)) {
                 MPI_Allgather(mine, sizes[rank_], MPI_BYTE, all, sizes[rank_], MPI_BYTE, comm);
                 return;
             }
