@@ -4,16 +4,22 @@
 // before the all-gather (CudaDemo already reads gathered buckets from host memory with any non-NCCL
 // transport). For clusters without NCCL, or to compare against it: LLMC_TRANSPORT=mpi ./train_gpt ...
 // Byte counters and communication time are the wrapped transport's (the same ring model as NcclTransport);
-// the staging copies are counted as communication time, since they exist only to communicate.
+// the staging copies of the blocking collectives are counted as communication time, since they exist only to
+// communicate.
 // The split all-gather (allgather_bytes_start / _finish, DeMo's --demo_delay 1) is the wrapped transport's, so
 // MPI overlaps it with the next step's compute; a device `mine` is staged in a host buffer of its own, which
 // the collectives in between do not touch.
-// The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) is the
-// wrapped transport's too: each start waits for the compute stream (the backward kernels that wrote its
-// ranges; the host is then briefly not ahead of the device), copies the ranges into the pinned buffer, which
-// mirrors the whole gradient, and hands them to the wrapped transport's start (MPI's reducer thread);
-// finish waits for it and copies the averaged ranges back. Until that finish the pinned buffer is theirs:
-// the other staged collectives refuse to run.
+// The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) runs
+// on a copy stream of its own, so neither the backward's kernels nor the host wait for it during the
+// backward: each start enqueues, behind an event of the compute stream (the kernels that wrote its ranges),
+// the copies of the ranges into the pinned buffer, which mirrors the whole gradient, and returns. A started
+// group goes to the wrapped transport's start (MPI's reducer thread) once its copies are done: at a later start
+// if they are by then, else in finish(), which waits for each group's copies in turn and hands it over at
+// once (the host reaches finish() while the GPU is still in the backward, so the reducer gets each layer about
+// when the GPU finishes it). finish() then waits for the reducer and enqueues the copies back on the copy
+// stream, which the compute stream waits for: the host does not wait for them. Only the reducer's wait counts
+// as communication time (the copies overlap the backward; waiting for them is waiting for the backward). Until
+// that finish the pinned buffer is the overlapped all-reduce's: the other staged collectives refuse to run.
 #pragma once
 #include <chrono>
 #include <cstdlib>
@@ -30,8 +36,17 @@ namespace llmc {
 
 class HostStagedTransport final : public Transport {
 public:
-    HostStagedTransport(Transport& world, cudaStream_t compute_stream) : world_(world), stream_(compute_stream) {}
+    HostStagedTransport(Transport& world, cudaStream_t compute_stream) : world_(world), stream_(compute_stream) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&grads_ready_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&copied_back_, cudaEventDisableTiming));
+    }
     ~HostStagedTransport() override {
+        if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_);  // nothing may still read host_
+        for (cudaEvent_t e : copied_) (void)cudaEventDestroy(e);
+        if (grads_ready_) (void)cudaEventDestroy(grads_ready_);
+        if (copied_back_) (void)cudaEventDestroy(copied_back_);
+        if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
         if (host_) (void)cudaFreeHost(host_);
     }
     HostStagedTransport(const HostStagedTransport&) = delete;
@@ -103,37 +118,74 @@ public:
 protected:
     void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
                                 size_t) override {
-        float* host = base;
-        if (is_device_pointer(base)) {
-            CUDA_CHECK(cudaStreamSynchronize(stream_));  // the backward's kernels: compute time, not communication
-            if (overlapped_.empty()) reserve(total * sizeof(float));  // the first start: nothing in it is in flight
-            host = reinterpret_cast<float*>(host_);
+        if (!is_device_pointer(base)) {  // host gradients: the wrapped transport's own overlap
+            const auto start = std::chrono::steady_clock::now();
+            world_.reset_counters();
+            world_.allreduce_mean_start(base, total, ranges, bf16);
+            absorb_counters(start);
+            return;
         }
-        const auto start = std::chrono::steady_clock::now();
-        if (host != base) copy_ranges(host, base, ranges, cudaMemcpyDeviceToHost);
-        world_.reset_counters();
-        world_.allreduce_mean_start(host, total, ranges, bf16);
-        absorb_counters(start);
+        if (staged_groups_ == 0) reserve(total * sizeof(float));  // the step's first start: nothing of it is in flight
+        CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, grads_ready_, 0));
+        enqueue_copies(reinterpret_cast<float*>(host_), base, ranges, cudaMemcpyDeviceToHost);
+        if (staged_groups_ == copied_.size()) {
+            copied_.emplace_back();
+            CUDA_CHECK(cudaEventCreateWithFlags(&copied_.back(), cudaEventDisableTiming));
+        }
+        CUDA_CHECK(cudaEventRecord(copied_[staged_groups_], copy_stream_));
+        staged_groups_++;
+        groups_.push_back({std::vector<ParamRange>(ranges.begin(), ranges.end()), total, bf16});
         overlapped_base_ = base;
         overlapped_.insert(overlapped_.end(), ranges.begin(), ranges.end());
+        // hand over what the GPU has copied by now (cudaEventQuery does not wait)
+        while (handed_ < staged_groups_) {
+            const cudaError_t done = cudaEventQuery(copied_[handed_]);
+            if (done == cudaErrorNotReady) break;
+            CUDA_CHECK(done);
+            hand_over(groups_[handed_]);
+            handed_++;
+        }
     }
     void finish_allreduce_ranges(size_t, bool) override {
+        for (; handed_ < staged_groups_; handed_++) {  // waits for the backward, not for communication
+            CUDA_CHECK(cudaEventSynchronize(copied_[handed_]));
+            hand_over(groups_[handed_]);
+        }
         const auto start = std::chrono::steady_clock::now();
         world_.reset_counters();
         world_.allreduce_mean_finish();
-        if (!overlapped_.empty() && is_device_pointer(overlapped_base_))
-            copy_ranges(overlapped_base_, reinterpret_cast<const float*>(host_), overlapped_, cudaMemcpyHostToDevice);
+        if (!overlapped_.empty()) {
+            enqueue_copies(overlapped_base_, reinterpret_cast<const float*>(host_), overlapped_, cudaMemcpyHostToDevice);
+            CUDA_CHECK(cudaEventRecord(copied_back_, copy_stream_));
+            CUDA_CHECK(cudaStreamWaitEvent(stream_, copied_back_, 0));
+        }
         overlapped_.clear();
+        groups_.clear();
+        staged_groups_ = handed_ = 0;
         absorb_counters(start);
     }
 
 private:
-    // dst[r] <- src[r] for each range r of two buffers laid out alike; returns when the copies are done
-    void copy_ranges(float* dst, const float* src, std::span<const ParamRange> ranges, cudaMemcpyKind kind) {
+    // A group of ranges of one start of the overlapped all-reduce, staged in host_ at the same offsets.
+    struct StagedGroup {
+        std::vector<ParamRange> ranges;
+        size_t total = 0;
+        bool bf16 = false;
+    };
+
+    // dst[r] <- src[r] for each range r of two buffers laid out alike, enqueued on the copy stream
+    void enqueue_copies(float* dst, const float* src, std::span<const ParamRange> ranges, cudaMemcpyKind kind) {
         for (const ParamRange& r : ranges)
             if (r.numel)
-                CUDA_CHECK(cudaMemcpyAsync(dst + r.offset, src + r.offset, r.numel * sizeof(float), kind, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+                CUDA_CHECK(cudaMemcpyAsync(dst + r.offset, src + r.offset, r.numel * sizeof(float), kind, copy_stream_));
+    }
+    // A group whose host copy is complete starts in the wrapped transport (for MPI: onto its reducer thread).
+    void hand_over(const StagedGroup& group) {
+        const auto start = std::chrono::steady_clock::now();
+        world_.reset_counters();
+        world_.allreduce_mean_start(reinterpret_cast<float*>(host_), group.total, group.ranges, group.bf16);
+        absorb_counters(start);
     }
     template <class Reduce>
     void staged(std::span<float> data, Reduce reduce) {
@@ -166,6 +218,7 @@ private:
         LLMC_CHECK(overlapped_.empty(), "host-staged transport: a collective through the staging buffer while the "
                                         "overlapped all-reduce holds it (finish that first)");
         if (bytes <= host_bytes_) return;
+        CUDA_CHECK(cudaStreamSynchronize(copy_stream_));  // the last overlapped all-reduce's copies back read host_
         if (host_) CUDA_CHECK(cudaFreeHost(host_));
         host_ = nullptr;
         host_bytes_ = 0;
@@ -174,12 +227,21 @@ private:
     }
 
     Transport& world_;
-    cudaStream_t stream_;
-    std::byte* host_ = nullptr;  // pinned, grow-only
+    cudaStream_t stream_;                 // the compute stream
+    cudaStream_t copy_stream_ = nullptr;  // the overlapped all-reduce's copies
+    std::byte* host_ = nullptr;           // pinned, grow-only
     std::vector<std::byte> gather_host_;  // a device bucket of the split all-gather, until its finish()
     size_t host_bytes_ = 0;
-    float* overlapped_base_ = nullptr;    // the overlapped all-reduce's gradient buffer and the ranges started
-    std::vector<ParamRange> overlapped_;  // since its last finish (their host copies live in host_)
+    // the overlapped all-reduce since its last finish: the gradient buffer and every range started (their host
+    // copies live in host_), each start's group, the event after its copies (copied_[i], a pool reused every
+    // step), how many groups were started and how many of them handed to the wrapped transport
+    float* overlapped_base_ = nullptr;
+    std::vector<ParamRange> overlapped_;
+    std::vector<StagedGroup> groups_;
+    std::vector<cudaEvent_t> copied_;
+    size_t staged_groups_ = 0, handed_ = 0;
+    cudaEvent_t grads_ready_ = nullptr;  // the compute stream's position at a start
+    cudaEvent_t copied_back_ = nullptr;  // the end of finish()'s copies back, which the compute stream waits for
 };
 
 }  // namespace llmc

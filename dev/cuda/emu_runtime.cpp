@@ -22,8 +22,8 @@
 // a stream's launches, copies and memsets into a graph instead of queueing them, and a graph launch queues
 // copies of them; what a GPU cannot capture fails here too (waiting for the capturing stream, an event recorded
 // on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated.
-// cudaEventElapsedTime on an event whose work has not run fails with cudaErrorNotReady, as on a GPU where it has
-// not finished. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued device work (a
+// cudaEventQuery, cudaStreamQuery and cudaEventElapsedTime on work that has not run answer cudaErrorNotReady, as
+// on a GPU where it has not finished. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued device work (a
 // synchronization or a copy into pageable memory that had work to wait for): on a GPU each is a round trip that
 // leaves the device idle, so tests count them per training step. What it cannot catch: a kernel
 // touching host memory, and races between work that runs concurrently on a GPU (two streams' kernels here run
@@ -546,6 +546,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     host_wait(stream_of(s));
     return cudaSuccess;
 }
+// Work the host has not waited for has not run (see cudaEventQuery).
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
+    return pending(stream_of(s), UINT64_MAX) ? cudaErrorNotReady : cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     if (!e) return fail_with(cudaErrorInvalidResourceHandle);
     if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
@@ -583,7 +588,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (ev->stream) host_wait(ev->stream, ev->position);
     return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+// Work the host has not waited for has not run: not ready, which a GPU may answer at any time (and not sticky).
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!e) return fail_with(cudaErrorInvalidResourceHandle);
+    return event_done(reinterpret_cast<const Event*>(e)) ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
     if (!ms || !start || !stop) return fail_with(cudaErrorInvalidValue);
     const auto* a = reinterpret_cast<Event*>(start);

@@ -6,7 +6,9 @@
 // empty buckets), allgather_device, its split form (allgather_device_start / _finish, DeMo's --demo_delay 1:
 // the same contents and counters, with other collectives and compute-stream work in between), the same with
 // GatherSizes::equal (no size exchange: one ncclAllGather), device
-// broadcast, scalar reductions and the byte counters' ring model.
+// broadcast, scalar reductions and the byte counters' ring model; and HostStagedTransport's overlapped
+// all-reduce (LLMC_TRANSPORT=mpi: through pinned host memory on a copy stream, neither start nor finish waiting
+// for the compute stream).
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
 #include <cstring>
@@ -14,6 +16,7 @@
 #include "dev/cuda/common.h"
 #include "llmc/transport_mpi.h"
 #include "llmc/transport_nccl.cuh"
+#include "llmc/transport_staged.cuh"
 
 using namespace llmc;
 
@@ -99,6 +102,57 @@ int main(int argc, char** argv) {
             ck.expect(t.counters().bytes_sent == wire_o && t.counters().bytes_recv == wire_o &&
                           t.counters().payload_bytes == covered,
                       what + ": counters of the covered elements as one buffer (ring model)");
+        }
+
+        // The same overlapped all-reduce through host memory (HostStagedTransport, LLMC_TRANSPORT=mpi). The
+        // gradient is written on the compute stream just before (a device copy, as the backward writes it), so
+        // a staging copy not ordered after it reads the fresh allocation's contents. The emulated device runs
+        // work only when the host waits for it: there, the compute stream still has work queued after start()
+        // and after finish() shows that neither waited for it (the backward and the copies back run on).
+        {
+            HostStagedTransport staged(*world, env.stream);
+            const size_t no = 70001, gap_lo = 30000, gap_hi = 30017;
+            std::vector<float> x(no), want_s(no);
+            for (size_t i = 0; i < no; i++) {
+                x[i] = float(r) + 0.25f * float(i % 4);
+                const float sum = float(W * (W - 1) / 2) + float(W) * 0.25f * float(i % 4);
+                want_s[i] = i >= gap_lo && i < gap_hi ? x[i] : sum / float(W);
+            }
+            for (int step = 0; step < 2; step++) {  // the second step reuses the staging buffer and the events
+                DeviceBuffer<float> src(no), xd(no), seen(no);
+                src.upload(x);
+                CUDA_CHECK(cudaMemcpyAsync(xd.data(), src.data(), no * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
+                staged.reset_counters();
+                const ParamRange first[] = {{50000, no - 50000}, {gap_hi, 50000 - gap_hi}};
+                const ParamRange second[] = {{1000, 0}, {1, gap_lo - 1}, {0, 1}};
+                staged.allreduce_mean_start(xd.data(), no, first, false);
+#if defined(LLMC_BLOCK_EMULATOR)
+                ck.expect(cudaStreamQuery(env.stream) == cudaErrorNotReady,
+                          "host-staged overlapped all-reduce: start() does not wait for the compute stream");
+#endif
+                staged.allreduce_mean_start(xd.data(), no, second, false);
+                staged.allreduce_mean_finish();
+#if defined(LLMC_BLOCK_EMULATOR)
+                ck.expect(cudaStreamQuery(env.stream) == cudaErrorNotReady,
+                          "host-staged overlapped all-reduce: finish() does not wait for the copies back");
+#endif
+                CUDA_CHECK(cudaMemcpyAsync(seen.data(), xd.data(), no * sizeof(float), cudaMemcpyDeviceToDevice, env.stream));
+                CUDA_CHECK(cudaStreamSynchronize(env.stream));
+                const std::string what = "host-staged overlapped all-reduce, step " + std::to_string(step + 1);
+                ck.compare(what + " (read on the compute stream)", seen.download(), want_s, 1e-6f, 1e-6f);
+                const uint64_t covered = (no - (gap_hi - gap_lo)) * sizeof(float);
+                const uint64_t wire_s = 2 * uint64_t(W - 1) * covered / W;
+                ck.expect(staged.counters().bytes_sent == wire_s && staged.counters().bytes_recv == wire_s &&
+                              staged.counters().payload_bytes == covered,
+                          what + ": counters of the covered elements as one buffer (ring model)");
+            }
+            // a blocking staged collective after the overlapped one: the copies back are done before it reuses
+            // the staging buffer
+            DeviceBuffer<float> after(1000);
+            after.upload(std::vector<float>(1000, float(r)));
+            staged.allreduce_mean(std::span<float>(after.data(), 1000));
+            ck.compare("host-staged allreduce_mean after the overlapped all-reduce", after.download(),
+                       std::vector<float>(1000, float(W - 1) / 2.0f), 1e-6f, 1e-6f);
         }
 
         // allgather_bytes: rank q contributes size(q) bytes with value (7q + j) & 0xff; rank 1 contributes nothing
