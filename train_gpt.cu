@@ -75,7 +75,6 @@
 #include "llmc/schedule.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_common.h"
-#include "llmc/transport_mpi.h"
 #include "llmc/transport_nccl.cuh"
 #include "llmc/transport_staged.cuh"
 
@@ -198,14 +197,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     Transport& transport = *training_transport;
     GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env);
     std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env, overlap);
-    DataLoader train_loader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
-                            cfg.model.vocab_size);
-    std::unique_ptr<DataLoader> val_loader;
-    if (!cfg.val_data.empty() && cfg.val_batches > 0)
-        val_loader = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
-                                                  cfg.seed, cfg.model.vocab_size);
-    std::unique_ptr<TokenizerDecoder> tokenizer;
-    if (cfg.sample_every > 0 && main_rank) tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
+    RunData data = open_run_data(cfg, rank, world);
+    DataLoader& train_loader = data.train;
 
     // Starting point: a checkpoint, an llm.c model file, or a fresh seeded init (identical on every rank and
     // to the CPU trainer's, which draws it).
@@ -242,12 +235,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
                 : cfg.optimizer;
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
-        std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
-                    "%llu groups/epoch | activations %.0f MiB (%s attention)\n",
-                    cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),
-                    static_cast<unsigned long long>(train_loader.total_tokens()),
-                    static_cast<unsigned long long>(train_loader.groups_per_epoch()), model.activation_bytes() / 1048576.0,
-                    model.attention_name());
+        std::printf("%s | activations %.0f MiB (%s attention)\n", batch_banner(cfg, world, grad_accum, train_loader).c_str(),
+                    model.activation_bytes() / 1048576.0, model.attention_name());
     }
 
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
@@ -285,8 +274,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         reporter.report(step, t0, loss, lr, result, transport, state);
 
         const StepDuties due = step_duties(cfg, step);
-        run_step_evaluations(due, step, model, val_loader.get(), cfg, transport, log.get(), state.tokens,
-                             tokenizer.get(),
+        run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
+                             data.tokenizer.get(),
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });
         if (due.checkpoint) {
             state.data = train_loader.position();
@@ -302,14 +291,4 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    std::unique_ptr<llmc::Transport> transport;
-    try {
-        transport = llmc::make_world_transport(&argc, &argv);
-        llmc::TrainConfig cfg;
-        if (!llmc::parse_command_line(argc - 1, argv + 1, cfg, "train_gpt")) return 0;
-        return train(cfg, *transport, argc, argv);
-    } catch (const std::exception& e) {
-        return llmc::report_fatal_error(e, transport.get());
-    }
-}
+int main(int argc, char** argv) { return llmc::trainer_main(argc, argv, "train_gpt", train); }

@@ -35,7 +35,6 @@
 #include "llmc/schedule.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_common.h"
-#include "llmc/transport_mpi.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -96,14 +95,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         return 0;
     }
     std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, layout, transport);
-    DataLoader train_loader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
-                            cfg.model.vocab_size);
-    std::unique_ptr<DataLoader> val_loader;
-    if (!cfg.val_data.empty() && cfg.val_batches > 0)
-        val_loader = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
-                                                  cfg.seed, cfg.model.vocab_size);
-    std::unique_ptr<TokenizerDecoder> tokenizer;
-    if (cfg.sample_every > 0 && main_rank) tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
+    RunData data = open_run_data(cfg, rank, world);
+    DataLoader& train_loader = data.train;
 
     // Starting point: a checkpoint, an llm.c model file, or a fresh seeded init (identical on every rank).
     TrainingState state;
@@ -128,11 +121,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
                     cfg.model.describe().c_str(), layout.num_params / 1e6,
                     (cfg.optimizer + (demo_delay_phrase(cfg).empty() ? "" : " (" + demo_delay_phrase(cfg) + ")")).c_str(),
                     world, threads);
-        std::printf("batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
-                    "%llu groups/epoch\n",
-                    cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),
-                    static_cast<unsigned long long>(train_loader.total_tokens()),
-                    static_cast<unsigned long long>(train_loader.groups_per_epoch()));
+        std::printf("%s\n", batch_banner(cfg, world, grad_accum, train_loader).c_str());
     }
 
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
@@ -162,8 +151,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         reporter.report(step, t0, loss, lr, result, transport, state);
 
         const StepDuties due = step_duties(cfg, step);
-        run_step_evaluations(due, step, model, val_loader.get(), cfg, transport, log.get(), state.tokens,
-                             tokenizer.get(),
+        run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
+                             data.tokenizer.get(),
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });
         if (due.checkpoint) {
             state.data = train_loader.position();
@@ -179,14 +168,4 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    std::unique_ptr<llmc::Transport> transport;
-    try {
-        transport = llmc::make_world_transport(&argc, &argv);
-        llmc::TrainConfig cfg;
-        if (!llmc::parse_command_line(argc - 1, argv + 1, cfg, "train_gpt_cpu")) return 0;
-        return train(cfg, *transport, argc, argv);
-    } catch (const std::exception& e) {
-        return llmc::report_fatal_error(e, transport.get());
-    }
-}
+int main(int argc, char** argv) { return llmc::trainer_main(argc, argv, "train_gpt_cpu", train); }

@@ -11,6 +11,7 @@
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/model_io.h"
+#include "llmc/transport_mpi.h"
 
 #ifndef LLMC_GIT_VERSION
 #define LLMC_GIT_VERSION "unknown"
@@ -139,6 +140,29 @@ bool ddp_overlap_from_env() {
     return v == "1";
 }
 
+RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
+    RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
+                            cfg.model.vocab_size),
+                 nullptr, nullptr};
+    if (!cfg.val_data.empty() && cfg.val_batches > 0)
+        data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
+                                                cfg.seed, cfg.model.vocab_size);
+    if (cfg.sample_every > 0 && rank == 0)
+        data.tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
+    return data;
+}
+
+std::string batch_banner(const TrainConfig& cfg, int world, int grad_accum, const DataLoader& train) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "batch %d x %d tokens x %d ranks x %d accumulation = %lld tokens/step | %llu train tokens, "
+                  "%llu groups/epoch",
+                  cfg.batch_size, cfg.seq_len, world, grad_accum, static_cast<long long>(cfg.total_batch_size),
+                  static_cast<unsigned long long>(train.total_tokens()),
+                  static_cast<unsigned long long>(train.groups_per_epoch()));
+    return line;
+}
+
 nlohmann::ordered_json run_record(const TrainConfig& cfg, int world, int grad_accum, const char* trainer, int argc,
                                   char** argv) {
     nlohmann::ordered_json record = nlohmann::ordered_json::parse(config_to_json(cfg));
@@ -219,6 +243,18 @@ int report_fatal_error(const std::exception& e, const Transport* transport) {
     // Ranks that hit the same error (a bad flag) all get to say so before mpirun ends the job.
     if (multi_rank) std::_Exit(1);
     return 1;
+}
+
+int trainer_main(int argc, char** argv, const char* program, TrainFunction train) {
+    std::unique_ptr<Transport> transport;
+    try {
+        transport = make_world_transport(&argc, &argv);
+        TrainConfig cfg;
+        if (!parse_command_line(argc - 1, argv + 1, cfg, program)) return 0;
+        return train(cfg, *transport, argc, argv);
+    } catch (const std::exception& e) {
+        return report_fatal_error(e, transport.get());
+    }
 }
 
 }  // namespace llmc

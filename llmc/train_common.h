@@ -1,5 +1,6 @@
 // Pieces of the training program that the CPU trainer (train_gpt_cpu.cpp) and the CUDA trainer (train_gpt.cu)
-// share verbatim: batch geometry, the cross-rank config check, the --dry_run report, the run record written
+// share verbatim: batch geometry, the cross-rank config check, the --dry_run report, the data a run reads and
+// the banner's batch line, the run record written
 // next to the metrics, where a run starts (checkpoint, llm.c model file or fresh init), checkpoint writing,
 // the validation loss, the sampling rule, per-step metrics and the fatal-error exit. Keeping them here means
 // the two trainers differ only where the model and the optimizer run.
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,6 +48,20 @@ std::string demo_delay_phrase(const TrainConfig& cfg);
 // LLMC_DDP_OVERLAP (both trainers): 1 (the default) overlaps AdamW-DDP's gradient all-reduce with the backward,
 // layer by layer; 0 all-reduces after the backward. Anything else is an error.
 bool ddp_overlap_from_env();
+
+// What a run reads besides its weights: this rank's training stream, the validation stream (null without
+// --val_data or with --val_batches 0) and the tokenizer's decoder on the rank that prints samples (rank 0 with
+// --sample_every > 0; null elsewhere). Opening them validates every shard header and the tokenizer file.
+struct RunData {
+    DataLoader train;
+    std::unique_ptr<DataLoader> val;
+    std::unique_ptr<TokenizerDecoder> tokenizer;
+};
+RunData open_run_data(const TrainConfig& cfg, int rank, int world);
+
+// The banner's batch line: "batch B x T tokens x W ranks x A accumulation = N tokens/step | ..." (train tokens
+// and window groups per epoch); a trainer appends what it knows besides.
+std::string batch_banner(const TrainConfig& cfg, int world, int grad_accum, const DataLoader& train);
 
 // The resolved config plus "_run": code version, trainer, world size, accumulation, tokens per step, argv.
 // Trainers add their own fields to record["_run"] before writing it to <out_dir>/config.json.
@@ -148,6 +164,11 @@ private:
     double session_seconds_ = 0.0;
     int session_steps_ = 0;
 };
+
+// A trainer's main(): the world transport (MPI under mpirun), the command line (--help prints and returns 0),
+// train(), and the one-line exit of report_fatal_error for any error on the way.
+using TrainFunction = int (*)(TrainConfig cfg, Transport& world, int argc, char** argv);
+int trainer_main(int argc, char** argv, const char* program, TrainFunction train);
 
 // Prints "error[ (rank r)]: <message>" and ends the process: with several ranks without MPI_Finalize (which
 // could wait for ranks blocked in a collective; mpirun then ends the job), else by returning 1 to main.
