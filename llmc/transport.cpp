@@ -25,13 +25,22 @@ void Transport::allreduce_mean_start(float* base, size_t total, std::span<const 
     overlap_total_ = total;
     overlap_bf16_ = bf16;
     overlap_elems_ += elems;
+    overlap_starts_++;
     start_allreduce_ranges(base, total, ranges, bf16, elems);
 }
 
 void Transport::allreduce_mean_finish() {
     const size_t elems = overlap_elems_;
     overlap_elems_ = 0;
+    overlap_starts_ = 0;
     finish_allreduce_ranges(elems, overlap_bf16_);
+}
+
+void Transport::allreduce_mean_wait(size_t starts) {
+    LLMC_CHECK(starts <= overlap_starts_, std::string(name()) + " transport, overlapped all-reduce: waiting for " +
+                                              std::to_string(starts) + " starts, but only " +
+                                              std::to_string(overlap_starts_) + " began since the last finish()");
+    wait_allreduce_ranges(starts);
 }
 
 void Transport::start_allreduce_ranges(float* base, size_t, std::span<const ParamRange> ranges, bool bf16, size_t) {

@@ -76,6 +76,10 @@ public:
     // not hide). Both check and keep the books here and hand the work to start_/finish_allreduce_ranges.
     void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16);
     void allreduce_mean_finish();
+    // Blocks until the first `starts` start() calls since the last finish() are complete: their ranges hold the
+    // mean. finish() must still follow (it ends the round and counts it). So a caller can use the early ranges
+    // while later ones are in flight (the host-staged transport copies them back to the GPU meanwhile).
+    void allreduce_mean_wait(size_t starts);
     // Every rank contributes `mine` (GatherSizes::exchange: any size, may differ per rank; equal: the same size
     // on every rank). On return `all` holds the ranks' buffers concatenated in rank order and
     // offsets[r]..offsets[r+1] delimits rank r's (offsets has world+1 entries).
@@ -120,6 +124,10 @@ protected:
     virtual void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
                                         size_t elems);
     virtual void finish_allreduce_ranges(size_t /*elems*/, bool /*bf16*/) {}
+    // allreduce_mean_wait's half: `starts` is at most the starts since the last finish, counting the present one
+    // inside start_allreduce_ranges (overlap_starts()). The default start reduced its ranges already.
+    virtual void wait_allreduce_ranges(size_t /*starts*/) {}
+    size_t overlap_starts() const { return overlap_starts_; }
 
     // Backends open one of these around every blocking collective.
     CollectiveWatchdog::Scope watch(const char* what) {
@@ -132,6 +140,7 @@ protected:
 private:
     float* overlap_base_ = nullptr;  // the overlapped all-reduce since the last finish: its buffer and wire,
     size_t overlap_total_ = 0, overlap_elems_ = 0;  // and the elements started
+    size_t overlap_starts_ = 0;                     // start() calls since the last finish()
     bool overlap_bf16_ = false;
     std::vector<std::byte> early_all_;  // the default start()'s result, handed out by finish()
     std::vector<size_t> early_offsets_;

@@ -120,11 +120,28 @@ protected:
         if (elems == 0) return;
         {
             std::lock_guard lock(reduce_mutex_);
-            reduce_queue_.push_back({base, std::vector<ParamRange>(ranges.begin(), ranges.end()), elems, bf16});
+            reduce_queue_.push_back(
+                {base, std::vector<ParamRange>(ranges.begin(), ranges.end()), elems, bf16, overlap_starts() - 1});
         }
         if (!comm_thread_ok_) return;  // finish() reduces them
         if (!reducer_.joinable()) reducer_ = std::thread([this] { run_reducer(); });
         reduce_ready_.notify_one();
+    }
+
+    // the jobs of the first `starts` starts reduced (the queue holds the others; empty ones were never queued)
+    void wait_allreduce_ranges(size_t starts) override {
+        if (world_ == 1) return;
+        Timer t(counters_, /*counts=*/false);
+        const auto watched = watch("MPI all-reduce of the gradients (early ranges)");
+        const auto reduced = [&] { return reduce_queue_.empty() || reduce_queue_.front().start >= starts; };
+        if (comm_thread_ok_) {
+            reduce_awaited_ = true;
+            std::unique_lock lock(reduce_mutex_);
+            reduce_done_.wait(lock, reduced);
+            reduce_awaited_ = false;
+        } else {
+            for (; !reduced(); reduce_queue_.pop_front()) reduce_job(reduce_queue_.front());
+        }
     }
 
     void finish_allreduce_ranges(size_t elems, bool bf16) override {
@@ -400,6 +417,7 @@ private:
         std::vector<ParamRange> ranges;
         size_t elems;
         bool bf16;
+        size_t start;  // which start() since the last finish() queued it, from 0
     };
     void reduce_job(const ReduceJob& job) {
         const auto mean = [&](float* data, size_t n) {
@@ -427,7 +445,7 @@ private:
         }
     }
     // The reducer thread: takes the jobs in start order; a job leaves the queue once reduced, so an empty queue
-    // means every started range is done.
+    // means every started range is done, and one whose front came from start s means the starts before s are.
     void run_reducer() {
         std::unique_lock lock(reduce_mutex_);
         for (;;) {
@@ -438,7 +456,7 @@ private:
             reduce_job(job);
             lock.lock();
             reduce_queue_.pop_front();
-            if (reduce_queue_.empty()) reduce_done_.notify_all();
+            reduce_done_.notify_all();
         }
     }
     void stop_reducer() {

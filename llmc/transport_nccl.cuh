@@ -251,6 +251,15 @@ protected:
         counters_.bytes_recv += wire;
     }
 
+    // The starts' all-reduces are queued on the communication stream in order: waiting for all of it covers them.
+    void wait_allreduce_ranges(size_t starts) override {
+        if (comm_ == nullptr || starts == 0) return;
+        const auto watched = watch("NCCL all-reduce of the gradients (early ranges)");
+        const auto start = std::chrono::steady_clock::now();
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+        counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+
 public:
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
                          GatherSizes how) override {

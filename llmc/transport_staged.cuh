@@ -16,9 +16,10 @@
 // group goes to the wrapped transport's start (MPI's reducer thread) once its copies are done: at a later start
 // if they are by then, else in finish(), which waits for each group's copies in turn and hands it over at
 // once (the host reaches finish() while the GPU is still in the backward, so the reducer gets each layer about
-// when the GPU finishes it). finish() then waits for the reducer and enqueues the copies back on the copy
-// stream, which the compute stream waits for: the host does not wait for them. Only the reducer's wait counts
-// as communication time (the copies overlap the backward; waiting for them is waiting for the backward). Until
+// when the GPU finishes it). finish() then enqueues each group's copies back on the copy stream as soon as the
+// reducer has averaged it (allreduce_mean_wait), while the reducer goes on with the next groups; the compute
+// stream waits for the last copy, the host does not. Only the waits for the reducer count as communication
+// time (the copies to the host overlap the backward; waiting for them is waiting for the backward). Until
 // that finish the pinned buffer is the overlapped all-reduce's: the other staged collectives refuse to run.
 #pragma once
 #include <chrono>
@@ -64,36 +65,31 @@ public:
     }
     void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
                          GatherSizes how) override {
-        const auto start = std::chrono::steady_clock::now();
-        std::span<const std::byte> host = mine;
-        if (!mine.empty() && is_device_pointer(mine.data())) {
-            reserve(mine.size());
-            CUDA_CHECK(cudaMemcpyAsync(host_, mine.data(), mine.size(), cudaMemcpyDeviceToHost, stream_));
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
-            host = std::span<const std::byte>(host_, mine.size());
-        }
-        world_.reset_counters();
-        world_.allgather_bytes(host, all, offsets, how);
-        absorb_counters(start);
+        timed_world([&] {
+            std::span<const std::byte> host = mine;
+            if (!mine.empty() && is_device_pointer(mine.data())) {
+                reserve(mine.size());
+                CUDA_CHECK(cudaMemcpyAsync(host_, mine.data(), mine.size(), cudaMemcpyDeviceToHost, stream_));
+                CUDA_CHECK(cudaStreamSynchronize(stream_));
+                host = std::span<const std::byte>(host_, mine.size());
+            }
+            world_.allgather_bytes(host, all, offsets, how);
+        });
     }
     void allgather_bytes_start(std::span<const std::byte> mine, GatherSizes how) override {
-        const auto start = std::chrono::steady_clock::now();
-        std::span<const std::byte> host = mine;
-        if (!mine.empty() && is_device_pointer(mine.data())) {
-            gather_host_.resize(mine.size());  // pageable: the copy completes before it returns
-            CUDA_CHECK(cudaMemcpyAsync(gather_host_.data(), mine.data(), mine.size(), cudaMemcpyDeviceToHost, stream_));
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
-            host = gather_host_;
-        }
-        world_.reset_counters();
-        world_.allgather_bytes_start(host, how);
-        absorb_counters(start);
+        timed_world([&] {
+            std::span<const std::byte> host = mine;
+            if (!mine.empty() && is_device_pointer(mine.data())) {
+                gather_host_.resize(mine.size());  // pageable: the copy completes before it returns
+                CUDA_CHECK(cudaMemcpyAsync(gather_host_.data(), mine.data(), mine.size(), cudaMemcpyDeviceToHost, stream_));
+                CUDA_CHECK(cudaStreamSynchronize(stream_));
+                host = gather_host_;
+            }
+            world_.allgather_bytes_start(host, how);
+        });
     }
     void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
-        const auto start = std::chrono::steady_clock::now();
-        world_.reset_counters();
-        world_.allgather_bytes_finish(all, offsets);
-        absorb_counters(start);
+        timed_world([&] { world_.allgather_bytes_finish(all, offsets); });
     }
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
     void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
@@ -119,51 +115,52 @@ protected:
     void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
                                 size_t) override {
         if (!is_device_pointer(base)) {  // host gradients: the wrapped transport's own overlap
-            const auto start = std::chrono::steady_clock::now();
-            world_.reset_counters();
-            world_.allreduce_mean_start(base, total, ranges, bf16);
-            absorb_counters(start);
+            timed_world([&] { world_.allreduce_mean_start(base, total, ranges, bf16); });
             return;
         }
-        if (staged_groups_ == 0) reserve(total * sizeof(float));  // the step's first start: nothing of it is in flight
+        if (groups_.empty()) reserve(total * sizeof(float));  // the step's first start: nothing of it is in flight
         CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
         CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, grads_ready_, 0));
         enqueue_copies(reinterpret_cast<float*>(host_), base, ranges, cudaMemcpyDeviceToHost);
-        if (staged_groups_ == copied_.size()) {
+        if (groups_.size() == copied_.size()) {
             copied_.emplace_back();
             CUDA_CHECK(cudaEventCreateWithFlags(&copied_.back(), cudaEventDisableTiming));
         }
-        CUDA_CHECK(cudaEventRecord(copied_[staged_groups_], copy_stream_));
-        staged_groups_++;
+        CUDA_CHECK(cudaEventRecord(copied_[groups_.size()], copy_stream_));
         groups_.push_back({std::vector<ParamRange>(ranges.begin(), ranges.end()), total, bf16});
         overlapped_base_ = base;
-        overlapped_.insert(overlapped_.end(), ranges.begin(), ranges.end());
         // hand over what the GPU has copied by now (cudaEventQuery does not wait)
-        while (handed_ < staged_groups_) {
+        while (handed_ < groups_.size()) {
             const cudaError_t done = cudaEventQuery(copied_[handed_]);
             if (done == cudaErrorNotReady) break;
             CUDA_CHECK(done);
-            hand_over(groups_[handed_]);
-            handed_++;
+            hand_over_next();
         }
     }
-    void finish_allreduce_ranges(size_t, bool) override {
-        for (; handed_ < staged_groups_; handed_++) {  // waits for the backward, not for communication
-            CUDA_CHECK(cudaEventSynchronize(copied_[handed_]));
-            hand_over(groups_[handed_]);
+    // The first `starts` groups averaged and back on the device (the host waits for their copies back).
+    void wait_allreduce_ranges(size_t starts) override {
+        if (groups_.empty()) {  // host gradients (or nothing started): the wrapped transport's ranges
+            timed_world([&] { world_.allreduce_mean_wait(starts); });
+            return;
         }
-        const auto start = std::chrono::steady_clock::now();
-        world_.reset_counters();
-        world_.allreduce_mean_finish();
-        if (!overlapped_.empty()) {
-            enqueue_copies(overlapped_base_, reinterpret_cast<const float*>(host_), overlapped_, cudaMemcpyHostToDevice);
+        hand_over_through(starts);
+        timed_world([&] {
+            copy_back_through(starts);
+            CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+        });
+    }
+    void finish_allreduce_ranges(size_t, bool) override {
+        hand_over_through(groups_.size());
+        timed_world([&] {
+            copy_back_through(groups_.size());
+            world_.allreduce_mean_finish();
+        });
+        if (!groups_.empty()) {
             CUDA_CHECK(cudaEventRecord(copied_back_, copy_stream_));
             CUDA_CHECK(cudaStreamWaitEvent(stream_, copied_back_, 0));
         }
-        overlapped_.clear();
         groups_.clear();
-        staged_groups_ = handed_ = 0;
-        absorb_counters(start);
+        handed_ = returned_ = 0;
     }
 
 private:
@@ -180,20 +177,42 @@ private:
             if (r.numel)
                 CUDA_CHECK(cudaMemcpyAsync(dst + r.offset, src + r.offset, r.numel * sizeof(float), kind, copy_stream_));
     }
-    // A group whose host copy is complete starts in the wrapped transport (for MPI: onto its reducer thread).
-    void hand_over(const StagedGroup& group) {
+    // The next group, its host copy complete, starts in the wrapped transport (for MPI: onto its reducer thread).
+    void hand_over_next() {
+        const StagedGroup& group = groups_[handed_++];
+        timed_world([&] {
+            world_.allreduce_mean_start(reinterpret_cast<float*>(host_), group.total, group.ranges, group.bf16);
+        });
+    }
+    // Hands over the first n groups, waiting for their copies to the host: a wait for the backward, not for
+    // communication (untimed).
+    void hand_over_through(size_t n) {
+        while (handed_ < n) {
+            CUDA_CHECK(cudaEventSynchronize(copied_[handed_]));
+            hand_over_next();
+        }
+    }
+    // Enqueues the copies back of the first n groups (all handed over), each as soon as the wrapped transport
+    // has averaged it, while it goes on with the later ones.
+    void copy_back_through(size_t n) {
+        for (; returned_ < n; returned_++) {
+            world_.allreduce_mean_wait(returned_ + 1);
+            enqueue_copies(overlapped_base_, reinterpret_cast<const float*>(host_), groups_[returned_].ranges,
+                           cudaMemcpyHostToDevice);
+        }
+    }
+    // Runs collectives of the wrapped transport, adding their counters and the time to this transport's.
+    template <class WorldCalls>
+    void timed_world(WorldCalls calls) {
         const auto start = std::chrono::steady_clock::now();
         world_.reset_counters();
-        world_.allreduce_mean_start(reinterpret_cast<float*>(host_), group.total, group.ranges, group.bf16);
+        calls();
         absorb_counters(start);
     }
     template <class Reduce>
     void staged(std::span<float> data, Reduce reduce) {
-        const auto start = std::chrono::steady_clock::now();
-        world_.reset_counters();
-        if (data.empty() || !is_device_pointer(data.data())) {
-            reduce(data);
-        } else {
+        timed_world([&] {
+            if (data.empty() || !is_device_pointer(data.data())) return reduce(data);
             reserve(data.size_bytes());
             // The producer of `data` ran on the compute stream: copying on that stream orders after it.
             CUDA_CHECK(cudaMemcpyAsync(host_, data.data(), data.size_bytes(), cudaMemcpyDeviceToHost, stream_));
@@ -202,8 +221,7 @@ private:
             reduce(std::span<float>(host, data.size()));
             CUDA_CHECK(cudaMemcpyAsync(data.data(), host, data.size_bytes(), cudaMemcpyHostToDevice, stream_));
             CUDA_CHECK(cudaStreamSynchronize(stream_));
-        }
-        absorb_counters(start);
+        });
     }
     void absorb_counters(std::chrono::steady_clock::time_point start) {
         const CommCounters& c = world_.counters();
@@ -215,7 +233,7 @@ private:
         counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     void reserve(size_t bytes) {
-        LLMC_CHECK(overlapped_.empty(), "host-staged transport: a collective through the staging buffer while the "
+        LLMC_CHECK(groups_.empty(), "host-staged transport: a collective through the staging buffer while the "
                                         "overlapped all-reduce holds it (finish that first)");
         if (bytes <= host_bytes_) return;
         CUDA_CHECK(cudaStreamSynchronize(copy_stream_));  // the last overlapped all-reduce's copies back read host_
@@ -232,14 +250,13 @@ private:
     std::byte* host_ = nullptr;           // pinned, grow-only
     std::vector<std::byte> gather_host_;  // a device bucket of the split all-gather, until its finish()
     size_t host_bytes_ = 0;
-    // the overlapped all-reduce since its last finish: the gradient buffer and every range started (their host
-    // copies live in host_), each start's group, the event after its copies (copied_[i], a pool reused every
-    // step), how many groups were started and how many of them handed to the wrapped transport
+    // the overlapped all-reduce since its last finish: the gradient buffer, each start's group of ranges (their
+    // host copies live in host_), the event after its copies (copied_[i], a pool reused every step), how many
+    // groups went to the wrapped transport and how many of those have their copies back enqueued
     float* overlapped_base_ = nullptr;
-    std::vector<ParamRange> overlapped_;
     std::vector<StagedGroup> groups_;
     std::vector<cudaEvent_t> copied_;
-    size_t staged_groups_ = 0, handed_ = 0;
+    size_t handed_ = 0, returned_ = 0;
     cudaEvent_t grads_ready_ = nullptr;  // the compute stream's position at a start
     cudaEvent_t copied_back_ = nullptr;  // the end of finish()'s copies back, which the compute stream waits for
 };

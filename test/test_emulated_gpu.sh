@@ -9,8 +9,8 @@
 #    converted both ways; and both with --demo_delay 1, eager and stale, the state blob's pending round moved both
 #    ways);
 #  - dev/cuda/nccl_transport.cu (the NCCL transport's collectives, bf16 wire, overlapped all-reduce and split
-#    all-gather; the host-staged transport's overlapped all-reduce, which waits for neither the compute stream
-#    nor its copies back) at 1-3 ranks;
+#    all-gather; allreduce_mean_wait; the host-staged transport's overlapped all-reduce, which waits for
+#    neither the compute stream nor its copies back) at 1-3 ranks;
 #  - test/emulated_gpu_checks.py: the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over
 #    the NCCL and the MPI transport, both attentions, every GELU fusion level and the epilogue fallback,
 #    resume, a CPU checkpoint continued on the GPU trainer; DeMo's --demo_delay 1, eager and stale, likewise).

@@ -395,6 +395,52 @@ TEST(overlapped_allreduce_equals_blocking_per_range) {
     world.allreduce_mean_finish();  // nothing was started: a no-op
 }
 
+// allreduce_mean_wait(n): the ranges of the first n starts hold the mean when it returns, before finish()
+// (LLMC_MPI_COMM_THREAD=0 reduces nothing before a wait or finish, so a wait that returned early leaves them as
+// they were). A start with no elements counts as a start. The wait counts no collective and no bytes: finish()
+// counts one all-reduce of everything. Waiting for more starts than began is refused.
+TEST(overlapped_allreduce_wait_gives_early_ranges) {
+    Transport& world = *g_world;
+    const int W = world.world_size(), me = world.rank();
+    const size_t n = 20000;
+    const std::vector<std::vector<ParamRange>> starts = {
+        {{15000, 5000}}, {{9000, 3000}, {12500, 0}}, {{12500, 0}}, {{100, 8000}, {12000, 2500}}};
+    for (bool bf16 : {false, true}) {
+        const std::vector<float> local = gradient(n, me, 23);
+        std::vector<float> overlapped = local, blocking = local;
+        world.reset_counters();
+        for (const auto& ranges : starts) world.allreduce_mean_start(overlapped.data(), n, ranges, bf16);
+        world.allreduce_mean_wait(0);
+        world.allreduce_mean_wait(1);
+        const std::vector<float> after_first = overlapped;
+        world.allreduce_mean_wait(3);
+        const std::vector<float> after_third = overlapped;
+        EXPECT_ERROR(world.allreduce_mean_wait(5), "only 4 began");
+        const CommCounters before_finish = world.counters();
+        EXPECT_EQ(before_finish.collectives, uint64_t{0});
+        EXPECT_EQ(before_finish.bytes_sent, uint64_t{0});
+        world.allreduce_mean_finish();
+        EXPECT_EQ(world.counters().collectives, uint64_t{W > 1 ? 1u : 0u});
+        EXPECT_EQ(world.counters().payload_bytes, uint64_t{(5000 + 3000 + 8000 + 2500) * (bf16 ? 2u : 4u)});
+
+        for (const auto& ranges : starts)
+            for (const ParamRange& r : ranges) {
+                std::span<float> range(blocking.data() + r.offset, r.numel);
+                if (bf16) world.allreduce_mean_bf16(range);
+                else world.allreduce_mean(range);
+            }
+        size_t early_first = 0, early_third = 0, final_differ = 0;
+        for (size_t i = 15000; i < 20000; i++) early_first += after_first[i] != blocking[i];
+        for (size_t i = 9000; i < 12000; i++) early_third += after_third[i] != blocking[i];
+        for (size_t i = 15000; i < 20000; i++) early_third += after_third[i] != blocking[i];
+        for (size_t i = 0; i < n; i++) final_differ += overlapped[i] != blocking[i];
+        EXPECT_EQ(early_first, size_t{0});
+        EXPECT_EQ(early_third, size_t{0});
+        EXPECT_EQ(final_differ, size_t{0});
+    }
+    EXPECT_ERROR(world.allreduce_mean_wait(1), "only 0 began");
+}
+
 // AdamW with its gradients reported final in backward order (on_gradients_final, three calls, tensors last to
 // first) takes the same step as AdamW all-reducing after the backward, bit for bit: every element is summed in
 // rank order either way. A step with part of the gradient reported refuses to run.

@@ -2,15 +2,16 @@
 // under mpirun with one GPU per rank, across ranks:
 //   mpirun -np 2 build/cuda/nccl_transport
 // Checks allreduce_mean (device and host buffers), allreduce_mean_bf16, the overlapped all-reduce
-// (allreduce_mean_start / _finish, both wires), allgather_bytes (device and host contributions, uneven and
+// (allreduce_mean_start / _wait / _finish, both wires), allgather_bytes (device and host contributions, uneven and
 // empty buckets), allgather_device, its split form (allgather_device_start / _finish, DeMo's --demo_delay 1:
 // the same contents and counters, with other collectives and compute-stream work in between), the same with
 // GatherSizes::equal (no size exchange: one ncclAllGather), device
 // broadcast, scalar reductions and the byte counters' ring model; and HostStagedTransport's overlapped
 // all-reduce (LLMC_TRANSPORT=mpi: through pinned host memory on a copy stream, neither start nor finish waiting
-// for the compute stream).
+// for the compute stream; allreduce_mean_wait brings the early ranges back before finish).
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
+#include <cmath>
 #include <cstring>
 
 #include "dev/cuda/common.h"
@@ -94,8 +95,10 @@ int main(int argc, char** argv) {
             const ParamRange second[] = {{1000, 0}, {1, gap_lo - 1}, {0, 1}};
             t.allreduce_mean_start(xd.data(), no, first, bf16 != 0);
             t.allreduce_mean_start(xd.data(), no, second, bf16 != 0);
-            t.allreduce_mean_finish();
             const std::string what = std::string("overlapped all-reduce (") + (bf16 ? "bf16" : "fp32") + " wire)";
+            t.allreduce_mean_wait(2);  // before finish(): every range averaged
+            ck.compare(what + ", allreduce_mean_wait(2)", xd.download(), want_o, bf16 ? 0.0f : 1e-6f, bf16 ? 0.0f : 1e-6f);
+            t.allreduce_mean_finish();
             ck.compare(what, xd.download(), want_o, bf16 ? 0.0f : 1e-6f, bf16 ? 0.0f : 1e-6f);
             const uint64_t covered = (no - (gap_hi - gap_lo)) * (bf16 ? 2 : 4);
             const uint64_t wire_o = 2 * uint64_t(W - 1) * covered / W;
@@ -131,6 +134,15 @@ int main(int argc, char** argv) {
                           "host-staged overlapped all-reduce: start() does not wait for the compute stream");
 #endif
                 staged.allreduce_mean_start(xd.data(), no, second, false);
+                if (step == 0) {  // the first start's ranges averaged and back on the device before finish()
+                    staged.allreduce_mean_wait(1);
+                    const std::vector<float> early = xd.download();
+                    size_t off = 0;
+                    for (size_t i = gap_hi; i < no; i++)  // NaN (never written) counts as off
+                        off += !(std::fabs(early[i] - want_s[i]) <= 1e-6f * (1.0f + std::fabs(want_s[i])));
+                    ck.expect(off == 0, "host-staged overlapped all-reduce: allreduce_mean_wait(1) gives the first start's "
+                                        "ranges averaged on the device");
+                }
                 staged.allreduce_mean_finish();
 #if defined(LLMC_BLOCK_EMULATOR)
                 ck.expect(cudaStreamQuery(env.stream) == cudaErrorNotReady,
