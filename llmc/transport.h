@@ -72,8 +72,8 @@ public:
     // arithmetic) and returns; finish() waits for every range started since the last finish(). The caller
     // leaves the ranges alone until finish(); ranges do not overlap; every rank starts the same ranges in the
     // same order, and one finish() covers one buffer in one wire format. Counted as one all-reduce of all the
-    // ranges together, in finish(); `seconds` is the time inside start() and finish() (what the backward did
-    // not hide). Both check and keep the books here and hand the work to start_/finish_allreduce_ranges.
+    // ranges together, in finish(); `seconds` is the time inside start(), wait() and finish() (what the backward
+    // did not hide). They check and keep the books here and hand the work to start_/wait_/finish_allreduce_ranges.
     void allreduce_mean_start(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16);
     void allreduce_mean_finish();
     // Blocks until the first `starts` start() calls since the last finish() are complete: their ranges hold the

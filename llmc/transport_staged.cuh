@@ -48,7 +48,9 @@ public:
         if (grads_ready_) (void)cudaEventDestroy(grads_ready_);
         if (copied_back_) (void)cudaEventDestroy(copied_back_);
         if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
-        if (host_) (void)cudaFreeHost(host_);
+        // Groups handed over and never finished (an error ended the step): the wrapped transport's reducer may
+        // still read host_, and the process is ending, so it stays.
+        if (host_ && handed_ == 0) (void)cudaFreeHost(host_);
     }
     HostStagedTransport(const HostStagedTransport&) = delete;
     HostStagedTransport& operator=(const HostStagedTransport&) = delete;
@@ -234,7 +236,7 @@ private:
     }
     void reserve(size_t bytes) {
         LLMC_CHECK(groups_.empty(), "host-staged transport: a collective through the staging buffer while the "
-                                        "overlapped all-reduce holds it (finish that first)");
+                                    "overlapped all-reduce holds it (finish that first)");
         if (bytes <= host_bytes_) return;
         CUDA_CHECK(cudaStreamSynchronize(copy_stream_));  // the last overlapped all-reduce's copies back read host_
         if (host_) CUDA_CHECK(cudaFreeHost(host_));
