@@ -297,12 +297,5 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return run(parse_args(argc, argv));
-    } catch (const llmc::Error& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-    }
-    return 1;
+    return llmc::main_reporting_errors(argc, argv, [](int n, char** args) { return run(parse_args(n, args)); });
 }

@@ -3,6 +3,8 @@
 // non-zero (aborting the other ranks under MPI). Throwing instead of exit() keeps RAII cleanup (temporary
 // checkpoint files are removed) and lets tests assert on the message.
 #pragma once
+#include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +15,18 @@ struct Error : std::runtime_error {
 };
 
 [[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
+
+// A single-process tool's main(): run(argc, argv), with any error printed as "error: <message>" and exit
+// status 1. (The trainers use train_common's trainer_main, which also ends the other ranks.)
+template <class Run>
+int main_reporting_errors(int argc, char** argv, Run run) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
 
 }  // namespace llmc
 
