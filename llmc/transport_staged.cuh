@@ -129,8 +129,10 @@ protected:
             CUDA_CHECK(cudaEventCreateWithFlags(&copied_.back(), cudaEventDisableTiming));
         }
         CUDA_CHECK(cudaEventRecord(copied_[groups_.size()], copy_stream_));
-        groups_.push_back({std::vector<ParamRange>(ranges.begin(), ranges.end()), total, bf16});
-        overlapped_base_ = base;
+        groups_.emplace_back(ranges.begin(), ranges.end());
+        overlapped_base_ = base;  // the base class holds every start of a round to one buffer and wire
+        overlapped_total_ = total;
+        overlapped_bf16_ = bf16;
         // hand over what the GPU has copied by now (cudaEventQuery does not wait)
         while (handed_ < groups_.size()) {
             const cudaError_t done = cudaEventQuery(copied_[handed_]);
@@ -166,13 +168,6 @@ protected:
     }
 
 private:
-    // A group of ranges of one start of the overlapped all-reduce, staged in host_ at the same offsets.
-    struct StagedGroup {
-        std::vector<ParamRange> ranges;
-        size_t total = 0;
-        bool bf16 = false;
-    };
-
     // dst[r] <- src[r] for each range r of two buffers laid out alike, enqueued on the copy stream
     void enqueue_copies(float* dst, const float* src, std::span<const ParamRange> ranges, cudaMemcpyKind kind) {
         for (const ParamRange& r : ranges)
@@ -181,9 +176,9 @@ private:
     }
     // The next group, its host copy complete, starts in the wrapped transport (for MPI: onto its reducer thread).
     void hand_over_next() {
-        const StagedGroup& group = groups_[handed_++];
+        const std::vector<ParamRange>& group = groups_[handed_++];
         timed_world([&] {
-            world_.allreduce_mean_start(reinterpret_cast<float*>(host_), group.total, group.ranges, group.bf16);
+            world_.allreduce_mean_start(reinterpret_cast<float*>(host_), overlapped_total_, group, overlapped_bf16_);
         });
     }
     // Hands over the first n groups, waiting for their copies to the host: a wait for the backward, not for
@@ -199,7 +194,7 @@ private:
     void copy_back_through(size_t n) {
         for (; returned_ < n; returned_++) {
             world_.allreduce_mean_wait(returned_ + 1);
-            enqueue_copies(overlapped_base_, reinterpret_cast<const float*>(host_), groups_[returned_].ranges,
+            enqueue_copies(overlapped_base_, reinterpret_cast<const float*>(host_), groups_[returned_],
                            cudaMemcpyHostToDevice);
         }
     }
@@ -252,11 +247,14 @@ private:
     std::byte* host_ = nullptr;           // pinned, grow-only
     std::vector<std::byte> gather_host_;  // a device bucket of the split all-gather, until its finish()
     size_t host_bytes_ = 0;
-    // the overlapped all-reduce since its last finish: the gradient buffer, each start's group of ranges (their
-    // host copies live in host_), the event after its copies (copied_[i], a pool reused every step), how many
-    // groups went to the wrapped transport and how many of those have their copies back enqueued
+    // the overlapped all-reduce since its last finish: the gradient buffer (its length and wire), each start's
+    // group of ranges (their host copies live in host_ at the same offsets), the event after its copies
+    // (copied_[i], a pool reused every step), how many groups went to the wrapped transport and how many of
+    // those have their copies back enqueued
     float* overlapped_base_ = nullptr;
-    std::vector<StagedGroup> groups_;
+    size_t overlapped_total_ = 0;
+    bool overlapped_bf16_ = false;
+    std::vector<std::vector<ParamRange>> groups_;
     std::vector<cudaEvent_t> copied_;
     size_t handed_ = 0, returned_ = 0;
     cudaEvent_t grads_ready_ = nullptr;  // the compute stream's position at a start
