@@ -28,18 +28,23 @@ __device__ __forceinline__ void copy_vec(floatX* dst, const floatX* src) {
     *reinterpret_cast<FloatXVec<VEC>*>(dst) = *reinterpret_cast<const FloatXVec<VEC>*>(src);
 }
 
+// Where element idx of a head-major tensor (B, NH, T, HS) sits in a token-major one whose tokens are `row`
+// elements apart, head nh at nh * HS of its token: (B, T, NH, HS) for row = NH * HS, one of q, k, v in
+// (B, T, 3, NH, HS) for row = 3 * NH * HS.
+__device__ __forceinline__ size_t token_major_offset(size_t idx, int T, int NH, int HS, size_t row) {
+    const size_t hs = idx % size_t(HS), t = (idx / HS) % size_t(T), nh = (idx / (size_t(HS) * T)) % size_t(NH);
+    const size_t b = idx / (size_t(HS) * T * NH);
+    return (b * T + t) * row + nh * HS + hs;
+}
+
 // inp (B, T, 3, NH, HS) -> q, k, v each (B, NH, T, HS)
 template <int VEC>
 __global__ void permute_qkv_kernel(floatX* q, floatX* k, floatX* v, const floatX* inp, int B, int T, int NH, int HS) {
     const size_t idx = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VEC;
     const size_t total = size_t(B) * NH * T * HS;
     if (idx >= total) return;
-    const int hs = static_cast<int>(idx % HS);
-    const int t = static_cast<int>((idx / HS) % T);
-    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
-    const size_t b = idx / (size_t(HS) * T * NH);
     const size_t C = size_t(NH) * HS;
-    const size_t src = (b * T + t) * 3 * C + size_t(nh) * HS + hs;
+    const size_t src = token_major_offset(idx, T, NH, HS, 3 * C);
     copy_vec<VEC>(q + idx, inp + src);
     copy_vec<VEC>(k + idx, inp + src + C);
     copy_vec<VEC>(v + idx, inp + src + 2 * C);
@@ -51,12 +56,8 @@ __global__ void permute_qkv_backward_kernel(floatX* dinp, const floatX* dq, cons
     const size_t idx = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VEC;
     const size_t total = size_t(B) * NH * T * HS;
     if (idx >= total) return;
-    const int hs = static_cast<int>(idx % HS);
-    const int t = static_cast<int>((idx / HS) % T);
-    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
-    const size_t b = idx / (size_t(HS) * T * NH);
     const size_t C = size_t(NH) * HS;
-    const size_t dst = (b * T + t) * 3 * C + size_t(nh) * HS + hs;
+    const size_t dst = token_major_offset(idx, T, NH, HS, 3 * C);
     copy_vec<VEC>(dinp + dst, dq + idx);
     copy_vec<VEC>(dinp + dst + C, dk + idx);
     copy_vec<VEC>(dinp + dst + 2 * C, dv + idx);
@@ -68,11 +69,7 @@ __global__ void unpermute_kernel(floatX* out, const floatX* inp, int B, int T, i
     const size_t idx = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VEC;
     const size_t total = size_t(B) * NH * T * HS;
     if (idx >= total) return;
-    const int hs = static_cast<int>(idx % HS);
-    const int t = static_cast<int>((idx / HS) % T);
-    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
-    const size_t b = idx / (size_t(HS) * T * NH);
-    copy_vec<VEC>(out + (b * T + t) * NH * HS + size_t(nh) * HS + hs, inp + idx);
+    copy_vec<VEC>(out + token_major_offset(idx, T, NH, HS, size_t(NH) * HS), inp + idx);
 }
 
 // dout (B, T, NH, HS) -> dinp (B, NH, T, HS)
@@ -81,11 +78,7 @@ __global__ void unpermute_backward_kernel(floatX* dinp, const floatX* dout, int 
     const size_t idx = (blockIdx.x * size_t(blockDim.x) + threadIdx.x) * VEC;
     const size_t total = size_t(B) * NH * T * HS;
     if (idx >= total) return;
-    const int hs = static_cast<int>(idx % HS);
-    const int t = static_cast<int>((idx / HS) % T);
-    const int nh = static_cast<int>((idx / (size_t(HS) * T)) % NH);
-    const size_t b = idx / (size_t(HS) * T * NH);
-    copy_vec<VEC>(dinp + idx, dout + (b * T + t) * NH * HS + size_t(nh) * HS + hs);
+    copy_vec<VEC>(dinp + idx, dout + token_major_offset(idx, T, NH, HS, size_t(NH) * HS));
 }
 
 // One warp per row (b, nh, t) of preatt (rows = B*NH*T, row length T): att[j] = softmax_j(scale * preatt[j])

@@ -324,6 +324,29 @@ private:
     floatX* lslice(floatX* base, int l, size_t per_token) const { return base + size_t(l) * n_cap_ * per_token; }
     float* lstat(float* base, int l) const { return base + size_t(l) * n_cap_; }
     float* lse_slice(int l) const { return a_.lse + size_t(l) * n_cap_ * config_.num_heads; }
+    // Layer l's activations, as its forward writes them and its backward reads them.
+    struct LayerActs {
+        const floatX* residual;  // the layer's input stream: the embeddings, or layer l - 1's residual3
+        floatX *ln1, *qkvr, *att, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+        float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    };
+    LayerActs layer_acts(int l) const {
+        const size_t C = size_t(config_.channels);
+        return {.residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C),
+                .ln1 = lslice(a_.ln1, l, C),
+                .qkvr = lslice(a_.qkvr, l, 3 * C),
+                .att = a_.att + size_t(l) * att_cap_,
+                .atty = lslice(a_.atty, l, C),
+                .residual2 = lslice(a_.residual2, l, C),
+                .ln2 = lslice(a_.ln2, l, C),
+                .fch = lslice(a_.fch, l, 4 * C),
+                .fch_gelu = lslice(a_.fch_gelu, l, 4 * C),
+                .residual3 = lslice(a_.residual3, l, C),
+                .ln1_mean = lstat(a_.ln1_mean, l),
+                .ln1_rstd = lstat(a_.ln1_rstd, l),
+                .ln2_mean = lstat(a_.ln2_mean, l),
+                .ln2_rstd = lstat(a_.ln2_rstd, l)};
+    }
 
     // The batch checked and queued for upload (outside any graph: the copies leave pinned staging buffers).
     void stage_batch(const int* inputs, const int* targets, int B, int T) {
@@ -350,37 +373,31 @@ private:
         layernorm_forward(lslice(a_.ln1, 0, C), lstat(a_.ln1_mean, 0), lstat(a_.ln1_rstd, 0), a_.encoded,
                           layer(p, ParamKind::ln1w, 0), layer(p, ParamKind::ln1b, 0), N, C, s);
         for (int l = 0; l < L; l++) {
-            const floatX* residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C);
-            floatX* ln1 = lslice(a_.ln1, l, C);
-            floatX* qkvr = lslice(a_.qkvr, l, 3 * C);
-            floatX* att = a_.att + size_t(l) * att_cap_;
-            floatX* atty = lslice(a_.atty, l, C);
-            floatX* residual2 = lslice(a_.residual2, l, C);
-            floatX* ln2 = lslice(a_.ln2, l, C);
-            floatX* fch = lslice(a_.fch, l, 4 * C);
-            floatX* fch_gelu = lslice(a_.fch_gelu, l, 4 * C);
-            floatX* residual3 = lslice(a_.residual3, l, C);
+            const LayerActs la = layer_acts(l);
 
             if (flash_attention_) {  // qkv stays in the layer's qkvr slice for the backward
-                matmul_forward(env_, qkvr, ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
-                flash_attention_forward(env_, atty, lse_slice(l), qkvr, B, T, C, NH);
+                matmul_forward(env_, la.qkvr, la.ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C,
+                               3 * C);
+                flash_attention_forward(env_, la.atty, lse_slice(l), la.qkvr, B, T, C, NH);
             } else {
-                matmul_forward(env_, a_.qkv, ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
-                attention_forward(env_, atty, qkvr, att, a_.preatt, a_.qkv, B, T, C, NH);
+                matmul_forward(env_, a_.qkv, la.ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C,
+                               3 * C);
+                attention_forward(env_, la.atty, la.qkvr, la.att, a_.preatt, a_.qkv, B, T, C, NH);
             }
-            matmul_forward(env_, a_.btc, atty, layer(p, ParamKind::attprojw, l), layer(p, ParamKind::attprojb, l), N, C, C);
-            fused_residual_layernorm_forward(residual2, ln2, lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), residual,
+            matmul_forward(env_, a_.btc, la.atty, layer(p, ParamKind::attprojw, l), layer(p, ParamKind::attprojb, l), N,
+                           C, C);
+            fused_residual_layernorm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual,
                                              a_.btc, layer(p, ParamKind::ln2w, l), layer(p, ParamKind::ln2b, l), N, C, s);
-            matmul_forward(env_, fch_gelu, ln2, layer(p, ParamKind::fcw, l), layer(p, ParamKind::fcb, l), N, C, 4 * C,
-                           fch, gelu_fusion_ >= 1);
-            matmul_forward(env_, a_.btc, fch_gelu, layer(p, ParamKind::fcprojw, l), layer(p, ParamKind::fcprojb, l), N,
+            matmul_forward(env_, la.fch_gelu, la.ln2, layer(p, ParamKind::fcw, l), layer(p, ParamKind::fcb, l), N, C, 4 * C,
+                           la.fch, gelu_fusion_ >= 1);
+            matmul_forward(env_, a_.btc, la.fch_gelu, layer(p, ParamKind::fcprojw, l), layer(p, ParamKind::fcprojb, l), N,
                            4 * C, C);
             if (l + 1 < L) {
-                fused_residual_layernorm_forward(residual3, lslice(a_.ln1, l + 1, C), lstat(a_.ln1_mean, l + 1),
-                                                 lstat(a_.ln1_rstd, l + 1), residual2, a_.btc,
+                fused_residual_layernorm_forward(la.residual3, lslice(a_.ln1, l + 1, C), lstat(a_.ln1_mean, l + 1),
+                                                 lstat(a_.ln1_rstd, l + 1), la.residual2, a_.btc,
                                                  layer(p, ParamKind::ln1w, l + 1), layer(p, ParamKind::ln1b, l + 1), N, C, s);
             } else {
-                fused_residual_layernorm_forward(residual3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, residual2, a_.btc,
+                fused_residual_layernorm_forward(la.residual3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, la.residual2, a_.btc,
                                                  at(p, ParamKind::lnfw, layout_), at(p, ParamKind::lnfb, layout_), N, C, s);
             }
         }
@@ -435,40 +452,32 @@ private:
                            lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw, layout_), a_.lnf_mean, a_.lnf_rstd, N, C, s,
                            layer(g, ParamKind::fcprojb, L - 1), accumulate);
         for (int l = L - 1; l >= 0; l--) {
-            const floatX* residual = l == 0 ? a_.encoded : lslice(a_.residual3, l - 1, C);
-            floatX* ln1 = lslice(a_.ln1, l, C);
-            floatX* qkvr = lslice(a_.qkvr, l, 3 * C);
-            floatX* att = a_.att + size_t(l) * att_cap_;
-            floatX* atty = lslice(a_.atty, l, C);
-            floatX* residual2 = lslice(a_.residual2, l, C);
-            floatX* ln2 = lslice(a_.ln2, l, C);
-            floatX* fch = lslice(a_.fch, l, 4 * C);
-            floatX* fch_gelu = lslice(a_.fch_gelu, l, 4 * C);
+            const LayerActs la = layer_acts(l);
 
             // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
             // dfch: the DGELU epilogue of this product (LLMC_GELU_FUSION=2), or the product then the GELU backward
-            matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, fch_gelu,
+            matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, la.fch_gelu,
                             layer(p, ParamKind::fcprojw, l), N, 4 * C, C,
-                            {.pre_gelu = fch, .fuse_dgelu = gelu_fusion_ >= 2, .accumulate = accumulate});
-            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, ln2,
+                            {.pre_gelu = la.fch, .fuse_dgelu = gelu_fusion_ >= 2, .accumulate = accumulate});
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, la.ln2,
                             layer(p, ParamKind::fcw, l), N, C, 4 * C,
                             {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
-                               residual2, layer(p, ParamKind::ln2w, l), lstat(a_.ln2_mean, l), lstat(a_.ln2_rstd, l), N, C, s,
+                               la.residual2, layer(p, ParamKind::ln2w, l), la.ln2_mean, la.ln2_rstd, N, C, s,
                                layer(g, ParamKind::attprojb, l), accumulate);
             // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), nullptr, fs, a_.dresidual, atty,
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), nullptr, fs, a_.dresidual, la.atty,
                             layer(p, ParamKind::attprojw, l), N, C, C, {.accumulate = accumulate});
             if (flash_attention_)
-                flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, atty, qkvr, lse_slice(l), B, T, C, NH,
-                                         flash_dq_);
+                flash_attention_backward(env_, a_.dbt4c, a_.flash_scratch, a_.dbtc, la.atty, la.qkvr, lse_slice(l), B, T, C,
+                                         NH, flash_dq_);
             else
-                attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, qkvr, att, B, T, C, NH);
-            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, ln1,
+                attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, la.qkvr, la.att, B, T, C, NH);
+            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, la.ln1,
                             layer(p, ParamKind::qkvw, l), N, C, 3 * C,
                             {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
             layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
-                               residual, layer(p, ParamKind::ln1w, l), lstat(a_.ln1_mean, l), lstat(a_.ln1_rstd, l), N, C, s,
+                               la.residual, layer(p, ParamKind::ln1w, l), la.ln1_mean, la.ln1_rstd, N, C, s,
                                l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr, accumulate);
             if (on_final) on_final(layout_.backward_ranges_of_layer(l));
         }
