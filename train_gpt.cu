@@ -6,6 +6,8 @@
 // One training step, top to bottom:
 //   every micro-step: next batch of this rank's data slice -> forward + backward on the GPU (grads accumulate)
 //   optimizer->step(params, local grads, lr)   <- the optimizer owns the exchange between ranks (NCCL)
+//   one wait for the GPU: the step so far is only queued (on one GPU the host never waits inside it), then
+//   optimizer->complete_step (the norm, the GPU times, DeMo's checks) and the micro-steps' losses
 //   metrics (loss averaged over ranks, tok/s, bytes from the transport) -> progress line + metrics.jsonl
 //   every N steps: validation loss, a text sample, a checkpoint (model + every rank's state, atomic)
 //
@@ -254,22 +256,27 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         const auto t0 = StepReporter::Clock::now();
         transport.reset_counters();
         model.zero_grad();
-        double loss = 0.0;
+        // The step is queued without waiting for the GPU (on one rank; several wait for their collectives): the
+        // micro-steps, the optimizer (which clips on the device), the padded rows' reset; then one wait, after
+        // which the losses, the norm and the optimizer's errors are read.
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
             // the last micro-step's backward tells the overlapped all-reduce which gradients are final, layer by
             // layer (only it listens: without it the backward may run as one CUDA graph, LLMC_CUDA_GRAPH)
             const bool last = micro == grad_accum - 1;
-            loss += model.forward_backward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len,
-                                           1.0f / static_cast<float>(grad_accum),
-                                           last && overlap ? grads_final : GPT2Cuda::GradsFinal());
+            model.queue_forward_backward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len,
+                                         1.0f / static_cast<float>(grad_accum),
+                                         last && overlap ? grads_final : GPT2Cuda::GradsFinal());
         }
-        loss /= grad_accum;
         const float lr = schedule.at(step);
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights());
         env.sync();  // the step's device work is finished before its time is taken
+        optimizer->complete_step(result);
+        double loss = 0.0;
+        for (const float micro_loss : model.take_losses()) loss += micro_loss;
+        loss /= grad_accum;
         if (step == profile_step) CUDA_CHECK(cudaProfilerStop());
         reporter.report(step, t0, loss, lr, result, transport, state);
 

@@ -549,6 +549,10 @@ struct CompressParams {
     float alpha;       // error feedback strength
     int values;        // kValues*
     int indices;       // kIndices*
+    // The CUDA compress kernel only (demo_cuda.cuh): when set, `clip` on the device (llmc::global_norm_for_clip_async),
+    // which the kernel reads instead, so the host does not wait to read the norm first. The host reference reads
+    // `clip`.
+    const float* clip_device = nullptr;
 };
 struct ApplyParams {
     float lr;

@@ -3,8 +3,8 @@
 // wire format (codec.h), same state blob (checkpoints move between the CPU and CUDA trainers).
 //
 // One step (all on the trainer's stream unless noted):
-//   clip    deterministic global L2 norm of the LOCAL gradient (global_norm.cuh); the clip scale is applied
-//           inside the compress kernel                                                  -> StepTimings::clip
+//   clip    deterministic global L2 norm of the LOCAL gradient (global_norm.cuh); the compress kernel takes
+//           the clip scale from it on the device                             -> StepTimings::clip (cudaEvents)
 //   compress demo_compress_kernel (demo_kernels.cuh): momentum, DCT, top-k, quantization, packing into this
 //           rank's bucket, error feedback                               -> StepTimings::transform (cudaEvents)
 //           (top-k and packing are fused into that kernel: StepTimings::topk stays 0)
@@ -15,12 +15,14 @@
 //                                          -> StepTimings::exchange (host wall, from the bucket being ready)
 //   apply   demo_apply_kernel: scatter-mean, inverse DCT, sign, weight decay, update of the fp32 master
 //           weights and their floatX copy                                     -> StepTimings::apply (cudaEvents)
-// The host waits for the GPU twice per step, as little as the step allows: for the norm (the clip scale) and
-// after the apply. With NCCL the gathered headers and the apply kernel's error flags are read back into pinned
-// memory behind the apply and checked after that second wait (headers first: a bucket from a rank with other
-// options gets the CPU decoder's message, not the index errors its body causes; the run stops either way before
-// anything is written), and the compress kernel's time is read then too. With several ranks the host also
-// waits for the all-gather itself (NcclTransport's watchdog covers it); the host path waits for its copies.
+// On one rank step() does not wait for the GPU (--demo_delay 0): the norm stays on the device, and the apply's
+// end is complete_step's, which the trainer calls after its own end-of-step wait. With NCCL the gathered headers
+// and the apply kernel's error flags are read back into pinned memory behind the apply and checked there
+// (headers first: a bucket from a rank with other options gets the CPU decoder's message, not the index errors
+// its body causes; the run stops either way before anything is written), and the norm and the kernels' times
+// are read then too. With several ranks the host also waits for the all-gather itself (NcclTransport's
+// watchdog covers it); the host path waits for its copies. --demo_delay 1's two updates (the pending round's
+// apply and the own share) keep their error flags and events apart until complete_step reads them.
 // With --demo_delay 1 (the CPU optimizer's order, demo_optimizer.h) the update of step t is applied at step t+1
 // and its buckets travel during step t+1's forward and backward: clip; finish the pending round's exchange
 // (NcclTransport::allgather_device_finish, or Transport::allgather_bytes_finish and the upload) and apply it
@@ -52,6 +54,7 @@
 // resumed run continues bit-identically.
 #pragma once
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -184,9 +187,9 @@ public:
         memory_.add(&tensors_, order.tensors.size());
         memory_.add(&folded_, kt.folded.size());
         memory_.add(&natural_, tables_.bases.natural.size());
-        memory_.add(&error_, 2);
+        memory_.add(&error_, 2 * kUpdateSlots);
         header_readback_ = llmc::PinnedHostBuffer<std::byte>(size_t(world_) * kBucketHeaderBytes);
-        error_readback_ = llmc::PinnedHostBuffer<uint32_t>(2);
+        error_readback_ = llmc::PinnedHostBuffer<uint32_t>(2 * kUpdateSlots);
         memory_.allocate("master weights + DeMo momentum, buckets and tables (" + std::to_string(n) +
                          " parameters x 2 x fp32, " + std::to_string(world_) + " x " + std::to_string(bytes) +
                          " bucket bytes)");
@@ -204,7 +207,8 @@ public:
             else if (count)
                 decay_ranges_.emplace_back(offset, count);
         }
-        for (cudaEvent_t* e : {&ev_[0], &ev_[1], &ev_[2], &ev_[3]}) CUDA_CHECK(cudaEventCreate(e));
+        for (cudaEvent_t& e : ev_) CUDA_CHECK(cudaEventCreate(&e));
+        for (cudaEvent_t& e : update_events_) CUDA_CHECK(cudaEventCreate(&e));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     ~CudaDemo() override {
@@ -220,6 +224,8 @@ public:
             }
         }
         for (cudaEvent_t e : ev_)
+            if (e) (void)cudaEventDestroy(e);
+        for (cudaEvent_t e : update_events_)
             if (e) (void)cudaEventDestroy(e);
     }
     CudaDemo(const CudaDemo&) = delete;
@@ -241,7 +247,8 @@ public:
             CUDA_CHECK(cudaStreamSynchronize(stream_));
             cm::check_bucket_header(tables_.plan, tables_.format, header, tables_.bucket_bytes, kPendingBucket);
             llmc::StepResult unused;
-            apply_own_share(params, pending_lr_, sr, unused);
+            apply_own_share(params, pending_lr_, sr);
+            finish_updates_queued(unused);
             return;
         }
         if (n) {
@@ -253,37 +260,54 @@ public:
     }
 
     llmc::StepResult step(llmc::floatX* params, float* grads, float lr) override {
-        using clock = std::chrono::steady_clock;
         const size_t n = layout_.num_params;
+        LLMC_CHECK(!step_pending_, "DeMo: step() again before complete_step() of the last one");
+        step_pending_ = true;
         llmc::StepResult result;
 
-        auto start = clock::now();
-        result.grad_norm = llmc::global_norm(norm_scratch_, grads, n, stream_);  // synchronizes
-        const float clip = llmc::km::clip_scale(result.grad_norm, config_.grad_clip);
-        result.seconds.clip = seconds_since(start);
+        // the local norm (ev_[2] .. ev_[3]), read back by complete_step; the compress kernel reads the clip
+        // coefficient on the device
+        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        const llmc::DeviceNorm norm = llmc::global_norm_for_clip_async(norm_scratch_, grads, n, config_.grad_clip, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(norm2_readback_.data(), norm.sum_of_squares, sizeof(double), cudaMemcpyDeviceToHost,
+                                   stream_));
+        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
         t_++;
 
         if (config_.demo.delay == 0) {
-            compress(grads, lr, clip, result);
-            start = clock::now();
+            compress(grads, lr, norm.clip, result);
+            const auto start = std::chrono::steady_clock::now();
             exchange_start();
             exchange_finish();
             result.seconds.exchange = seconds_since(start);
-            apply_gathered(params, cm::apply_params(config_, lr, world_, tables_.bucket_bytes), result);
-            return result;
+            apply_gathered(params, cm::apply_params(config_, lr, world_, tables_.bucket_bytes));
+            return result;  // complete_step finishes the update
         }
         // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
         if (pending_) finish_pending_exchange(result);
-        apply_delayed(params, lr, result);
-        compress(grads, lr, clip, result);  // after the finish: the previous all-gather no longer reads bucket_
+        apply_delayed(params, lr);
+        compress(grads, lr, norm.clip, result);  // after the finish: the previous all-gather no longer reads bucket_
         pending_ = true;
         pending_lr_ = lr;
-        start = clock::now();
+        const auto start = std::chrono::steady_clock::now();
         exchange_start();
         result.seconds.exchange += seconds_since(start);
-        if (eager()) apply_own_share(params, lr, stochastic_, result);  // while the all-gather runs
-        if (compress_timed_) read_compress_time(result);  // no wait yet this step (lazy updates over NCCL)
-        return result;
+        if (eager()) apply_own_share(params, lr, stochastic_);  // while the all-gather runs
+        return result;  // complete_step finishes both updates
+    }
+
+    // The step's updates finished (finish_updates: the gathered headers and the apply kernels' error flags
+    // checked, their times read, the compress kernel's too); the local norm and its GPU time (StepTimings::clip).
+    void complete_step(llmc::StepResult& result) override {
+        if (!step_pending_) return;
+        step_pending_ = false;
+        finish_updates_queued(result);
+        CUDA_CHECK(cudaEventSynchronize(ev_[3]));
+        result.grad_norm = std::sqrt(norm2_readback_.data()[0]);
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
+        result.seconds.clip = ms * 1e-3;
+        if (compress_timed_) read_compress_time(result);
     }
 
     // --demo_delay 1 after the last step: finish the pending round's exchange and apply it with its own lr and
@@ -291,10 +315,12 @@ public:
     // copy (rounded as step t_ rounds): eager working weights become the shared ones. No pending round: nothing.
     void finish_updates(llmc::floatX* params, llmc::StepResult& result) override {
         if (!pending_) return;
+        finish_updates_queued(result);  // the last step's (its slots are needed)
         finish_pending_exchange(result);
         cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
         ap.apply_wd = false;
-        apply_gathered(params, ap, result);
+        apply_gathered(params, ap);
+        finish_updates_queued(result);
         pending_ = false;
     }
 
@@ -369,11 +395,13 @@ private:
     // This step's gradient into this rank's bucket (header stays, body zeroed for the OR-ed bit parts), the
     // momentum and error feedback updated; ev_[0] .. ev_[1] time it (StepTimings::transform, read by
     // read_compress_time after the step's next wait).
-    void compress(float* grads, float lr, float clip, llmc::StepResult& result) {
+    // The clip coefficient comes from the device (`clip`, global_norm_for_clip_async).
+    void compress(float* grads, float lr, const float* clip, llmc::StepResult& result) {
         const size_t bytes = tables_.bucket_bytes;
         CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
         CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
-        const cm::CompressParams cp = cm::compress_params(config_, lr, clip);
+        cm::CompressParams cp = cm::compress_params(config_, lr, 1.0f);
+        cp.clip_device = clip;
         launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
                            bucket_, cp, stream_);
         CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
@@ -381,7 +409,7 @@ private:
         result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
     }
     void read_compress_time(llmc::StepResult& result) {
-        CUDA_CHECK(cudaEventSynchronize(ev_[1]));  // done already after finish_apply's wait
+        CUDA_CHECK(cudaEventSynchronize(ev_[1]));  // done already after finish_updates_queued's wait
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
         result.seconds.transform = ms * 1e-3;
@@ -389,32 +417,55 @@ private:
     }
 
     // The gathered buckets (gathered_) applied with the rounding of step t_.
-    void apply_gathered(llmc::floatX* params, const cm::ApplyParams& ap, llmc::StepResult& result) {
-        apply_buckets(gathered_, params, ap, stochastic_, result);
+    void apply_gathered(llmc::floatX* params, const cm::ApplyParams& ap) { apply_buckets(gathered_, params, ap, stochastic_); }
+
+    // The updates of a step are queued, not waited for: each takes the next of kUpdateSlots slots (its error
+    // words on the device and their pinned readback, two events timing it), and finish_updates_queued, after the
+    // caller's wait (complete_step) or its own, checks and times them in queue order.
+    struct UpdateSlot {
+        bool checked = false;         // an apply kernel ran: its error flags are read
+        const char* whose = nullptr;  // names the buckets in its errors (nullptr: the rank the kernel names)
+    };
+    static constexpr int kUpdateSlots = 2;  // --demo_delay 1 with eager updates: the pending round's, the own share
+    UpdateSlot& next_update_slot() {
+        LLMC_CHECK(queued_updates_ < kUpdateSlots, "DeMo: more updates queued in one step than it has slots for");
+        UpdateSlot& u = updates_[queued_updates_];
+        u = UpdateSlot{};
+        CUDA_CHECK(cudaEventRecord(update_events_[2 * queued_updates_], stream_));
+        return u;
     }
-    // The apply kernel over `buckets`, timed (ev_[2] .. ev_[3]) and waited for (finish_apply; `whose` names the
-    // buckets in its errors).
+    void end_update_slot() {
+        CUDA_CHECK(cudaEventRecord(update_events_[2 * queued_updates_ + 1], stream_));
+        queued_updates_++;
+    }
+
+    // The apply kernel over `buckets` (`whose` names them in its errors), its error flags read back behind it.
     void apply_buckets(const uint8_t* buckets, llmc::floatX* params, const cm::ApplyParams& ap, bool stochastic,
-                       llmc::StepResult& result, const char* whose = nullptr) {
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        // the error flags and the lowest failing rank (UINT32_MAX: none), set on the device (no host copy)
-        CUDA_CHECK(cudaMemsetAsync(error_, 0, sizeof(uint32_t), stream_));
-        CUDA_CHECK(cudaMemsetAsync(error_ + 1, 0xff, sizeof(uint32_t), stream_));
+                       const char* whose = nullptr) {
+        const int slot = queued_updates_;
+        UpdateSlot& u = next_update_slot();
+        u.checked = true;
+        u.whose = whose;
+        // the error flags and the lowest failing rank (UINT32_MAX: none), set on the device
+        uint32_t* error = error_ + 2 * slot;
+        CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(uint32_t), stream_));
+        CUDA_CHECK(cudaMemsetAsync(error + 1, 0xff, sizeof(uint32_t), stream_));
         launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, buckets, master_, params, ap,
-                        step_seed(t_), stochastic, error_, stream_);
-        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-        finish_apply(true, result, whose);
+                        step_seed(t_), stochastic, error, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(error_readback_.data() + 2 * slot, error, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                   stream_));
+        end_update_slot();
     }
 
     // Eager delayed updates: params = master - lr * sign(decode(bucket_ alone)) (the scatter-mean over one rank
-    // is its values; no weight decay), rounded as step t_ rounds, the master weights unchanged; waits for it
-    // (ev_[2] .. ev_[3], added to StepTimings::apply). bucket_ is this rank's own (valid) bucket or, in
-    // set_weights, the checkpoint's: the kernel's error flags are checked all the same.
-    void apply_own_share(llmc::floatX* params, float lr, bool stochastic, llmc::StepResult& result) {
+    // is its values; no weight decay), rounded as step t_ rounds, the master weights unchanged (StepTimings::apply
+    // covers it). bucket_ is this rank's own (valid) bucket or, in set_weights, the checkpoint's: the kernel's
+    // error flags are checked all the same.
+    void apply_own_share(llmc::floatX* params, float lr, bool stochastic) {
         cm::ApplyParams ap = cm::apply_params(config_, lr, 1, tables_.bucket_bytes);
         ap.apply_wd = false;
         ap.keep_master = true;
-        apply_buckets(bucket_, params, ap, stochastic, result, kPendingBucket);
+        apply_buckets(bucket_, params, ap, stochastic, kPendingBucket);
     }
 
     // --demo_delay 1's update, in the CPU optimizer's order (it decays the weights in its compress, after the
@@ -423,17 +474,17 @@ private:
     // the rounding of step t_ (what set_weights repeats on a resume). With eager updates the apply leaves the
     // floatX copy alone (keep_params): the own share (apply_own_share, after the compress) rewrites it. The first
     // step has no round to apply: a decay pass, then (stale) a rounding pass.
-    void apply_delayed(llmc::floatX* params, float lr, llmc::StepResult& result) {
+    void apply_delayed(llmc::floatX* params, float lr) {
         const size_t n = layout_.num_params;
         if (pending_) {
             cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
             ap.wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
             ap.decay_after = true;
             ap.keep_params = eager();
-            apply_gathered(params, ap, result);
+            apply_gathered(params, ap);
             return;
         }
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        next_update_slot();
         if (config_.weight_decay != 0.0f) {
             const float wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
             for (const auto& [offset, count] : decay_ranges_) {
@@ -446,30 +497,33 @@ private:
                                                                                          step_seed(t_), stochastic_);
         }
         CUDA_CHECK_LAUNCH();
-        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
-        finish_apply(false, result);
+        end_update_slot();
     }
 
-    // Waits for the update (ev_[2] .. ev_[3]: added to StepTimings::apply); then checks the gathered headers read
-    // back behind it (exchange_finish), and reports a corrupt bucket the apply kernel found (when `checked`), as
-    // `whose` when given, else by the rank the kernel names; reads the compress kernel's time if it is due.
-    void finish_apply(bool checked, llmc::StepResult& result, const char* whose = nullptr) {
-        uint32_t* error = error_readback_.data();
-        error[0] = error[1] = 0u;
-        if (checked) CUDA_CHECK(cudaMemcpyAsync(error, error_, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream_));
+    // Waits for the queued updates (nothing left to wait for after the caller's wait); checks the gathered headers
+    // read back behind them (exchange_finish), then each update's error flags in queue order: a corrupt bucket is
+    // reported as its slot's `whose`, else by the rank the kernel names. Adds their GPU times to
+    // StepTimings::apply and reads the compress kernel's time if it is due.
+    void finish_updates_queued(llmc::StepResult& result) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const int queued = std::exchange(queued_updates_, 0);
         if (headers_pending_) {
             headers_pending_ = false;
             check_headers(std::span<const std::byte>(header_readback_.data(), header_readback_.size()));
         }
-        if (error[0]) {
-            const std::string who = whose ? std::string(whose) : "DeMo bucket from rank " + std::to_string(error[1]);
+        for (int i = 0; i < queued; i++) {
+            const uint32_t* error = error_readback_.data() + 2 * i;
+            if (!updates_[i].checked || error[0] == 0) continue;
+            const std::string who =
+                updates_[i].whose ? std::string(updates_[i].whose) : "DeMo bucket from rank " + std::to_string(error[1]);
             if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
             llmc::fail(who + ": coefficient indices of a chunk not strictly ascending (corrupt DeMo bucket)");
         }
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
-        result.seconds.apply += ms * 1e-3;
+        for (int i = 0; i < queued; i++) {
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, update_events_[2 * i], update_events_[2 * i + 1]));
+            result.seconds.apply += ms * 1e-3;
+        }
         if (compress_timed_) read_compress_time(result);
     }
 
@@ -570,7 +624,12 @@ private:
     llmc::PinnedHostBuffer<uint32_t> error_readback_;    // the apply kernel's error flags and rank
     bool headers_pending_ = false;  // header_readback_ holds headers not yet checked
     bool compress_timed_ = false;   // ev_[0] .. ev_[1] hold a compress whose time is not yet read
-    cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
+    cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};  // the compress (0 .. 1), the norm (2 .. 3)
+    cudaEvent_t update_events_[2 * kUpdateSlots] = {};  // each queued update's start and end
+    UpdateSlot updates_[kUpdateSlots];
+    int queued_updates_ = 0;  // updates queued since the last finish_updates_queued
+    llmc::PinnedHostBuffer<double> norm2_readback_{1};  // the local gradient's sum of squares, for complete_step
+    bool step_pending_ = false;  // step() ran, complete_step() not yet
     std::vector<std::byte> host_bucket_, host_all_;
     std::vector<size_t> offsets_;
     // The first exchange of a process learns the bucket sizes; once every rank's matched (a bucket's size follows

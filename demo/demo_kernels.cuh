@@ -1400,6 +1400,13 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
 // become shifts, loops unroll); FIXED = 0: any chunk shape, sizes read from the tensor table. TUNE picks the
 // 64 x 64 kernel's tuning (kTunings): tuning 0 holds it to 64 registers so 4 blocks share an SM (53 KB of
 // shared memory each; ptxas spills ~14 floats to L1).
+// The compress parameters with `clip` read from the device when the caller left it there
+// (cm::CompressParams::clip_device): every thread reads the same 4 bytes.
+__device__ __forceinline__ cm::CompressParams with_device_clip(cm::CompressParams p) {
+    if (p.clip_device) p.clip = *p.clip_device;
+    return p;
+}
+
 template <int THREADS, int FIXED, int TUNE = 0>
 __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[TUNE]) : 1)
     demo_compress_kernel(const CompressArgs a) {
@@ -1419,6 +1426,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
+    const cm::CompressParams p = with_device_clip(a.p);
     const uint64_t gchunk = blockIdx.x;
     const cm::ChunkTensor ct = a.tensors[kTune.warp_lookup ? warp_tensor_of_chunk(a.tensors, a.num_tensors, gchunk)
                                                            : cm::tensor_of_chunk(a.tensors, a.num_tensors, gchunk)];
@@ -1483,7 +1491,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     if constexpr (kDctMomentum) {
         lean_prologue_dct(grads, cols32, d.ldx, P);
     } else if constexpr (kLean) {
-        lean_prologue<kRefetch>(momentum, grads, cols32, a.p, d.ldx, P, own_top, own_bot);
+        lean_prologue<kRefetch>(momentum, grads, cols32, p, d.ldx, P, own_top, own_bot);
     } else {
         float m_top[kMaxPairsPerThread], g_top[kMaxPairsPerThread], m_bot[kMaxPairsPerThread], g_bot[kMaxPairsPerThread];
 #pragma unroll
@@ -1507,10 +1515,10 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
             own_top[r] = own_bot[r] = 0.0f;
             if (q < npairs) {
                 const int b = q / d.n2, n = q - b * d.n2, bb = d.n1 - 1 - b;
-                const float x1 = cm::momentum_update(m_top[r], g_top[r], a.p.clip, a.p.decay, a.p.grad_scale);
+                const float x1 = cm::momentum_update(m_top[r], g_top[r], p.clip, p.decay, p.grad_scale);
                 own_top[r] = x1;
                 if (bb != b) {
-                    const float x2 = cm::momentum_update(m_bot[r], g_bot[r], a.p.clip, a.p.decay, a.p.grad_scale);
+                    const float x2 = cm::momentum_update(m_bot[r], g_bot[r], p.clip, p.decay, p.grad_scale);
                     own_bot[r] = x2;
                     P[b * d.ldx + n] = cm::add_rn(x1, x2);
                     P[(d.he1 + b) * d.ldx + n] = cm::sub_rn(x1, x2);
@@ -1550,7 +1558,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     const TopkShared topk_shared{reinterpret_cast<uint32_t*>(P), hist, res};
     if constexpr (kDctMomentum) {  // E holds DCT(g): the momentum update in the DCT domain
         float v[16];
-        lean_dct_momentum_update(momentum, cols32, a.p, Q, d.lde, v);
+        lean_dct_momentum_update(momentum, cols32, p, Q, d.lde, v);
         if constexpr (kZeroedBins) clear_coarse_bins<THREADS>(P);
         __syncthreads();
         if constexpr (kRegisterTopk) register_topk<THREADS>(v, k, d, Q, topk_shared, Lidx, Lval);
@@ -1577,7 +1585,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
 
     // 7-8: quantize and pack
     float scale = 0.0f;
-    if (a.p.values == cm::kValuesSign) {
+    if (p.values == cm::kValuesSign) {
         if (tid == 0) misc[0] = cm::sign_scale(Lval, int(k));
         __syncthreads();
         scale = misc[0];
@@ -1587,19 +1595,19 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
         uint8_t* values = a.bucket + ct.values_off;
         uint8_t* indices = a.bucket + ct.indices_off;
         for (uint32_t j = tid; j < k; j += THREADS) {
-            const float dq = cm::dequantize(a.p.values, Lval[j], scale);
+            const float dq = cm::dequantize(p.values, Lval[j], scale);
             Lval[j] = dq;
             const uint64_t item = c * k + j;
-            if (a.p.values == cm::kValuesSign) cm::put_sign_bit(values, item, dq, or_word);
-            else cm::put_value(values, a.p.values, item, dq);
-            cm::put_index(indices, a.p.indices, int(ct.index_bytes), item, Lidx[j], or_word);
+            if (p.values == cm::kValuesSign) cm::put_sign_bit(values, item, dq, or_word);
+            else cm::put_value(values, p.values, item, dq);
+            cm::put_index(indices, p.indices, int(ct.index_bytes), item, Lidx[j], or_word);
         }
-        if (a.p.values == cm::kValuesSign && tid == 0)
+        if (p.values == cm::kValuesSign && tid == 0)
             cm::store_u32(a.bucket + ct.scales_off + 4 * c, llmc::km::float_to_bits(scale));
     }
     __syncthreads();
     if constexpr (kDctMomentum) {  // 9-10 in the DCT domain: the sent coefficients' feedback, the one write
-        lean_dct_feedback<THREADS>(momentum, cols32, a.p.alpha, Q, d.lde, Lidx, Lval, k);
+        lean_dct_feedback<THREADS>(momentum, cols32, p.alpha, Q, d.lde, Lidx, Lval, k);
         return;
     }
 
@@ -1609,17 +1617,17 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
 
     // 10: error feedback, the one write of the momentum
     if constexpr (kLean) {
-        lean_feedback<kRefetch>(momentum, cols32, a.p.alpha, Q, d.lde, own_top, own_bot);
+        lean_feedback<kRefetch>(momentum, cols32, p.alpha, Q, d.lde, own_top, own_bot);
     } else {
 #pragma unroll
         for (int r = 0; r < kMaxPairsPerThread; r++) {
             const int q = tid + r * THREADS;
             if (q < npairs) {
                 const int b = q / d.n2, nn = q - b * d.n2, bb = d.n1 - 1 - b;
-                momentum[uint32_t(b) * cols32 + uint32_t(nn)] = cm::feedback(own_top[r], Q[b * d.lde + nn], a.p.alpha);
+                momentum[uint32_t(b) * cols32 + uint32_t(nn)] = cm::feedback(own_top[r], Q[b * d.lde + nn], p.alpha);
                 if (bb != b)
                     momentum[uint32_t(bb) * cols32 + uint32_t(nn)] =
-                        cm::feedback(own_bot[r], Q[bb * d.lde + nn], a.p.alpha);
+                        cm::feedback(own_bot[r], Q[bb * d.lde + nn], p.alpha);
             }
         }
     }

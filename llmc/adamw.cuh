@@ -7,13 +7,16 @@
 //    passes its mask by calling once per run of same-mask tensors.
 //  - CudaAdamW: the DeviceOptimizer of --optimizer adamw (AdamW-DDP): all-reduce-mean of the gradient
 //    through the Transport (fp32, or bf16 with --grad_wire bf16), deterministic global norm (global_norm.cuh)
-//    and clipping folded into the update as a gradient scale, then the update. With `overlap` (several ranks;
-//    NCCL, or MPI through host memory), the all-reduce starts range by range as the backward finishes each
-//    layer's gradients (on_gradients_final) and step() only waits for it, as PyTorch's DDP overlaps its buckets.
+//    and clipping folded into the update as a gradient scale, which the kernel takes from the norm on the
+//    device (on one rank step() never waits for the GPU; complete_step reads the norm), then the update. With
+//    `overlap` (several ranks; NCCL, or MPI through host memory), the all-reduce starts range by range as the
+//    backward finishes each layer's gradients (on_gradients_final) and step() only waits for it, as PyTorch's
+//    DDP overlaps its buckets.
 //    Master weights, m and v are one allocation. Its state blob is the CPU AdamW's (name, count, step, m, v),
 //    so checkpoints are interchangeable.
 #pragma once
 #include <chrono>
+#include <cmath>
 #include <span>
 #include <vector>
 
@@ -25,7 +28,9 @@
 namespace llmc {
 
 __global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, size_t n,
-                             km::AdamWParams h, uint64_t noise_offset, uint32_t seed, bool stochastic) {
+                             km::AdamWParams h, const float* clip, uint64_t noise_offset, uint32_t seed,
+                             bool stochastic) {
+    if (clip) h.grad_scale = *clip;
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         float mi = m[i], vi = v[i];
         const float p = km::adamw_update(master[i], grads[i], mi, vi, h);
@@ -37,13 +42,15 @@ __global__ void adamw_kernel(floatX* params, float* master, const float* grads, 
     }
 }
 
-// One range [0, n) of already-offset pointers; `noise_offset` is the range's offset in the flat buffer.
+// One range [0, n) of already-offset pointers; `noise_offset` is the range's offset in the flat buffer. With
+// `clip` (the clip coefficient on the device, global_norm_for_clip_async) the kernel takes h.grad_scale from
+// it: the host need not read the norm first.
 inline void adamw_update(floatX* params, float* master, const float* grads, float* m, float* v, size_t n,
                          const km::AdamWParams& h, uint64_t noise_offset, uint32_t seed, bool stochastic,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const float* clip = nullptr) {
     if (n == 0) return;
     LLMC_LAUNCH(grid_stride_blocks(n, 512), 512, 0, stream, adamw_kernel)(
-        params, master, grads, m, v, n, h, noise_offset, seed, stochastic);
+        params, master, grads, m, v, n, h, clip, noise_offset, seed, stochastic);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -88,7 +95,14 @@ public:
         memory_.add(&norm_scratch_, kNormScratchFloats);
         memory_.allocate("master weights + AdamW state (" + std::to_string(n) + " parameters x 3 x fp32)");
         memory_.zero(stream_);
+        for (cudaEvent_t& e : events_) CUDA_CHECK(cudaEventCreate(&e));
     }
+    ~CudaAdamW() override {
+        for (cudaEvent_t e : events_)
+            if (e) (void)cudaEventDestroy(e);
+    }
+    CudaAdamW(const CudaAdamW&) = delete;
+    CudaAdamW& operator=(const CudaAdamW&) = delete;
 
     std::string_view name() const override { return "adamw"; }
 
@@ -108,40 +122,57 @@ public:
         transport_.allreduce_mean_start(grads, layout_.num_params, ranges, bf16_wire());
     }
 
+    // No wait for the GPU on one rank: the norm, the clip and the update are queued, the clip coefficient taken
+    // on the device (global_norm_for_clip_async); complete_step reads the norm and the GPU times.
     StepResult step(floatX* params, float* grads, float lr) override {
-        using clock = std::chrono::steady_clock;
         const size_t n = layout_.num_params;
+        LLMC_CHECK(!step_pending_, "AdamW: step() again before complete_step() of the last one");
         StepResult result;
-        auto start = clock::now();
+        const auto start = std::chrono::steady_clock::now();
         if (overlapped_ > 0) {
             LLMC_CHECK(overlapped_ == n, "AdamW: the backward reported " + std::to_string(overlapped_) + " of " +
                                              std::to_string(n) + " gradients as final; the overlapped all-reduce needs all");
             overlapped_ = 0;
             transport_.allreduce_mean_finish();  // the compute stream now waits for it
         } else {
-            CUDA_CHECK(cudaStreamSynchronize(stream_));  // gradients complete before the collective reads them
+            // Several ranks: the backward finished first, so the collective's time is its own (every transport
+            // orders its reads after the compute stream's work anyway). One rank: nothing travels, no wait.
+            if (transport_.world_size() > 1) CUDA_CHECK(cudaStreamSynchronize(stream_));
             if (bf16_wire()) transport_.allreduce_mean_bf16(std::span<float>(grads, n));
             else transport_.allreduce_mean(std::span<float>(grads, n));
         }
         result.seconds.exchange = seconds_since(start);
 
-        start = clock::now();
-        result.grad_norm = global_norm(norm_scratch_, grads, n, stream_);
-        const float scale = km::clip_scale(result.grad_norm, config_.grad_clip);
-        result.seconds.clip = seconds_since(start);
-
-        start = clock::now();
+        CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+        const DeviceNorm norm = global_norm_for_clip_async(norm_scratch_, grads, n, config_.grad_clip, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(norm2_readback_.data(), norm.sum_of_squares, sizeof(double), cudaMemcpyDeviceToHost,
+                                   stream_));
+        CUDA_CHECK(cudaEventRecord(events_[1], stream_));
         t_++;
         const uint32_t seed = adamw_step_seed(seed_, t_);
         const AdamWConfig& a = config_.adamw;
         for (const Range& r : ranges_) {
-            const km::AdamWParams h = km::adamw_params(lr, a.beta1, a.beta2, a.eps, config_.weight_decay, r.decays, t_, scale);
+            // grad_scale 1 here: the kernel reads the clip coefficient from the device
+            const km::AdamWParams h = km::adamw_params(lr, a.beta1, a.beta2, a.eps, config_.weight_decay, r.decays, t_, 1.0f);
             adamw_update(params + r.offset, master_ + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.numel,
-                         h, r.offset, seed, stochastic_, stream_);
+                         h, r.offset, seed, stochastic_, stream_, norm.clip);
         }
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        result.seconds.apply = seconds_since(start);
+        CUDA_CHECK(cudaEventRecord(events_[2], stream_));
+        step_pending_ = true;
         return result;
+    }
+
+    // The norm before clipping, and the GPU times of the norm (StepTimings::clip) and of the update (apply).
+    void complete_step(StepResult& result) override {
+        if (!step_pending_) return;
+        step_pending_ = false;
+        CUDA_CHECK(cudaEventSynchronize(events_[2]));
+        result.grad_norm = std::sqrt(norm2_readback_.data()[0]);
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
+        result.seconds.clip = ms * 1e-3;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, events_[1], events_[2]));
+        result.seconds.apply = ms * 1e-3;
     }
 
     float* master_weights() override { return master_; }
@@ -200,6 +231,9 @@ private:
     float* m_ = nullptr;
     float* v_ = nullptr;
     float* norm_scratch_ = nullptr;
+    PinnedHostBuffer<double> norm2_readback_{1};  // the gradient's sum of squares, read in complete_step
+    cudaEvent_t events_[3] = {nullptr, nullptr, nullptr};  // the norm's start, its end (the update's start), the end
+    bool step_pending_ = false;  // step() ran, complete_step() not yet
     bool overlap_ = false;
     size_t overlapped_ = 0;  // gradients whose all-reduce on_gradients_final started this step
     int64_t t_ = 0;

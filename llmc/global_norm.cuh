@@ -22,7 +22,10 @@ __global__ void norm_squared_partial_kernel(float* partials, const float* g, siz
     if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-__global__ void norm_squared_final_kernel(double* out, const float* partials, int count) {
+// clip (when given): the clip coefficient km::clip_scale(sqrt(sum), max_norm) as well, computed once here with
+// the host's formula (the same bits), for the optimizers' kernels to read.
+__global__ void norm_squared_final_kernel(double* out, const float* partials, int count, float* clip = nullptr,
+                                          float max_norm = 0.0f) {
     __shared__ double shared[kWarpSize];
     double acc = 0.0;
     for (int i = threadIdx.x; i < count; i += blockDim.x) acc += static_cast<double>(partials[i]);
@@ -30,20 +33,41 @@ __global__ void norm_squared_final_kernel(double* out, const float* partials, in
     if (threadIdx.x == 0) {
         LLMC_REQUIRE_ALIGNED(out, sizeof(double));
         out[0] = total;
+        if (clip) *clip = km::clip_scale_of_squares(total, max_norm);
     }
 }
 
-// Scratch for global_norm_squared: kNormBlocks floats + one double (as floats, 8-byte aligned).
-inline constexpr size_t kNormScratchFloats = kNormBlocks + 2;
+// Scratch for the norm: kNormBlocks floats of partials, the double sum (as two floats, 8-byte aligned), the clip
+// coefficient, one float of padding.
+inline constexpr size_t kNormScratchFloats = kNormBlocks + 4;
 
-// Enqueues the sum of squares of g[0..n) into *out_device (a double inside `scratch`, returned).
-inline double* global_norm_squared_async(float* scratch, const float* g, size_t n, cudaStream_t stream) {
+// The norm's two kernels into `scratch`; with `clip`, its coefficient too.
+inline double* launch_global_norm(float* scratch, const float* g, size_t n, float* clip, float max_norm,
+                                  cudaStream_t stream) {
     double* out = reinterpret_cast<double*>(scratch + kNormBlocks);  // kNormBlocks is even: 8-byte aligned
     LLMC_LAUNCH(kNormBlocks, kNormThreads, 0, stream, norm_squared_partial_kernel)(scratch, g, n);
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(1, 1024, 0, stream, norm_squared_final_kernel)(out, scratch, kNormBlocks);
+    LLMC_LAUNCH(1, 1024, 0, stream, norm_squared_final_kernel)(out, scratch, kNormBlocks, clip, max_norm);
     CUDA_CHECK_LAUNCH();
     return out;
+}
+
+// Enqueues the sum of squares of g[0..n) into *out_device (a double inside `scratch`, returned).
+inline double* global_norm_squared_async(float* scratch, const float* g, size_t n, cudaStream_t stream) {
+    return launch_global_norm(scratch, g, n, nullptr, 0.0f, stream);
+}
+
+// The norm of a gradient about to be clipped, left on the device: its sum of squares and the clip coefficient
+// for max_norm (1 when max_norm <= 0 or the norm is below it), both inside `scratch`. The optimizers' kernels read
+// the coefficient, so the host never waits for the norm; it reads the sum back later, for the metrics.
+struct DeviceNorm {
+    const double* sum_of_squares;
+    const float* clip;
+};
+inline DeviceNorm global_norm_for_clip_async(float* scratch, const float* g, size_t n, float max_norm,
+                                             cudaStream_t stream) {
+    float* clip = scratch + kNormBlocks + 2;
+    return {launch_global_norm(scratch, g, n, clip, max_norm, stream), clip};
 }
 
 // The L2 norm of g (synchronizes the stream to read it back).

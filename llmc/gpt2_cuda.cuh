@@ -169,12 +169,14 @@ public:
 
     // One training micro-step: forward, then backward of loss_scale * mean loss, ADDING into grads() (call
     // zero_grad() at the start of each optimizer step: the first micro-step after it writes instead; pass
-    // 1/grad_accum as loss_scale). Returns the mean loss.
+    // 1/grad_accum as loss_scale). Queued without waiting for the GPU, so the host prepares the next micro-step
+    // or the optimizer step while the GPU runs this one: the per-row losses follow into pinned memory, and
+    // take_losses() returns the mean loss of each micro-step queued.
     // on_final (the last micro-step of an optimizer step): told of every gradient range once, in backward order:
     // ln_f and the last layer, each layer down to the first, then wte and wpe (wte last: the encoder backward
     // adds to the classifier's part of it).
-    float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
-                           const GradsFinal& on_final = {}) {
+    void queue_forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
+                                const GradsFinal& on_final = {}) {
         LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
         stage_batch(inputs, targets, B, T);
         const bool accumulate = !overwrite_grads_;
@@ -190,7 +192,27 @@ public:
         }
         backward_embeddings(B, T, on_final, accumulate);
         overwrite_grads_ = false;
-        return mean_loss(B * T);
+        queue_losses(B * T);
+    }
+    // The mean loss of each micro-step queued since the last call, in queue order, each summed on the host in
+    // row order as forward() does. Waits for the stream (nothing is left to wait for after the caller's own wait).
+    std::vector<float> take_losses() {
+        CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+        std::vector<float> means;
+        for (size_t i = 0; i < queued_rows_.size(); i++) {
+            const float* rows = loss_slots_[i].data();
+            double sum = 0.0;
+            for (int r = 0; r < queued_rows_[i]; r++) sum += rows[r];
+            means.push_back(static_cast<float>(sum / queued_rows_[i]));
+        }
+        queued_rows_.clear();
+        return means;
+    }
+    // queue_forward_backward, then its mean loss (waits for the GPU).
+    float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
+                           const GradsFinal& on_final = {}) {
+        queue_forward_backward(inputs, targets, B, T, loss_scale, on_final);
+        return take_losses().back();
     }
 
     // Logits of the last forward() for row (b * T + t), fp32, padded_vocab_size values.
@@ -497,6 +519,15 @@ private:
         if (on_final) on_final(layout_.backward_ranges_of_embeddings());
     }
 
+    // A queued micro-step's per-row losses into the next pinned slot (one per micro-step of an optimizer step, each
+    // of the batch capacity, kept: a slot is reused only after take_losses has read it).
+    void queue_losses(int N) {
+        const size_t slot = queued_rows_.size();
+        if (slot == loss_slots_.size()) loss_slots_.emplace_back(n_cap_);
+        CUDA_CHECK(cudaMemcpyAsync(loss_slots_[slot].data(), a_.losses, size_t(N) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, env_.stream));
+        queued_rows_.push_back(N);
+    }
     // Mean of the per-row losses, summed on the host in a fixed order (synchronizes).
     float mean_loss(int N) {
         host_losses_.resize(N);
@@ -526,6 +557,8 @@ private:
     EncoderBackwardPlan plan_;
     PinnedUpload<int> inputs_upload_, targets_upload_, plan_upload_;
     std::vector<float> host_losses_;
+    std::vector<PinnedHostBuffer<float>> loss_slots_;  // queue_losses' pinned slots
+    std::vector<int> queued_rows_;                     // rows of each queued micro-step's losses, in slot order
 };
 
 }  // namespace llmc

@@ -217,11 +217,15 @@ inline AdamWParams adamw_params(float lr, float beta1, float beta2, float eps, f
     return h;
 }
 
-// Clip coefficient with torch.nn.utils.clip_grad_norm_'s rule (as llmc::clip_grad_norm).
-inline float clip_scale(double norm, float max_norm) {
+// Clip coefficient with torch.nn.utils.clip_grad_norm_'s rule (as llmc::clip_grad_norm). The CUDA optimizers
+// take it on the device from the norm's square (clip_scale_of_squares), with the host's bits.
+LLMC_HD float clip_scale(double norm, float max_norm) {
     if (max_norm <= 0.0f) return 1.0f;
     const double coef = max_norm / (norm + 1e-6);
     return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+LLMC_HD float clip_scale_of_squares(double sum_of_squares, float max_norm) {
+    return clip_scale(sqrt(sum_of_squares), max_norm);  // IEEE sqrt: the host's std::sqrt, bit for bit
 }
 
 // ---------------------------------------------------------------------------------------------------------

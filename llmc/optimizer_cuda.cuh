@@ -29,7 +29,21 @@ public:
     virtual void set_weights(const float* weights, floatX* params) = 0;
     // One step on this rank's local gradient `grads` (fp32, device; may be modified: averaged, clipped).
     // Updates the master weights and rewrites `params`. `lr` is this step's scheduled learning rate.
+    // step() enqueues the update on the stream and returns without waiting for the GPU where it can (the
+    // gradient clip reads the norm on the device): the GPU never idles while the host reads a result back.
+    // What the host learns from the step's device work (its gradient norm, the GPU time of its parts, a corrupt
+    // bucket its kernels found) complete_step() fills in, after the caller's own wait for the stream (the
+    // trainer's end of step), and before the next step.
     virtual StepResult step(floatX* params, float* grads, float lr) = 0;
+    // Waits for the last step's device work (nothing left to wait for after the caller synchronized the stream),
+    // then completes `result` (that step's StepResult), or throws what its kernels found wrong. Once per step.
+    virtual void complete_step(StepResult& /*result*/) {}
+    // step(), then complete_step(): for callers without an end of step of their own (tests, labs).
+    StepResult step_completed(floatX* params, float* grads, float lr) {
+        StepResult result = step(params, grads, lr);
+        complete_step(result);
+        return result;
+    }
     // Called during the last backward before step() (on the host, in backward order) with ranges of `grads`
     // that no later kernel of this step writes: an optimizer may start exchanging them while the backward goes
     // on. Every range of the buffer is reported exactly once per step, or none is (the trainer may not

@@ -13,6 +13,7 @@
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the kernels below see its threadIdx, intrinsics and min/max.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -174,7 +175,13 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     constexpr bool kDctMomentum = demo::kTunings[TUNE].dct_momentum;
     using Domain = cm::MomentumDomain;  // a dct_momentum kernel's momentum is M, compared as m
     if (kDctMomentum) cm::convert_momentum(pt.plan, m_emu, Domain::spatial, Domain::dct64);
-    const std::vector<std::byte> b_emu = emulate_compress<TUNE>(pt, m_emu, grads, cp, order);
+    // The kernels read the clip coefficient from the device, as CudaDemo passes it (CompressParams::clip_device);
+    // the `clip` beside it is a NaN they must not read.
+    const float device_clip = cp.clip;
+    cm::CompressParams cp_device = cp;
+    cp_device.clip = std::nanf("");
+    cp_device.clip_device = &device_clip;
+    const std::vector<std::byte> b_emu = emulate_compress<TUNE>(pt, m_emu, grads, cp_device, order);
     if (kDctMomentum) cm::convert_momentum(pt.plan, m_emu, Domain::dct64, Domain::spatial);
     std::vector<std::byte> b_ref;
     cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);

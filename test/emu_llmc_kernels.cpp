@@ -938,8 +938,8 @@ TEST(adamw_and_round_params) {
                 std::vector<float> master = master0, m = m0, v = v0;
                 std::vector<floatX> params(n);
                 launch(grid, 512, Order::Forward, [&] {
-                    llmc::adamw_kernel(params.data(), master.data(), grads.data(), m.data(), v.data(), n, h, offset, seed,
-                                       stochastic);
+                    llmc::adamw_kernel(params.data(), master.data(), grads.data(), m.data(), v.data(), n, h, nullptr,
+                                       offset, seed, stochastic);
                 });
                 const std::string label = std::string(decays ? "decay" : "no decay") + (stochastic ? ", stochastic" : "") +
                                           " (n=" + std::to_string(n) + ", " + std::to_string(grid) + " blocks)";
@@ -956,6 +956,21 @@ TEST(adamw_and_round_params) {
                 check_rounding("adamw_kernel params " + label, params, master, stochastic, offset, seed);
             }
         }
+        // The clip coefficient read from the device (CudaAdamW: global_norm_for_clip_async's) in place of
+        // AdamWParams::grad_scale: the same update, bit for bit.
+        std::vector<float> master = master0, m = m0, v = v0;
+        std::vector<floatX> params(n);
+        const km::AdamWParams unscaled = km::adamw_params(lr, beta1, beta2, eps, wd, decays, t, 1.0f);
+        const float device_clip = grad_scale;
+        launch(unsigned(llmc::grid_stride_blocks(n, 512)), 512, Order::Forward, [&] {
+            llmc::adamw_kernel(params.data(), master.data(), grads.data(), m.data(), v.data(), n, unscaled, &device_clip,
+                               offset, seed, false);
+        });
+        const size_t differ = bit_diffs(master, master_first);
+        std::printf("  %-52s %zu of %zu values differ from grad_scale's%s\n",
+                    (std::string("adamw_kernel, clip from the device, ") + (decays ? "decay" : "no decay")).c_str(),
+                    differ, n, differ ? "  FAIL" : "");
+        EXPECT_EQ(differ, size_t{0});
     }
     // round_params_kernel (CudaAdamW::set_weights): noise index = position, no offset
     const auto master = random_floats(n, 0.5f, 75);
@@ -1001,6 +1016,26 @@ TEST(global_norm) {
         EXPECT(rel_mirror <= 1e-6);
         EXPECT_EQ(bit_diffs(scratch[0], scratch[1]), size_t{0});
         expect_same_bits("  forward vs reverse thread order", std::vector<double>{sumsq[0]}, std::vector<double>{sumsq[1]});
+        // The clip coefficient the final kernel leaves beside the sum (global_norm_for_clip_async), against
+        // torch.nn.utils.clip_grad_norm_'s rule written out here: min(1, max_norm / (norm + 1e-6)), 1 without a clip.
+        const double norm = std::sqrt(sumsq[0]);
+        for (const float max_norm : {0.0f, -1.0f, float(norm) * 0.5f, float(norm) * 2.0f, 1e-30f}) {
+            std::vector<float> sc(llmc::kNormScratchFloats, NAN);
+            float* s = sc.data();
+            double* out = reinterpret_cast<double*>(s + llmc::kNormBlocks);
+            float* clip = s + llmc::kNormBlocks + 2;
+            launch(llmc::kNormBlocks, llmc::kNormThreads, Order::Forward,
+                   [&] { llmc::norm_squared_partial_kernel(s, g.data(), n); });
+            launch(1, 1024, Order::Forward,
+                   [&] { llmc::norm_squared_final_kernel(out, s, llmc::kNormBlocks, clip, max_norm); });
+            const double coef = max_norm / (std::sqrt(*out) + 1e-6);
+            const float want = max_norm <= 0.0f || coef >= 1.0 ? 1.0f : static_cast<float>(coef);
+            char label[64];
+            std::snprintf(label, sizeof label, "final kernel's clip coefficient, max_norm %g", double(max_norm));
+            std::printf("  %-52s %.9g (rule: %.9g)%s\n", label, *clip, want, *clip == want ? "" : "  FAIL");
+            EXPECT(*clip == want);
+            EXPECT(*out == sumsq[0]);
+        }
     }
 }
 

@@ -79,7 +79,7 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     for (int s = 0; s < steps; s++) {
         model.zero_grad();
         r.losses.push_back(model.forward_backward(b.inputs.data(), b.targets.data(), b.B, b.T, 1.0f));
-        const StepResult res = opt.step(model.params(), model.grads(), kLr);
+        const StepResult res = opt.step_completed(model.params(), model.grads(), kLr);
         model.zero_padded_vocab_rows(opt.master_weights());
         r.norms.push_back(float(res.grad_norm));
         r.transform += res.seconds.transform;

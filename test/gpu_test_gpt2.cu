@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
         for (int step = 0; step < ref.steps; step++) {
             model.zero_grad();
             const float l = model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f);
-            const StepResult r = opt.step(model.params(), model.grads(), lr);
+            const StepResult r = opt.step_completed(model.params(), model.grads(), lr);
             model.zero_padded_vocab_rows(opt.master_weights());
             const double norm_err = std::fabs(r.grad_norm - ref.grad_norms[step]) / ref.grad_norms[step];
             std::printf("  step %d: loss %.6f (ref %.6f)  grad norm %.6f (ref %.6f)\n", step, l, ref.losses[step],
