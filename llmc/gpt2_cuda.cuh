@@ -199,12 +199,8 @@ public:
     std::vector<float> take_losses() {
         CUDA_CHECK(cudaStreamSynchronize(env_.stream));
         std::vector<float> means;
-        for (size_t i = 0; i < queued_rows_.size(); i++) {
-            const float* rows = loss_slots_[i].data();
-            double sum = 0.0;
-            for (int r = 0; r < queued_rows_[i]; r++) sum += rows[r];
-            means.push_back(static_cast<float>(sum / queued_rows_[i]));
-        }
+        for (size_t i = 0; i < queued_rows_.size(); i++)
+            means.push_back(mean_of_rows(loss_slots_[i].data(), queued_rows_[i]));
         queued_rows_.clear();
         return means;
     }
@@ -533,8 +529,11 @@ private:
         host_losses_.resize(N);
         CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), a_.losses, size_t(N) * sizeof(float), cudaMemcpyDeviceToHost, env_.stream));
         CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+        return mean_of_rows(host_losses_.data(), N);
+    }
+    static float mean_of_rows(const float* losses, int N) {
         double sum = 0.0;
-        for (float x : host_losses_) sum += x;
+        for (int r = 0; r < N; r++) sum += losses[r];
         return static_cast<float>(sum / N);
     }
 
