@@ -556,7 +556,7 @@ private:
         exchange_finish();
         result.seconds.exchange += seconds_since(start);
     }
-    // finish: the all-gather's end; every rank's header and size checked (NCCL: after the apply's wait, from the
+    // finish: the all-gather's end; every rank's header and size checked (NCCL: after the update's wait, from the
     // copies queued here; see the top of the file), and (host path) the buckets uploaded. Once the sizes were all
     // this rank's, the next exchanges skip the size exchange (gather_sizes_).
     void exchange_finish() {
@@ -620,7 +620,7 @@ private:
     float* folded_ = nullptr;
     float* natural_ = nullptr;
     uint32_t* error_ = nullptr;
-    llmc::PinnedHostBuffer<std::byte> header_readback_;  // the gathered headers, checked after the apply's wait
+    llmc::PinnedHostBuffer<std::byte> header_readback_;  // the gathered headers, checked after the update's wait
     llmc::PinnedHostBuffer<uint32_t> error_readback_;    // the apply kernel's error flags and rank
     bool headers_pending_ = false;  // header_readback_ holds headers not yet checked
     bool compress_timed_ = false;   // ev_[0] .. ev_[1] hold a compress whose time is not yet read

@@ -408,25 +408,27 @@ def main():
             cpu_full[-2:] if cpu_full else None, "loss", 2e-5)
 
     # Host waits per training step (LLMC_EMU_HOST_WAITS=1: the emulated runtime counts every synchronization or
-    # copy into pageable memory that had queued device work to wait for; on a GPU each leaves it idle for a host
-    # round trip). 4 steps less 2, halved: the run's setup, final evaluation and checkpoint cancel. On one rank a
-    # step is queued whole and waited for once, at its end: the optimizers clip with the norm on the device, and
-    # the losses, the norm, DeMo's gathered headers, error flags and kernel times are read after that wait (with
-    # --demo_delay 1 those of both its updates, the pending round's apply and the own share).
-    waits = {}
+    # copy into pageable memory that had queued device work to wait for, and those that left no work queued
+    # behind them: on a GPU each of these idles it for a host round trip). 4 steps less 2, halved: the run's
+    # setup, final evaluation and checkpoint cancel. On one rank a step is queued whole and waited for once, at
+    # its end: the optimizers clip with the norm on the device, and the losses, the norm, DeMo's gathered headers,
+    # error flags and kernel times are read after that wait (with --demo_delay 1 those of both its updates, the
+    # pending round's apply and the own share). That wait still idles the GPU until the next step's first launch.
+    waits, idle = {}, {}
     for opt, args in (("adamw", ["--optimizer", "adamw"]), ("demo", ["--optimizer", "demo"]),
                       ("demo-delay1", ["--optimizer", "demo", "--demo_delay", "1"])):
         counts = []
         for n in (2, 4):
             p = launch(EMU["bf16"], f"waits-{opt}-{n}", ["--steps", str(n)] + args, env={"LLMC_EMU_HOST_WAITS": "1"})
-            m = re.search(r"emulated device: (\d+) host waits", p.stderr)
-            counts.append(int(m.group(1)) if p.returncode == 0 and m else None)
-        waits[opt] = (counts[1] - counts[0]) / 2 if None not in counts else None
-        print(f"      {opt}: {waits[opt]} host waits per step", flush=True)
+            m = re.search(r"emulated device: (\d+) host waits for device work \((\d+) left it idle\)", p.stderr)
+            counts.append((int(m.group(1)), int(m.group(2))) if p.returncode == 0 and m else None)
+        waits[opt] = (counts[1][0] - counts[0][0]) / 2 if None not in counts else None
+        idle[opt] = (counts[1][1] - counts[0][1]) / 2 if None not in counts else None
+        print(f"      {opt}: {waits[opt]} host waits per step, {idle[opt]} leaving the GPU idle", flush=True)
     check(None not in waits.values() and all(w == int(w) for w in waits.values()),
           "host waits per step: the same count every step")
-    check(None not in waits.values() and all(waits[k] == 1 for k in ("adamw", "demo", "demo-delay1")),
-          "host waits per step: one, the step's end, for AdamW, DeMo and DeMo with --demo_delay 1")
+    check(None not in waits.values() and all(waits[k] == 1 and idle[k] == 1 for k in ("adamw", "demo", "demo-delay1")),
+          "host waits per step: one, the step's end (which idles the GPU), for AdamW, DeMo and DeMo with --demo_delay 1")
     # 2 ranks over NCCL add one wait per step, the all-gather's end (the watchdog's): the bucket sizes are
     # exchanged at the first step only (a size exchange is a wait of its own)
     counts = []
@@ -442,7 +444,7 @@ def main():
 
     # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET:SKIP inverts one byte of what the other ranks
     # receive from rank ROOT, from the SKIP+1-th bucket on): the receiving rank stops with the CPU decoder's
-    # message, after the apply's wait where the headers are checked, and the job ends (no hang, non-zero exit).
+    # message, after the step's wait where the headers are checked, and the job ends (no hang, non-zero exit).
     # The header's magic (both delays), and the last byte of the bucket (the last tensor's last index: out of its
     # chunk), in the first round (its size exchange and broadcasts) and in the second (a plain all-gather of
     # buckets of known size); the steps finished before it are in the metrics.

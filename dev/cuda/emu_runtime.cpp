@@ -23,9 +23,12 @@
 // copies of them; what a GPU cannot capture fails here too (waiting for the capturing stream, an event recorded
 // on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated.
 // cudaEventQuery, cudaStreamQuery and cudaEventElapsedTime on work that has not run answer cudaErrorNotReady, as
-// on a GPU where it has not finished. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued device work (a
-// synchronization or a copy into pageable memory that had work to wait for): on a GPU each is a round trip that
-// leaves the device idle, so tests count them per training step. What it cannot catch: a kernel
+// on a GPU where it has not finished. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued
+// device work (a synchronization or a copy into pageable memory that had work to wait for), and how many of
+// those waits left the stream they waited for with nothing queued: on a GPU such a wait idles that stream for
+// a round trip (the host wakes up, then its next launch arrives), while a wait for an event with more work
+// queued behind it on its stream does not. Tests count both per training step. (Other streams are not looked
+// at: their work runs here only when something waits for it.) What it cannot catch: a kernel
 // touching host memory, and races between work that runs concurrently on a GPU (two streams' kernels here run
 // one after the other).
 #include "dev/cuda/block_emulator.h"
@@ -249,10 +252,12 @@ void run_all(Stream* s) { run_until(s, UINT64_MAX); }
 // Host waits for device work (see the top of the file), reported at exit with LLMC_EMU_HOST_WAITS=1.
 struct HostWaits {
     uint64_t count = 0;
+    uint64_t idle = 0;  // of count: no device work left queued after the wait
     ~HostWaits() {
         const char* v = std::getenv("LLMC_EMU_HOST_WAITS");
         if (v && std::string(v) == "1")
-            std::fprintf(stderr, "emulated device: %llu host waits for device work\n", (unsigned long long)count);
+            std::fprintf(stderr, "emulated device: %llu host waits for device work (%llu left it idle)\n",
+                         (unsigned long long)count, (unsigned long long)idle);
     }
 };
 HostWaits& host_waits() {
@@ -267,10 +272,16 @@ bool work_queued(bool legacy_only) {
             return true;
     return false;
 }
+// A host wait that had work to wait for, once that work ran; `idle`: the stream it waited for has none left.
+void count_host_wait(bool idle) {
+    host_waits().count++;
+    if (idle) host_waits().idle++;
+}
 // The host waits for stream s up to `position` (all its work for UINT64_MAX).
 void host_wait(Stream* s, uint64_t position = UINT64_MAX) {
-    if (pending(s, position)) host_waits().count++;
+    const bool waits = pending(s, position);
     run_until(s, position);
+    if (waits) count_host_wait(s->queue.empty());
 }
 void run_device() {
     for (bool again = true; again;) {  // work may make other streams wait: repeat until all are empty
@@ -282,8 +293,9 @@ void run_device() {
     }
 }
 void run_device_waiting() {
-    if (work_queued(false)) host_waits().count++;
+    const bool waits = work_queued(false);
     run_device();
+    if (waits) count_host_wait(true);
 }
 void enqueue(cudaStream_t stream, emu::StreamWork&& work) {
     Stream* s = stream_of(stream);
@@ -304,10 +316,11 @@ bool refuse_while_capturing(cudaStream_t stream) {
 }
 // The legacy stream waits for the streams that are not non-blocking before its work runs.
 void run_legacy_dependencies() {
-    if (work_queued(true)) host_waits().count++;
+    const bool waits = work_queued(true);
     for (Stream* s : streams())
         if (s != legacy_stream() && (s->flags & cudaStreamNonBlocking) == 0) run_all(s);
     run_all(legacy_stream());
+    if (waits) count_host_wait(true);
 }
 void drain_stream(cudaStream_t stream) { run_all(stream_of(stream)); }
 const bool kQueuesInstalled = (emu::stream_submit() = &enqueue, emu::stream_drain() = &drain_stream, true);
