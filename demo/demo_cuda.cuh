@@ -54,7 +54,6 @@
 // resumed run continues bit-identically.
 #pragma once
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -265,17 +264,12 @@ public:
         step_pending_ = true;
         llmc::StepResult result;
 
-        // the local norm (ev_[2] .. ev_[3]), read back by complete_step; the compress kernel reads the clip
-        // coefficient on the device
-        CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-        const llmc::DeviceNorm norm = llmc::global_norm_for_clip_async(norm_scratch_, grads, n, config_.grad_clip, stream_);
-        CUDA_CHECK(cudaMemcpyAsync(norm2_readback_.data(), norm.sum_of_squares, sizeof(double), cudaMemcpyDeviceToHost,
-                                   stream_));
-        CUDA_CHECK(cudaEventRecord(ev_[3], stream_));
+        // the local norm, read back by complete_step; the compress kernel reads the clip coefficient on the device
+        const float* clip = clip_norm_.queue(norm_scratch_, grads, n, config_.grad_clip, stream_);
         t_++;
 
         if (config_.demo.delay == 0) {
-            compress(grads, lr, norm.clip, result);
+            compress(grads, lr, clip, result);
             const auto start = std::chrono::steady_clock::now();
             exchange_start();
             exchange_finish();
@@ -286,7 +280,7 @@ public:
         // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward
         if (pending_) finish_pending_exchange(result);
         apply_delayed(params, lr);
-        compress(grads, lr, norm.clip, result);  // after the finish: the previous all-gather no longer reads bucket_
+        compress(grads, lr, clip, result);  // after the finish: the previous all-gather no longer reads bucket_
         pending_ = true;
         pending_lr_ = lr;
         const auto start = std::chrono::steady_clock::now();
@@ -302,12 +296,7 @@ public:
         if (!step_pending_) return;
         step_pending_ = false;
         finish_updates_queued(result);
-        CUDA_CHECK(cudaEventSynchronize(ev_[3]));
-        result.grad_norm = std::sqrt(norm2_readback_.data()[0]);
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[2], ev_[3]));
-        result.seconds.clip = ms * 1e-3;
-        if (compress_timed_) read_compress_time(result);
+        clip_norm_.read(result.grad_norm, result.seconds.clip);
     }
 
     // --demo_delay 1 after the last step: finish the pending round's exchange and apply it with its own lr and
@@ -512,17 +501,15 @@ private:
             check_headers(std::span<const std::byte>(header_readback_.data(), header_readback_.size()));
         }
         for (int i = 0; i < queued; i++) {
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, update_events_[2 * i], update_events_[2 * i + 1]));
+            result.seconds.apply += ms * 1e-3;
             const uint32_t* error = error_readback_.data() + 2 * i;
             if (!updates_[i].checked || error[0] == 0) continue;
             const std::string who =
                 updates_[i].whose ? std::string(updates_[i].whose) : "DeMo bucket from rank " + std::to_string(error[1]);
             if (error[0] & cm::kErrIndexRange) llmc::fail(who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
             llmc::fail(who + ": coefficient indices of a chunk not strictly ascending (corrupt DeMo bucket)");
-        }
-        for (int i = 0; i < queued; i++) {
-            float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, update_events_[2 * i], update_events_[2 * i + 1]));
-            result.seconds.apply += ms * 1e-3;
         }
         if (compress_timed_) read_compress_time(result);
     }
@@ -624,11 +611,11 @@ private:
     llmc::PinnedHostBuffer<uint32_t> error_readback_;    // the apply kernel's error flags and rank
     bool headers_pending_ = false;  // header_readback_ holds headers not yet checked
     bool compress_timed_ = false;   // ev_[0] .. ev_[1] hold a compress whose time is not yet read
-    cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};  // the compress (0 .. 1), the norm (2 .. 3)
+    cudaEvent_t ev_[2] = {nullptr, nullptr};  // the compress's start and end
     cudaEvent_t update_events_[2 * kUpdateSlots] = {};  // each queued update's start and end
     UpdateSlot updates_[kUpdateSlots];
     int queued_updates_ = 0;  // updates queued since the last finish_updates_queued
-    llmc::PinnedHostBuffer<double> norm2_readback_{1};  // the local gradient's sum of squares, for complete_step
+    llmc::QueuedClipNorm clip_norm_;
     bool step_pending_ = false;  // step() ran, complete_step() not yet
     std::vector<std::byte> host_bucket_, host_all_;
     std::vector<size_t> offsets_;

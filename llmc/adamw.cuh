@@ -16,7 +16,6 @@
 //    so checkpoints are interchangeable.
 #pragma once
 #include <chrono>
-#include <cmath>
 #include <span>
 #include <vector>
 
@@ -143,11 +142,8 @@ public:
         }
         result.seconds.exchange = seconds_since(start);
 
+        const float* clip = clip_norm_.queue(norm_scratch_, grads, n, config_.grad_clip, stream_);
         CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-        const DeviceNorm norm = global_norm_for_clip_async(norm_scratch_, grads, n, config_.grad_clip, stream_);
-        CUDA_CHECK(cudaMemcpyAsync(norm2_readback_.data(), norm.sum_of_squares, sizeof(double), cudaMemcpyDeviceToHost,
-                                   stream_));
-        CUDA_CHECK(cudaEventRecord(events_[1], stream_));
         t_++;
         const uint32_t seed = adamw_step_seed(seed_, t_);
         const AdamWConfig& a = config_.adamw;
@@ -155,9 +151,9 @@ public:
             // grad_scale 1 here: the kernel reads the clip coefficient from the device
             const km::AdamWParams h = km::adamw_params(lr, a.beta1, a.beta2, a.eps, config_.weight_decay, r.decays, t_, 1.0f);
             adamw_update(params + r.offset, master_ + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.numel,
-                         h, r.offset, seed, stochastic_, stream_, norm.clip);
+                         h, r.offset, seed, stochastic_, stream_, clip);
         }
-        CUDA_CHECK(cudaEventRecord(events_[2], stream_));
+        CUDA_CHECK(cudaEventRecord(events_[1], stream_));
         step_pending_ = true;
         return result;
     }
@@ -166,12 +162,10 @@ public:
     void complete_step(StepResult& result) override {
         if (!step_pending_) return;
         step_pending_ = false;
-        CUDA_CHECK(cudaEventSynchronize(events_[2]));
-        result.grad_norm = std::sqrt(norm2_readback_.data()[0]);
+        CUDA_CHECK(cudaEventSynchronize(events_[1]));
+        clip_norm_.read(result.grad_norm, result.seconds.clip);
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
-        result.seconds.clip = ms * 1e-3;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, events_[1], events_[2]));
         result.seconds.apply = ms * 1e-3;
     }
 
@@ -231,8 +225,8 @@ private:
     float* m_ = nullptr;
     float* v_ = nullptr;
     float* norm_scratch_ = nullptr;
-    PinnedHostBuffer<double> norm2_readback_{1};  // the gradient's sum of squares, read in complete_step
-    cudaEvent_t events_[3] = {nullptr, nullptr, nullptr};  // the norm's start, its end (the update's start), the end
+    QueuedClipNorm clip_norm_;
+    cudaEvent_t events_[2] = {nullptr, nullptr};  // the update's start and end
     bool step_pending_ = false;  // step() ran, complete_step() not yet
     bool overlap_ = false;
     size_t overlapped_ = 0;  // gradients whose all-reduce on_gradients_final started this step

@@ -70,6 +70,44 @@ inline DeviceNorm global_norm_for_clip_async(float* scratch, const float* g, siz
     return {launch_global_norm(scratch, g, n, clip, max_norm, stream), clip};
 }
 
+// The CUDA optimizers' norm for the clip, queued without a host wait: global_norm_for_clip_async, its sum read
+// back into pinned memory behind it, and two events timing it. queue() returns the clip coefficient on the
+// device for the update's kernels; read() gives the host the norm and its GPU seconds once the stream got past
+// it (it waits for that, which costs nothing after the caller's own wait).
+class QueuedClipNorm {
+public:
+    QueuedClipNorm() {
+        for (cudaEvent_t& e : events_) CUDA_CHECK(cudaEventCreate(&e));
+    }
+    ~QueuedClipNorm() {
+        for (cudaEvent_t e : events_)
+            if (e) (void)cudaEventDestroy(e);
+    }
+    QueuedClipNorm(const QueuedClipNorm&) = delete;
+    QueuedClipNorm& operator=(const QueuedClipNorm&) = delete;
+
+    const float* queue(float* scratch, const float* g, size_t n, float max_norm, cudaStream_t stream) {
+        CUDA_CHECK(cudaEventRecord(events_[0], stream));
+        const DeviceNorm norm = global_norm_for_clip_async(scratch, g, n, max_norm, stream);
+        CUDA_CHECK(cudaMemcpyAsync(sum_readback_.data(), norm.sum_of_squares, sizeof(double), cudaMemcpyDeviceToHost,
+                                   stream));
+        CUDA_CHECK(cudaEventRecord(events_[1], stream));
+        return norm.clip;
+    }
+    // The last queue()'s norm (before clipping) and the GPU seconds of its kernels.
+    void read(double& norm, double& seconds) {
+        CUDA_CHECK(cudaEventSynchronize(events_[1]));
+        norm = std::sqrt(sum_readback_.data()[0]);
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
+        seconds = ms * 1e-3;
+    }
+
+private:
+    PinnedHostBuffer<double> sum_readback_{1};
+    cudaEvent_t events_[2] = {nullptr, nullptr};
+};
+
 // The L2 norm of g (synchronizes the stream to read it back).
 inline double global_norm(float* scratch, const float* g, size_t n, cudaStream_t stream) {
     const double* out = global_norm_squared_async(scratch, g, n, stream);
