@@ -6,7 +6,8 @@
 // One training step, top to bottom:
 //   every micro-step: next batch of this rank's data slice -> forward + backward on the GPU (grads accumulate)
 //   optimizer->step(params, local grads, lr)   <- the optimizer owns the exchange between ranks (NCCL)
-//   one wait for the GPU: the step so far is only queued (on one GPU the host never waits inside it), then
+//   one wait for the GPU: the step so far is only queued (on one GPU the host never waits inside it, and queues
+//   the next step's micro-steps before this wait when nothing is due after the step), then
 //   optimizer->complete_step (the norm, the GPU times, DeMo's checks) and the micro-steps' losses
 //   metrics (loss averaged over ranks, tok/s, bytes from the transport) -> progress line + metrics.jsonl
 //   every N steps: validation loss, a text sample, a checkpoint (model + every rank's state, atomic)
@@ -51,6 +52,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -251,14 +253,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     const GPT2Cuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
-    for (int step = start_step; step < cfg.steps; step++) {
-        if (step == profile_step) CUDA_CHECK(cudaProfilerStart());
-        const auto t0 = StepReporter::Clock::now();
+    // A step's micro-steps: its batches queued through the forward and backward, the gradients written anew.
+    const auto queue_micro_steps = [&] {
         transport.reset_counters();
         model.zero_grad();
-        // The step is queued without waiting for the GPU (on one rank; several wait for their collectives): the
-        // micro-steps, the optimizer (which clips on the device), the padded rows' reset; then one wait, after
-        // which the losses, the norm and the optimizer's errors are read.
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
             // the last micro-step's backward tells the overlapped all-reduce which gradients are final, layer by
@@ -268,19 +266,52 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
                                          1.0f / static_cast<float>(grad_accum),
                                          last && overlap ? grads_final : GPT2Cuda::GradsFinal());
         }
+    };
+    CudaEvent step_end;
+    bool queued_ahead = false;  // this step's micro-steps were queued before the last step's wait
+    StepReporter::Clock::time_point t0;
+    for (int step = start_step; step < cfg.steps; step++) {
+        if (step == profile_step) CUDA_CHECK(cudaProfilerStart());
+        // The step is queued without waiting for the GPU (on one rank; several wait for their collectives): the
+        // micro-steps, the optimizer (which clips on the device), the padded rows' reset; then one wait, after
+        // which the losses, the norm and the optimizer's errors are read.
+        if (!queued_ahead) {
+            t0 = StepReporter::Clock::now();
+            queue_micro_steps();
+        }
         const float lr = schedule.at(step);
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights());
-        env.sync();  // the step's device work is finished before its time is taken
+        step_end.record(env.stream);
+        const CommCounters comm = transport.counters();
+        // One rank with nothing due after this step: the next step's micro-steps are queued before this step's
+        // results are read, so the GPU goes on to them without waiting for the host (which reports meanwhile).
+        // Never past a step with an evaluation, a sample or a checkpoint (they use the model and the data position
+        // as this step leaves them) or around the profiled step; not with several ranks, whose loss report is a
+        // collective of its own beside the next step's. A batch that fails to load is reported after this step.
+        const StepDuties due = step_duties(cfg, step);
+        queued_ahead = world == 1 && step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
+                       step != profile_step && step + 1 != profile_step;
+        std::exception_ptr next_step_error;
+        if (queued_ahead) {
+            try {
+                queue_micro_steps();
+            } catch (...) {
+                next_step_error = std::current_exception();
+            }
+        }
+        step_end.synchronize();  // this step's device work is finished before its time is taken
+        const auto step_done = StepReporter::Clock::now();
         optimizer->complete_step(result);
         double loss = 0.0;
-        for (const float micro_loss : model.take_losses()) loss += micro_loss;
+        for (const float micro_loss : model.take_losses(static_cast<size_t>(grad_accum))) loss += micro_loss;
         loss /= grad_accum;
         if (step == profile_step) CUDA_CHECK(cudaProfilerStop());
-        reporter.report(step, t0, loss, lr, result, transport, state);
+        reporter.report(step, t0, loss, lr, result, comm, transport, state);
+        if (next_step_error) std::rethrow_exception(next_step_error);
+        t0 = step_done;  // a step queued ahead starts on the GPU when this one ends
 
-        const StepDuties due = step_duties(cfg, step);
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });

@@ -148,7 +148,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
-        reporter.report(step, t0, loss, lr, result, transport, state);
+        reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
         const StepDuties due = step_duties(cfg, step);
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,

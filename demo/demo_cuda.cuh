@@ -489,13 +489,17 @@ private:
         end_update_slot();
     }
 
-    // Waits for the queued updates (nothing left to wait for after the caller's wait); checks the gathered headers
-    // read back behind them (exchange_finish), then each update's error flags in queue order: a corrupt bucket is
-    // reported as its slot's `whose`, else by the rank the kernel names. Adds their GPU times to
-    // StepTimings::apply and reads the compress kernel's time if it is due.
+    // Waits for the queued updates (nothing left to wait for after the caller's wait), not for what the caller
+    // queued after them (the trainer's next micro-steps); checks the gathered headers read back before them
+    // (exchange_finish), then each update's error flags in queue order: a corrupt bucket is reported as its slot's
+    // `whose`, else by the rank the kernel names. Adds their GPU times to StepTimings::apply and reads the
+    // compress kernel's time if it is due.
     void finish_updates_queued(llmc::StepResult& result) {
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
         const int queued = std::exchange(queued_updates_, 0);
+        if (queued > 0)
+            CUDA_CHECK(cudaEventSynchronize(update_events_[2 * queued - 1]));
+        else
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (headers_pending_) {
             headers_pending_ = false;
             check_headers(std::span<const std::byte>(header_readback_.data(), header_readback_.size()));

@@ -413,39 +413,77 @@ private:
     size_t count_ = 0;
 };
 
-// Pinned (page-locked) host staging for asynchronous uploads. stage() waits until the previous upload from
-// this buffer has been consumed (an event recorded after it), copies the data in, and enqueues the copy, so
-// the host never overwrites bytes a pending cudaMemcpyAsync still reads.
+// A point in a stream the host can wait for (no timing: cheaper to record). Created on first record(), so it
+// can be a member of objects built before the device is chosen; waiting for one never recorded returns at once.
+class CudaEvent {
+public:
+    CudaEvent() = default;
+    ~CudaEvent() {
+        if (event_) (void)cudaEventDestroy(event_);
+    }
+    CudaEvent(const CudaEvent&) = delete;
+    CudaEvent& operator=(const CudaEvent&) = delete;
+    CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+    CudaEvent& operator=(CudaEvent&& o) noexcept {
+        if (this != &o) {
+            if (event_) (void)cudaEventDestroy(event_);
+            event_ = std::exchange(o.event_, nullptr);
+        }
+        return *this;
+    }
+    void record(cudaStream_t stream) {
+        if (!event_) CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(event_, stream));
+    }
+    void synchronize() const {
+        if (event_) CUDA_CHECK(cudaEventSynchronize(event_));
+    }
+
+private:
+    cudaEvent_t event_ = nullptr;
+};
+
+// Pinned (page-locked) host staging for asynchronous uploads, in two buffers used in turn. upload() waits until
+// the upload before the previous one has been consumed (an event recorded after it), copies the data in, and
+// enqueues the copy, so the host never overwrites bytes a pending cudaMemcpyAsync still reads. Two buffers let
+// the host stage a batch while the copy of the last one may still be queued (the trainer queues the next step's
+// micro-step while the GPU runs this one's) without waiting for the GPU.
 template <typename T>
 class PinnedUpload {
 public:
     PinnedUpload() = default;
     ~PinnedUpload() {
-        if (event_) (void)cudaEventDestroy(event_);
-        if (host_) (void)cudaFreeHost(host_);
+        for (Slot& s : slots_)
+            if (s.host) (void)cudaFreeHost(s.host);
     }
     PinnedUpload(const PinnedUpload&) = delete;
     PinnedUpload& operator=(const PinnedUpload&) = delete;
 
     void upload(T* device_dst, const T* src, size_t count, cudaStream_t stream) {
         if (count == 0) return;
-        if (!event_) CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventSynchronize(event_));  // the previous copy out of host_ has completed
-        if (count > capacity_) {
-            if (host_) CUDA_CHECK(cudaFreeHost(host_));
-            host_ = nullptr;
-            CUDA_CHECK(cudaMallocHost(&host_, count * sizeof(T)));
-            capacity_ = count;
+        Slot& s = slots_[next_];
+        next_ = (next_ + 1) % kSlots;
+        s.copied.synchronize();  // this buffer's last copy has completed
+        if (count > s.capacity) {
+            if (s.host) CUDA_CHECK(cudaFreeHost(s.host));
+            s.host = nullptr;
+            CUDA_CHECK(cudaMallocHost(&s.host, count * sizeof(T)));
+            s.capacity = count;
         }
-        std::memcpy(host_, src, count * sizeof(T));
-        CUDA_CHECK(cudaMemcpyAsync(device_dst, host_, count * sizeof(T), cudaMemcpyHostToDevice, stream));
-        CUDA_CHECK(cudaEventRecord(event_, stream));
+        std::memcpy(s.host, src, count * sizeof(T));
+        CUDA_CHECK(cudaMemcpyAsync(device_dst, s.host, count * sizeof(T), cudaMemcpyHostToDevice, stream));
+        s.copied.record(stream);
     }
 
 private:
-    T* host_ = nullptr;
-    size_t capacity_ = 0;
-    cudaEvent_t event_ = nullptr;
+    static constexpr int kSlots = 2;
+    struct Slot {
+        T* host = nullptr;
+        size_t capacity = 0;
+        CudaEvent copied;
+    };
+    Slot slots_[kSlots];
+    int next_ = 0;
 };
 
 // One allocation for many tensors: add() every tensor (a pointer slot and an element count), then allocate()

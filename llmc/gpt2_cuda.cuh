@@ -30,7 +30,10 @@
 // epilogue on their weight-gradient products instead of a column reduction that reads dout once more
 // (llmc/matmul.cuh); the projections' bias gradients stay in the LayerNorm backwards, which read that dout anyway.
 #pragma once
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <span>
 #include <string>
@@ -194,14 +197,21 @@ public:
         overwrite_grads_ = false;
         queue_losses(B * T);
     }
-    // The mean loss of each micro-step queued since the last call, in queue order, each summed on the host in
-    // row order as forward() does. Waits for the stream (nothing is left to wait for after the caller's own wait).
-    std::vector<float> take_losses() {
-        CUDA_CHECK(cudaStreamSynchronize(env_.stream));
+    // The mean loss of each of the first `count` micro-steps queued and not yet taken (all of them by default), in
+    // queue order, each summed on the host in row order as forward() does. Waits for the last of them only (nothing
+    // is left to wait for after the caller's own wait), not for micro-steps queued after it: the trainer queues
+    // the next step's before it reads this step's losses.
+    std::vector<float> take_losses(size_t count = SIZE_MAX) {
+        count = std::min(count, queued_losses_.size());
+        if (count == 0) return {};
+        loss_slots_[queued_losses_[count - 1].slot].copied.synchronize();
         std::vector<float> means;
-        for (size_t i = 0; i < queued_rows_.size(); i++)
-            means.push_back(mean_of_rows(loss_slots_[i].data(), queued_rows_[i]));
-        queued_rows_.clear();
+        for (size_t i = 0; i < count; i++) {
+            const QueuedLoss q = queued_losses_.front();
+            queued_losses_.pop_front();
+            means.push_back(mean_of_rows(loss_slots_[q.slot].rows.data(), q.rows));
+            free_loss_slots_.push_back(q.slot);
+        }
         return means;
     }
     // queue_forward_backward, then its mean loss (waits for the GPU).
@@ -515,14 +525,20 @@ private:
         if (on_final) on_final(layout_.backward_ranges_of_embeddings());
     }
 
-    // A queued micro-step's per-row losses into the next pinned slot (one per micro-step of an optimizer step, each
-    // of the batch capacity, kept: a slot is reused only after take_losses has read it).
+    // A queued micro-step's per-row losses into a free pinned slot (one per micro-step queued and not yet taken,
+    // each of the batch capacity, kept for reuse once take_losses has read it), an event recorded behind the copy.
     void queue_losses(int N) {
-        const size_t slot = queued_rows_.size();
-        if (slot == loss_slots_.size()) loss_slots_.emplace_back(n_cap_);
-        CUDA_CHECK(cudaMemcpyAsync(loss_slots_[slot].data(), a_.losses, size_t(N) * sizeof(float),
-                                   cudaMemcpyDeviceToHost, env_.stream));
-        queued_rows_.push_back(N);
+        if (free_loss_slots_.empty()) {
+            free_loss_slots_.push_back(loss_slots_.size());
+            loss_slots_.push_back(LossSlot{PinnedHostBuffer<float>(n_cap_), CudaEvent()});
+        }
+        const size_t slot = free_loss_slots_.back();
+        free_loss_slots_.pop_back();
+        LossSlot& s = loss_slots_[slot];
+        CUDA_CHECK(cudaMemcpyAsync(s.rows.data(), a_.losses, size_t(N) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   env_.stream));
+        s.copied.record(env_.stream);
+        queued_losses_.push_back(QueuedLoss{slot, N});
     }
     // Mean of the per-row losses, summed on the host in a fixed order (synchronizes).
     float mean_loss(int N) {
@@ -556,8 +572,17 @@ private:
     EncoderBackwardPlan plan_;
     PinnedUpload<int> inputs_upload_, targets_upload_, plan_upload_;
     std::vector<float> host_losses_;
-    std::vector<PinnedHostBuffer<float>> loss_slots_;  // queue_losses' pinned slots
-    std::vector<int> queued_rows_;                     // rows of each queued micro-step's losses, in slot order
+    struct LossSlot {
+        PinnedHostBuffer<float> rows;  // a micro-step's per-row losses
+        CudaEvent copied;              // recorded behind their copy
+    };
+    struct QueuedLoss {
+        size_t slot;  // into loss_slots_
+        int rows;
+    };
+    std::vector<LossSlot> loss_slots_;    // queue_losses' pinned slots
+    std::vector<size_t> free_loss_slots_;
+    std::deque<QueuedLoss> queued_losses_;  // the micro-steps queued and not yet taken, in queue order
 };
 
 }  // namespace llmc

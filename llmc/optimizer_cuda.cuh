@@ -32,11 +32,12 @@ public:
     // step() enqueues the update on the stream and returns without waiting for the GPU where it can (the
     // gradient clip reads the norm on the device): the GPU never idles while the host reads a result back.
     // What the host learns from the step's device work (its gradient norm, the GPU time of its parts, a corrupt
-    // bucket its kernels found) complete_step() fills in, after the caller's own wait for the stream (the
+    // bucket its kernels found) complete_step() fills in, after the caller's own wait for the step (the
     // trainer's end of step), and before the next step.
     virtual StepResult step(floatX* params, float* grads, float lr) = 0;
-    // Waits for the last step's device work (nothing left to wait for after the caller synchronized the stream),
-    // then completes `result` (that step's StepResult), or throws what its kernels found wrong. Once per step.
+    // Waits for the last step's device work (nothing left to wait for after the caller's wait for the step's end),
+    // not for work queued after it (the trainer's next micro-steps), then completes `result` (that step's
+    // StepResult), or throws what its kernels found wrong. Once per step.
     virtual void complete_step(StepResult& /*result*/) {}
     // step(), then complete_step(): for callers without an end of step of their own (tests, labs).
     StepResult step_completed(floatX* params, float* grads, float lr) {

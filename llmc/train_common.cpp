@@ -197,7 +197,7 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
 }
 
 void StepReporter::report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
-                          Transport& transport, TrainingState& state) {
+                          const CommCounters& comm, Transport& transport, TrainingState& state) {
     const int world = transport.world_size();
     double reduced[2] = {local_loss, result.grad_norm};
     transport.allreduce_sum(reduced);
@@ -205,7 +205,7 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
 
     state.step = step + 1;
     state.tokens += cfg_.total_batch_size;
-    state.cumulative_bytes_sent += static_cast<int64_t>(transport.counters().bytes_sent);
+    state.cumulative_bytes_sent += static_cast<int64_t>(comm.bytes_sent);
     StepMetrics m;
     m.step = step + 1;
     m.total_steps = cfg_.steps;
@@ -213,7 +213,7 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     m.lr = lr;
     m.grad_norm = reduced[1] / world;
     m.step_seconds = step_seconds;
-    m.comm = transport.counters();
+    m.comm = comm;
     m.comm_seconds = m.comm.seconds;
     m.compute_seconds = m.step_seconds - m.comm_seconds;
     m.tokens = state.tokens;

@@ -153,9 +153,11 @@ class StepReporter {
 public:
     using Clock = std::chrono::steady_clock;
     StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log) : cfg_(cfg), start_step_(start_step), log_(log) {}
-    // `step` is 0-based; `started` is when the step's first micro-batch began.
+    // `step` is 0-based; `started` is when the step's first micro-batch began (or, where the step was queued
+    // while the last one ran, when the last one ended); `comm` its traffic (transport's counters, reset at its
+    // start); `transport` averages the loss and the norm over the ranks.
     void report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
-                Transport& transport, TrainingState& state);
+                const CommCounters& comm, Transport& transport, TrainingState& state);
 
 private:
     const TrainConfig& cfg_;

@@ -413,34 +413,63 @@ def main():
     # setup, final evaluation and checkpoint cancel. On one rank a step is queued whole and waited for once, at
     # its end: the optimizers clip with the norm on the device, and the losses, the norm, DeMo's gathered headers,
     # error flags and kernel times are read after that wait (with --demo_delay 1 those of both its updates, the
-    # pending round's apply and the own share). That wait still idles the GPU until the next step's first launch.
+    # pending round's apply and the own share). The next step's micro-steps are queued before that wait (nothing
+    # is due after these steps but the last), so it leaves the GPU work to do: none of the waits idles it.
     waits, idle = {}, {}
-    for opt, args in (("adamw", ["--optimizer", "adamw"]), ("demo", ["--optimizer", "demo"]),
-                      ("demo-delay1", ["--optimizer", "demo", "--demo_delay", "1"])):
+
+    def count_waits(name, args, ranks=None):
         counts = []
         for n in (2, 4):
-            p = launch(EMU["bf16"], f"waits-{opt}-{n}", ["--steps", str(n)] + args, env={"LLMC_EMU_HOST_WAITS": "1"})
+            p = launch(EMU["bf16"], f"waits-{name}-{n}", ["--steps", str(n)] + args, ranks=ranks,
+                       env={"LLMC_EMU_HOST_WAITS": "1"})
             m = re.search(r"emulated device: (\d+) host waits for device work \((\d+) left it idle\)", p.stderr)
             counts.append((int(m.group(1)), int(m.group(2))) if p.returncode == 0 and m else None)
-        waits[opt] = (counts[1][0] - counts[0][0]) / 2 if None not in counts else None
-        idle[opt] = (counts[1][1] - counts[0][1]) / 2 if None not in counts else None
-        print(f"      {opt}: {waits[opt]} host waits per step, {idle[opt]} leaving the GPU idle", flush=True)
+        waits[name] = (counts[1][0] - counts[0][0]) / 2 if None not in counts else None
+        idle[name] = (counts[1][1] - counts[0][1]) / 2 if None not in counts else None
+        print(f"      {name}: {waits[name]} host waits per step, {idle[name]} leaving the GPU idle", flush=True)
+
+    for name, args in (("adamw", ["--optimizer", "adamw"]), ("demo", ["--optimizer", "demo"]),
+                       ("demo-delay1", ["--optimizer", "demo", "--demo_delay", "1"]),
+                       ("demo-delay1-stale", ["--optimizer", "demo", "--demo_delay", "1", "--demo_eager", "false"])):
+        count_waits(name, args)
     check(None not in waits.values() and all(w == int(w) for w in waits.values()),
           "host waits per step: the same count every step")
-    check(None not in waits.values() and all(waits[k] == 1 and idle[k] == 1 for k in ("adamw", "demo", "demo-delay1")),
-          "host waits per step: one, the step's end (which idles the GPU), for AdamW, DeMo and DeMo with --demo_delay 1")
+    check(None not in waits.values() and all(waits[k] == 1 and idle[k] == 0 for k in waits),
+          "host waits per step: one, the step's end, which leaves the GPU the next step's micro-steps to run, for "
+          "AdamW, DeMo and DeMo with --demo_delay 1 (eager and stale)")
+    # A step with a duty after it (here a checkpoint every step) is not queued ahead: its end idles the GPU.
+    count_waits("adamw-checkpoint-every-step", ["--optimizer", "adamw", "--checkpoint_every", "1",
+                                                "--keep_checkpoints", "0"])
+    check(idle["adamw-checkpoint-every-step"] is not None and idle["adamw-checkpoint-every-step"] >= 1,
+          "host waits per step: a checkpoint after every step leaves the GPU idle at least once per step (nothing "
+          "queued ahead of a checkpoint)")
     # 2 ranks over NCCL add one wait per step, the all-gather's end (the watchdog's): the bucket sizes are
-    # exchanged at the first step only (a size exchange is a wait of its own)
-    counts = []
-    for n in (2, 4):
-        p = launch(EMU["bf16"], f"waits-demo-2ranks-{n}", ["--steps", str(n), "--optimizer", "demo"], ranks=2,
-                   env={"LLMC_EMU_HOST_WAITS": "1"})
-        m = re.search(r"emulated device: (\d+) host waits", p.stderr)
-        counts.append(int(m.group(1)) if p.returncode == 0 and m else None)
-    waits["demo-2ranks"] = (counts[1] - counts[0]) / 2 if None not in counts else None
-    print(f"      demo, 2 ranks: {waits['demo-2ranks']} host waits per step", flush=True)
-    check(None not in waits.values() and waits["demo-2ranks"] == waits["demo"] + 1,
+    # exchanged at the first step only (a size exchange is a wait of its own). Several ranks do not queue the next
+    # step ahead.
+    count_waits("demo-2ranks", ["--optimizer", "demo"], ranks=2)
+    check(None not in (waits["demo-2ranks"], waits["demo"]) and waits["demo-2ranks"] == waits["demo"] + 1,
           "host waits per step: DeMo on 2 ranks one more than on one (the all-gather's end; no size exchange)")
+
+    # A batch that fails to load while the step before it runs (a token id out of range in the third batch; the
+    # trainer queues each step's micro-steps during the last one's): the step that ran is still reported, then
+    # the run stops with the loader's message, as the CPU trainer does.
+    train = os.path.join(ROOT, "data", "default", "default_train_000001.bin")
+    header = open(train, "rb").read(1024)
+    tokens = bytearray(open(train, "rb").read()[1024:1024 + 2 * (8 * 128 + 1)])
+    tokens[2 * (2 * 128 + 5):2 * (2 * 128 + 5) + 2] = (60000).to_bytes(2, "little")
+    bad_dir = os.path.join(TMP, "bad-shard")
+    os.makedirs(bad_dir, exist_ok=True)
+    bad = os.path.join(bad_dir, "bad_train_000001.bin")
+    with open(bad, "wb") as f:
+        f.write(header[:8] + (8 * 128 + 1).to_bytes(4, "little") + header[12:] + tokens)
+    message = f"error: {bad}: token id 60000 at position 261 is out of range (vocab_size 50257)"
+    for trainer, name in ((EMU["bf16"], "bad-token-gpu"), (CPU, "bad-token-cpu")):
+        p = launch(trainer, name, ["--steps", "5", "--shuffle", "false", "--train_data", bad])
+        out = os.path.join(TMP, name, "metrics.jsonl")
+        done = len(metrics(os.path.join(TMP, name))) if os.path.exists(out) else 0
+        check(p.returncode == 1 and message in p.stderr and done == 2,
+              f"{name}: a token out of range in the third batch stops the run after 2 steps with the loader's "
+              f"message (exit {p.returncode}, {done} steps)")
 
     # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET:SKIP inverts one byte of what the other ranks
     # receive from rank ROOT, from the SKIP+1-th bucket on): the receiving rank stops with the CPU decoder's
