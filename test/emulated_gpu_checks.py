@@ -33,15 +33,24 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   updates (the default: each rank's working weights take its own share at once) and, over NCCL, without
   (--demo_eager false); its checkpoints carry the pending round, so a bf16 run resumes bit for bit and a CPU
   checkpoint continues on the GPU trainer (both rewriting the working weights from the pending round).
+- The 2-rank runs give the same bits and bytes in other stream orders (LLMC_EMU_STREAMS=eager, shuffled), as
+  they must if every dependency between the compute, communication and copy streams is in place.
+- Host waits per step: one on one rank, and it leaves the GPU the next step's micro-steps to run (none idles it)
+  unless something is due after the step; a batch that fails to load meanwhile is reported after the step.
+- A rank killed mid-run ends the 2-rank job (then --resume auto finishes it); a stopped rank ends it after
+  --comm_timeout; a damaged bucket over NCCL stops it with the CPU decoder's message.
 Failures are collected and reported together.
 """
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+
+import train_cpu_checks as cpu_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TMP = os.path.join(ROOT, "build", "test-tmp", "emulated")
@@ -65,11 +74,12 @@ def check(cond, what):
         failures.append(what)
 
 
-def launch(trainer, name, args, ranks=None, env=None, timeout=600):
-    """Runs a trainer (on `ranks` MPI ranks) into TMP/name with ENV and `env`; returns the finished process, its
-    output captured."""
+def launch(trainer, name, args, ranks=None, env=None, timeout=600, fresh=True):
+    """Runs a trainer (on `ranks` MPI ranks) into TMP/name (emptied first unless not `fresh`) with ENV and `env`;
+    returns the finished process, its output captured."""
     out = os.path.join(TMP, name)
-    shutil.rmtree(out, ignore_errors=True)
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
     cmd = [trainer] + BASE + args + ["--out_dir", out]
     if ranks:
         cmd = ["mpirun", "-np", str(ranks)] + cmd + ["--threads", "1"]
@@ -90,9 +100,9 @@ def finished(p, name):
     return metrics(os.path.join(TMP, name))
 
 
-def run(trainer, name, args, ranks=None, env=None):
+def run(trainer, name, args, ranks=None, env=None, fresh=True):
     """launch(), then finished()."""
-    return finished(launch(trainer, name, args, ranks, env), name)
+    return finished(launch(trainer, name, args, ranks, env, fresh=fresh), name)
 
 
 def metrics(out, kind="train"):
@@ -117,6 +127,42 @@ def same(what, a, b, keys=("loss", "grad_norm")):
     ok = a is not None and b is not None and len(a) == len(b) and all(
         x[k] == y[k] for x, y in zip(a, b) for k in keys)
     check(ok, what)
+
+
+def rank_dies_or_stops():
+    # A rank that dies or stops mid-run on the GPU trainer over NCCL, as test/train_cpu_checks.py does on the CPU
+    # trainer: killed (SIGKILL), the job ends within seconds with no rank left blocked in a collective, and
+    # --resume auto continues from the last complete checkpoint to the end; stopped (SIGSTOP), the other rank's
+    # collective gives up after --comm_timeout with the watchdog's message, and the job ends.
+    killed = os.path.join(TMP, "rank-killed")
+    shutil.rmtree(killed, ignore_errors=True)
+    args = BASE + ["--optimizer", "demo", "--steps", "12", "--checkpoint_every", "2", "--keep_checkpoints", "2"]
+    p, ranks = cpu_checks.start_two_ranks(killed, args, 3, trainer=EMU["bf16"])
+    if ranks is None:
+        check(False, "GPU trainer, 2 ranks: could not catch the run at step 3 to kill a rank")
+    else:
+        os.kill(ranks[-1], signal.SIGKILL)
+        code, _, took, survivors = cpu_checks.wait_for_job_end(p, ranks, 60)
+        check(code not in (None, 0) and not survivors,
+              f"GPU trainer, 2 ranks over NCCL: a rank killed at step >= 3 ends the job: mpirun exit {code} after "
+              f"{took:.1f} s, surviving ranks {survivors}")
+        resumed = run(EMU["bf16"], "rank-killed", args[len(BASE):] + ["--resume", "auto"], ranks=2, fresh=False)
+        check(resumed is not None and [m["step"] for m in resumed] == list(range(1, 13)),
+              "GPU trainer, 2 ranks: --resume auto after the kill continues to step 12 "
+              f"({len(resumed) if resumed else 0} steps logged)")
+    stopped = os.path.join(TMP, "rank-stopped")
+    shutil.rmtree(stopped, ignore_errors=True)
+    args = BASE + ["--optimizer", "adamw", "--steps", "300", "--comm_timeout", "5"]
+    p, ranks = cpu_checks.start_two_ranks(stopped, args, 3, trainer=EMU["bf16"])
+    if ranks is None:
+        check(False, "GPU trainer, 2 ranks: could not catch the run at step 3 to stop a rank")
+    else:
+        os.kill(ranks[-1], signal.SIGSTOP)
+        code, err, took, survivors = cpu_checks.wait_for_job_end(p, ranks, 60)
+        line = next((l for l in err.splitlines() if "did not complete" in l), err.strip()[-200:])
+        check(code not in (None, 0) and not survivors and "did not complete within 5 s (--comm_timeout)" in err,
+              f"GPU trainer, 2 ranks over NCCL: a stopped rank ends the job after --comm_timeout 5: mpirun exit "
+              f"{code} after {took:.1f} s, surviving ranks {survivors}: {line}")
 
 
 def main():
@@ -174,8 +220,9 @@ def main():
     with open(os.path.join(TMP, "fp32-adamw-2-mpi", "config.json")) as f:
         check(json.load(f)["_run"].get("ddp_overlap") is True, "the 2-rank AdamW run over LLMC_TRANSPORT=mpi records "
                                                                "ddp_overlap true")
+    accum_staged = run(EMU["fp32"], "fp32-adamw-2-accum-mpi", accum, ranks=2, env=mpi)
     same("fp32 adamw, 2 ranks, 2 micro-steps, LLMC_TRANSPORT=mpi: overlapped all-reduce gives LLMC_DDP_OVERLAP=0's "
-         "bits", run(EMU["fp32"], "fp32-adamw-2-accum-mpi", accum, ranks=2, env=mpi),
+         "bits", accum_staged,
          run(EMU["fp32"], "fp32-adamw-2-accum-mpi-no-overlap", accum, ranks=2, env=dict(mpi, LLMC_DDP_OVERLAP="0")))
     # --grad_wire bf16 (gradients rounded to bf16 on the wire, partial sums rounded to bf16): the GPU trainer's
     # NCCL path (bf16 ncclAllReduce, overlapped or not) and its MPI path give the CPU trainer's arithmetic and
@@ -248,8 +295,10 @@ def main():
     # gathered round lands) is checked against the CPU trainer over NCCL, and differs from the eager run.
     delayed = steps + ["--optimizer", "demo", "--demo_delay", "1", "--checkpoint_every", "2", "--keep_checkpoints", "0"]
     cpu_delay = run(CPU, "cpu-demo-2-delay", delayed, ranks=2)
+    emu_delays = {}
     for transport in ("nccl", "mpi"):
         emu_delay = run(EMU["fp32"], f"fp32-demo-2-delay-{transport}", delayed, ranks=2, env={"LLMC_TRANSPORT": transport})
+        emu_delays[transport] = emu_delay
         compare(f"fp32 demo --demo_delay 1, 2 ranks ({transport} transport), vs CPU trainer", emu_delay, cpu_delay,
                 "loss", 1e-4)
         same(f"fp32 demo --demo_delay 1, 2 ranks ({transport} transport): bytes per step equal the CPU trainer's",
@@ -279,6 +328,29 @@ def main():
     handover = run(EMU["fp32"], "fp32-demo-2-delay-from-cpu", delayed + ["--resume", step2], ranks=2)
     compare("the CPU trainer's --demo_delay 1 step-2 checkpoint (2 ranks) continued by the fp32 GPU trainer: steps 3-4",
             handover, cpu_delay[-2:] if cpu_delay else None, "loss", 1e-4)
+
+    # The multi-stream runs above in other stream orders (LLMC_EMU_STREAMS): eager runs every other stream's queued
+    # work before the waited stream's at each host wait, and the queried work at each query (so the MPI transport
+    # hands each layer's gradients to the reducer thread during the backward, which the default order never does);
+    # shuffled interleaves them at random. A GPU may run the communication, copy and compute streams in any of
+    # these orders, so a dependency missing between them (an event not waited for, a buffer reused before the
+    # stream that reads it got to it) changes the bits in some order; with none missing every order gives the
+    # default order's losses, norms and byte counts.
+    streams_runs = (("fp32-adamw-2", steps + ["--optimizer", "adamw"], {}, adamw2, True),
+                    ("fp32-adamw-2-mpi", steps + ["--optimizer", "adamw"], mpi, staged_adamw2, True),
+                    ("fp32-adamw-2-accum", accum, {}, accum_overlap, False),
+                    ("fp32-adamw-2-accum-mpi", accum, mpi, accum_staged, True),
+                    ("fp32-adamw-2-wire-bf16", bf16_args, {}, wire["overlap"], False),
+                    ("fp32-demo-2", steps + ["--optimizer", "demo"], {}, demo2, False),
+                    ("fp32-demo-2-delay-nccl", delayed, {}, emu_delays["nccl"], True),
+                    ("fp32-demo-2-delay-mpi", delayed, mpi, emu_delays["mpi"], True),
+                    ("fp32-demo-2-delay-stale", stale, {}, emu_stale, False))
+    for name, args, env, reference, shuffled in streams_runs:
+        for order in ("eager", "shuffled:7") if shuffled else ("eager",):
+            other = run(EMU["fp32"], f"{name}-streams-{order.split(':')[0]}", args, ranks=2,
+                        env=dict(env, LLMC_EMU_STREAMS=order))
+            same(f"{name}: LLMC_EMU_STREAMS={order} gives the default stream order's bits and bytes", other, reference,
+                 keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
 
     # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
     # losses and samples (same logits to rounding, same sampling RNG) are the CPU trainer's.
@@ -470,6 +542,8 @@ def main():
         check(p.returncode == 1 and message in p.stderr and done == 2,
               f"{name}: a token out of range in the third batch stops the run after 2 steps with the loader's "
               f"message (exit {p.returncode}, {done} steps)")
+
+    rank_dies_or_stops()
 
     # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET:SKIP inverts one byte of what the other ranks
     # receive from rank ROOT, from the SKIP+1-th bucket on): the receiving rank stops with the CPU decoder's

@@ -106,10 +106,10 @@ def alive(pid):
         return False
 
 
-def start_two_ranks(out_dir, args, step):
-    """Starts `args` under mpirun with 2 ranks and returns (the mpirun process, the rank PIDs) once step `step`
-    is logged, or (process, None) after a failed check."""
-    cmd = ["mpirun", "-np", "2", TRAINER] + args + ["--threads", "1", "--out_dir", out_dir]
+def start_two_ranks(out_dir, args, step, trainer=TRAINER):
+    """Starts `args` under mpirun with 2 ranks of `trainer` and returns (the mpirun process, the rank PIDs) once
+    step `step` is logged, or (process, None) after a failed check."""
+    cmd = ["mpirun", "-np", "2", trainer] + args + ["--threads", "1", "--out_dir", out_dir]
     p = subprocess.Popen(cmd, cwd=ROOT, env=MPI_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.time() + 120

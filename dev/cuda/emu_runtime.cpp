@@ -23,14 +23,17 @@
 // copies of them; what a GPU cannot capture fails here too (waiting for the capturing stream, an event recorded
 // on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated.
 // cudaEventQuery, cudaStreamQuery and cudaEventElapsedTime on work that has not run answer cudaErrorNotReady, as
-// on a GPU where it has not finished. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued
+// on a GPU where it has not finished. LLMC_EMU_STREAMS=eager|shuffled changes when work runs (every other stream's
+// work before the waited stream's at a host wait, and the queried work at a query; or a seeded random interleaving
+// of both), within what stream order and event waits allow: a program whose streams are ordered correctly gives
+// the same bits in every order, so the trainer's multi-stream runs are checked in each. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued
 // device work (a synchronization or a copy into pageable memory that had work to wait for), and how many of
 // those waits left the stream they waited for with nothing queued: on a GPU such a wait idles that stream for
 // a round trip (the host wakes up, then its next launch arrives), while a wait for an event with more work
 // queued behind it on its stream does not. Tests count both per training step. (Other streams are not looked
-// at: their work runs here only when something waits for it.) What it cannot catch: a kernel
-// touching host memory, and races between work that runs concurrently on a GPU (two streams' kernels here run
-// one after the other).
+// at: in the default order their work runs here only when something waits for it.) What it cannot catch: a kernel
+// touching host memory, and races inside work that overlaps on a GPU (two streams' items here run one after the
+// other, whole, in whichever of the orders above).
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the dynamic shared memory arrays below need its EMU_DEFINE_SHARED.
 #include <cuda_profiler_api.h>
@@ -39,6 +42,7 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -277,9 +281,99 @@ void count_host_wait(bool idle) {
     host_waits().count++;
     if (idle) host_waits().idle++;
 }
+// LLMC_EMU_STREAMS=lazy|eager|shuffled[:SEED]: when the other streams' queued work runs at a host wait. lazy
+// (default): not at all (only what the waited stream's event waits pull in), so a stream's work runs as late as
+// the host allows; eager: all of it first, as if the other streams had run ahead of the waited one; shuffled: the
+// waited stream's work and the others' interleaved a few items at a time in a seeded random order. A GPU may run
+// in any of these orders; what stream order and event waits promise is the same in each, so a program whose
+// streams are ordered correctly gives the same bits in all three (test/emulated_gpu_checks.py runs the
+// multi-stream trainer configurations so). Each item still runs whole: two items never overlap here.
+enum class StreamOrder { lazy, eager, shuffled };
+struct StreamSchedule {
+    StreamOrder order = StreamOrder::lazy;
+    uint64_t state = 1;
+    uint64_t next() {  // splitmix64
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+};
+// "lazy", "eager", "shuffled" or "shuffled:SEED" (nothing: the default order, lazy).
+std::optional<StreamSchedule> parse_stream_order(const std::string& order) {
+    StreamSchedule x;
+    if (order.empty() || order == "lazy") return x;
+    if (order == "eager") {
+        x.order = StreamOrder::eager;
+        return x;
+    }
+    if (order == "shuffled") {
+        x.order = StreamOrder::shuffled;
+        return x;
+    }
+    const std::string seed = order.rfind("shuffled:", 0) == 0 ? order.substr(9) : "";
+    if (seed.empty() || seed.size() > 18 || seed.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    x.order = StreamOrder::shuffled;
+    x.state = std::stoull(seed);
+    return x;
+}
+StreamSchedule& stream_schedule() {
+    static StreamSchedule sched = [] {
+        const char* v = std::getenv("LLMC_EMU_STREAMS");
+        const std::optional<StreamSchedule> x = parse_stream_order(v ? v : "");
+        if (!x) {
+            std::fprintf(stderr, "error: LLMC_EMU_STREAMS='%s' is not a stream order: use lazy, eager or shuffled[:SEED]\n", v);
+            std::exit(1);
+        }
+        return *x;
+    }();
+    return sched;
+}
+// Whether t's queued work may run at a host wait for s in the eager and shuffled orders: a non-blocking stream's
+// (the legacy stream's and the blocking streams' wait for each other in ways the host waits keep as they are).
+bool runs_ahead(const Stream* t, const Stream* s) {
+    return t != s && !t->capture && !t->queue.empty() && (t->flags & cudaStreamNonBlocking) != 0;
+}
+// The other streams' work at a host wait for s up to `position` (LLMC_EMU_STREAMS); s itself is run up to
+// `position` here only in the shuffled order, which interleaves it with the others.
+void run_other_streams(Stream* s, uint64_t position) {
+    StreamSchedule& sched = stream_schedule();
+    if (sched.order == StreamOrder::lazy) return;
+    if (sched.order == StreamOrder::eager) {
+        for (bool again = true; again;) {
+            again = false;
+            for (Stream* t : streams())
+                if (runs_ahead(t, s)) {
+                    run_all(t);
+                    again = true;
+                }
+        }
+        return;
+    }
+    for (;;) {
+        std::vector<Stream*> ready;
+        if (pending(s, position)) ready.push_back(s);
+        for (Stream* t : streams())
+            if (runs_ahead(t, s)) ready.push_back(t);
+        if (ready.empty() || !pending(s, position)) return;
+        Stream* t = ready[sched.next() % ready.size()];
+        const uint64_t items = 1 + sched.next() % 4;
+        run_until(t, t == s ? std::min(position, t->done + items) : t->done + items);
+    }
+}
+// A query of stream s's progress up to `position` (cudaEventQuery, cudaStreamQuery): lazy, nothing runs (the work
+// the host has not waited for has not run: the query says so); eager, the work runs (the GPU got there first);
+// shuffled, all of it or a few items of it, at random.
+void progress_at_query(Stream* s, uint64_t position) {
+    StreamSchedule& sched = stream_schedule();
+    if (sched.order == StreamOrder::lazy || s->capture || (s->flags & cudaStreamNonBlocking) == 0) return;
+    if (sched.order == StreamOrder::eager || sched.next() % 2 == 0) run_until(s, position);
+    else run_until(s, std::min(position, s->done + sched.next() % 4));
+}
 // The host waits for stream s up to `position` (all its work for UINT64_MAX).
 void host_wait(Stream* s, uint64_t position = UINT64_MAX) {
     const bool waits = pending(s, position);
+    run_other_streams(s, position);
     run_until(s, position);
     if (waits) count_host_wait(s->queue.empty());
 }
@@ -361,6 +455,12 @@ const bool kOrderFromEnvironment = [] {
 }();
 
 }  // namespace
+
+bool emu::set_stream_order(const std::string& order) {
+    const std::optional<StreamSchedule> x = parse_stream_order(order);
+    if (x) stream_schedule() = *x;
+    return x.has_value();
+}
 
 extern "C" {
 
@@ -562,6 +662,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 // Work the host has not waited for has not run (see cudaEventQuery).
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (refuse_while_capturing(s)) return fail_with(cudaErrorStreamCaptureUnsupported);
+    progress_at_query(stream_of(s), UINT64_MAX);
     return pending(stream_of(s), UINT64_MAX) ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
@@ -604,7 +705,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 // Work the host has not waited for has not run: not ready, which a GPU may answer at any time (and not sticky).
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!e) return fail_with(cudaErrorInvalidResourceHandle);
-    return event_done(reinterpret_cast<const Event*>(e)) ? cudaSuccess : cudaErrorNotReady;
+    const auto* ev = reinterpret_cast<const Event*>(e);
+    if (ev->stream) progress_at_query(ev->stream, ev->position);
+    return event_done(ev) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
     if (!ms || !start || !stop) return fail_with(cudaErrorInvalidValue);

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <string>
 #include <utility>
 
 namespace emu {
@@ -40,5 +41,9 @@ inline StreamDrain& stream_drain() {
 inline void drain(cudaStream_t stream) {
     if (StreamDrain f = stream_drain()) f(stream);
 }
+
+// What LLMC_EMU_STREAMS sets (lazy, eager, shuffled or shuffled:SEED; see dev/cuda/emu_runtime.cpp), for tests that
+// try several orders in one process; false (nothing changed) for anything else. Defined in emu_runtime.cpp.
+bool set_stream_order(const std::string& order);
 
 }  // namespace emu
