@@ -147,8 +147,8 @@ $(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu-fp32/$(p),$(i
 $(eval $(call emu_program,$(BUILD)/emu/nccl_transport,dev/cuda/nccl_transport.cu,))
 $(BUILD)/test/test_cublas_emu: $(BUILD)/emu/obj/emu_cublas.o
 $(BUILD)/test/test_cublas_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_cublas.o
-$(BUILD)/test/test_streams_emu: $(BUILD)/emu/obj/emu_runtime.o
-$(BUILD)/test/test_streams_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_runtime.o
+$(BUILD)/test/test_streams_emu: $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_nccl.o
+$(BUILD)/test/test_streams_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_nccl.o
 emu: $(EMU_DEVICE_BINS)
 
 JOBS ?= $(shell nproc)

@@ -33,8 +33,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   updates (the default: each rank's working weights take its own share at once) and, over NCCL, without
   (--demo_eager false); its checkpoints carry the pending round, so a bf16 run resumes bit for bit and a CPU
   checkpoint continues on the GPU trainer (both rewriting the working weights from the pending round).
-- The 2-rank runs give the same bits and bytes in other stream orders (LLMC_EMU_STREAMS=eager, shuffled), as
-  they must if every dependency between the compute, communication and copy streams is in place.
+- The 2-rank runs give the same bits and bytes in other stream orders (LLMC_EMU_STREAMS=eager, first_ahead,
+  last_ahead), as they must if every dependency between the compute, communication and copy streams is in place.
 - Host waits per step: one on one rank, and it leaves the GPU the next step's micro-steps to run (none idles it)
   unless something is due after the step; a batch that fails to load meanwhile is reported after the step.
 - A rank killed mid-run ends the 2-rank job (then --resume auto finishes it); a stopped rank ends it after
@@ -329,26 +329,26 @@ def main():
     compare("the CPU trainer's --demo_delay 1 step-2 checkpoint (2 ranks) continued by the fp32 GPU trainer: steps 3-4",
             handover, cpu_delay[-2:] if cpu_delay else None, "loss", 1e-4)
 
-    # The multi-stream runs above in other stream orders (LLMC_EMU_STREAMS): eager runs every other stream's queued
-    # work before the waited stream's at each host wait, and the queried work at each query (so the MPI transport
-    # hands each layer's gradients to the reducer thread during the backward, which the default order never does);
-    # shuffled interleaves them at random. A GPU may run the communication, copy and compute streams in any of
-    # these orders, so a dependency missing between them (an event not waited for, a buffer reused before the
-    # stream that reads it got to it) changes the bits in some order; with none missing every order gives the
-    # default order's losses, norms and byte counts.
+    # The multi-stream runs above in other stream orders (LLMC_EMU_STREAMS). The default order runs a stream's work
+    # only when something waits for it; eager runs every other stream's queued work first at each host wait (and
+    # queried work at each query, so the MPI transport hands each layer's gradients to its reducer thread during
+    # the backward, which the default order never does); first_ahead and last_ahead let the compute stream (created
+    # first) or the communication / copy stream run ahead of the other. A GPU may run the streams in any of these
+    # orders, so a dependency missing between them (a read or a write that does not wait for the other stream)
+    # changes the bits in one of them, or, for a write to a collective's input before its end, stops the emulated
+    # NCCL with a message; with none missing, every order gives the default order's losses, norms and byte counts.
     streams_runs = (("fp32-adamw-2", steps + ["--optimizer", "adamw"], {}, adamw2, True),
                     ("fp32-adamw-2-mpi", steps + ["--optimizer", "adamw"], mpi, staged_adamw2, True),
                     ("fp32-adamw-2-accum", accum, {}, accum_overlap, False),
                     ("fp32-adamw-2-accum-mpi", accum, mpi, accum_staged, True),
                     ("fp32-adamw-2-wire-bf16", bf16_args, {}, wire["overlap"], False),
-                    ("fp32-demo-2", steps + ["--optimizer", "demo"], {}, demo2, False),
+                    ("fp32-demo-2", steps + ["--optimizer", "demo"], {}, demo2, True),
                     ("fp32-demo-2-delay-nccl", delayed, {}, emu_delays["nccl"], True),
                     ("fp32-demo-2-delay-mpi", delayed, mpi, emu_delays["mpi"], True),
-                    ("fp32-demo-2-delay-stale", stale, {}, emu_stale, False))
-    for name, args, env, reference, shuffled in streams_runs:
-        for order in ("eager", "shuffled:7") if shuffled else ("eager",):
-            other = run(EMU["fp32"], f"{name}-streams-{order.split(':')[0]}", args, ranks=2,
-                        env=dict(env, LLMC_EMU_STREAMS=order))
+                    ("fp32-demo-2-delay-stale", stale, {}, emu_stale, True))
+    for name, args, env, reference, every_order in streams_runs:
+        for order in ("eager", "first_ahead", "last_ahead") if every_order else ("eager",):
+            other = run(EMU["fp32"], f"{name}-streams-{order}", args, ranks=2, env=dict(env, LLMC_EMU_STREAMS=order))
             same(f"{name}: LLMC_EMU_STREAMS={order} gives the default stream order's bits and bytes", other, reference,
                  keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
 

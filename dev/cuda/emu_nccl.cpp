@@ -4,7 +4,9 @@
 // what the GPU would read), exchanges the data at once into a private buffer (ranks issue NCCL calls in the same
 // order, as NCCL requires, so running a group's calls one after another gives the group's result), and queues
 // the delivery into the output buffer on the stream (emu_streams.h): a reader that does not wait for the
-// collective sees the old contents, as on a GPU. With this,
+// collective sees the old contents, as on a GPU. The delivery also checks that the input still holds what the
+// exchange read: a write to it that the delivery did not precede was not ordered after the collective's end, so
+// on a GPU it could change what NCCL sends (the process stops with a message naming the collective). With this,
 // `mpirun -np 2 build/emu/train_gpt ...` runs the NCCL transport's code paths (size exchange, grouped
 // broadcasts, byte all-gather, average all-reduce, byte counters) without a GPU. Without MPI (USE_MPI=0) only a
 // world of one can be set up. For the tests of what a receiver does with damaged data,
@@ -36,17 +38,32 @@ struct ncclComm {
 
 namespace {
 
-// A collective: `exchange` fills `result` (sized by the caller) from the input and the other ranks, and returns
-// false when MPI fails. It runs as device work at the current end of `stream`'s queue before the call returns, so
-// it reads the input where the GPU would (after the work queued before it) and every rank's MPI calls meet in the
-// order the hosts issue the collectives; the delivery of `result` into `recv` is queued on the stream.
-ncclResult_t collective(cudaStream_t stream, void* recv, std::shared_ptr<std::vector<char>> result,
-                        const std::function<bool(char*)>& exchange) {
+// A collective (`name`): `exchange` fills `result` (sized by the caller) from the input and the other ranks, and
+// returns false when MPI fails. It runs as device work at the current end of `stream`'s queue before the call
+// returns, so it reads the input where the GPU would (after the work queued before it) and every rank's MPI calls
+// meet in the order the hosts issue the collectives; the delivery of `result` into `recv` is queued on the stream.
+// The input this rank sends (`send_bytes` at `send`; none for a broadcast's receivers) is kept as the exchange read
+// it, and the delivery stops the process if it changed meanwhile: only a write not ordered after the collective
+// can run before its delivery (a wait for the collective runs the delivery first).
+ncclResult_t collective(const char* name, cudaStream_t stream, const void* send, size_t send_bytes, void* recv,
+                        std::shared_ptr<std::vector<char>> result, const std::function<bool(char*)>& exchange) {
     bool ok = true;
-    emu::submit(stream, [&] { ok = exchange(result->data()); });
+    auto sent = std::make_shared<std::vector<char>>();
+    emu::submit(stream, [&] {
+        if (send_bytes) sent->assign(static_cast<const char*>(send), static_cast<const char*>(send) + send_bytes);
+        ok = exchange(result->data());
+    });
     emu::drain(stream);
     if (!ok) return ncclSystemError;
-    emu::submit(stream, [recv, result] { std::memcpy(recv, result->data(), result->size()); });
+    emu::submit(stream, [name, send, sent, recv, result] {
+        if (!sent->empty() && std::memcmp(send, sent->data(), sent->size()) != 0) {
+            std::fprintf(stderr, "emulated NCCL: the input of a %s was written before the collective's end (a write "
+                                 "that does not wait for the collective: on a GPU it races with what NCCL sends)\n",
+                         name);
+            std::_Exit(3);
+        }
+        std::memcpy(recv, result->data(), result->size());
+    });
     return ncclSuccess;
 }
 
@@ -147,7 +164,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     if (type != ncclFloat32 && type != ncclFloat64 && !(type == ncclBfloat16 && op == ncclSum)) return ncclInvalidArgument;
     if (comm->nranks > 1 && count > size_t(0x7fffffff)) return ncclInvalidArgument;
     const size_t bytes = count * type_bytes(type);
-    return collective(stream, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
+    return collective("ncclAllReduce", stream, send, bytes, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
         std::memcpy(out, send, bytes);
 #if defined(LLMC_USE_MPI)
         if (comm->nranks > 1 && type == ncclBfloat16) {
@@ -208,7 +225,8 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
     const size_t bytes = count * type_bytes(type);
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
     if (comm->rank == root && !send) return ncclInvalidArgument;
-    return collective(stream, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
+    const size_t sent = comm->rank == root ? bytes : 0;
+    return collective("ncclBroadcast", stream, send, sent, recv, std::make_shared<std::vector<char>>(bytes), [=](char* out) {
         if (comm->rank == root && bytes) std::memcpy(out, send, bytes);
 #if defined(LLMC_USE_MPI)
         if (comm->nranks > 1 && bytes > 0 && MPI_Bcast(out, int(bytes), MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
@@ -225,7 +243,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
     const size_t bytes = count * type_bytes(type);
     if (bytes > size_t(0x7fffffff)) return ncclInvalidArgument;
     const auto result = std::make_shared<std::vector<char>>(bytes * size_t(comm->nranks));
-    return collective(stream, recv, result, [=](char* out) {
+    return collective("ncclAllGather", stream, send, bytes, recv, result, [=](char* out) {
         if (bytes) std::memcpy(out + size_t(comm->rank) * bytes, send, bytes);
 #if defined(LLMC_USE_MPI)
         if (comm->nranks > 1 && bytes > 0 &&

@@ -23,17 +23,16 @@
 // copies of them; what a GPU cannot capture fails here too (waiting for the capturing stream, an event recorded
 // on it or waited for by it, a copy from or into pageable memory), and ends the capture as invalidated.
 // cudaEventQuery, cudaStreamQuery and cudaEventElapsedTime on work that has not run answer cudaErrorNotReady, as
-// on a GPU where it has not finished. LLMC_EMU_STREAMS=eager|shuffled changes when work runs (every other stream's
-// work before the waited stream's at a host wait, and the queried work at a query; or a seeded random interleaving
-// of both), within what stream order and event waits allow: a program whose streams are ordered correctly gives
-// the same bits in every order, so the trainer's multi-stream runs are checked in each. LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued
-// device work (a synchronization or a copy into pageable memory that had work to wait for), and how many of
-// those waits left the stream they waited for with nothing queued: on a GPU such a wait idles that stream for
-// a round trip (the host wakes up, then its next launch arrives), while a wait for an event with more work
-// queued behind it on its stream does not. Tests count both per training step. (Other streams are not looked
-// at: in the default order their work runs here only when something waits for it.) What it cannot catch: a kernel
-// touching host memory, and races inside work that overlaps on a GPU (two streams' items here run one after the
-// other, whole, in whichever of the orders above).
+// on a GPU where it has not finished. LLMC_EMU_STREAMS (eager, first_ahead, last_ahead, shuffled) changes when
+// work runs, within what stream order and event waits allow (see StreamOrder below): a program whose streams are
+// ordered correctly gives the same bits in every order, so the trainer's multi-stream runs are checked in each.
+// LLMC_EMU_HOST_WAITS=1 prints at exit how often the host waited for queued device work (a synchronization or a
+// copy into pageable memory that had work to wait for), and how many of those waits left the stream they waited
+// for with nothing queued: on a GPU such a wait idles that stream for a round trip (the host wakes up, then its
+// next launch arrives), while a wait for an event with more work queued behind it on its stream does not. Tests
+// count both per training step. (Other streams are not looked at: in the default order their work runs here only
+// when something waits for it.) What it cannot catch: a kernel touching host memory, and races inside work that
+// overlaps on a GPU (two streams' items here run one after the other, whole, in whichever order).
 #include "dev/cuda/block_emulator.h"
 // block_emulator.h first: the dynamic shared memory arrays below need its EMU_DEFINE_SHARED.
 #include <cuda_profiler_api.h>
@@ -219,6 +218,7 @@ cudaError_t check_memset(void* p, size_t bytes) {
 // A stream: the queue of work not yet run, and how many items were ever queued / have run (an event marks a
 // position in that sequence).
 struct Stream {
+    uint64_t id = 0;  // creation order
     unsigned flags = 0;
     std::deque<emu::StreamWork> queue;
     uint64_t queued = 0, done = 0;
@@ -281,14 +281,23 @@ void count_host_wait(bool idle) {
     host_waits().count++;
     if (idle) host_waits().idle++;
 }
-// LLMC_EMU_STREAMS=lazy|eager|shuffled[:SEED]: when the other streams' queued work runs at a host wait. lazy
-// (default): not at all (only what the waited stream's event waits pull in), so a stream's work runs as late as
-// the host allows; eager: all of it first, as if the other streams had run ahead of the waited one; shuffled: the
-// waited stream's work and the others' interleaved a few items at a time in a seeded random order. A GPU may run
-// in any of these orders; what stream order and event waits promise is the same in each, so a program whose
-// streams are ordered correctly gives the same bits in all three (test/emulated_gpu_checks.py runs the
-// multi-stream trainer configurations so). Each item still runs whole: two items never overlap here.
-enum class StreamOrder { lazy, eager, shuffled };
+// LLMC_EMU_STREAMS: when the other streams' queued work runs at a host wait for a stream, and what a query finds.
+//   lazy (default)  nothing runs but what the waited stream's own event waits pull in: every stream runs as late
+//                   as the host allows, and a query finds the work not done;
+//   eager           every other stream's work runs first (they all ran ahead of the waited one); a query finds
+//                   the work done;
+//   first_ahead     streams created earlier run ahead of later ones: at a wait for a stream, the earlier streams'
+//                   work runs first and the later ones' not at all; a query finds a stream's work done when no
+//                   stream ahead of it has work left (last_ahead: the other way round);
+//   shuffled[:SEED] the waited stream's work and the others' interleaved a few items at a time in a seeded random
+//                   order; a query finds all or part of the work done, at random.
+// A GPU may run streams in any of these orders; what stream order and event waits promise is the same in each, so
+// a program whose streams are ordered correctly gives the same bits in all (test/emulated_gpu_checks.py runs the
+// multi-stream trainer configurations so). Which order exposes a missing dependency depends on its direction: a
+// read that does not wait for a write on another stream shows when the reader runs first (lazy, at a wait for
+// the reader), a write that does not wait for a read when the writer does (eager, or the writer's stream ahead).
+// Each item still runs whole: two items never overlap here.
+enum class StreamOrder { lazy, eager, first_ahead, last_ahead, shuffled };
 struct StreamSchedule {
     StreamOrder order = StreamOrder::lazy;
     uint64_t state = 1;
@@ -299,18 +308,20 @@ struct StreamSchedule {
         return z ^ (z >> 31);
     }
 };
-// "lazy", "eager", "shuffled" or "shuffled:SEED" (nothing: the default order, lazy).
+// The value of LLMC_EMU_STREAMS (nothing: lazy).
 std::optional<StreamSchedule> parse_stream_order(const std::string& order) {
     StreamSchedule x;
-    if (order.empty() || order == "lazy") return x;
-    if (order == "eager") {
-        x.order = StreamOrder::eager;
-        return x;
-    }
-    if (order == "shuffled") {
-        x.order = StreamOrder::shuffled;
-        return x;
-    }
+    const std::pair<const char*, StreamOrder> names[] = {{"", StreamOrder::lazy},
+                                                         {"lazy", StreamOrder::lazy},
+                                                         {"eager", StreamOrder::eager},
+                                                         {"first_ahead", StreamOrder::first_ahead},
+                                                         {"last_ahead", StreamOrder::last_ahead},
+                                                         {"shuffled", StreamOrder::shuffled}};
+    for (const auto& [name, value] : names)
+        if (order == name) {
+            x.order = value;
+            return x;
+        }
     const std::string seed = order.rfind("shuffled:", 0) == 0 ? order.substr(9) : "";
     if (seed.empty() || seed.size() > 18 || seed.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
     x.order = StreamOrder::shuffled;
@@ -322,53 +333,67 @@ StreamSchedule& stream_schedule() {
         const char* v = std::getenv("LLMC_EMU_STREAMS");
         const std::optional<StreamSchedule> x = parse_stream_order(v ? v : "");
         if (!x) {
-            std::fprintf(stderr, "error: LLMC_EMU_STREAMS='%s' is not a stream order: use lazy, eager or shuffled[:SEED]\n", v);
+            std::fprintf(stderr, "error: LLMC_EMU_STREAMS='%s' is not a stream order: use lazy, eager, first_ahead, "
+                                 "last_ahead or shuffled[:SEED]\n", v);
             std::exit(1);
         }
         return *x;
     }();
     return sched;
 }
-// Whether t's queued work may run at a host wait for s in the eager and shuffled orders: a non-blocking stream's
-// (the legacy stream's and the blocking streams' wait for each other in ways the host waits keep as they are).
-bool runs_ahead(const Stream* t, const Stream* s) {
-    return t != s && !t->capture && !t->queue.empty() && (t->flags & cudaStreamNonBlocking) != 0;
+// The streams whose queued work may run before the host waits for it: the non-blocking ones (the legacy stream and
+// the blocking streams wait for each other in ways the host waits keep as they are), in creation order.
+std::vector<Stream*> reorderable_streams() {
+    std::vector<Stream*> out;
+    for (Stream* t : streams())
+        if ((t->flags & cudaStreamNonBlocking) != 0 && !t->capture) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](const Stream* a, const Stream* b) { return a->id < b->id; });
+    return out;
+}
+// Whether stream t runs ahead of stream s in the eager, first_ahead and last_ahead orders.
+bool ahead_of(const Stream* t, const Stream* s, StreamOrder order) {
+    if (order == StreamOrder::eager) return true;
+    if (order == StreamOrder::first_ahead) return t->id < s->id;
+    return order == StreamOrder::last_ahead && t->id > s->id;
 }
 // The other streams' work at a host wait for s up to `position` (LLMC_EMU_STREAMS); s itself is run up to
 // `position` here only in the shuffled order, which interleaves it with the others.
 void run_other_streams(Stream* s, uint64_t position) {
     StreamSchedule& sched = stream_schedule();
     if (sched.order == StreamOrder::lazy) return;
-    if (sched.order == StreamOrder::eager) {
-        for (bool again = true; again;) {
+    if (sched.order != StreamOrder::shuffled) {
+        for (bool again = true; again;) {  // work that ran may have queued nothing, but an event wait may pull in more
             again = false;
-            for (Stream* t : streams())
-                if (runs_ahead(t, s)) {
+            for (Stream* t : reorderable_streams())
+                if (t != s && !t->queue.empty() && ahead_of(t, s, sched.order)) {
                     run_all(t);
                     again = true;
                 }
         }
         return;
     }
-    for (;;) {
-        std::vector<Stream*> ready;
-        if (pending(s, position)) ready.push_back(s);
-        for (Stream* t : streams())
-            if (runs_ahead(t, s)) ready.push_back(t);
-        if (ready.empty() || !pending(s, position)) return;
+    while (pending(s, position)) {
+        std::vector<Stream*> ready = {s};
+        for (Stream* t : reorderable_streams())
+            if (t != s && !t->queue.empty()) ready.push_back(t);
         Stream* t = ready[sched.next() % ready.size()];
         const uint64_t items = 1 + sched.next() % 4;
         run_until(t, t == s ? std::min(position, t->done + items) : t->done + items);
     }
 }
-// A query of stream s's progress up to `position` (cudaEventQuery, cudaStreamQuery): lazy, nothing runs (the work
-// the host has not waited for has not run: the query says so); eager, the work runs (the GPU got there first);
-// shuffled, all of it or a few items of it, at random.
+// A query of stream s's progress up to `position` (cudaEventQuery, cudaStreamQuery): the work the order says a GPU
+// would have done by now runs first.
 void progress_at_query(Stream* s, uint64_t position) {
     StreamSchedule& sched = stream_schedule();
     if (sched.order == StreamOrder::lazy || s->capture || (s->flags & cudaStreamNonBlocking) == 0) return;
-    if (sched.order == StreamOrder::eager || sched.next() % 2 == 0) run_until(s, position);
-    else run_until(s, std::min(position, s->done + sched.next() % 4));
+    if (sched.order == StreamOrder::shuffled) {
+        if (sched.next() % 2 == 0) run_until(s, position);
+        else run_until(s, std::min(position, s->done + sched.next() % 4));
+        return;
+    }
+    for (const Stream* t : reorderable_streams())
+        if (t != s && !t->queue.empty() && sched.order != StreamOrder::eager && ahead_of(t, s, sched.order)) return;
+    run_until(s, position);
 }
 // The host waits for stream s up to `position` (all its work for UINT64_MAX).
 void host_wait(Stream* s, uint64_t position = UINT64_MAX) {
@@ -640,7 +665,9 @@ const char* cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
     if (!s) return fail_with(cudaErrorInvalidValue);
+    static uint64_t created = 0;
     auto* stream = new Stream{};
+    stream->id = ++created;
     stream->flags = flags;
     streams().insert(stream);
     *s = reinterpret_cast<cudaStream_t>(stream);
