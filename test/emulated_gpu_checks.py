@@ -129,34 +129,37 @@ def same(what, a, b, keys=("loss", "grad_norm")):
     check(ok, what)
 
 
+def two_ranks_at_step_3(name, args, what):
+    """The 2-rank bf16 GPU trainer run `args` into TMP/name, caught at step 3 (cpu_checks.start_two_ranks):
+    (mpirun's process, the rank PIDs), or (process, None) after a failed check naming `what` it was caught for."""
+    out = os.path.join(TMP, name)
+    shutil.rmtree(out, ignore_errors=True)
+    p, ranks = cpu_checks.start_two_ranks(out, BASE + args, 3, trainer=EMU["bf16"])
+    if ranks is None:
+        check(False, f"GPU trainer, 2 ranks: could not catch the run at step 3 to {what} a rank")
+    return p, ranks
+
+
 def rank_dies_or_stops():
     # A rank that dies or stops mid-run on the GPU trainer over NCCL, as test/train_cpu_checks.py does on the CPU
     # trainer: killed (SIGKILL), the job ends within seconds with no rank left blocked in a collective, and
     # --resume auto continues from the last complete checkpoint to the end; stopped (SIGSTOP), the other rank's
     # collective gives up after --comm_timeout with the watchdog's message, and the job ends.
-    killed = os.path.join(TMP, "rank-killed")
-    shutil.rmtree(killed, ignore_errors=True)
-    args = BASE + ["--optimizer", "demo", "--steps", "12", "--checkpoint_every", "2", "--keep_checkpoints", "2"]
-    p, ranks = cpu_checks.start_two_ranks(killed, args, 3, trainer=EMU["bf16"])
-    if ranks is None:
-        check(False, "GPU trainer, 2 ranks: could not catch the run at step 3 to kill a rank")
-    else:
+    args = ["--optimizer", "demo", "--steps", "12", "--checkpoint_every", "2", "--keep_checkpoints", "2"]
+    p, ranks = two_ranks_at_step_3("rank-killed", args, "kill")
+    if ranks is not None:
         os.kill(ranks[-1], signal.SIGKILL)
         code, _, took, survivors = cpu_checks.wait_for_job_end(p, ranks, 60)
         check(code not in (None, 0) and not survivors,
               f"GPU trainer, 2 ranks over NCCL: a rank killed at step >= 3 ends the job: mpirun exit {code} after "
               f"{took:.1f} s, surviving ranks {survivors}")
-        resumed = run(EMU["bf16"], "rank-killed", args[len(BASE):] + ["--resume", "auto"], ranks=2, fresh=False)
+        resumed = run(EMU["bf16"], "rank-killed", args + ["--resume", "auto"], ranks=2, fresh=False)
         check(resumed is not None and [m["step"] for m in resumed] == list(range(1, 13)),
               "GPU trainer, 2 ranks: --resume auto after the kill continues to step 12 "
               f"({len(resumed) if resumed else 0} steps logged)")
-    stopped = os.path.join(TMP, "rank-stopped")
-    shutil.rmtree(stopped, ignore_errors=True)
-    args = BASE + ["--optimizer", "adamw", "--steps", "300", "--comm_timeout", "5"]
-    p, ranks = cpu_checks.start_two_ranks(stopped, args, 3, trainer=EMU["bf16"])
-    if ranks is None:
-        check(False, "GPU trainer, 2 ranks: could not catch the run at step 3 to stop a rank")
-    else:
+    p, ranks = two_ranks_at_step_3("rank-stopped", ["--optimizer", "adamw", "--steps", "300", "--comm_timeout", "5"],
+                                   "stop")
+    if ranks is not None:
         os.kill(ranks[-1], signal.SIGSTOP)
         code, err, took, survivors = cpu_checks.wait_for_job_end(p, ranks, 60)
         line = next((l for l in err.splitlines() if "did not complete" in l), err.strip()[-200:])

@@ -361,15 +361,9 @@ bool ahead_of(const Stream* t, const Stream* s, StreamOrder order) {
 void run_other_streams(Stream* s, uint64_t position) {
     StreamSchedule& sched = stream_schedule();
     if (sched.order == StreamOrder::lazy) return;
-    if (sched.order != StreamOrder::shuffled) {
-        for (bool again = true; again;) {  // work that ran may have queued nothing, but an event wait may pull in more
-            again = false;
-            for (Stream* t : reorderable_streams())
-                if (t != s && !t->queue.empty() && ahead_of(t, s, sched.order)) {
-                    run_all(t);
-                    again = true;
-                }
-        }
+    if (sched.order != StreamOrder::shuffled) {  // one pass: running work never queues more
+        for (Stream* t : reorderable_streams())
+            if (t != s && ahead_of(t, s, sched.order)) run_all(t);
         return;
     }
     while (pending(s, position)) {
@@ -391,8 +385,9 @@ void progress_at_query(Stream* s, uint64_t position) {
         else run_until(s, std::min(position, s->done + sched.next() % 4));
         return;
     }
-    for (const Stream* t : reorderable_streams())
-        if (t != s && !t->queue.empty() && sched.order != StreamOrder::eager && ahead_of(t, s, sched.order)) return;
+    if (sched.order != StreamOrder::eager)  // first_ahead, last_ahead: held back by a stream ahead with work left
+        for (const Stream* t : reorderable_streams())
+            if (t != s && !t->queue.empty() && ahead_of(t, s, sched.order)) return;
     run_until(s, position);
 }
 // The host waits for stream s up to `position` (all its work for UINT64_MAX).
