@@ -63,7 +63,16 @@ EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o 
 .PHONY: all test bench gpu-check clean cuda emu
 all: train_gpt_cpu $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
 
-$(BUILD)/%.o: %.cpp
+# The compilers and flags of the last build ($(BUILD)/build_flags): every object and CUDA program depends on them,
+# so a build started before MPI was installed, or with another USE_MPI or OPT, is redone rather than linked from
+# objects that disagree (an emulated NCCL without MPI fails at its first collective).
+BUILD_FLAGS := $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS)
+FLAGS_STAMP := $(BUILD)/build_flags
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(BUILD_FLAGS)' | cmp -s - $@ || echo '$(BUILD_FLAGS)' > $@
+
+$(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
@@ -99,11 +108,11 @@ $(foreach s,$(TOOL_SRCS),$(eval $(call tool_rule,$(s))))
 
 # ---- CUDA ----
 CUDA_HEADERS := $(wildcard llmc/*.cuh demo/*.cuh llmc/*.h demo/*.h)
-train_gpt: train_gpt.cu $(CUDA_HEADERS) $(LIB)
+train_gpt: train_gpt.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
 
 define cuda_rule
-$(BUILD)/cuda/$(basename $(notdir $(1))): $(1) $(CUDA_HEADERS) $(LIB)
+$(BUILD)/cuda/$(basename $(notdir $(1))): $(1) $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(BUILD)/cuda
 	$$(NVCC) $$(NVCCFLAGS) $$< $(LIB) -o $$@ $$(NVCC_LDLIBS) -licuuc -lopenblas
 endef
@@ -113,16 +122,16 @@ $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 # with the CPU trainer and PyTorch: its own trainer and GPU tests, built apart from the bf16 ones.
 FP32_TEST_SRCS := $(wildcard test/gpu_*.cu)
 FP32_BINS := $(if $(wildcard train_gpt.cu),train_gpt_fp32) $(FP32_TEST_SRCS:test/%.cu=$(BUILD)/cuda-fp32/%)
-train_gpt_fp32: train_gpt.cu $(CUDA_HEADERS) $(LIB)
+train_gpt_fp32: train_gpt.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
-$(BUILD)/cuda-fp32/%: test/%.cu $(CUDA_HEADERS) $(LIB)
+$(BUILD)/cuda-fp32/%: test/%.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(BUILD)/cuda-fp32
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS) $(FP32_BINS)
 
 # The emulated-kernel tests (EMU_BINS above).
-$(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB)
+$(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(EMU_EXTRA_OBJS) $(LIB) -o $@ $(LDLIBS)
 
@@ -132,12 +141,12 @@ $(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADER
 # fp32 ones; test/test_emulated_gpu.sh runs them against PyTorch and the CPU trainer.
 EMU_CXXFLAGS = $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas -Wno-maybe-uninitialized
 EMU_COMPILE = $(CXX) $(EMU_CXXFLAGS) -x c++ -include dev/cuda/block_emulator.h
-$(BUILD)/emu/obj/%.o: dev/cuda/%.cpp dev/cuda/block_emulator.h
+$(BUILD)/emu/obj/%.o: dev/cuda/%.cpp dev/cuda/block_emulator.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 # emu_program OUTPUT SOURCE FLAGS: one program on the emulated device.
 define emu_program
-$(1): $(2) $(CUDA_HEADERS) dev/cuda/common.h dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB)
+$(1): $(2) $(CUDA_HEADERS) dev/cuda/common.h dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $$(dir $$@)
 	$$(EMU_COMPILE) $(3) $$< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $$@ $$(LDLIBS)
 endef

@@ -245,7 +245,12 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
 
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
-    std::vector<int> inputs(n), targets(n);
+    // A step's batches, one per micro-step, all read before any is queued: a batch that fails to load (a token id
+    // out of range) stops the run before the step's device work starts.
+    std::vector<std::vector<int>> inputs(grad_accum, std::vector<int>(n)), targets(grad_accum, std::vector<int>(n));
+    const auto load_batches = [&] {
+        for (int micro = 0; micro < grad_accum; micro++) train_loader.next_batch(inputs[micro], targets[micro]);
+    };
     const int start_step = static_cast<int>(state.step);
     StepReporter reporter(cfg, start_step, log.get());
     const char* profile_env = std::getenv("LLMC_PROFILE_STEP");
@@ -253,22 +258,22 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     const GPT2Cuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
-    // A step's micro-steps: its batches queued through the forward and backward, the gradients written anew.
+    // A step's micro-steps: its loaded batches queued through the forward and backward, the gradients written anew.
     const auto queue_micro_steps = [&] {
         transport.reset_counters();
         model.zero_grad();
         for (int micro = 0; micro < grad_accum; micro++) {
-            train_loader.next_batch(inputs, targets);
             // the last micro-step's backward tells the overlapped all-reduce which gradients are final, layer by
             // layer (only it listens: without it the backward may run as one CUDA graph, LLMC_CUDA_GRAPH)
             const bool last = micro == grad_accum - 1;
-            model.queue_forward_backward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len,
+            model.queue_forward_backward(inputs[micro].data(), targets[micro].data(), cfg.batch_size, cfg.seq_len,
                                          1.0f / static_cast<float>(grad_accum),
                                          last && overlap ? grads_final : GPT2Cuda::GradsFinal());
         }
     };
     CudaEvent step_end;
     bool queued_ahead = false;  // this step's micro-steps were queued before the last step's wait
+    bool loaded_ahead = false;  // this step's batches were read then, but not queued (another rank's failed to load)
     StepReporter::Clock::time_point t0;
     for (int step = start_step; step < cfg.steps; step++) {
         if (step == profile_step) CUDA_CHECK(cudaProfilerStart());
@@ -277,6 +282,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         // which the losses, the norm and the optimizer's errors are read.
         if (!queued_ahead) {
             t0 = StepReporter::Clock::now();
+            if (!loaded_ahead) load_batches();
             queue_micro_steps();
         }
         const float lr = schedule.at(step);
@@ -285,20 +291,33 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         model.zero_padded_vocab_rows(optimizer->master_weights());
         step_end.record(env.stream);
         const CommCounters comm = transport.counters();
-        // One rank with nothing due after this step: the next step's micro-steps are queued before this step's
-        // results are read, so the GPU goes on to them without waiting for the host (which reports meanwhile).
-        // Never past a step with an evaluation, a sample or a checkpoint (they use the model and the data position
-        // as this step leaves them) or around the profiled step; not with several ranks, whose loss report is a
-        // collective of its own beside the next step's. A batch that fails to load is reported after this step.
+        // Nothing due after this step: the next step's micro-steps are queued before this step's results are
+        // read, so the GPU goes on to them without waiting for the host (which reports meanwhile). Never past a
+        // step with an evaluation, a sample or a checkpoint (they use the model and the data position as this
+        // step leaves them) or around the profiled step. With several ranks the loss report's all-reduce runs on
+        // the host (the world transport, MPI) beside the next step's device work and its collectives (NCCL on
+        // the device; the MPI transport's helper threads on communicators of their own). A batch that fails to
+        // load is reported after this step, and then nothing of the next step is queued on any rank: the ranks
+        // agree on that first (a host all-reduce while the GPU finishes the step), because a collective's enqueue
+        // may wait for its peers (NCCL's lazy connection setup; every collective on the emulated device) while
+        // the failing rank waits in the report.
         const StepDuties due = step_duties(cfg, step);
-        queued_ahead = world == 1 && step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
-                       step != profile_step && step + 1 != profile_step;
+        const bool queue_next = step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
+                                step != profile_step && step + 1 != profile_step;
         std::exception_ptr next_step_error;
-        if (queued_ahead) {
+        queued_ahead = loaded_ahead = false;
+        if (queue_next) {
             try {
-                queue_micro_steps();
+                load_batches();
+                loaded_ahead = true;
             } catch (...) {
                 next_step_error = std::current_exception();
+            }
+            double failed_to_load[1] = {loaded_ahead ? 0.0 : 1.0};
+            if (world > 1) transport.allreduce_sum(failed_to_load);
+            if (failed_to_load[0] == 0.0) {
+                queue_micro_steps();
+                queued_ahead = true;
             }
         }
         step_end.synchronize();  // this step's device work is finished before its time is taken

@@ -36,7 +36,9 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
 - The 2-rank runs give the same bits and bytes in other stream orders (LLMC_EMU_STREAMS=eager, first_ahead,
   last_ahead), as they must if every dependency between the compute, communication and copy streams is in place.
 - Host waits per step: one on one rank, and it leaves the GPU the next step's micro-steps to run (none idles it)
-  unless something is due after the step; a batch that fails to load meanwhile is reported after the step.
+  unless something is due after the step; on 2 ranks the step's end does not idle it either, only the
+  collective's end inside the optimizer's step does; a batch that fails to load meanwhile (on 1 or 2 ranks) is
+  reported after the step, as the CPU trainer reports it.
 - A rank killed mid-run ends the 2-rank job (then --resume auto finishes it); a stopped rank ends it after
   --comm_timeout; a damaged bucket over NCCL stops it with the CPU decoder's message.
 Failures are collected and reported together.
@@ -340,15 +342,18 @@ def main():
     # orders, so a dependency missing between them (a read or a write that does not wait for the other stream)
     # changes the bits in one of them, or, for a write to a collective's input before its end, stops the emulated
     # NCCL with a message; with none missing, every order gives the default order's losses, norms and byte counts.
+    # All nine run in the eager order; the four whose communication overlaps the compute the most (AdamW's
+    # all-reduce during the backward and delayed DeMo's all-gather during the next step, over either transport)
+    # in first_ahead and last_ahead too.
     streams_runs = (("fp32-adamw-2", steps + ["--optimizer", "adamw"], {}, adamw2, True),
                     ("fp32-adamw-2-mpi", steps + ["--optimizer", "adamw"], mpi, staged_adamw2, True),
                     ("fp32-adamw-2-accum", accum, {}, accum_overlap, False),
-                    ("fp32-adamw-2-accum-mpi", accum, mpi, accum_staged, True),
+                    ("fp32-adamw-2-accum-mpi", accum, mpi, accum_staged, False),
                     ("fp32-adamw-2-wire-bf16", bf16_args, {}, wire["overlap"], False),
-                    ("fp32-demo-2", steps + ["--optimizer", "demo"], {}, demo2, True),
+                    ("fp32-demo-2", steps + ["--optimizer", "demo"], {}, demo2, False),
                     ("fp32-demo-2-delay-nccl", delayed, {}, emu_delays["nccl"], True),
                     ("fp32-demo-2-delay-mpi", delayed, mpi, emu_delays["mpi"], True),
-                    ("fp32-demo-2-delay-stale", stale, {}, emu_stale, True))
+                    ("fp32-demo-2-delay-stale", stale, {}, emu_stale, False))
     for name, args, env, reference, every_order in streams_runs:
         for order in ("eager", "first_ahead", "last_ahead") if every_order else ("eager",):
             other = run(EMU["fp32"], f"{name}-streams-{order}", args, ranks=2, env=dict(env, LLMC_EMU_STREAMS=order))
@@ -490,6 +495,7 @@ def main():
     # error flags and kernel times are read after that wait (with --demo_delay 1 those of both its updates, the
     # pending round's apply and the own share). The next step's micro-steps are queued before that wait (nothing
     # is due after these steps but the last), so it leaves the GPU work to do: none of the waits idles it.
+    # With several ranks each rank prints its own counts; the most any rank has is taken.
     waits, idle = {}, {}
 
     def count_waits(name, args, ranks=None):
@@ -497,8 +503,9 @@ def main():
         for n in (2, 4):
             p = launch(EMU["bf16"], f"waits-{name}-{n}", ["--steps", str(n)] + args, ranks=ranks,
                        env={"LLMC_EMU_HOST_WAITS": "1"})
-            m = re.search(r"emulated device: (\d+) host waits for device work \((\d+) left it idle\)", p.stderr)
-            counts.append((int(m.group(1)), int(m.group(2))) if p.returncode == 0 and m else None)
+            found = re.findall(r"emulated device: (\d+) host waits for device work \((\d+) left it idle\)", p.stderr)
+            ok = p.returncode == 0 and len(found) == (ranks or 1)
+            counts.append((max(int(w) for w, _ in found), max(int(i) for _, i in found)) if ok else None)
         waits[name] = (counts[1][0] - counts[0][0]) / 2 if None not in counts else None
         idle[name] = (counts[1][1] - counts[0][1]) / 2 if None not in counts else None
         print(f"      {name}: {waits[name]} host waits per step, {idle[name]} leaving the GPU idle", flush=True)
@@ -518,33 +525,44 @@ def main():
     check(idle["adamw-checkpoint-every-step"] is not None and idle["adamw-checkpoint-every-step"] >= 1,
           "host waits per step: a checkpoint after every step leaves the GPU idle at least once per step (nothing "
           "queued ahead of a checkpoint)")
-    # 2 ranks over NCCL add one wait per step, the all-gather's end (the watchdog's): the bucket sizes are
-    # exchanged at the first step only (a size exchange is a wait of its own). Several ranks do not queue the next
-    # step ahead.
-    count_waits("demo-2ranks", ["--optimizer", "demo"], ranks=2)
-    check(None not in (waits["demo-2ranks"], waits["demo"]) and waits["demo-2ranks"] == waits["demo"] + 1,
-          "host waits per step: DeMo on 2 ranks one more than on one (the all-gather's end; no size exchange)")
+    # 2 ranks over NCCL add a wait per step inside the optimizer's step, the collective's end (the all-gather's,
+    # or the overlapped all-reduce's; the watchdog's), which idles the GPU: the bucket sizes are exchanged at the
+    # first step only (a size exchange is a wait of its own). The step's end does not idle it: several ranks
+    # queue the next step ahead too, the loss report's all-reduce running on the host beside it (before, each
+    # step had two idle waits).
+    for name, optimizer in (("demo-2ranks", "demo"), ("adamw-2ranks", "adamw")):
+        count_waits(name, ["--optimizer", optimizer], ranks=2)
+        check(idle[name] == 1 and waits[name] is not None and 1 <= waits[name] <= 2,
+              f"host waits per step, {optimizer} on 2 ranks over NCCL: one leaves the GPU idle (the collective's "
+              f"end), the step's end does not ({waits[name]} waits, {idle[name]} idle)")
 
-    # A batch that fails to load while the step before it runs (a token id out of range in the third batch; the
-    # trainer queues each step's micro-steps during the last one's): the step that ran is still reported, then
-    # the run stops with the loader's message, as the CPU trainer does.
+    # A batch that fails to load while the step before it runs (a token id out of range; the trainer reads and
+    # queues each step's micro-steps during the last one's): the step that ran is still reported, then the run
+    # stops with the loader's message, as the CPU trainer does. One rank: the third batch. Two ranks (rank r reads
+    # the windows r, r + 2, ...; the GPU trainer with AdamW's all-reduce during the backward, whose collectives
+    # the other rank must not enqueue alone): rank 1's second batch, the ranks' first step reported.
     train = os.path.join(ROOT, "data", "default", "default_train_000001.bin")
     header = open(train, "rb").read(1024)
-    tokens = bytearray(open(train, "rb").read()[1024:1024 + 2 * (8 * 128 + 1)])
-    tokens[2 * (2 * 128 + 5):2 * (2 * 128 + 5) + 2] = (60000).to_bytes(2, "little")
+    clean = open(train, "rb").read()[1024:1024 + 2 * (8 * 128 + 1)]
     bad_dir = os.path.join(TMP, "bad-shard")
     os.makedirs(bad_dir, exist_ok=True)
-    bad = os.path.join(bad_dir, "bad_train_000001.bin")
-    with open(bad, "wb") as f:
-        f.write(header[:8] + (8 * 128 + 1).to_bytes(4, "little") + header[12:] + tokens)
-    message = f"error: {bad}: token id 60000 at position 261 is out of range (vocab_size 50257)"
-    for trainer, name in ((EMU["bf16"], "bad-token-gpu"), (CPU, "bad-token-cpu")):
-        p = launch(trainer, name, ["--steps", "5", "--shuffle", "false", "--train_data", bad])
-        out = os.path.join(TMP, name, "metrics.jsonl")
-        done = len(metrics(os.path.join(TMP, name))) if os.path.exists(out) else 0
-        check(p.returncode == 1 and message in p.stderr and done == 2,
-              f"{name}: a token out of range in the third batch stops the run after 2 steps with the loader's "
-              f"message (exit {p.returncode}, {done} steps)")
+    for position, ranks, steps_done in ((2 * 128 + 5, None, 2), (3 * 128 + 5, 2, 1)):
+        tokens = bytearray(clean)
+        tokens[2 * position:2 * position + 2] = (60000).to_bytes(2, "little")
+        bad = os.path.join(bad_dir, f"bad{position}_train_000001.bin")
+        with open(bad, "wb") as f:
+            f.write(header[:8] + (8 * 128 + 1).to_bytes(4, "little") + header[12:] + tokens)
+        where = " (rank 1)" if ranks else ""
+        message = f"error{where}: {bad}: token id 60000 at position {position} is out of range (vocab_size 50257)"
+        for trainer, name in ((EMU["bf16"], "bad-token-gpu"), (CPU, "bad-token-cpu")):
+            p = launch(trainer, name, ["--steps", "5", "--shuffle", "false", "--train_data", bad], ranks=ranks,
+                       timeout=120)
+            out = os.path.join(TMP, name, "metrics.jsonl")
+            done = len(metrics(os.path.join(TMP, name))) if os.path.exists(out) else 0
+            check(p.returncode != 0 and message in p.stderr + p.stdout and done == steps_done,
+                  f"{name}, {ranks or 1} rank(s): a token out of range in batch {position // 128 + 1} of the shard "
+                  f"stops the run after {steps_done} step(s) with the loader's message (exit {p.returncode}, "
+                  f"{done} steps)")
 
     rank_dies_or_stops()
 
