@@ -2,7 +2,9 @@
 # The GPU checks and benchmarks in order of what they decide, under one time budget, for a short GPU lease
 # (run inside the tree dev/cuda/gpu_bundle.sh packed, or any tree where `make cuda` has run):
 #   1. the NCCL transport's checker (real NCCL: bf16 wire, overlapped all-reduce), and on a machine with several
-#      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs);
+#      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs); on one GPU, with
+#      the bundle's Open MPI (mpi/), the same check's correctness part with two ranks sharing it over the MPI
+#      transport (SHARED_GPU=1);
 #   2. the attention, LayerNorm and matmul labs (the flash backward with each dQ summation, LLMC_FLASH_DQ, and
 #      the forward's four block shapes; the fused LayerNorm backward; cuBLASLt's first against tuned algorithms,
 #      LLMC_MATMUL_TUNE; the bias gradients by column reduction against the BGRADB epilogue, LLMC_BIAS_GRAD),
@@ -56,6 +58,9 @@ missing=$(ldd ./train_gpt 2>&1 | grep 'not found' || true)
 
 step nccl_transport 60 build/cuda/nccl_transport
 step multi_gpu 420 dev/cuda/multi_gpu_check.sh  # exits at once on one GPU
+if [[ -x mpi/train_gpt_fp32 && -f mpi/env.sh ]] && (($(nvidia-smi -L | grep -c '^GPU') == 1)); then
+  step shared_gpu 150 bash -c 'source mpi/env.sh && SHARED_GPU=1 TRAIN_GPT_FP32=mpi/train_gpt_fp32 dev/cuda/multi_gpu_check.sh'
+fi
 step attention 60 build/cuda/attention
 step layernorm 30 build/cuda/layernorm
 step matmul 60 build/cuda/matmul

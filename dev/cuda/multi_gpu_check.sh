@@ -16,6 +16,10 @@
 # GPUs, or no trainer or data).
 #   dev/cuda/multi_gpu_check.sh               every GPU nvidia-smi lists
 #   GPUS=2 dev/cuda/multi_gpu_check.sh        the first two
+#   SHARED_GPU=1 [RANKS=2] dev/cuda/multi_gpu_check.sh
+#                                             RANKS ranks on one GPU (a lease of one): the correctness part over
+#                                             the MPI transport only (NCCL refuses two ranks on one device), so
+#                                             the multi-rank paths run on a real GPU with real stream concurrency
 # TRAIN_GPT / TRAIN_GPT_FP32 name other binaries (e.g. build/emu/train_gpt and build/emu-fp32/train_gpt, the
 # emulated device, with GPUS set: a dry run of this script on a machine without a GPU); SCALING=0 skips the
 # timing part, SCALE_ARGS replaces its trainer flags.
@@ -24,17 +28,27 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 BIN=${TRAIN_GPT:-./train_gpt}
 BIN32=${TRAIN_GPT_FP32:-./train_gpt_fp32}
+SHARED=${SHARED_GPU:-0}
 if [[ -z ${GPUS:-} ]]; then
   command -v nvidia-smi >/dev/null 2>&1 || { echo "no nvidia-smi: multi-GPU check skipped"; exit 77; }
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 fi
-((GPUS >= 2)) || { echo "$GPUS GPU(s): the multi-GPU check needs two or more; skipped"; exit 77; }
-[[ -x $BIN && -x $BIN32 ]] && ls data/default/default_train_*.bin >/dev/null 2>&1 ||
-  { echo "no $BIN / $BIN32 or no data/default: skipped"; exit 77; }
+if ((SHARED)); then
+  ((GPUS >= 1)) || { echo "no GPU: skipped"; exit 77; }
+  export LLMC_TRANSPORT=mpi  # every run: ranks on one device share no NCCL communicator
+  SCALING=0
+  [[ -x $BIN32 ]] || { echo "no $BIN32: skipped"; exit 77; }
+  N=${RANKS:-2}
+else
+  ((GPUS >= 2)) || { echo "$GPUS GPU(s): the multi-GPU check needs two or more; skipped"; exit 77; }
+  [[ -x $BIN && -x $BIN32 ]] || { echo "no $BIN / $BIN32: skipped"; exit 77; }
+  N=$GPUS
+fi
+ls data/default/default_train_*.bin >/dev/null 2>&1 || { echo "no data/default: skipped"; exit 77; }
 command -v mpirun >/dev/null || { echo "no mpirun: skipped"; exit 77; }
 # A build without MPI (USE_MPI=0, as dev/cuda/gpu_bundle.sh makes it) is a world of one under mpirun.
-if [[ -z ${TRAIN_GPT:-} ]] && ! ldd "$BIN" 2>/dev/null | grep -q libmpi; then
-  echo "$BIN was built without MPI (USE_MPI=0): its ranks would not join; build it here with Open MPI (make cuda)"
+if [[ -z ${TRAIN_GPT:-} && -z ${TRAIN_GPT_FP32:-} ]] && ! ldd "$BIN32" 2>/dev/null | grep -q libmpi; then
+  echo "$BIN32 was built without MPI (USE_MPI=0): its ranks would not join; build it here with Open MPI (make cuda)"
   exit 77
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -50,7 +64,7 @@ train() {  # train <name> <ranks> <binary> [flags]: mpirun -np ranks binary flag
   rm -rf "${TMP:?}/$name"
   if ! timeout 600 mpirun -np "$np" "$bin" --val_every 0 --val_batches 1 --sample_every 0 --out_dir "$TMP/$name" "$@" \
     >"$TMP/$name.log" 2>&1; then
-    bad "$name: the trainer failed ($(tail -2 "$TMP/$name.log" | tr '\n' ' '))"
+    bad "$name: the trainer failed ($(grep -m1 '^error' "$TMP/$name.log" || tail -2 "$TMP/$name.log" | tr '\n' ' '))"
     return 1
   fi
 }
@@ -64,7 +78,6 @@ same() {  # same <what> <run a> <run b> [last n steps]
   if [[ -n $a && $a == "$b" ]]; then ok "$1"; else bad "$1: $(echo $a) vs $(echo $b)"; fi
 }
 
-N=$GPUS
 tiny=(--config configs/tiny.json --seq_len 64 --lr 1e-3 --warmup_steps 2 --log_every 10)
 
 close() {  # close <what> <run a> <run b> <limit>: the 5 losses within limit of each other
@@ -87,7 +100,7 @@ if LLMC_TRANSPORT=mpi train adamw-mpi "$N" "$BIN32" "${adamw[@]}" &&
   LLMC_TRANSPORT=mpi LLMC_DDP_OVERLAP=0 train adamw-mpi-after "$N" "$BIN32" "${adamw[@]}"; then
   same "AdamW-DDP over LLMC_TRANSPORT=mpi on $N ranks: the overlapped all-reduce gives LLMC_DDP_OVERLAP=0's bits" \
     adamw-mpi adamw-mpi-after
-  [[ -f $TMP/adamw-n/metrics.jsonl ]] &&
+  ((SHARED)) || [[ ! -f $TMP/adamw-n/metrics.jsonl ]] ||
     close "AdamW-DDP on $N ranks: LLMC_TRANSPORT=mpi == NCCL" adamw-mpi adamw-n 1e-5
 fi
 
@@ -95,8 +108,8 @@ fi
 demo=("${tiny[@]}" --optimizer demo --batch_size 4 --steps 6)
 train demo-a "$N" "$BIN32" "${demo[@]}" && train demo-b "$N" "$BIN32" "${demo[@]}" &&
   same "DeMo on $N ranks: two runs give bit-identical losses" demo-a demo-b
-LLMC_TRANSPORT=mpi train demo-mpi "$N" "$BIN32" "${demo[@]}" &&
-  same "DeMo on $N ranks: the MPI transport gives the NCCL run's bits" demo-a demo-mpi
+((SHARED)) || { LLMC_TRANSPORT=mpi train demo-mpi "$N" "$BIN32" "${demo[@]}" &&
+  same "DeMo on $N ranks: the MPI transport gives the NCCL run's bits" demo-a demo-mpi; }
 delayed=("${demo[@]}" --demo_delay 1 --checkpoint_every 3 --keep_checkpoints 0)
 if train delay-a "$N" "$BIN32" "${delayed[@]}" && train delay-b "$N" "$BIN32" "${delayed[@]}"; then
   same "DeMo --demo_delay 1 on $N ranks: two runs give bit-identical losses" delay-a delay-b
