@@ -206,8 +206,6 @@ public:
             else if (count)
                 decay_ranges_.emplace_back(offset, count);
         }
-        for (cudaEvent_t& e : ev_) CUDA_CHECK(cudaEventCreate(&e));
-        for (cudaEvent_t& e : update_events_) CUDA_CHECK(cudaEventCreate(&e));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     ~CudaDemo() override {
@@ -222,10 +220,6 @@ public:
             } catch (...) {
             }
         }
-        for (cudaEvent_t e : ev_)
-            if (e) (void)cudaEventDestroy(e);
-        for (cudaEvent_t e : update_events_)
-            if (e) (void)cudaEventDestroy(e);
     }
     CudaDemo(const CudaDemo&) = delete;
     CudaDemo& operator=(const CudaDemo&) = delete;
@@ -382,26 +376,24 @@ private:
     }
 
     // This step's gradient into this rank's bucket (header stays, body zeroed for the OR-ed bit parts), the
-    // momentum and error feedback updated; ev_[0] .. ev_[1] time it (StepTimings::transform, read by
+    // momentum and error feedback updated; compress_start_ .. compress_end_ time it (StepTimings::transform, read by
     // read_compress_time after the step's next wait).
     // The clip coefficient comes from the device (`clip`, global_norm_for_clip_async).
     void compress(float* grads, float lr, const float* clip, llmc::StepResult& result) {
         const size_t bytes = tables_.bucket_bytes;
         CUDA_CHECK(cudaMemsetAsync(bucket_ + kBucketHeaderBytes, 0, bytes - kBucketHeaderBytes, stream_));
-        CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
+        compress_start_.record(stream_);
         cm::CompressParams cp = cm::compress_params(config_, lr, 1.0f);
         cp.clip_device = clip;
         launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
                            bucket_, cp, stream_);
-        CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
+        compress_end_.record(stream_);
         compress_timed_ = true;
         result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
     }
     void read_compress_time(llmc::StepResult& result) {
-        CUDA_CHECK(cudaEventSynchronize(ev_[1]));  // done already after finish_updates_queued's wait
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
-        result.seconds.transform = ms * 1e-3;
+        compress_end_.synchronize();  // done already after finish_updates_queued's wait
+        result.seconds.transform = compress_end_.ms_since(compress_start_) * 1e-3;
         compress_timed_ = false;
     }
 
@@ -420,11 +412,11 @@ private:
         LLMC_CHECK(queued_updates_ < kUpdateSlots, "DeMo: more updates queued in one step than it has slots for");
         UpdateSlot& u = updates_[queued_updates_];
         u = UpdateSlot{};
-        CUDA_CHECK(cudaEventRecord(update_events_[2 * queued_updates_], stream_));
+        update_start_[queued_updates_].record(stream_);
         return u;
     }
     void end_update_slot() {
-        CUDA_CHECK(cudaEventRecord(update_events_[2 * queued_updates_ + 1], stream_));
+        update_end_[queued_updates_].record(stream_);
         queued_updates_++;
     }
 
@@ -497,7 +489,7 @@ private:
     void finish_updates_queued(llmc::StepResult& result) {
         const int queued = std::exchange(queued_updates_, 0);
         if (queued > 0)
-            CUDA_CHECK(cudaEventSynchronize(update_events_[2 * queued - 1]));
+            update_end_[queued - 1].synchronize();
         else
             CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (headers_pending_) {
@@ -505,9 +497,7 @@ private:
             check_headers(std::span<const std::byte>(header_readback_.data(), header_readback_.size()));
         }
         for (int i = 0; i < queued; i++) {
-            float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, update_events_[2 * i], update_events_[2 * i + 1]));
-            result.seconds.apply += ms * 1e-3;
+            result.seconds.apply += update_end_[i].ms_since(update_start_[i]) * 1e-3;
             const uint32_t* error = error_readback_.data() + 2 * i;
             if (!updates_[i].checked || error[0] == 0) continue;
             const std::string who =
@@ -614,9 +604,9 @@ private:
     llmc::PinnedHostBuffer<std::byte> header_readback_;  // the gathered headers, checked after the update's wait
     llmc::PinnedHostBuffer<uint32_t> error_readback_;    // the apply kernel's error flags and rank
     bool headers_pending_ = false;  // header_readback_ holds headers not yet checked
-    bool compress_timed_ = false;   // ev_[0] .. ev_[1] hold a compress whose time is not yet read
-    cudaEvent_t ev_[2] = {nullptr, nullptr};  // the compress's start and end
-    cudaEvent_t update_events_[2 * kUpdateSlots] = {};  // each queued update's start and end
+    bool compress_timed_ = false;   // compress_start_ .. compress_end_ hold a compress whose time is not yet read
+    llmc::TimedCudaEvent compress_start_, compress_end_;
+    llmc::TimedCudaEvent update_start_[kUpdateSlots], update_end_[kUpdateSlots];  // each queued update, timed
     UpdateSlot updates_[kUpdateSlots];
     int queued_updates_ = 0;  // updates queued since the last finish_updates_queued
     llmc::QueuedClipNorm clip_norm_;

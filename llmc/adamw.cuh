@@ -94,11 +94,6 @@ public:
         memory_.add(&norm_scratch_, kNormScratchFloats);
         memory_.allocate("master weights + AdamW state (" + std::to_string(n) + " parameters x 3 x fp32)");
         memory_.zero(stream_);
-        for (cudaEvent_t& e : events_) CUDA_CHECK(cudaEventCreate(&e));
-    }
-    ~CudaAdamW() override {
-        for (cudaEvent_t e : events_)
-            if (e) (void)cudaEventDestroy(e);
     }
     CudaAdamW(const CudaAdamW&) = delete;
     CudaAdamW& operator=(const CudaAdamW&) = delete;
@@ -143,7 +138,7 @@ public:
         result.seconds.exchange = seconds_since(start);
 
         const float* clip = clip_norm_.queue(norm_scratch_, grads, n, config_.grad_clip, stream_);
-        CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+        update_start_.record(stream_);
         t_++;
         const uint32_t seed = adamw_step_seed(seed_, t_);
         const AdamWConfig& a = config_.adamw;
@@ -153,7 +148,7 @@ public:
             adamw_update(params + r.offset, master_ + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.numel,
                          h, r.offset, seed, stochastic_, stream_, clip);
         }
-        CUDA_CHECK(cudaEventRecord(events_[1], stream_));
+        update_end_.record(stream_);
         step_pending_ = true;
         return result;
     }
@@ -162,11 +157,9 @@ public:
     void complete_step(StepResult& result) override {
         if (!step_pending_) return;
         step_pending_ = false;
-        CUDA_CHECK(cudaEventSynchronize(events_[1]));
+        update_end_.synchronize();
         clip_norm_.read(result.grad_norm, result.seconds.clip);
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
-        result.seconds.apply = ms * 1e-3;
+        result.seconds.apply = update_end_.ms_since(update_start_) * 1e-3;
     }
 
     float* master_weights() override { return master_; }
@@ -226,7 +219,7 @@ private:
     float* v_ = nullptr;
     float* norm_scratch_ = nullptr;
     QueuedClipNorm clip_norm_;
-    cudaEvent_t events_[2] = {nullptr, nullptr};  // the update's start and end
+    TimedCudaEvent update_start_, update_end_;
     bool step_pending_ = false;  // step() ran, complete_step() not yet
     bool overlap_ = false;
     size_t overlapped_ = 0;  // gradients whose all-reduce on_gradients_final started this step

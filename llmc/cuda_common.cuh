@@ -413,8 +413,9 @@ private:
     size_t count_ = 0;
 };
 
-// A point in a stream the host can wait for (no timing: cheaper to record). Created on first record(), so it
-// can be a member of objects built before the device is chosen; waiting for one never recorded returns at once.
+// A CUDA event, owned: a point in a stream that the host or another stream can wait for. Without timing (cheaper
+// to record); TimedCudaEvent keeps the time. Created on first use, so it can be a member of objects built before
+// the device is chosen; waiting for one never recorded returns at once (host) or waits for nothing (a stream).
 class CudaEvent {
 public:
     CudaEvent() = default;
@@ -423,24 +424,54 @@ public:
     }
     CudaEvent(const CudaEvent&) = delete;
     CudaEvent& operator=(const CudaEvent&) = delete;
-    CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+    CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)), timed_(o.timed_) {}
     CudaEvent& operator=(CudaEvent&& o) noexcept {
         if (this != &o) {
             if (event_) (void)cudaEventDestroy(event_);
             event_ = std::exchange(o.event_, nullptr);
+            timed_ = o.timed_;
         }
         return *this;
     }
-    void record(cudaStream_t stream) {
-        if (!event_) CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventRecord(event_, stream));
-    }
+    void record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(get(), stream)); }
+    // Work queued on `stream` from now on starts after the work before the last record().
+    void wait_in(cudaStream_t stream) { CUDA_CHECK(cudaStreamWaitEvent(stream, get(), 0)); }
     void synchronize() const {
         if (event_) CUDA_CHECK(cudaEventSynchronize(event_));
     }
+    // Whether the work before the last record() has finished (no wait).
+    bool done() const {
+        if (!event_) return true;
+        const cudaError_t status = cudaEventQuery(event_);
+        if (status == cudaErrorNotReady) return false;
+        CUDA_CHECK(status);
+        return true;
+    }
+    // The handle when it exists, else null: for destructors, which must not create one or fail.
+    cudaEvent_t existing() const noexcept { return event_; }
+
+protected:
+    explicit CudaEvent(bool timed) : timed_(timed) {}
 
 private:
+    cudaEvent_t get() {
+        if (!event_) CUDA_CHECK(cudaEventCreateWithFlags(&event_, timed_ ? cudaEventDefault : cudaEventDisableTiming));
+        return event_;
+    }
     cudaEvent_t event_ = nullptr;
+    bool timed_ = false;
+};
+
+// A CudaEvent that keeps the time its work finished, for GPU time between two of them.
+class TimedCudaEvent : public CudaEvent {
+public:
+    TimedCudaEvent() : CudaEvent(true) {}
+    // Milliseconds from `start`'s last record() to this one's; both must have been recorded and finished.
+    float ms_since(const TimedCudaEvent& start) const {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start.existing(), existing()));
+        return ms;
+    }
 };
 
 // Pinned (page-locked) host staging for asynchronous uploads, in two buffers used in turn. upload() waits until
@@ -590,28 +621,17 @@ struct CudaEnv {
 // Event-based timer on a stream (milliseconds).
 class CudaTimer {
 public:
-    explicit CudaTimer(cudaStream_t stream) : stream_(stream) {
-        CUDA_CHECK(cudaEventCreate(&start_));
-        CUDA_CHECK(cudaEventCreate(&stop_));
-    }
-    ~CudaTimer() {
-        (void)cudaEventDestroy(start_);
-        (void)cudaEventDestroy(stop_);
-    }
-    CudaTimer(const CudaTimer&) = delete;
-    CudaTimer& operator=(const CudaTimer&) = delete;
-    void start() { CUDA_CHECK(cudaEventRecord(start_, stream_)); }
+    explicit CudaTimer(cudaStream_t stream) : stream_(stream) {}
+    void start() { start_.record(stream_); }
     float stop_ms() {
-        CUDA_CHECK(cudaEventRecord(stop_, stream_));
-        CUDA_CHECK(cudaEventSynchronize(stop_));
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-        return ms;
+        stop_.record(stream_);
+        stop_.synchronize();
+        return stop_.ms_since(start_);
     }
 
 private:
     cudaStream_t stream_;
-    cudaEvent_t start_ = nullptr, stop_ = nullptr;
+    TimedCudaEvent start_, stop_;
 };
 
 // ---------------------------------------------------------------------------------------------------------

@@ -76,36 +76,28 @@ inline DeviceNorm global_norm_for_clip_async(float* scratch, const float* g, siz
 // it (it waits for that, which costs nothing after the caller's own wait).
 class QueuedClipNorm {
 public:
-    QueuedClipNorm() {
-        for (cudaEvent_t& e : events_) CUDA_CHECK(cudaEventCreate(&e));
-    }
-    ~QueuedClipNorm() {
-        for (cudaEvent_t e : events_)
-            if (e) (void)cudaEventDestroy(e);
-    }
+    QueuedClipNorm() = default;
     QueuedClipNorm(const QueuedClipNorm&) = delete;
     QueuedClipNorm& operator=(const QueuedClipNorm&) = delete;
 
     const float* queue(float* scratch, const float* g, size_t n, float max_norm, cudaStream_t stream) {
-        CUDA_CHECK(cudaEventRecord(events_[0], stream));
+        start_.record(stream);
         const DeviceNorm norm = global_norm_for_clip_async(scratch, g, n, max_norm, stream);
         CUDA_CHECK(cudaMemcpyAsync(sum_readback_.data(), norm.sum_of_squares, sizeof(double), cudaMemcpyDeviceToHost,
                                    stream));
-        CUDA_CHECK(cudaEventRecord(events_[1], stream));
+        end_.record(stream);
         return norm.clip;
     }
     // The last queue()'s norm (before clipping) and the GPU seconds of its kernels.
     void read(double& norm, double& seconds) {
-        CUDA_CHECK(cudaEventSynchronize(events_[1]));
+        end_.synchronize();
         norm = std::sqrt(sum_readback_.data()[0]);
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
-        seconds = ms * 1e-3;
+        seconds = end_.ms_since(start_) * 1e-3;
     }
 
 private:
     PinnedHostBuffer<double> sum_readback_{1};
-    cudaEvent_t events_[2] = {nullptr, nullptr};
+    TimedCudaEvent start_, end_;
 };
 
 // The L2 norm of g (synchronizes the stream to read it back).

@@ -125,9 +125,6 @@ public:
     NcclTransport(Transport& world, cudaStream_t compute_stream, bool nccl_for_one_rank = false)
         : world_(world), compute_(compute_stream) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
         set_collective_timeout(world.collective_timeout());
         if (world_.world_size() > 1 || nccl_for_one_rank) {
             ncclUniqueId id;
@@ -140,14 +137,11 @@ public:
     }
     ~NcclTransport() override {
         // a device all-gather still in flight (DeMo's last delayed round) completes: every rank enqueued it
-        if (device_gather_in_flight_ && gathered_) {
+        if (device_gather_in_flight_ && gathered_.existing()) {
             const auto watched = watch("NCCL all-gather of the DeMo buckets (at exit)");
-            (void)cudaEventSynchronize(gathered_);
+            (void)cudaEventSynchronize(gathered_.existing());
         }
         if (comm_) (void)ncclCommDestroy(comm_);
-        if (ready_) (void)cudaEventDestroy(ready_);
-        if (reduced_) (void)cudaEventDestroy(reduced_);
-        if (gathered_) (void)cudaEventDestroy(gathered_);
         if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
     }
     NcclTransport(const NcclTransport&) = delete;
@@ -242,9 +236,9 @@ protected:
         if (comm_ == nullptr || elems == 0) return;  // start enqueued nothing
         Timed timed(counters_);
         const auto watched = watch("NCCL all-reduce of the gradients");
-        CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));
-        CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_, 0));
-        CUDA_CHECK(cudaEventSynchronize(reduced_));
+        reduced_.record(comm_stream_);
+        reduced_.wait_in(compute_);
+        reduced_.synchronize();
         const int W = world_size();
         const uint64_t wire = 2 * static_cast<uint64_t>(W - 1) * bytes / W;
         counters_.bytes_sent += wire;
@@ -297,7 +291,7 @@ public:
             LLMC_CHECK(total <= capacity, "allgather_device: gathered buckets need " + std::to_string(total) +
                                               " bytes, the output holds " + std::to_string(capacity));
             device_wire_ = gather_into_device(mine, out, offsets, how);  // counted by finish()
-            CUDA_CHECK(cudaEventRecord(gathered_, comm_stream_));
+            gathered_.record(comm_stream_);
         }
         device_gather_in_flight_ = true;
         counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -307,10 +301,10 @@ public:
         Timed timed(counters_);
         device_gather_in_flight_ = false;
         count_wire(device_wire_);
-        CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0));
+        gathered_.wait_in(compute_);
         if (comm_ == nullptr && !host_waits) return;  // one rank: a device copy, ordered for the compute stream
         const auto watched = watch("NCCL all-gather of the DeMo buckets");
-        CUDA_CHECK(cudaEventSynchronize(gathered_));
+        gathered_.synchronize();
     }
     bool allgather_device_in_flight() const { return device_gather_in_flight_; }
 
@@ -366,8 +360,8 @@ private:
     };
 
     void wait_for_compute() {
-        CUDA_CHECK(cudaEventRecord(ready_, compute_));
-        CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
+        ready_.record(compute_);
+        ready_.wait_in(comm_stream_);
     }
 
     // Every rank's bucket size: exchanged, or my_size everywhere (GatherSizes::equal); fills offsets (world + 1
@@ -434,9 +428,9 @@ private:
     Transport& world_;
     cudaStream_t compute_;
     cudaStream_t comm_stream_ = nullptr;
-    cudaEvent_t ready_ = nullptr;
-    cudaEvent_t reduced_ = nullptr;  // the overlapped all-reduce's end, for finish()
-    cudaEvent_t gathered_ = nullptr;  // the split device all-gather's end, for allgather_device_finish()
+    CudaEvent ready_;     // the compute stream's position, which the next collective waits for
+    CudaEvent reduced_;   // the overlapped all-reduce's end, for finish()
+    CudaEvent gathered_;  // the split device all-gather's end, for allgather_device_finish()
     ncclComm_t comm_ = nullptr;
     Scratch stage_, gather_, sizes_, wire_;
     // the split device all-gather: between start and finish, and its wire bytes (counted by finish)

@@ -39,14 +39,9 @@ class HostStagedTransport final : public Transport {
 public:
     HostStagedTransport(Transport& world, cudaStream_t compute_stream) : world_(world), stream_(compute_stream) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&grads_ready_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&copied_back_, cudaEventDisableTiming));
     }
     ~HostStagedTransport() override {
         if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_);  // nothing may still read host_
-        for (cudaEvent_t e : copied_) (void)cudaEventDestroy(e);
-        if (grads_ready_) (void)cudaEventDestroy(grads_ready_);
-        if (copied_back_) (void)cudaEventDestroy(copied_back_);
         if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
         // Groups handed over and never finished (an error ended the step): the wrapped transport's reducer may
         // still read host_, and the process is ending, so it stays.
@@ -121,25 +116,17 @@ protected:
             return;
         }
         if (groups_.empty()) reserve(total * sizeof(float));  // the step's first start: nothing of it is in flight
-        CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
-        CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, grads_ready_, 0));
+        grads_ready_.record(stream_);
+        grads_ready_.wait_in(copy_stream_);
         enqueue_copies(reinterpret_cast<float*>(host_), base, ranges, cudaMemcpyDeviceToHost);
-        if (groups_.size() == copied_.size()) {
-            copied_.emplace_back();
-            CUDA_CHECK(cudaEventCreateWithFlags(&copied_.back(), cudaEventDisableTiming));
-        }
-        CUDA_CHECK(cudaEventRecord(copied_[groups_.size()], copy_stream_));
+        if (groups_.size() == copied_.size()) copied_.emplace_back();
+        copied_[groups_.size()].record(copy_stream_);
         groups_.emplace_back(ranges.begin(), ranges.end());
         overlapped_base_ = base;  // the base class holds every start of a round to one buffer and wire
         overlapped_total_ = total;
         overlapped_bf16_ = bf16;
-        // hand over what the GPU has copied by now (cudaEventQuery does not wait)
-        while (handed_ < groups_.size()) {
-            const cudaError_t done = cudaEventQuery(copied_[handed_]);
-            if (done == cudaErrorNotReady) break;
-            CUDA_CHECK(done);
-            hand_over_next();
-        }
+        // hand over what the GPU has copied by now (done() does not wait)
+        while (handed_ < groups_.size() && copied_[handed_].done()) hand_over_next();
     }
     // The first `starts` groups averaged and back on the device (the host waits for their copies back).
     void wait_allreduce_ranges(size_t starts) override {
@@ -160,8 +147,8 @@ protected:
             world_.allreduce_mean_finish();
         });
         if (!groups_.empty()) {
-            CUDA_CHECK(cudaEventRecord(copied_back_, copy_stream_));
-            CUDA_CHECK(cudaStreamWaitEvent(stream_, copied_back_, 0));
+            copied_back_.record(copy_stream_);
+            copied_back_.wait_in(stream_);
         }
         groups_.clear();
         handed_ = returned_ = 0;
@@ -185,7 +172,7 @@ private:
     // communication (untimed).
     void hand_over_through(size_t n) {
         while (handed_ < n) {
-            CUDA_CHECK(cudaEventSynchronize(copied_[handed_]));
+            copied_[handed_].synchronize();
             hand_over_next();
         }
     }
@@ -255,10 +242,10 @@ private:
     size_t overlapped_total_ = 0;
     bool overlapped_bf16_ = false;
     std::vector<std::vector<ParamRange>> groups_;
-    std::vector<cudaEvent_t> copied_;
+    std::vector<CudaEvent> copied_;
     size_t handed_ = 0, returned_ = 0;
-    cudaEvent_t grads_ready_ = nullptr;  // the compute stream's position at a start
-    cudaEvent_t copied_back_ = nullptr;  // the end of finish()'s copies back, which the compute stream waits for
+    CudaEvent grads_ready_;  // the compute stream's position at a start
+    CudaEvent copied_back_;  // the end of finish()'s copies back, which the compute stream waits for
 };
 
 }  // namespace llmc

@@ -123,7 +123,7 @@ TEST(event_dependencies_hold_in_every_order) {
 // A query runs nothing in the lazy order (the work has not run: not ready), everything it asks about in the eager
 // one, and some of it or all in the shuffled one, so repeated queries see it finish.
 TEST(queries_follow_the_order) {
-    for (const std::string& order : {"lazy", "eager", "shuffled:3"}) {
+    for (const std::string order : {"lazy", "eager", "shuffled:3"}) {
         EXPECT(emu::set_stream_order(order));
         Device d;
         for (int i = 0; i < 8; i++) EXPECT(cudaMemsetAsync(d.x, 0, sizeof(float), d.a) == cudaSuccess);
@@ -138,7 +138,7 @@ TEST(queries_follow_the_order) {
         EXPECT(cudaEventQuery(d.event) == cudaSuccess);
     }
     // both streams with work queued: a stream ahead of the queried one, with work left, holds it back
-    for (const std::string& order : {"first_ahead", "last_ahead"}) {
+    for (const std::string order : {"first_ahead", "last_ahead"}) {
         EXPECT(emu::set_stream_order(order));
         Device d;
         EXPECT(cudaMemsetAsync(d.y, 0, sizeof(float), d.b) == cudaSuccess);
