@@ -15,7 +15,7 @@
 #     over the MPI transport: dev/cuda/gpu_session.sh runs dev/cuda/multi_gpu_check.sh with SHARED_GPU=1 on it
 #     (the multi-rank paths on a real GPU when only one is lent). Its environment: mpi/env.sh.
 # On the GPU machine: tar xJf gpu-bundle.tar.xz && gpu-bundle/dev/cuda/gpu_session.sh [budget seconds].
-# About 8 minutes on 2 cores and 35 MB (27 MB without the corpus).
+# About 8 minutes on 2 cores and 30 MB (about 22 MB without the corpus).
 #   dev/cuda/gpu_bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,7 +35,9 @@ with_mpi=0
 if command -v mpicxx >/dev/null && command -v orterun >/dev/null; then
   with_mpi=1
   echo "gpu_bundle: building train_gpt_fp32 with MPI in $work/tree-mpi" >&2
-  cp -a "$work/tree" "$work/tree-mpi"
+  mkdir -p "$work/tree-mpi"
+  (cd "$work/tree" && tar -c --exclude='./build' --exclude='./train_gpt' --exclude='./train_gpt_fp32' .) |
+    tar -x -C "$work/tree-mpi"
   make -C "$work/tree-mpi" -j"$(nproc)" USE_MPI=1 OPT="-O3 -march=x86-64-v2" train_gpt_fp32 >"$work/build-mpi.log" 2>&1 ||
     { tail -20 "$work/build-mpi.log" >&2; echo "gpu_bundle: error: the MPI build failed (log: $work/build-mpi.log)" >&2; exit 1; }
 fi
@@ -45,14 +47,20 @@ mkdir -p "$stage/lib" "$stage/build"
 (cd "$work/tree" && tar -c --exclude='build' --exclude='*.o' --exclude='*.d' .) | tar -x -C "$stage"
 cp -r "$work/tree/build/cuda" "$work/tree/build/cuda-fp32" "$stage/build/"
 [[ -d data/default ]] && cp -r data/default "$stage/data/"
-# shared libraries the GPU machine may lack: everything ldd resolves here except CUDA's, NCCL and the C runtime
-for bin in "$stage/train_gpt" "$stage"/build/cuda/*; do ldd "$bin"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
-  sort -u | while read -r name path; do
-    case $name in
-      libcublas*|libcudart*|libnccl*|libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libgcc_s.so*|libstdc++.so*|ld-linux*) ;;
-      *) cp -L "$path" "$stage/lib/$name" ;;
-    esac
-  done
+# bundle_libs DEST FILE...: the shared libraries the GPU machine may lack into DEST: everything ldd resolves here
+# for the FILEs except CUDA's, NCCL, the C runtime and what $stage/lib already holds
+bundle_libs() {
+  local dest=$1
+  shift
+  for f in "$@"; do ldd "$f" 2>/dev/null; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+    sort -u | while read -r name path; do
+      case $name in
+        libcublas*|libcudart*|libnccl*|libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libgcc_s.so*|libstdc++.so*|ld-linux*) ;;
+        *) [[ -f $stage/lib/$name ]] || cp -L "$path" "$dest/$name" ;;
+      esac
+    done
+}
+bundle_libs "$stage/lib" "$stage/train_gpt" "$stage"/build/cuda/*
 
 # Open MPI, relocated: OPAL_PREFIX=mpi finds the plugins and help files at the paths they have under /usr here,
 # PMIx's plugins are named by PMIX_MCA_mca_base_component_path, and mpi/lib comes first on LD_LIBRARY_PATH (a
@@ -71,13 +79,7 @@ if ((with_mpi)); then
   cp -a "$pkglib" "${plugins%/*}/"
   cp -a "$pkgdata" "$(dirname "$m${pkgdata#"$prefix"}")/"
   [[ -d $pmix_plugins ]] && cp -a "$pmix_plugins" "$m/pmix/"
-  for f in "$m/train_gpt_fp32" "$m"/bin/* "$plugins"/*.so "$m"/pmix/pmix/*.so; do ldd "$f" 2>/dev/null; done |
-    awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
-      case $name in
-        libcublas*|libcudart*|libnccl*|libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libgcc_s.so*|libstdc++.so*|ld-linux*) ;;
-        *) [[ -f $stage/lib/$name ]] || cp -L "$path" "$m/lib/$name" ;;
-      esac
-    done
+  bundle_libs "$m/lib" "$m/train_gpt_fp32" "$m"/bin/* "$plugins"/*.so "$m"/pmix/pmix/*.so
   cat >"$m/env.sh" <<'ENV'
 # source mpi/env.sh (from the bundle's root): the bundled Open MPI first on PATH and LD_LIBRARY_PATH
 m=$PWD/mpi
