@@ -85,6 +85,11 @@
 namespace {
 
 using namespace llmc;
+
+// The most runs of untouched wte rows AdamW-DDP's overlapped all-reduce starts early over LLMC_TRANSPORT=mpi (the
+// longest ones): that transport copies each range to the host on its own. NCCL packs any number into one all-reduce.
+constexpr size_t kStagedEarlyWteRanges = 64;
+
 bool env_flag(const char* name, bool default_value) {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) != 0 : default_value;
@@ -199,6 +204,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     else
         training_transport = std::make_unique<NcclTransport>(world_transport, env.stream);
     Transport& transport = *training_transport;
+    const size_t early_wte_runs = transport_kind == "mpi" ? kStagedEarlyWteRanges : SIZE_MAX;
     GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env);
     std::unique_ptr<DeviceOptimizer> optimizer = make_device_optimizer(cfg, layout, transport, env, overlap);
     RunData data = open_run_data(cfg, rank, world);
@@ -262,13 +268,19 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     const auto queue_micro_steps = [&] {
         transport.reset_counters();
         model.zero_grad();
+        // the overlapped all-reduce's wte rows the last batch leaves alone on every rank (a host collective, after
+        // the ranks agreed that every batch loaded)
+        const std::vector<ParamRange> wte_early = overlap ? untouched_wte_ranges(transport, layout, inputs.back(),
+                                                                                  early_wte_runs)
+                                                          : std::vector<ParamRange>();
         for (int micro = 0; micro < grad_accum; micro++) {
             // the last micro-step's backward tells the overlapped all-reduce which gradients are final, layer by
             // layer (only it listens: without it the backward may run as one CUDA graph, LLMC_CUDA_GRAPH)
             const bool last = micro == grad_accum - 1;
             model.queue_forward_backward(inputs[micro].data(), targets[micro].data(), cfg.batch_size, cfg.seq_len,
                                          1.0f / static_cast<float>(grad_accum),
-                                         last && overlap ? grads_final : GPT2Cuda::GradsFinal());
+                                         last && overlap ? grads_final : GPT2Cuda::GradsFinal(),
+                                         last ? std::span<const ParamRange>(wte_early) : std::span<const ParamRange>());
         }
     };
     CudaEvent step_end;

@@ -139,9 +139,15 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
-            loss += model.forward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len);
             const bool last = micro == grad_accum - 1;
-            model.backward(1.0f / static_cast<float>(grad_accum), ddp_overlap && last ? grads_final : GPT2Cpu::GradsFinal());
+            // the overlapped all-reduce's wte rows this step's last batch leaves alone on every rank (the MPI
+            // transport packs any number of ranges into one all-reduce)
+            const bool report = ddp_overlap && last;
+            const std::vector<ParamRange> wte_early =
+                report ? untouched_wte_ranges(transport, layout, inputs, SIZE_MAX) : std::vector<ParamRange>();
+            loss += model.forward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len);
+            model.backward(1.0f / static_cast<float>(grad_accum), report ? grads_final : GPT2Cpu::GradsFinal(),
+                           wte_early);
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);

@@ -606,7 +606,7 @@ float GPT2Cpu::forward(const int* inputs, const int* targets, int B, int T) {
         crossentropy_forward(a.losses, a.logsumexp, a.logits, targets_.data(), N, config_.vocab_size, Vp));
 }
 
-void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final) {
+void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final, std::span<const ParamRange> wte_early) {
     LLMC_CHECK(have_targets_, "GPT2Cpu::backward: needs a preceding forward() with targets");
     const size_t B = batch_, T = seq_len_, N = num_tokens_, L = config_.num_layers, C = config_.channels,
                  H = config_.num_heads, V = config_.vocab_size, Vp = config_.padded_vocab_size;
@@ -619,6 +619,11 @@ void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final) {
     const float dloss = loss_scale / static_cast<float>(N);
     crossentropy_softmax_backward(a.dlogits, a.logits, a.logsumexp, targets_.data(), dloss, N, V, Vp);
     matmul_backward(a.dln, g.wte, nullptr, a.dlogits, a.lnf, w.wte, N, C, Vp);
+    if (on_final && !wte_early.empty()) {
+        LLMC_CHECK(layout_.wte_rows_untouched(wte_early, inputs_),
+                   "GPT2Cpu::backward: an early wte range holds a row this batch's input tokens use");
+        on_final(wte_early);
+    }
     std::memset(a.dresidual, 0, NC * sizeof(float));
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, a.residual3 + (L - 1) * NC, w.lnfw, a.lnf_mean,
                        a.lnf_rstd, N, C);
@@ -643,7 +648,7 @@ void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final) {
         if (on_final) on_final(layout_.backward_ranges_of_layer(static_cast<int>(l)));
     }
     encoder_backward(g.wte, g.wpe, a.dresidual, inputs_.data(), B, T, C);
-    if (on_final) on_final(layout_.backward_ranges_of_embeddings());
+    if (on_final) on_final(layout_.backward_ranges_of_embeddings(wte_early));
 }
 
 }  // namespace llmc

@@ -43,10 +43,11 @@ public:
 
     // Adds the gradient of loss_scale * (mean loss of the last forward) into grads(), so micro-batches
     // accumulate (pass 1/steps as loss_scale). Needs a preceding forward() with targets. `on_final`, if set,
-    // is called on this thread as each layer (then the embeddings) is done, with the gradient ranges nothing
-    // later in this backward writes (ParamLayout::backward_ranges_of_layer): AdamW-DDP starts their all-reduce.
+    // is called on this thread with the gradient ranges nothing later in this backward writes, in the order of
+    // ParamLayout::backward_ranges_of_*: `wte_early` once the classifier is done (runs of wte rows the inputs do
+    // not touch), each layer's, then the embeddings' others. AdamW-DDP starts their all-reduce.
     using GradsFinal = std::function<void(std::span<const ParamRange>)>;
-    void backward(float loss_scale = 1.0f, const GradsFinal& on_final = {});
+    void backward(float loss_scale = 1.0f, const GradsFinal& on_final = {}, std::span<const ParamRange> wte_early = {});
 
     // (B, T, padded_vocab_size) logits of the last forward.
     std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }

@@ -176,11 +176,14 @@ public:
     // or the optimizer step while the GPU runs this one: the per-row losses follow into pinned memory, and
     // take_losses() returns the mean loss of each micro-step queued.
     // on_final (the last micro-step of an optimizer step): told of every gradient range once, in backward order:
-    // ln_f and the last layer, each layer down to the first, then wte and wpe (wte last: the encoder backward
-    // adds to the classifier's part of it).
+    // `wte_early` once the classifier is done (runs of wte rows no input token touches, so the encoder backward
+    // leaves them alone), ln_f and the last layer, each layer down to the first, then the rest of wte and wpe.
     void queue_forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
-                                const GradsFinal& on_final = {}) {
+                                const GradsFinal& on_final = {}, std::span<const ParamRange> wte_early = {}) {
         LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
+        LLMC_CHECK(wte_early.empty() ||
+                       layout_.wte_rows_untouched(wte_early, std::span<const int>(inputs, size_t(B) * T)),
+                   "forward_backward: an early wte range holds a row this batch's input tokens use");
         stage_batch(inputs, targets, B, T);
         const bool accumulate = !overwrite_grads_;
         if (cuda_graph_ && !on_final) {
@@ -191,9 +194,9 @@ public:
             forward_kernels(B, T, true, true, loss_scale);
             plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
             plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
-            backward_layers(B, T, on_final, accumulate);
+            backward_layers(B, T, on_final, accumulate, wte_early);
         }
-        backward_embeddings(B, T, on_final, accumulate);
+        backward_embeddings(B, T, on_final, accumulate, wte_early);
         overwrite_grads_ = false;
         queue_losses(B * T);
     }
@@ -216,8 +219,8 @@ public:
     }
     // queue_forward_backward, then its mean loss (waits for the GPU).
     float forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
-                           const GradsFinal& on_final = {}) {
-        queue_forward_backward(inputs, targets, B, T, loss_scale, on_final);
+                           const GradsFinal& on_final = {}, std::span<const ParamRange> wte_early = {}) {
+        queue_forward_backward(inputs, targets, B, T, loss_scale, on_final, wte_early);
         return take_losses().back();
     }
 
@@ -458,9 +461,11 @@ private:
         CUDA_CHECK(cudaGraphLaunch(sg.exec, env_.stream));
     }
 
-    // The backward from the classifier down to layer 0 (on_final: told of each layer's gradients as it is done).
-    // accumulate false: every gradient of these layers (and wte's classifier part) written, not added to.
-    void backward_layers(int B, int T, const GradsFinal& on_final, bool accumulate) {
+    // The backward from the classifier down to layer 0 (on_final: told of wte_early once the classifier is done,
+    // then of each layer's gradients as it is done). accumulate false: every gradient of these layers (and wte's
+    // classifier part) written, not added to.
+    void backward_layers(int B, int T, const GradsFinal& on_final, bool accumulate,
+                         std::span<const ParamRange> wte_early = {}) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size;
         const int N = B * T;
@@ -473,6 +478,7 @@ private:
         // classifier (tied wte): logits hold dlogits
         matmul_backward(env_, a_.dbtc, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
                         at(p, ParamKind::wte, layout_), N, C, Vp, {.accumulate = accumulate});
+        if (on_final && !wte_early.empty()) on_final(wte_early);
         // Each LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the projection
         // whose output that residual gradient is (the last fcproj here, then each layer's attproj and the fcproj
         // below it), which those matmul backwards then skip.
@@ -514,7 +520,8 @@ private:
     // The embeddings' backward (wte and wpe from the residual stream's gradient), with the plan of the batch.
     // accumulate false: wpe written (its rows from T on, positions the batch does not reach, zeroed), wte added to
     // the classifier's part, which backward_layers wrote.
-    void backward_embeddings(int B, int T, const GradsFinal& on_final, bool accumulate) {
+    void backward_embeddings(int B, int T, const GradsFinal& on_final, bool accumulate,
+                             std::span<const ParamRange> wte_early = {}) {
         float* g = grads_;
         float* dwpe = at(g, ParamKind::wpe, layout_);
         encoder_backward(at(g, ParamKind::wte, layout_), dwpe, a_.dresidual, plan_, a_.encoder_plan, B, T,
@@ -522,7 +529,7 @@ private:
         const size_t reached = size_t(T) * config_.channels, wpe_numel = layout_.kind_numel[int(ParamKind::wpe)];
         if (!accumulate && reached < wpe_numel)
             CUDA_CHECK(cudaMemsetAsync(dwpe + reached, 0, (wpe_numel - reached) * sizeof(float), env_.stream));
-        if (on_final) on_final(layout_.backward_ranges_of_embeddings());
+        if (on_final) on_final(layout_.backward_ranges_of_embeddings(wte_early));
     }
 
     // A queued micro-step's per-row losses into a free pinned slot (one per micro-step queued and not yet taken,

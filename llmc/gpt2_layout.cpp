@@ -2,6 +2,7 @@
 // checkpoint format exactly, so a buffer laid out here can be written after the 256-int header as is.
 #include "llmc/gpt2_layout.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "llmc/error.h"
@@ -58,10 +59,66 @@ std::vector<ParamRange> ParamLayout::backward_ranges_of_layer(int l) const {
     return ranges;
 }
 
-std::vector<ParamRange> ParamLayout::backward_ranges_of_embeddings() const {
+std::vector<ParamRange> ParamLayout::backward_ranges_of_embeddings(std::span<const ParamRange> wte_early) const {
     std::vector<ParamRange> ranges;
-    for (ParamKind k : {ParamKind::wte, ParamKind::wpe}) ranges.push_back({kind_offset[int(k)], kind_numel[int(k)]});
+    size_t next = kind_offset[int(ParamKind::wte)];  // wte's first element not yet covered
+    const size_t wte_end = next + kind_numel[int(ParamKind::wte)];
+    for (const ParamRange& r : wte_early) {
+        LLMC_CHECK(r.offset >= next && r.offset + r.numel <= wte_end,
+                   "backward_ranges_of_embeddings: the early wte ranges must lie in wte, in order, without overlap");
+        if (r.offset > next) ranges.push_back({next, r.offset - next});
+        next = r.offset + r.numel;
+    }
+    if (next < wte_end) ranges.push_back({next, wte_end - next});
+    ranges.push_back({kind_offset[int(ParamKind::wpe)], kind_numel[int(ParamKind::wpe)]});
     return ranges;
+}
+
+std::vector<ParamRange> ParamLayout::untouched_wte_rows(std::span<const uint64_t> touched_rows, size_t max_runs) const {
+    const size_t rows = static_cast<size_t>(config.padded_vocab_size), C = static_cast<size_t>(config.channels);
+    LLMC_CHECK(touched_rows.size() == (rows + 63) / 64, "untouched_wte_rows: the bitmap has " +
+                                                            std::to_string(touched_rows.size()) + " words, not " +
+                                                            std::to_string((rows + 63) / 64));
+    struct Run { size_t row, count; };
+    const auto touched = [&](size_t r) { return (touched_rows[r / 64] >> (r % 64)) & 1u; };
+    std::vector<Run> runs;
+    for (size_t row = 0; row < rows;) {
+        if (touched(row)) { row++; continue; }
+        size_t end = row + 1;
+        while (end < rows && !touched(end)) end++;
+        runs.push_back({row, end - row});
+        row = end;
+    }
+    if (runs.size() > max_runs) {
+        std::stable_sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.count > b.count; });
+        runs.resize(max_runs);
+        std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.row < b.row; });
+    }
+    std::vector<ParamRange> ranges;
+    for (const Run& r : runs) ranges.push_back({kind_offset[int(ParamKind::wte)] + r.row * C, r.count * C});
+    return ranges;
+}
+
+bool ParamLayout::wte_rows_untouched(std::span<const ParamRange> ranges, std::span<const int> tokens) const {
+    const size_t wte = kind_offset[int(ParamKind::wte)], C = static_cast<size_t>(config.channels);
+    for (const int t : tokens) {
+        const size_t row_offset = wte + static_cast<size_t>(t) * C;
+        // the last range starting at or before the row
+        const auto after = std::upper_bound(ranges.begin(), ranges.end(), row_offset,
+                                            [](size_t offset, const ParamRange& r) { return offset < r.offset; });
+        if (after != ranges.begin() && row_offset < std::prev(after)->offset + std::prev(after)->numel) return false;
+    }
+    return true;
+}
+
+std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows) {
+    std::vector<uint64_t> bits((rows + 63) / 64, 0);
+    for (const int t : tokens) {
+        LLMC_CHECK(t >= 0 && static_cast<size_t>(t) < rows,
+                   "token_row_bitmap: token id " + std::to_string(t) + " outside [0, " + std::to_string(rows) + ")");
+        bits[static_cast<size_t>(t) / 64] |= uint64_t{1} << (t % 64);
+    }
+    return bits;
 }
 
 ParamLayout ParamLayout::gpt2(const ModelConfig& c) {

@@ -5,6 +5,8 @@
 #pragma once
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,12 +59,24 @@ struct ParamLayout {
     static ParamLayout of_shapes(const std::vector<std::vector<size_t>>& shapes);
     const ParamTensor& find(const std::string& name) const;  // throws llmc::Error for an unknown name
     // What a backward finishes, in the order it finishes them (for overlapping the gradient exchange with it):
-    // layer l's twelve tensors (plus ln_f's two for the last layer, whose backward runs first), and once every
-    // layer is done the embeddings (wte also takes the classifier's gradient at the start of the backward).
-    // Over the layers from last to first and then the embeddings, every parameter appears exactly once.
+    // first, if the caller chose some, runs of wte rows that no input token of the micro-batch touches (wte
+    // takes the classifier's gradient at the start of the backward, and the encoder's backward adds only to
+    // its input tokens' rows); then layer l's twelve tensors (plus ln_f's two for the last layer, whose
+    // backward runs first); and once every layer is done the embeddings: wte's other rows and wpe. Over
+    // `wte_early`, the layers from last to first and then the embeddings, every parameter appears exactly once.
     std::vector<ParamRange> backward_ranges_of_layer(int l) const;
-    std::vector<ParamRange> backward_ranges_of_embeddings() const;
+    std::vector<ParamRange> backward_ranges_of_embeddings(std::span<const ParamRange> wte_early = {}) const;
+    // The runs of wte rows whose bit is clear in `touched_rows` (a bitmap of padded_vocab_size rows, 64 per word:
+    // the rows some rank's input tokens use), as ranges of the flat buffer in row order: at most `max_runs` of
+    // them, the longest (ties: the lower rows), for a transport that pays per range.
+    std::vector<ParamRange> untouched_wte_rows(std::span<const uint64_t> touched_rows, size_t max_runs) const;
+    // True when no token id in `tokens` has its wte row inside one of `ranges` (sorted, as untouched_wte_rows
+    // gives them): the backward's check of the early rows it is handed.
+    bool wte_rows_untouched(std::span<const ParamRange> ranges, std::span<const int> tokens) const;
 };
+
+// The bitmap untouched_wte_rows reads: bit t set for every token id t in `tokens`, `rows` bits.
+std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows);
 
 // Throws llmc::Error naming `what` when the shape is unusable (C not divisible by heads, sizes <= 0,
 // padded vocab smaller than vocab...).

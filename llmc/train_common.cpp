@@ -140,6 +140,13 @@ bool ddp_overlap_from_env() {
     return v == "1";
 }
 
+std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLayout& layout,
+                                             std::span<const int> inputs, size_t max_runs) {
+    std::vector<uint64_t> touched = token_row_bitmap(inputs, static_cast<size_t>(layout.config.padded_vocab_size));
+    transport.allreduce_or(touched);
+    return layout.untouched_wte_rows(touched, max_runs);
+}
+
 RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size),

@@ -49,6 +49,14 @@ std::string demo_delay_phrase(const TrainConfig& cfg);
 // layer by layer; 0 all-reduces after the backward. Anything else is an error.
 bool ddp_overlap_from_env();
 
+// The overlapped all-reduce's early embedding rows: the runs of wte rows (at most `max_runs`, the longest) that
+// no rank's `inputs` (its step's last micro-batch) touch. Their gradients are final once the classifier's
+// backward is done (earlier micro-steps finished their encoder backward before it), so their all-reduce can
+// travel during the layers' backward instead of waiting for the encoder's. One host collective (the ranks' row
+// bitmaps OR-ed), so every rank reports the same ranges.
+std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLayout& layout,
+                                             std::span<const int> inputs, size_t max_runs);
+
 // What a run reads besides its weights: this rank's training stream, the validation stream (null without
 // --val_data or with --val_batches 0) and the tokenizer's decoder on the rank that prints samples (rank 0 with
 // --sample_every > 0; null elsewhere). Opening them validates every shard header and the tokenizer file.

@@ -98,6 +98,9 @@ public:
     // values <- elementwise sum / max over ranks (uncounted; losses, norms, consistency checks).
     virtual void allreduce_sum(std::span<double> values) = 0;
     virtual void allreduce_max(std::span<double> values) = 0;
+    // bits <- bitwise OR over ranks (uncounted bookkeeping, as the scalars: AdamW-DDP's overlapped all-reduce
+    // learns which embedding rows some rank's batch touches, 6 KB for GPT-2's vocabulary).
+    virtual void allreduce_or(std::span<uint64_t> bits) = 0;
     virtual void broadcast(std::span<std::byte> data, int root) = 0;
     virtual void barrier() = 0;
     // Ends every rank of the job (after an error on one rank, so the others do not hang in a collective).
@@ -165,6 +168,7 @@ public:
     }
     void allreduce_sum(std::span<double>) override {}
     void allreduce_max(std::span<double>) override {}
+    void allreduce_or(std::span<uint64_t>) override {}
     void broadcast(std::span<std::byte>, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(int exit_code) override;

@@ -241,6 +241,11 @@ public:
         MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_MAX,
                       MPI_COMM_WORLD);
     }
+    void allreduce_or(std::span<uint64_t> bits) override {
+        const auto watched = watch("MPI all-reduce (or) of a bitmap");
+        MPI_Allreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(bits.size()), MPI_UINT64_T, MPI_BOR,
+                      MPI_COMM_WORLD);
+    }
     void broadcast(std::span<std::byte> data, int root) override {
         const auto watched = watch("MPI broadcast");
         MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD);

@@ -10,6 +10,9 @@
 //  - allreduce_mean_start / _finish (transport.h; device buffers): the same averages per range,
 //    enqueued while the backward still runs (AdamW-DDP's overlap, LLMC_DDP_OVERLAP in train_gpt.cu); each
 //    start is one NCCL group of all-reduces behind an event of the compute stream, and only finish() blocks.
+//    A start of more than kPackedRanges ranges (the embedding rows no input touches: thousands of runs) is
+//    packed instead: a kernel gathers the ranges back to back into a scratch buffer (in the wire format), one
+//    all-reduce moves it, a kernel scatters the averages back, all on the communication stream.
 //  - allgather_bytes: GatherSizes::exchange: size exchange (ncclAllGather of one uint64 per rank, which the
 //    host waits for), then one grouped ncclBroadcast per rank with its exact size, straight into the
 //    concatenated layout (no padding to the largest bucket). GatherSizes::equal (DeMo after its first round):
@@ -40,6 +43,8 @@
 #pragma once
 #include <nccl.h>
 
+#include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +120,37 @@ __global__ void bf16_wire_pack_kernel(uint16_t* wire, const float* x, size_t n) 
 __global__ void bf16_wire_unpack_kernel(float* x, const uint16_t* wire, size_t n, float inv_world) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] = km::bf16_bits_to_float(wire[i]) * inv_world;
+}
+
+// Ranges of a buffer packed back to back, for one all-reduce of many ranges. `table` holds n + 1 packed offsets
+// (the ranges' starts in the packed buffer, then the total) followed by the n ranges' offsets in the buffer.
+// The range holding packed element i: the last k with table[k] <= i.
+__device__ inline size_t packed_source(const uint64_t* table, int n, size_t i) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (table[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return table[n + 1 + lo] + (i - table[lo]);
+}
+// packed <- the ranges of x: fp32, or rounded to bf16 (the bf16 wire); and back (bf16: the sums, times inv_world)
+__global__ void pack_ranges_kernel(float* packed, const float* x, const uint64_t* table, int n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < table[n]; i += size_t(gridDim.x) * blockDim.x)
+        packed[i] = x[packed_source(table, n, i)];
+}
+__global__ void pack_ranges_bf16_kernel(uint16_t* packed, const float* x, const uint64_t* table, int n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < table[n]; i += size_t(gridDim.x) * blockDim.x)
+        packed[i] = km::bf16_bits_rne(x[packed_source(table, n, i)]);
+}
+__global__ void unpack_ranges_kernel(float* x, const float* packed, const uint64_t* table, int n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < table[n]; i += size_t(gridDim.x) * blockDim.x)
+        x[packed_source(table, n, i)] = packed[i];
+}
+__global__ void unpack_ranges_bf16_kernel(float* x, const uint16_t* packed, const uint64_t* table, int n,
+                                          float inv_world) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < table[n]; i += size_t(gridDim.x) * blockDim.x)
+        x[packed_source(table, n, i)] = km::bf16_bits_to_float(packed[i]) * inv_world;
 }
 
 class NcclTransport final : public Transport {
@@ -198,6 +234,10 @@ protected:
                                 size_t elems) override {
         if (comm_ == nullptr || elems == 0) return;
         const auto watched = watch("NCCL all-reduce of the gradients (enqueue)");
+        if (ranges.size() > kPackedRanges) {
+            start_packed(base, ranges, bf16, elems);
+            return;
+        }
         uint16_t* wire = nullptr;
         if (bf16) {
             // grows only on a step's first start (total is the same for every start until finish), when nothing
@@ -226,6 +266,52 @@ protected:
                 if (r.numel)
                     LLMC_LAUNCH(grid_stride_blocks(r.numel, 256), 256, 0, comm_stream_, bf16_wire_unpack_kernel)(
                         base + r.offset, wire + r.offset, r.numel, inv);
+        }
+        CUDA_CHECK_LAUNCH();
+    }
+
+    // More ranges than this in one start travel packed into one all-reduce (start_packed).
+    static constexpr size_t kPackedRanges = 16;
+
+    // One start's ranges gathered into pack_ (fp32, or bf16 for the bf16 wire), all-reduced as one buffer, and
+    // scattered back, on the communication stream behind the compute stream. Its scratch buffers are reused by the
+    // next packed start only behind this one on the same stream. Growing them (cudaFree, cudaFreeHost) waits for
+    // the device, so they are sized to last: the packed buffer for the ranges' whole span plus an eighth (the
+    // trainer's early embedding rows change every step, their span hardly), the table in powers of two.
+    void start_packed(float* base, std::span<const ParamRange> ranges, bool bf16, size_t elems) {
+        std::vector<uint64_t> table;  // packed offsets (n + 1), then the ranges' offsets (n)
+        uint64_t packed = 0;
+        size_t lowest = SIZE_MAX, end = 0;
+        for (const ParamRange& r : ranges)
+            if (r.numel) {
+                table.push_back(packed);
+                packed += r.numel;
+                lowest = std::min(lowest, r.offset);
+                end = std::max(end, r.offset + r.numel);
+            }
+        const int n = static_cast<int>(table.size());
+        table.push_back(packed);
+        for (const ParamRange& r : ranges)
+            if (r.numel) table.push_back(r.offset);
+        table.resize(std::bit_ceil(std::max<size_t>(table.size(), 4096)));
+        table_.reserve_bytes(table.size() * sizeof(uint64_t));
+        const size_t wire_bytes = bf16 ? sizeof(uint16_t) : sizeof(float);
+        if (elems * wire_bytes > pack_.bytes) pack_.reserve_bytes((end - lowest) * wire_bytes * 9 / 8);
+        auto* device_table = reinterpret_cast<uint64_t*>(table_.ptr);
+        wait_for_compute();
+        table_upload_.upload(device_table, table.data(), table.size(), comm_stream_);
+        const int blocks = grid_stride_blocks(elems, 256);
+        if (bf16) {
+            auto* wire = reinterpret_cast<uint16_t*>(pack_.ptr);
+            LLMC_LAUNCH(blocks, 256, 0, comm_stream_, pack_ranges_bf16_kernel)(wire, base, device_table, n);
+            NCCL_CHECK(ncclAllReduce(wire, wire, elems, ncclBfloat16, ncclSum, comm_, comm_stream_));
+            LLMC_LAUNCH(blocks, 256, 0, comm_stream_, unpack_ranges_bf16_kernel)(
+                base, wire, device_table, n, 1.0f / static_cast<float>(world_size()));
+        } else {
+            auto* values = reinterpret_cast<float*>(pack_.ptr);
+            LLMC_LAUNCH(blocks, 256, 0, comm_stream_, pack_ranges_kernel)(values, base, device_table, n);
+            NCCL_CHECK(ncclAllReduce(values, values, elems, ncclFloat, ncclAvg, comm_, comm_stream_));
+            LLMC_LAUNCH(blocks, 256, 0, comm_stream_, unpack_ranges_kernel)(base, values, device_table, n);
         }
         CUDA_CHECK_LAUNCH();
     }
@@ -310,6 +396,7 @@ public:
 
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
     void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
+    void allreduce_or(std::span<uint64_t> bits) override { world_.allreduce_or(bits); }
 
     void broadcast(std::span<std::byte> data, int root) override {
         if (data.empty()) return;
@@ -433,6 +520,8 @@ private:
     CudaEvent gathered_;  // the split device all-gather's end, for allgather_device_finish()
     ncclComm_t comm_ = nullptr;
     Scratch stage_, gather_, sizes_, wire_;
+    Scratch pack_, table_;                   // start_packed: the ranges back to back, and their offsets
+    PinnedUpload<uint64_t> table_upload_;
     // the split device all-gather: between start and finish, and its wire bytes (counted by finish)
     bool device_gather_in_flight_ = false;
     WireBytes device_wire_;

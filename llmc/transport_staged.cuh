@@ -90,6 +90,7 @@ public:
     }
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
     void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
+    void allreduce_or(std::span<uint64_t> bits) override { world_.allreduce_or(bits); }
     void broadcast(std::span<std::byte> data, int root) override {
         if (data.empty() || !is_device_pointer(data.data())) {
             world_.broadcast(data, root);

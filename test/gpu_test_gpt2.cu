@@ -123,35 +123,49 @@ int main(int argc, char** argv) {
         checks.expect(std::memcmp(grads.data(), grads2.data(), grads.size() * sizeof(float)) == 0, "gradients bit-identical on rerun");
         // the backward's reports of final gradients (AdamW-DDP's overlapped all-reduce starts on them): every
         // parameter once, and nothing written after its report; the callback waits for the GPU to copy what a
-        // report covers then, and the copies must equal the finished gradients
-        {
+        // report covers then, and the copies must equal the finished gradients. Without early wte rows, and with
+        // the rows the batch's inputs leave alone (the trainer's cap), reported first.
+        const std::vector<ParamRange> untouched = layout.untouched_wte_rows(
+            token_row_bitmap(std::span<const int>(ref.inputs.data(), size_t(ref.B) * ref.T), size_t(Vp)), 64);
+        for (const std::vector<ParamRange>& early : {std::vector<ParamRange>(), untouched}) {
             std::vector<int> reported(layout.num_params, 0);
             std::vector<float> at_report(layout.num_params, 0.0f);
             int reports = 0;
+            bool early_first = early.empty();
+            const auto same = [](const ParamRange& a, const ParamRange& b) {
+                return a.offset == b.offset && a.numel == b.numel;
+            };
             model.zero_grad();
             model.forward_backward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f,
                                    [&](std::span<const ParamRange> ranges) {
-                                       reports++;
+                                       if (reports++ == 0 && !early.empty())
+                                           early_first = ranges.size() == early.size() &&
+                                                         std::equal(ranges.begin(), ranges.end(), early.begin(), same);
                                        CUDA_CHECK(cudaDeviceSynchronize());
                                        for (const ParamRange& r : ranges) {
                                            for (size_t i = r.offset; i < r.offset + r.numel; i++) reported[i]++;
                                            CUDA_CHECK(cudaMemcpy(at_report.data() + r.offset, model.grads() + r.offset,
                                                                  r.numel * sizeof(float), cudaMemcpyDeviceToHost));
                                        }
-                                   });
+                                   },
+                                   early);
             const std::vector<float> final_grads = model.download_grads();
             size_t not_once = 0, changed = 0;
             for (size_t i = 0; i < layout.num_params; i++) {
                 not_once += reported[i] != 1;
                 changed += std::memcmp(&at_report[i], &final_grads[i], sizeof(float)) != 0;
             }
-            std::printf("  final-gradient reports: %d, parameters not reported exactly once %zu, changed after their report %zu\n",
-                        reports, not_once, changed);
-            checks.expect(reports == layout.config.num_layers + 1 && not_once == 0 && changed == 0,
-                          "the backward reports every gradient once, after its last write");
+            std::printf("  final-gradient reports (%zu early wte ranges): %d, parameters not reported exactly once "
+                        "%zu, changed after their report %zu\n",
+                        early.size(), reports, not_once, changed);
+            checks.expect(reports == layout.config.num_layers + 1 + (early.empty() ? 0 : 1) && early_first &&
+                              not_once == 0 && changed == 0,
+                          "the backward reports every gradient once, after its last write (" +
+                              std::to_string(early.size()) + " early wte ranges first)");
             checks.expect(std::memcmp(grads.data(), final_grads.data(), grads.size() * sizeof(float)) == 0,
                           "gradients with reports bit-identical to those without");
         }
+        checks.expect(!untouched.empty(), "the batch leaves some wte rows alone");
 
         // 3. AdamW steps on the same batch: loss before each step and the gradient norm
         bool losses_ok = true, norms_ok = true;

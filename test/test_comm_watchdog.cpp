@@ -31,6 +31,7 @@ public:
         sleep_for_seconds(wait_);
     }
     void allreduce_max(std::span<double>) override {}
+    void allreduce_or(std::span<uint64_t>) override {}
     void broadcast(std::span<std::byte>, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(int code) override { std::_Exit(code); }

@@ -1,8 +1,8 @@
 // Tests of llm.c model checkpoint I/O (bit-exact fp32 round trip, bf16 loading, and rejection of wrong
 // magic, version, truncation, trailing bytes and shape mismatch, each naming the file) and of the GPT2Cpu
-// behaviour that needs no reference files: GPT-2 init, input validation, determinism, gradient
-// accumulation, the backward's reports of final gradients and a finite-difference gradient check. The
-// comparison with PyTorch is test_gpt2_vs_torch.
+// behaviour that needs no reference files: GPT-2 init, input validation, determinism, gradient accumulation,
+// the backward's reports of final gradients (with the early wte rows of the overlapped all-reduce) and a
+// finite-difference gradient check. The comparison with PyTorch is test_gpt2_vs_torch.
 #include <omp.h>
 #include <stdlib.h>
 
@@ -286,45 +286,144 @@ TEST(forward_backward_are_deterministic_and_accumulate) {
 }
 
 // The backward's reports of final gradients (what AdamW-DDP starts all-reducing during the backward): every
-// parameter exactly once, layers from last to first and then the embeddings, and nothing the backward writes
-// after a report: the reported ranges hold at report time what they hold once the backward is done. A second
-// (accumulating) backward reports too, with the same contract; the gradients equal a backward without reports.
+// parameter exactly once, the early wte rows first when it is handed some, layers from last to first and then
+// the embeddings, and nothing the backward writes after a report: the reported ranges hold at report time what
+// they hold once the backward is done. A second (accumulating) backward reports too, with the same contract; the
+// gradients equal a backward without reports. The early rows: none; the rows neither this batch's inputs nor
+// another "rank's" touch; the two longest such runs.
 TEST(backward_reports_each_gradient_once_when_final) {
     const llmc::ModelConfig config = tiny_config();
     const int B = 2, T = 16;
     const std::vector<int> tokens = random_tokens(B * T + 1, config.vocab_size, 13);
+    const std::vector<int> other_rank_tokens = random_tokens(B * T, config.vocab_size, 14);
     llmc::GPT2Cpu model(config), plain(config);
-    model.init_random(6);
-    plain.init_random(6);
     const llmc::ParamLayout& layout = model.layout();
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 0) model.zero_grad(), plain.zero_grad();
-        model.forward(tokens.data(), tokens.data() + 1, B, T);
-        plain.forward(tokens.data(), tokens.data() + 1, B, T);
-        std::vector<int> reports(layout.num_params, 0);
-        std::vector<std::pair<llmc::ParamRange, std::vector<float>>> snapshots;
-        std::vector<size_t> first_offsets;
-        model.backward(0.5f, [&](std::span<const llmc::ParamRange> ranges) {
-            first_offsets.push_back(ranges.empty() ? 0 : ranges.back().offset);
-            for (const llmc::ParamRange& r : ranges) {
-                for (size_t i = r.offset; i < r.offset + r.numel; i++) reports[i]++;
-                const auto g = model.grads().subspan(r.offset, r.numel);
-                snapshots.push_back({r, std::vector<float>(g.begin(), g.end())});
+    std::vector<uint64_t> touched = llmc::token_row_bitmap(std::span(tokens).first(B * T), config.padded_vocab_size);
+    const std::vector<uint64_t> other = llmc::token_row_bitmap(other_rank_tokens, config.padded_vocab_size);
+    for (size_t w = 0; w < touched.size(); w++) touched[w] |= other[w];
+    const std::vector<std::vector<llmc::ParamRange>> early_choices = {
+        {}, layout.untouched_wte_rows(touched, SIZE_MAX), layout.untouched_wte_rows(touched, 2)};
+    EXPECT(early_choices[1].size() > 2 && early_choices[2].size() == 2);
+    for (const std::vector<llmc::ParamRange>& early : early_choices) {
+        model.init_random(6);
+        plain.init_random(6);
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 0) model.zero_grad(), plain.zero_grad();
+            model.forward(tokens.data(), tokens.data() + 1, B, T);
+            plain.forward(tokens.data(), tokens.data() + 1, B, T);
+            std::vector<int> reports(layout.num_params, 0);
+            std::vector<std::pair<llmc::ParamRange, std::vector<float>>> snapshots;
+            std::vector<std::vector<llmc::ParamRange>> calls;
+            model.backward(
+                0.5f,
+                [&](std::span<const llmc::ParamRange> ranges) {
+                    calls.emplace_back(ranges.begin(), ranges.end());
+                    for (const llmc::ParamRange& r : ranges) {
+                        for (size_t i = r.offset; i < r.offset + r.numel; i++) reports[i]++;
+                        const auto g = model.grads().subspan(r.offset, r.numel);
+                        snapshots.push_back({r, std::vector<float>(g.begin(), g.end())});
+                    }
+                },
+                early);
+            plain.backward(0.5f);
+            EXPECT(std::all_of(reports.begin(), reports.end(), [](int n) { return n == 1; }));
+            // one report for the early rows (if any), one per layer, one for the embeddings
+            const size_t first_layer = early.empty() ? 0 : 1;
+            EXPECT_EQ(calls.size(), first_layer + size_t(config.num_layers + 1));
+            if (!early.empty()) {
+                EXPECT_EQ(calls[0].size(), early.size());
+                for (size_t i = 0; i < early.size() && i < calls[0].size(); i++)
+                    EXPECT(calls[0][i].offset == early[i].offset && calls[0][i].numel == early[i].numel);
             }
-        });
-        plain.backward(0.5f);
-        EXPECT(std::all_of(reports.begin(), reports.end(), [](int n) { return n == 1; }));
-        EXPECT_EQ(first_offsets.size(), size_t(config.num_layers + 1));  // one report per layer, one for the embeddings
-        // the reports' last range: layer L-1's c_proj bias first, down to layer 0's, then wpe
-        for (int l = 0; l < config.num_layers; l++)
-            EXPECT_EQ(first_offsets[size_t(config.num_layers - 1 - l)], layout.find("h." + std::to_string(l) + ".mlp.c_proj.bias").offset);
-        EXPECT_EQ(first_offsets.back(), layout.find("wpe.weight").offset);
-        size_t changed = 0;
-        for (const auto& [r, values] : snapshots)
-            for (size_t i = 0; i < r.numel; i++) changed += values[i] != model.grads()[r.offset + i];
-        EXPECT_EQ(changed, size_t{0});
-        EXPECT(std::memcmp(plain.grads().data(), model.grads().data(), layout.num_params * sizeof(float)) == 0);
+            // each layer's last range is its c_proj bias, layer L-1 first, down to layer 0; then wpe
+            for (int l = 0; l < config.num_layers && calls.size() == first_layer + config.num_layers + 1; l++)
+                EXPECT_EQ(calls[first_layer + size_t(config.num_layers - 1 - l)].back().offset,
+                          layout.find("h." + std::to_string(l) + ".mlp.c_proj.bias").offset);
+            EXPECT_EQ(calls.back().back().offset, layout.find("wpe.weight").offset);
+            size_t changed = 0;
+            for (const auto& [r, values] : snapshots)
+                for (size_t i = 0; i < r.numel; i++) changed += values[i] != model.grads()[r.offset + i];
+            EXPECT_EQ(changed, size_t{0});
+            EXPECT(std::memcmp(plain.grads().data(), model.grads().data(), layout.num_params * sizeof(float)) == 0);
+        }
     }
+    // Early rows the batch's inputs touch are refused before anything is reported.
+    model.forward(tokens.data(), tokens.data() + 1, B, T);
+    const size_t wte = layout.find("wte.weight").offset, C = config.channels;
+    const std::vector<llmc::ParamRange> wrong = {{wte + size_t(tokens[5]) * C, C}};
+    bool reported = false;
+    EXPECT_ERROR(model.backward(1.0f, [&](std::span<const llmc::ParamRange>) { reported = true; }, wrong),
+                 "an early wte range holds a row this batch's input tokens use");
+    EXPECT(!reported);
+}
+
+// The early wte rows against per-row loops: the untouched runs (all, and the longest few in row order, ties to
+// the lower rows), the embeddings' remaining ranges, the check of a batch's tokens against ranges, and the
+// bitmap's refusal of an id outside it.
+TEST(untouched_wte_rows_match_per_row_loops) {
+    llmc::ModelConfig config = tiny_config();
+    config.padded_vocab_size = 200;  // not a multiple of 64: the bitmap's last word is partial
+    config.vocab_size = 190;
+    const llmc::ParamLayout layout = llmc::ParamLayout::gpt2(config);
+    const size_t rows = config.padded_vocab_size, C = config.channels, wte = layout.find("wte.weight").offset;
+    llmc::Rng rng(21);
+    for (int trial = 0; trial < 50; trial++) {
+        std::vector<int> tokens(trial % 7 == 0 ? 0 : 1 + rng.below(120));
+        for (int& t : tokens) t = static_cast<int>(rng.below(trial % 2 ? rows : 64));  // clustered or spread
+        const std::vector<uint64_t> bits = llmc::token_row_bitmap(tokens, rows);
+        std::vector<bool> used(rows, false);
+        for (const int t : tokens) used[size_t(t)] = true;
+        // the runs, by a per-row loop
+        std::vector<std::pair<size_t, size_t>> runs;  // (first row, rows)
+        for (size_t r = 0; r < rows; r++)
+            if (!used[r]) {
+                if (!runs.empty() && runs.back().first + runs.back().second == r) runs.back().second++;
+                else runs.push_back({r, 1});
+            }
+        for (const size_t cap : {size_t{0}, size_t{1}, size_t{3}, SIZE_MAX}) {
+            std::vector<std::pair<size_t, size_t>> expect = runs;
+            if (expect.size() > cap) {
+                // the cap longest: repeatedly the longest remaining, the lower first on ties
+                std::vector<std::pair<size_t, size_t>> kept, left = runs;
+                while (kept.size() < cap) {
+                    auto best = left.begin();
+                    for (auto it = left.begin(); it != left.end(); ++it)
+                        if (it->second > best->second) best = it;
+                    kept.push_back(*best);
+                    left.erase(best);
+                }
+                std::sort(kept.begin(), kept.end());
+                expect = kept;
+            }
+            const std::vector<llmc::ParamRange> got = layout.untouched_wte_rows(bits, cap);
+            EXPECT_EQ(got.size(), expect.size());
+            for (size_t i = 0; i < got.size() && i < expect.size(); i++)
+                EXPECT(got[i].offset == wte + expect[i].first * C && got[i].numel == expect[i].second * C);
+            EXPECT(layout.wte_rows_untouched(got, tokens));
+            // the embeddings' ranges cover wte and wpe exactly once together with the early ones
+            std::vector<int> cover(layout.num_params, 0);
+            for (const llmc::ParamRange& r : got)
+                for (size_t i = r.offset; i < r.offset + r.numel; i++) cover[i]++;
+            for (const llmc::ParamRange& r : layout.backward_ranges_of_embeddings(got))
+                for (size_t i = r.offset; i < r.offset + r.numel; i++) cover[i]++;
+            const size_t wpe_end = layout.find("wpe.weight").offset + layout.find("wpe.weight").numel;
+            size_t wrong = 0;
+            for (size_t i = 0; i < layout.num_params; i++) wrong += cover[i] != (i >= wte && i < wpe_end ? 1 : 0);
+            EXPECT_EQ(wrong, size_t{0});
+        }
+        // a range over one used row is seen, one next to it is not
+        if (!tokens.empty()) {
+            const size_t t = size_t(tokens[0]);
+            EXPECT(!layout.wte_rows_untouched(std::vector<llmc::ParamRange>{{wte + t * C, C}}, tokens));
+            if (t + 1 < rows && !used[t + 1])
+                EXPECT(layout.wte_rows_untouched(std::vector<llmc::ParamRange>{{wte + (t + 1) * C, C}}, tokens));
+        }
+    }
+    const std::vector<int> outside = {3, int(rows)};
+    EXPECT_ERROR(llmc::token_row_bitmap(outside, rows), "token id 200 outside [0, 200)");
+    const std::vector<llmc::ParamRange> backwards = {{wte + 10 * C, C}, {wte, C}};
+    EXPECT_ERROR(layout.backward_ranges_of_embeddings(backwards), "in order, without overlap");
+    EXPECT_ERROR(layout.untouched_wte_rows(std::vector<uint64_t>(2, 0), 1), "the bitmap has 2 words, not 4");
 }
 
 // Central differences on the loss for the largest-gradient entry of every parameter kind: an independent

@@ -62,6 +62,7 @@ public:
     }
     void allreduce_sum(std::span<double>) override {}
     void allreduce_max(std::span<double>) override {}
+    void allreduce_or(std::span<uint64_t>) override {}
     void broadcast(std::span<std::byte>, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(int code) override { std::exit(code); }
@@ -335,6 +336,25 @@ TEST(bf16_allreduce_is_mean_within_bf16_rounding) {
         differ += mine[i] != km::bf16_bits_to_float(sum) * (1.0f / static_cast<float>(W));
     }
     EXPECT_EQ(differ, size_t{0});
+}
+
+// The OR of the ranks' bitmaps (the overlapped all-reduce's touched embedding rows), against the union each rank
+// computes from every rank's bits: rank r sets bits r and 63 - r of word 0, the bits of word 1 above 8 r, and
+// word 2 only on rank 0.
+TEST(allreduce_or_gives_the_union) {
+    Transport& world = *g_world;
+    const int W = world.world_size(), me = world.rank();
+    const auto bits_of = [](int r) {
+        return std::vector<uint64_t>{(uint64_t{1} << r) | (uint64_t{1} << (63 - r)), ~uint64_t{0} << (8 * r % 64),
+                                     r == 0 ? uint64_t{0x8000000000000001} : 0};
+    };
+    std::vector<uint64_t> mine = bits_of(me), expect(3, 0);
+    for (int r = 0; r < W; r++)
+        for (size_t w = 0; w < 3; w++) expect[w] |= bits_of(r)[w];
+    world.reset_counters();
+    world.allreduce_or(mine);
+    EXPECT(mine == expect);
+    EXPECT_EQ(world.counters().bytes_sent, uint64_t{0});  // bookkeeping, uncounted
 }
 
 // AdamW-DDP's overlapped all-reduce (Transport::allreduce_mean_start / _finish): ranges started in several

@@ -2,15 +2,17 @@
 // under mpirun with one GPU per rank, across ranks:
 //   mpirun -np 2 build/cuda/nccl_transport
 // Checks allreduce_mean (device and host buffers), allreduce_mean_bf16, the overlapped all-reduce
-// (allreduce_mean_start / _wait / _finish, both wires), allgather_bytes (device and host contributions, uneven and
-// empty buckets), allgather_device, its split form (allgather_device_start / _finish, DeMo's --demo_delay 1:
-// the same contents and counters, with other collectives and compute-stream work in between), the same with
-// GatherSizes::equal (no size exchange: one ncclAllGather), device
-// broadcast, scalar reductions and the byte counters' ring model; and HostStagedTransport's overlapped
-// all-reduce (LLMC_TRANSPORT=mpi: through pinned host memory on a copy stream, neither start nor finish waiting
-// for the compute stream; allreduce_mean_wait brings the early ranges back before finish).
+// (allreduce_mean_start / _wait / _finish, both wires; a start of many ranges packed into one all-reduce),
+// allgather_bytes (device and host contributions, uneven and empty buckets), allgather_device, its split form
+// (allgather_device_start / _finish, DeMo's --demo_delay 1: the same contents and counters, with other
+// collectives and compute-stream work in between), the same with GatherSizes::equal (no size exchange: one
+// ncclAllGather), device broadcast, scalar reductions and the byte counters' ring model; and
+// HostStagedTransport's overlapped all-reduce (LLMC_TRANSPORT=mpi: through pinned host memory on a copy stream,
+// neither start nor finish waiting for the compute stream; allreduce_mean_wait brings the early ranges back
+// before finish).
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -105,6 +107,39 @@ int main(int argc, char** argv) {
             ck.expect(t.counters().bytes_sent == wire_o && t.counters().bytes_recv == wire_o &&
                           t.counters().payload_bytes == covered,
                       what + ": counters of the covered elements as one buffer (ring model)");
+        }
+
+        // A start of many ranges (more than NcclTransport::kPackedRanges: packed into one all-reduce), the embedding
+        // rows no input touches in the trainer: 40 runs of uneven lengths with gaps that must stay as they were, in
+        // one start, then a start of two ranges that travel on their own.
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const size_t np = 60000;
+            std::vector<ParamRange> many, two = {{52000, 3000}, {56000, 4000}};
+            for (size_t k = 0; k < 40; k++) many.push_back({k * 1250 + k % 7, 200 + 23 * k});
+            std::vector<char> covered(np, 0);
+            for (const auto* part : {&many, &two})
+                for (const ParamRange& rr : *part)
+                    std::fill(covered.begin() + rr.offset, covered.begin() + rr.offset + rr.numel, 1);
+            std::vector<float> x(np), want_p(np);
+            size_t covered_elems = 0;
+            for (size_t i = 0; i < np; i++) {
+                x[i] = float(r) + 0.25f * float(i % 4);
+                const float sum = float(W * (W - 1) / 2) + float(W) * 0.25f * float(i % 4);
+                want_p[i] = !covered[i] ? x[i] : bf16 ? sum * (1.0f / float(W)) : sum / float(W);
+                covered_elems += covered[i];
+            }
+            DeviceBuffer<float> xd(np);
+            xd.upload(x);
+            t.reset_counters();
+            t.allreduce_mean_start(xd.data(), np, many, bf16 != 0);
+            t.allreduce_mean_start(xd.data(), np, two, bf16 != 0);
+            t.allreduce_mean_finish();
+            const std::string what =
+                std::string("overlapped all-reduce of 40 ranges packed (") + (bf16 ? "bf16" : "fp32") + " wire)";
+            ck.compare(what, xd.download(), want_p, bf16 ? 0.0f : 1e-6f, bf16 ? 0.0f : 1e-6f);
+            const uint64_t wire_p = 2 * uint64_t(W - 1) * covered_elems * (bf16 ? 2 : 4) / W;
+            ck.expect(t.counters().bytes_sent == wire_p && t.counters().payload_bytes == covered_elems * (bf16 ? 2 : 4),
+                      what + ": counters of the covered elements (ring model)");
         }
 
         // The same overlapped all-reduce through host memory (HostStagedTransport, LLMC_TRANSPORT=mpi). The
