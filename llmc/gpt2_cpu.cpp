@@ -285,11 +285,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     gemm(false, true, N, OC, IC, inp, IC, weight, IC, beta, out, OC);
 }
 
-// dinp = dout @ weight (overwritten); dweight += dout^T @ inp; dbias += column sums of dout.
+// dinp = dout @ weight (overwritten); dweight += dout^T @ inp; dbias += column sums of dout. Null skips a part.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, size_t N, size_t IC, size_t OC) {
-    gemm(false, false, N, IC, OC, dout, OC, weight, IC, 0.0f, dinp, IC);
-    gemm(true, false, OC, IC, N, dout, OC, inp, IC, 1.0f, dweight, IC);
+    if (dinp != nullptr) gemm(false, false, N, IC, OC, dout, OC, weight, IC, 0.0f, dinp, IC);
+    if (dweight != nullptr) gemm(true, false, OC, IC, N, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
 }
 
@@ -618,12 +618,15 @@ void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final, std::span<c
 
     const float dloss = loss_scale / static_cast<float>(N);
     crossentropy_softmax_backward(a.dlogits, a.logits, a.logsumexp, targets_.data(), dloss, N, V, Vp);
-    matmul_backward(a.dln, g.wte, nullptr, a.dlogits, a.lnf, w.wte, N, C, Vp);
+    // The classifier's weight gradient before its input gradient, so that the early wte rows travel during the
+    // input gradient's product too.
+    matmul_backward(nullptr, g.wte, nullptr, a.dlogits, a.lnf, w.wte, N, C, Vp);
     if (on_final && !wte_early.empty()) {
         LLMC_CHECK(layout_.wte_rows_untouched(wte_early, inputs_),
                    "GPT2Cpu::backward: an early wte range holds a row this batch's input tokens use");
         on_final(wte_early);
     }
+    matmul_backward(a.dln, nullptr, nullptr, a.dlogits, a.lnf, w.wte, N, C, Vp);
     std::memset(a.dresidual, 0, NC * sizeof(float));
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, a.residual3 + (L - 1) * NC, w.lnfw, a.lnf_mean,
                        a.lnf_rstd, N, C);

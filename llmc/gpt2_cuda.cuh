@@ -475,10 +475,13 @@ private:
         float* fs = a_.fscratch;
         CUDA_CHECK(cudaMemsetAsync(a_.dresidual, 0, size_t(N) * C * sizeof(floatX), s));
 
-        // classifier (tied wte): logits hold dlogits
-        matmul_backward(env_, a_.dbtc, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
+        // classifier (tied wte): logits hold dlogits. The weight gradient before the input gradient, so that the
+        // early wte rows travel during the input gradient's product too.
+        matmul_backward(env_, nullptr, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
                         at(p, ParamKind::wte, layout_), N, C, Vp, {.accumulate = accumulate});
         if (on_final && !wte_early.empty()) on_final(wte_early);
+        matmul_backward(env_, a_.dbtc, nullptr, nullptr, fs, a_.logits, a_.lnf, at(p, ParamKind::wte, layout_), N, C,
+                        Vp);
         // Each LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the projection
         // whose output that residual gradient is (the last fcproj here, then each layer's attproj and the fcproj
         // below it), which those matmul backwards then skip.
