@@ -50,9 +50,9 @@ std::string demo_delay_phrase(const TrainConfig& cfg);
 bool ddp_overlap_from_env();
 
 // The overlapped all-reduce's early embedding rows: the runs of wte rows (at most `max_runs`, the longest) that
-// no rank's `inputs` (its step's last micro-batch) touch. Their gradients are final once the classifier's
-// backward is done (earlier micro-steps finished their encoder backward before it), so their all-reduce can
-// travel during the layers' backward instead of waiting for the encoder's. One host collective (the ranks' row
+// no rank's `inputs` (its step's last micro-batch) touch. Their gradients are final once the classifier's weight
+// gradient is done (earlier micro-steps finished their encoder backward before it), so their all-reduce can
+// travel during the rest of the backward instead of waiting for the encoder's. One host collective (the ranks' row
 // bitmaps OR-ed), so every rank reports the same ranges.
 std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLayout& layout,
                                              std::span<const int> inputs, size_t max_runs);
