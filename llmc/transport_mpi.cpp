@@ -2,14 +2,17 @@
 // abort the whole job (MPI_ERRORS_ARE_FATAL), so a rank that dies takes the others down instead of leaving
 // them blocked in a collective; mpirun reports which rank failed.
 // The gradient all-reduces sum every element in rank order (mean_in_rank_order: a reduce-scatter and an
-// all-gather over point-to-point messages, the rounds and bytes of a ring), so their bits depend only on the
-// ranks' values: not on the buffer's length or split, nor on the algorithm MPI_Allreduce would choose.
+// all-gather over point-to-point messages, the bytes of a ring), so their bits depend only on the ranks'
+// values: not on the buffer's length or split, nor on the algorithm MPI_Allreduce would choose.
+// The all-reduces, DeMo's all-gathers and the small per-step reductions post every message of a phase at once
+// (direct exchange) in pieces MPI sends without a handshake, so a phase costs one message latency where a ring
+// pays W-1 rounds (and Open MPI's handshake two more per round above 64 KB), for the same bytes through each
+// rank's link. What that is worth on links with a delay: docs/BANDWIDTH.md.
 // The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of MPI_COMM_WORLD, so
 // it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
 // it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
-// otherwise (or with LLMC_MPI_COMM_THREAD=0) it is an MPI_Iallgatherv (MPI_Iallgather when the sizes are equal)
-// that MPI may only progress inside finish()'s wait. With GatherSizes::equal no all-gather exchanges sizes first.
-// MPI's counts are ints: all-gathers of more than 2 GiB in total run in rounds (gather_in_slices).
+// otherwise (or with LLMC_MPI_COMM_THREAD=0) its messages are posted in start() and waited for in finish(), and
+// MPI may only progress them inside finish()'s wait. With GatherSizes::equal no all-gather exchanges sizes first.
 // The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) works
 // the same way on a third communicator: a reducer thread takes the ranges in the order they were started and
 // all-reduces each as allreduce_mean does (so the ranges get the bits of a blocking all-reduce of the buffer).
@@ -175,7 +178,9 @@ public:
         if (how == GatherSizes::exchange && world_ > 1) counters_.size_exchanges++;
         offsets = offsets_of(sizes);
         all.resize(offsets[world_]);
-        gather_in_slices(mine.data(), sizes, offsets, all.data(), MPI_COMM_WORLD);
+        std::vector<MPI_Request> requests;
+        post_gather(mine.data(), sizes, offsets, all.data(), MPI_COMM_WORLD, requests);
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
         count_gather(sizes, offsets);
     }
 
@@ -201,22 +206,15 @@ public:
         if (comm_thread_ok_) {
             gather_thread_ = std::thread([this, how] {
                 lay_out_gather(how);
-                gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
+                post_gather(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_,
+                            gather_requests_);
+                MPI_Waitall(static_cast<int>(gather_requests_.size()), gather_requests_.data(), MPI_STATUSES_IGNORE);
             });
             return;
         }
-        lay_out_gather(how);
-        const int count = static_cast<int>(gather_send_.size());
-        if (gather_offsets_[world_] > gather_slice_limit()) {  // too large for one call: the rounds run in finish()
-            gather_deferred_ = true;
-        } else if (same_everywhere(gather_sizes_)) {  // one call, moved by MPI meanwhile
-            MPI_Iallgather(gather_send_.data(), count, MPI_BYTE, gather_all_.data(), count, MPI_BYTE, gather_comm_,
-                           &gather_request_);
-        } else {
-            const std::vector<int> displs = int_displs(gather_offsets_);
-            MPI_Iallgatherv(gather_send_.data(), count, MPI_BYTE, gather_all_.data(), gather_sizes_.data(),
-                            displs.data(), MPI_BYTE, gather_comm_, &gather_request_);
-        }
+        lay_out_gather(how);  // the messages are posted now; MPI moves them as far as it can until finish() waits
+        post_gather(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_,
+                    gather_requests_);
     }
 
     void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
@@ -233,18 +231,15 @@ public:
 
     void allreduce_sum(std::span<double> values) override {
         const auto watched = watch("MPI all-reduce (sum) of scalars");
-        MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
-                      MPI_COMM_WORLD);
+        small_allreduce(values, MPI_DOUBLE, MPI_SUM, [](double a, double b) { return a + b; });
     }
     void allreduce_max(std::span<double> values) override {
         const auto watched = watch("MPI all-reduce (max) of scalars");
-        MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_MAX,
-                      MPI_COMM_WORLD);
+        small_allreduce(values, MPI_DOUBLE, MPI_MAX, [](double a, double b) { return std::max(a, b); });
     }
     void allreduce_or(std::span<uint64_t> bits) override {
         const auto watched = watch("MPI all-reduce (or) of a bitmap");
-        MPI_Allreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(bits.size()), MPI_UINT64_T, MPI_BOR,
-                      MPI_COMM_WORLD);
+        small_allreduce(bits, MPI_UINT64_T, MPI_BOR, [](uint64_t a, uint64_t b) { return a | b; });
     }
     void broadcast(std::span<std::byte> data, int root) override {
         const auto watched = watch("MPI broadcast");
@@ -277,26 +272,10 @@ private:
         sizes.assign(world_, my_size);
         if (how == GatherSizes::exchange) MPI_Allgather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
     }
-    // Every rank contributes as many bytes as the first: MPI_Allgather(v) without the v.
-    static bool same_everywhere(const std::vector<int>& sizes) {
-        return std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == sizes.front(); });
-    }
     std::vector<size_t> offsets_of(const std::vector<int>& sizes) const {
         std::vector<size_t> offsets(world_ + 1, 0);
         for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(sizes[r]);
         return offsets;
-    }
-    static std::vector<int> int_displs(const std::vector<size_t>& offsets) {
-        std::vector<int> displs(offsets.size() - 1);
-        for (size_t r = 0; r + 1 < offsets.size(); r++) displs[r] = static_cast<int>(offsets[r]);
-        return displs;
-    }
-    // The most bytes one MPI_Allgatherv may gather (its counts and displacements are ints);
-    // LLMC_MPI_GATHER_SLICE lowers it, so tests can exercise the rounds below with small buckets.
-    size_t gather_slice_limit() const {
-        size_t limit = static_cast<size_t>(INT32_MAX);
-        if (const char* env = std::getenv("LLMC_MPI_GATHER_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
-        return limit;
     }
     // Elements per round of mean_in_rank_order: 2^24 bounds `stage` (64 MB of fp32) and keeps MPI's int counts;
     // LLMC_MPI_REDUCE_SLICE lowers it, so tests can exercise the rounds with small buffers.
@@ -305,61 +284,34 @@ private:
         if (const char* env = std::getenv("LLMC_MPI_REDUCE_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
         return limit;
     }
-    // Every rank's sizes[r] bytes into all + offsets[r]. One MPI_Allgather (equal sizes) or MPI_Allgatherv when
-    // the total fits their int counts;
-    // otherwise rounds: round k moves bytes [k s, (k + 1) s) of every bucket (s = limit / world) through a
-    // staging buffer, so the paper's 1B model on 64 ranks (3.5 GB of fp32 buckets) still goes through MPI.
-    void gather_in_slices(const std::byte* mine, const std::vector<int>& sizes, const std::vector<size_t>& offsets,
-                          std::byte* all, MPI_Comm comm) {
-        const size_t limit = gather_slice_limit();
-        if (offsets[world_] <= limit) {
-            if (same_everywhere(sizes)) {
-                MPI_Allgather(mine, sizes[rank_], MPI_BYTE, all, sizes[rank_], MPI_BYTE, comm);
-                return;
-            }
-            const std::vector<int> displs = int_displs(offsets);
-            MPI_Allgatherv(mine, sizes[rank_], MPI_BYTE, all, sizes.data(), displs.data(), MPI_BYTE, comm);
-            return;
-        }
-        const size_t slice = std::max<size_t>(1, limit / static_cast<size_t>(world_));
-        size_t largest = 0;
-        for (int r = 0; r < world_; r++) largest = std::max(largest, static_cast<size_t>(sizes[r]));
-        std::vector<std::byte> stage(slice * static_cast<size_t>(world_));
-        std::vector<int> counts(world_), displs(world_);
-        for (size_t begin = 0; begin < largest; begin += slice) {
-            for (int r = 0; r < world_; r++) {
-                const size_t size = static_cast<size_t>(sizes[r]);
-                counts[r] = static_cast<int>(begin < size ? std::min(slice, size - begin) : 0);
-                displs[r] = static_cast<int>(slice * static_cast<size_t>(r));
-            }
-            MPI_Allgatherv(mine + std::min(begin, static_cast<size_t>(sizes[rank_])), counts[rank_], MPI_BYTE,
-                           stage.data(), counts.data(), displs.data(), MPI_BYTE, comm);
-            for (int r = 0; r < world_; r++)
-                if (counts[r] > 0) std::memcpy(all + offsets[r] + begin, stage.data() + displs[r], static_cast<size_t>(counts[r]));
+    // Every rank's sizes[r] bytes into all + offsets[r], as a direct exchange: a receive from and a send to every
+    // other rank, all posted at once (appended to `requests`, which the caller waits for), so the gather costs
+    // one message latency where a ring pays W-1; each rank still sends its bucket W-1 times, a ring's bytes. Each
+    // message is one bucket (under 2 GiB), so no int count limits the total, which reaches 3.5 GB for the paper's
+    // 1B model on 64 ranks.
+    void post_gather(const std::byte* mine, const std::vector<int>& sizes, const std::vector<size_t>& offsets,
+                     std::byte* all, MPI_Comm comm, std::vector<MPI_Request>& requests) const {
+        std::memcpy(all + offsets[rank_], mine, static_cast<size_t>(sizes[rank_]));
+        for (int k = 1; k < world_; k++) {  // in ring order: the next rank first
+            const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
+            post_recv(all + offsets[from], static_cast<size_t>(sizes[from]), MPI_BYTE, from, kGatherTag, comm, requests);
+            post_send(mine, static_cast<size_t>(sizes[rank_]), MPI_BYTE, to, kGatherTag, comm, requests);
         }
     }
     // data <- mean over ranks of data, every element summed in rank order (((g0 + g1) + g2) + ...) and scaled
     // by 1/W, however long the buffer and however the caller splits it (overlapped ranges give the bits of one
     // all-reduce of the whole buffer), and whatever algorithm MPI would pick for MPI_Allreduce. Per slice, rank
-    // r owns share r (1/W of the slice). Reduce-scatter: in round k = 1..W-1 every rank sends its values of
-    // share r+k to rank r+k and receives share r's values from rank r-k, so the owner holds all W contributions
-    // and adds them in rank order. All-gather: a ring passes the reduced shares on, W-1 rounds. One message
-    // each way per round, as in a ring all-reduce, and the same bytes: 2 (W-1)/W of the buffer each way.
+    // r owns share r (1/W of the slice). Reduce-scatter: every rank sends its values of share r to rank r, so the
+    // owner holds all W contributions and adds them in rank order. All-gather: every owner sends its reduced
+    // share to every other rank. Each phase posts all its messages at once (direct exchange: one message
+    // latency, where a ring's phase has W-1 rounds) and moves a ring's bytes: 2 (W-1)/W of the buffer each way.
     // `stage` receives the contributions to this rank's share. bf16: the values go to bf16 (`wire`, n elements)
     // before they travel, and every partial sum is rounded to bf16, as a bf16 all-reduce rounds at each hop.
-    // One round: send `send_count` values to `to` while receiving `recv_count` from `from`. `polite` (the reducer
-    // thread): wait_politely until finish() waits for it.
-    template <typename Wire>
-    void exchange(const Wire* send, int send_count, int to, Wire* recv, int recv_count, int from, MPI_Datatype type,
-                  MPI_Comm comm, bool polite) const {
-        if (!polite) {
-            MPI_Sendrecv(send, send_count, type, to, 0, recv, recv_count, type, from, 0, comm, MPI_STATUS_IGNORE);
-            return;
-        }
-        MPI_Request requests[2];
-        MPI_Irecv(recv, recv_count, type, from, 0, comm, &requests[0]);
-        MPI_Isend(send, send_count, type, to, 0, comm, &requests[1]);
-        wait_politely(requests, reduce_awaited_);
+    // `polite` (the reducer thread): wait_politely until finish() waits for it.
+    void wait_all(std::vector<MPI_Request>& requests, bool polite) const {
+        if (polite) wait_politely(requests, reduce_awaited_);
+        else MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+        requests.clear();
     }
     template <typename Wire, typename Add>
     void mean_in_rank_order(Wire* data, size_t n, std::vector<Wire>& stage, MPI_Datatype type, Add add, MPI_Comm comm,
@@ -367,30 +319,34 @@ private:
         const size_t kSlice = reduce_slice_limit();
         const int W = world_, me = rank_;
         std::vector<size_t> begin_of(static_cast<size_t>(W) + 1);
+        std::vector<MPI_Request> requests;
+        requests.reserve(2 * static_cast<size_t>(W));
         for (size_t begin = 0; begin < n; begin += kSlice) {
             const size_t m = std::min(kSlice, n - begin);
             for (int r = 0; r <= W; r++) begin_of[r] = m * static_cast<size_t>(r) / static_cast<size_t>(W);
-            const auto count = [&](int r) { return static_cast<int>(begin_of[r + 1] - begin_of[r]); };
+            const auto count = [&](int r) { return begin_of[r + 1] - begin_of[r]; };
             const size_t share = begin_of[me + 1] - begin_of[me];
             stage.resize(std::max(stage.size(), share * static_cast<size_t>(W)));
             Wire* slice = data + begin;
             std::copy(slice + begin_of[me], slice + begin_of[me + 1], stage.begin() + static_cast<std::ptrdiff_t>(share * me));
-            for (int k = 1; k < W; k++) {
+            for (int k = 1; k < W; k++) {  // reduce-scatter, in ring order: the next rank first
                 const int to = (me + k) % W, from = (me - k + W) % W;
-                exchange(slice + begin_of[to], count(to), to, stage.data() + share * static_cast<size_t>(from),
-                         static_cast<int>(share), from, type, comm, polite);
+                post_recv(stage.data() + share * static_cast<size_t>(from), share, type, from, kReduceScatterTag, comm,
+                          requests);
+                post_send(slice + begin_of[to], count(to), type, to, kReduceScatterTag, comm, requests);
             }
+            wait_all(requests, polite);
             for (size_t i = 0; i < share; i++) {
                 Wire sum = stage[i];
                 for (int r = 1; r < W; r++) sum = add(sum, stage[share * static_cast<size_t>(r) + i]);
                 slice[begin_of[me] + i] = sum;
             }
-            const int right = (me + 1) % W, left = (me - 1 + W) % W;
-            for (int k = 1; k < W; k++) {
-                const int send_share = (me - k + 1 + W) % W, recv_share = (me - k + W) % W;
-                exchange(slice + begin_of[send_share], count(send_share), right, slice + begin_of[recv_share],
-                         count(recv_share), left, type, comm, polite);
+            for (int k = 1; k < W; k++) {  // all-gather of the reduced shares
+                const int to = (me + k) % W, from = (me - k + W) % W;
+                post_recv(slice + begin_of[from], count(from), type, from, kAllGatherTag, comm, requests);
+                post_send(slice + begin_of[me], count(me), type, to, kAllGatherTag, comm, requests);
             }
+            wait_all(requests, polite);
         }
     }
     void mean_fp32(float* data, size_t n, std::vector<float>& stage, MPI_Comm comm, bool polite = false) const {
@@ -486,21 +442,88 @@ private:
     }
     void wait_gather() {
         if (gather_thread_.joinable()) gather_thread_.join();
-        if (gather_request_ != MPI_REQUEST_NULL) MPI_Wait(&gather_request_, MPI_STATUS_IGNORE);
-        if (gather_deferred_) {
-            gather_deferred_ = false;
-            gather_in_slices(gather_send_.data(), gather_sizes_, gather_offsets_, gather_all_.data(), gather_comm_);
-        }
+        MPI_Waitall(static_cast<int>(gather_requests_.size()), gather_requests_.data(), MPI_STATUSES_IGNORE);
+        gather_requests_.clear();
         gather_in_flight_ = false;
     }
 
+    // The per-step reductions of a few values (the loss and norm of every step, AdamW's 6 KB bitmap of touched
+    // embedding rows): every rank sends its values to every other, all at once, and combines them in rank order.
+    // One message latency, where MPI_Allreduce's recursive doubling takes log2(W) in a row (2 at 4 ranks, 6 at
+    // 64: 40 and 120 ms a step on links with a 20 ms delay); the sums' bits no longer depend on MPI's choice.
+    // Above kDirectReduceRanks ranks the W-1 messages per rank cost more than the rounds save: MPI_Allreduce.
+    static constexpr int kDirectReduceRanks = 64;
+    template <typename T, class Combine>
+    void small_allreduce(std::span<T> values, MPI_Datatype type, MPI_Op op, Combine combine) {
+        if (world_ == 1 || values.empty()) return;
+        if (world_ > kDirectReduceRanks) {
+            MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), type, op, MPI_COMM_WORLD);
+            return;
+        }
+        const size_t n = values.size();
+        std::vector<T> all(n * static_cast<size_t>(world_));
+        std::copy(values.begin(), values.end(), all.begin() + static_cast<std::ptrdiff_t>(n * rank_));
+        std::vector<MPI_Request> requests;
+        for (int k = 1; k < world_; k++) {
+            const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
+            post_recv(all.data() + n * static_cast<size_t>(from), n, type, from, kSmallReduceTag, MPI_COMM_WORLD,
+                      requests);
+            post_send(values.data(), n, type, to, kSmallReduceTag, MPI_COMM_WORLD, requests);
+        }
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+        for (size_t i = 0; i < n; i++) {
+            T v = all[i];
+            for (int r = 1; r < world_; r++) v = combine(v, all[n * static_cast<size_t>(r) + i]);
+            values[i] = v;
+        }
+    }
+
+    // One message of `count` elements as pieces of at most message_bytes() each, appended to `requests`. MPI
+    // sends a short message at once (eagerly) and a long one only after a handshake with the receiver: Open
+    // MPI's TCP transport above 64 KB with its header, a round trip more on a distant link. In pieces that fit,
+    // a phase's messages all travel at once. MPI keeps one sender's messages with one tag in order, so the
+    // receiver's pieces match the sender's.
+    void post_send(const void* data, size_t count, MPI_Datatype type, int to, int tag, MPI_Comm comm,
+                   std::vector<MPI_Request>& requests) const {
+        post_pieces(const_cast<void*>(data), count, type, [&](void* at, int n, MPI_Request* request) {
+            MPI_Isend(at, n, type, to, tag, comm, request);
+        }, requests);
+    }
+    void post_recv(void* data, size_t count, MPI_Datatype type, int from, int tag, MPI_Comm comm,
+                   std::vector<MPI_Request>& requests) const {
+        post_pieces(data, count, type, [&](void* at, int n, MPI_Request* request) {
+            MPI_Irecv(at, n, type, from, tag, comm, request);
+        }, requests);
+    }
+    template <class Post>
+    void post_pieces(void* data, size_t count, MPI_Datatype type, Post post, std::vector<MPI_Request>& requests) const {
+        int type_bytes = 1;
+        MPI_Type_size(type, &type_bytes);
+        const size_t piece = std::max<size_t>(1, message_bytes() / static_cast<size_t>(type_bytes));
+        for (size_t begin = 0; begin < count; begin += piece) {
+            requests.emplace_back();
+            post(static_cast<std::byte*>(data) + begin * static_cast<size_t>(type_bytes),
+                 static_cast<int>(std::min(piece, count - begin)), &requests.back());
+        }
+    }
+    // The largest piece: 64 KB less room for MPI's own header; LLMC_MPI_MESSAGE_BYTES sets it (tests make
+    // every message take several pieces, and an MPI with a lower eager limit may want less).
+    size_t message_bytes() const {
+        size_t bytes = 65536 - 256;
+        if (const char* env = std::getenv("LLMC_MPI_MESSAGE_BYTES")) bytes = std::max<size_t>(1, std::strtoull(env, nullptr, 10));
+        return bytes;
+    }
+
+    // Message tags: the phases of an all-reduce apart (a fast rank's all-gather message may arrive while this
+    // rank still waits in the reduce-scatter), and the all-gather of buckets on its own communicator anyway.
+    static constexpr int kReduceScatterTag = 1, kAllGatherTag = 2, kGatherTag = 3, kSmallReduceTag = 4;
+
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
-    bool gather_deferred_ = false;  // an overlapped gather too large for one MPI_Iallgatherv: finish() runs it
     bool comm_thread_ok_ = false;  // MPI_THREAD_MULTIPLE: the overlapped collectives run on helper threads
     MPI_Comm gather_comm_ = MPI_COMM_NULL;
     std::thread gather_thread_;
-    MPI_Request gather_request_ = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> gather_requests_;  // the overlapped all-gather's messages (post_gather)
     std::vector<int> gather_sizes_;
     std::vector<size_t> gather_offsets_;
     std::vector<std::byte> gather_send_, gather_all_;  // the overlapped all-gather's own copy of `mine`; its result

@@ -2,7 +2,8 @@
 # Emulated hosts with slow links, for measuring DeMo vs AdamW-DDP under limited bandwidth on one machine.
 # Creates N network namespaces ("hosts", one veth eth0 each, 10.77.0.1..N/24) whose peers sit on a bridge in
 # a separate switch namespace, limits every link to RATE in both directions with a tbf qdisc (host egress =
-# upload, switch-port egress = download), runs a command with `lab-mpirun` on its PATH (mpirun inside host 0
+# upload, switch-port egress = download), with --delay replaces the bridge by build/lab_delay_switch (a
+# learning switch in user space that holds every frame for the delay: this kernel has no netem), runs a command with `lab-mpirun` on its PATH (mpirun inside host 0
 # with a hostfile of the hosts, an rsh agent that maps a host to `ip netns exec`, and the MCA flags that keep
 # MPI on the emulated network), and always removes everything it created: namespaces (with their links and
 # qdiscs), temp files (incl. Open MPI's session dirs) and processes, on success, failure, Ctrl-C or SIGTERM.
@@ -16,6 +17,7 @@
 #   --rate RATE        per-link rate in both directions: <number>[k|m|g|t]bit (10mbit, 100mbit, 1gbit) or none
 #   --burst B          tbf burst (tc syntax: bytes, or 256kbit, 1mbit); default rate * 2.56 ms, >= 4000 bytes
 #   --latency L        tbf queue limit as time (tc syntax); default 50ms, at least 2 Mbit of queue (200ms at 10mbit)
+#   --delay D          one-way delay between any two hosts, <number>us|ms|s (round trip 2 D); default 0 (a bridge)
 #   --slots S          MPI slots per host in the hostfile (default 1: one rank per host)
 #   --measure-iface    after the command, print per-host eth0 tx/rx bytes and packets counted during the command
 #   --iface-json FILE  also write those counts as JSON to FILE
@@ -23,15 +25,15 @@
 #   --cleanup-stale    (alone) remove namespaces and temp dirs of labs that were killed with SIGKILL
 # The command sees: PATH with lab-mpirun and lab-exec (`lab-exec I cmd...` runs cmd in host I), LAB_PREFIX,
 # LAB_DIR, LAB_HOSTS (namespace names), LAB_IPS, LAB_SUBNET, LAB_HOSTFILE, LAB_RSH_AGENT, LAB_MPI_FLAGS,
-# LAB_RATE. Exit status: the command's; 128+signal when interrupted; 77 without root / network namespaces /
+# LAB_RATE, LAB_DELAY_US. Exit status: the command's; 128+signal when interrupted; 77 without root / network namespaces /
 # tbf ("needs root and network namespaces"); 2 for usage errors.
 set -uo pipefail
 
 PROG=bandwidth_lab
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
-die_usage() { echo "$PROG: $*" >&2; echo "usage: $0 --hosts N --rate RATE [--burst B] [--latency L] [--slots S] [--measure-iface] [--iface-json FILE] -- command..." >&2; exit 2; }
+die_usage() { echo "$PROG: $*" >&2; echo "usage: $0 --hosts N --rate RATE [--burst B] [--latency L] [--delay D] [--slots S] [--measure-iface] [--iface-json FILE] -- command..." >&2; exit 2; }
 
-hosts="" rate="" burst="" latency="" slots=1 measure=0 iface_json="" quiet=0 cleanup_stale=0
+hosts="" rate="" burst="" latency="" delay="0ms" slots=1 measure=0 iface_json="" quiet=0 cleanup_stale=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="${2:-}"; shift 2 || die_usage "--hosts needs a value" ;;
@@ -42,6 +44,8 @@ while [[ $# -gt 0 ]]; do
     --burst=*) burst="${1#*=}"; shift ;;
     --latency) latency="${2:-}"; shift 2 || die_usage "--latency needs a value" ;;
     --latency=*) latency="${1#*=}"; shift ;;
+    --delay) delay="${2:-}"; shift 2 || die_usage "--delay needs a value" ;;
+    --delay=*) delay="${1#*=}"; shift ;;
     --slots) slots="${2:-}"; shift 2 || die_usage "--slots needs a value" ;;
     --slots=*) slots="${1#*=}"; shift ;;
     --measure-iface) measure=1; shift ;;
@@ -78,6 +82,19 @@ fi
 [[ "$hosts" =~ ^[0-9]+$ && "$hosts" -ge 1 && "$hosts" -le 250 ]] || die_usage "--hosts must be 1..250, got '$hosts'"
 [[ "$slots" =~ ^[0-9]+$ && "$slots" -ge 1 ]] || die_usage "--slots must be >= 1, got '$slots'"
 [[ -n "$rate" ]] || die_usage "--rate is required (e.g. 100mbit, 1gbit or none)"
+
+# Delay in microseconds, for build/lab_delay_switch (the bridge when 0).
+if [[ "$delay" =~ ^([0-9]+)(\.[0-9]+)?(us|ms|s)$ ]]; then
+  case "${BASH_REMATCH[3]}" in us) mult=1 ;; ms) mult=1000 ;; s) mult=1000000 ;; esac
+  delay_us=$(awk -v n="${BASH_REMATCH[1]}${BASH_REMATCH[2]}" -v m="$mult" 'BEGIN { printf "%.0f", n * m }')
+  [[ "$delay_us" -le 10000000 ]] || die_usage "--delay '$delay' is above 10s"
+else
+  die_usage "--delay must look like 500us, 20ms or 0.1s, got '$delay'"
+fi
+delay_switch="${LAB_DELAY_SWITCH:-$(cd "$(dirname "$0")/.." && pwd)/build/lab_delay_switch}"
+if [[ "$delay_us" -gt 0 && ! -x "$delay_switch" ]]; then
+  echo "$PROG: --delay needs $delay_switch (build it with: make build/lab_delay_switch)" >&2; exit 2
+fi
 
 # Rate in bit/s (for the default burst); tc gets the rate text as given.
 rate_bps=0
@@ -181,13 +198,25 @@ for ns in "${created_ns[@]}"; do
   ip netns exec "$ns" sh -c 'sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1' 2>/dev/null
   ip -n "$ns" link set lo up || fail_setup "lo up in $ns"
 done
-ip -n "$switch_ns" link add br0 type bridge || fail_setup "bridge in $switch_ns"
-ip -n "$switch_ns" link set br0 up || fail_setup "br0 up"
+# With a delay, the hosts are tuned as for long links: TCP windows up to 64 MB (the defaults stop at 6 MB of
+# receive buffer, ~3 MB of window: 600 Mbit/s at a 40 ms round trip; autotuning still sizes each connection),
+# and no slow start after idle (by default a connection idle for one retransmission timeout, ~200 ms here,
+# restarts from a 10-segment window, so every step's first messages would pay several round trips more).
+if [[ "$delay_us" -gt 0 ]]; then
+  for ns in "${host_ns[@]}"; do
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" net.ipv4.tcp_wmem="4096 16384 67108864" \
+      net.ipv4.tcp_slow_start_after_idle=0 || fail_setup "TCP settings in $ns"
+  done
+fi
+if [[ "$delay_us" -eq 0 ]]; then
+  ip -n "$switch_ns" link add br0 type bridge || fail_setup "bridge in $switch_ns"
+  ip -n "$switch_ns" link set br0 up || fail_setup "br0 up"
+fi
 for ((i = 0; i < hosts; i++)); do
   ns="${host_ns[$i]}"
   ip link add eth0 netns "$ns" type veth peer name "p$i" netns "$switch_ns" || fail_setup "veth for $ns"
   ip -n "$ns" addr add "${ips[$i]}/24" dev eth0 || fail_setup "address of $ns"
-  ip -n "$switch_ns" link set "p$i" master br0 || fail_setup "p$i on the bridge"
+  if [[ "$delay_us" -eq 0 ]]; then ip -n "$switch_ns" link set "p$i" master br0 || fail_setup "p$i on the bridge"; fi
   if [[ "$rate" != none ]]; then
     if ! err=$(ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency "$latency" 2>&1); then
       [[ "$err" == *illegal* ]] && { echo "$PROG: tc rejected rate '$rate' / burst '$burst': $err" >&2; exit 2; }
@@ -203,6 +232,17 @@ done
 lab_dir=$(mktemp -d "/tmp/${prefix}.XXXXXX") || fail_setup "mktemp"
 mkdir -p "$lab_dir/bin" "$lab_dir/tmp"
 hostfile="$lab_dir/hostfile"
+# The delaying switch (in place of the bridge): started in the switch namespace, so teardown ends it with the
+# rest of the lab; setup waits until its sockets are bound.
+switch_pid=""
+if [[ "$delay_us" -gt 0 ]]; then
+  ports=$(for ((i = 0; i < hosts; i++)); do echo -n "p$i,"; done); ports=${ports%,}
+  ip netns exec "$switch_ns" "$delay_switch" --delay_us "$delay_us" --ports "$ports" \
+    --ready "$lab_dir/switch.ready" 2>"$lab_dir/switch.log" &
+  switch_pid=$!
+  for _ in $(seq 100); do [[ -e "$lab_dir/switch.ready" ]] || ! kill -0 "$switch_pid" 2>/dev/null && break; sleep 0.05; done
+  [[ -e "$lab_dir/switch.ready" ]] || fail_setup "lab_delay_switch did not start: $(tail -n 1 "$lab_dir/switch.log")"
+fi
 for ip in "${ips[@]}"; do echo "$ip slots=$slots"; done >"$hostfile"
 
 # rsh agent: Open MPI calls `agent [options] HOST COMMAND...`; run COMMAND inside HOST's namespace.
@@ -246,11 +286,14 @@ chmod +x "$agent" "$lab_dir/bin/lab-mpirun" "$lab_dir/bin/lab-exec"
 
 export LAB_PREFIX="$prefix" LAB_DIR="$lab_dir" LAB_HOSTS="${host_ns[*]}" LAB_IPS="${ips[*]}" LAB_SUBNET="$subnet"
 export LAB_HOSTFILE="$hostfile" LAB_RSH_AGENT="$agent" LAB_MPI_FLAGS="$mpi_flags" LAB_RATE="$rate"
+export LAB_DELAY_US="$delay_us"
 export PATH="$lab_dir/bin:$PATH"
+delay_text=""
+[[ "$delay_us" -gt 0 ]] && delay_text=", one-way delay $delay (lab_delay_switch)"
 if [[ "$rate" == none ]]; then
-  say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, unlimited links"
+  say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, unlimited links$delay_text"
 else
-  say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, $rate each way per host (tbf burst $burst bytes, queue $latency)"
+  say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, $rate each way per host (tbf burst $burst bytes, queue $latency)$delay_text"
 fi
 
 read_counters() {  # prints "tx_bytes rx_bytes tx_packets rx_packets" of eth0 in host namespace $1
@@ -266,9 +309,13 @@ setsid "$@" &
 cmd_pid=$!
 wait "$cmd_pid"
 rc=$?
+if [[ -n "$switch_pid" ]]; then  # its closing line: frames forwarded, flooded and dropped
+  kill -TERM "$switch_pid" 2>/dev/null; wait "$switch_pid" 2>/dev/null
+  say "$(tail -n 1 "$lab_dir/switch.log")"
+fi
 
 if [[ $measure -eq 1 ]]; then
-  json="{\"rate\": \"$rate\", \"burst\": \"${burst}\", \"latency\": \"${latency}\", \"hosts\": ["
+  json="{\"rate\": \"$rate\", \"burst\": \"${burst}\", \"latency\": \"${latency}\", \"delay_us\": $delay_us, \"hosts\": ["
   total_tx=0 total_rx=0
   echo "interface bytes during the command (eth0 per host; frames incl. Ethernet/IP/TCP headers):"
   printf '  %-4s %-11s %14s %14s %10s %10s\n' host address tx_bytes rx_bytes tx_pkts rx_pkts

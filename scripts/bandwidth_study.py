@@ -15,6 +15,7 @@ each lab invocation is in the tables too ("run wall s").
 
   /usr/bin/python3 scripts/bandwidth_study.py --rates 100mbit 1gbit              # the full study (~1 h)
   /usr/bin/python3 scripts/bandwidth_study.py --rates 100mbit --steps 10 --settings adamw_fp32 demo_k32_fp32
+  /usr/bin/python3 scripts/bandwidth_study.py --rates 1gbit --link-delay 20ms     # WAN-like: 40 ms round trips
   /usr/bin/python3 scripts/bandwidth_study.py --dry-run                           # print the commands
 
 Settings are names: adamw_fp32, adamw_bf16 (AdamW-DDP with fp32 / bf16 gradients on the wire: --grad_wire)
@@ -83,6 +84,9 @@ def parse_args(argv):
     p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, metavar="NAME",
                    help="optimizer settings, or 'all' [%(default)s]")
     p.add_argument("--hosts", type=int, default=4, help="emulated hosts, one rank each [4]")
+    p.add_argument("--link-delay", default="0ms", metavar="D",
+                   help="one-way delay between hosts at every rate, bandwidth_lab.sh's --delay (20ms: a 40 ms "
+                        "round trip; not the _delay settings' --demo_delay) [0ms]")
     p.add_argument("--out", default=os.path.join(REPO, "runs", "bandwidth_study"), help="study folder [runs/bandwidth_study]")
     p.add_argument("--model-config", default=os.path.join(REPO, "configs", "tiny.json"),
                    help="JSON config of the model shape [configs/tiny.json]")
@@ -125,6 +129,8 @@ def parse_args(argv):
     for rate in args.rates:
         if not re.fullmatch(r"none|\d+(\.\d+)?[kmgt]?bit", rate, re.I):
             raise UserError(f"--rates: '{rate}' is not like 10mbit, 100mbit, 1gbit or none")
+    if not re.fullmatch(r"\d+(\.\d+)?(us|ms|s)", args.link_delay):
+        raise UserError(f"--link-delay: '{args.link_delay}' is not like 500us, 20ms or 0.1s")
     args.out = os.path.abspath(args.out)
     return args
 
@@ -143,7 +149,7 @@ def trainer_flags(args, setting, out_dir):
 
 
 def lab_command(args, rate, setting, out_dir):
-    return (["bash", LAB, "--hosts", str(args.hosts), "--rate", rate, "--quiet",
+    return (["bash", LAB, "--hosts", str(args.hosts), "--rate", rate, "--delay", args.link_delay, "--quiet",
              "--iface-json", os.path.join(out_dir, "iface.json"), "--", "lab-mpirun", "-np", str(args.hosts),
              args.trainer] + trainer_flags(args, setting, out_dir))
 
@@ -234,13 +240,22 @@ def fmt(x, spec, missing="—"):
     return format(x, spec)
 
 
+def has_link_delay(args):
+    return float(re.match(r"[\d.]+", args.link_delay).group()) > 0
+
+
+def link_text(rate, args):
+    link = "unlimited links" if rate == "none" else f"{rate} per link"
+    return link + (f", {args.link_delay} one-way delay" if has_link_delay(args) else "")
+
+
 def rate_table(rate, runs, target, target_given, args):
     baseline = next((r for r in runs if r["setting"] == "adamw_fp32"), None)
     base_t = time_to_target(baseline, target)[0] if baseline else None
     head = ["setting", "final val", f"time to val ≤ {target:.4f} (s)", "step", "vs AdamW fp32", "steps/s",
             "step ms (median)", "comm share", "MB/step/rank", "payload MB/step", "counter MB (rank 0 sent)",
             "iface MB (h0 tx)", "iface/counter", "run wall s", "load"]
-    link = "unlimited links" if rate == "none" else f"{rate} per link"
+    link = link_text(rate, args)
     lines = [f"### {link}, {args.hosts} hosts", "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for s in runs:
@@ -292,7 +307,7 @@ def plot_rate(rate, runs, target, path, args):
         smooth = [statistics.fmean(s["train_loss"][max(0, j - w + 1):j + 1]) for j in range(len(s["train_loss"]))]
         ax_train.plot(s["train_seconds"], smooth, style, color=c, linewidth=1.3, label=s["label"])
     ax_val.axhline(target, color="gray", linewidth=0.8, linestyle=":")
-    link = "unlimited links" if rate == "none" else f"{rate} per link"
+    link = link_text(rate, args)
     ax_val.set_title(f"val loss, {args.hosts} hosts, {link} (dotted: target {target:.4f})")
     ax_train.set_title("train loss (moving average)")
     for ax in (ax_val, ax_train):
@@ -362,7 +377,8 @@ def main(argv):
     summary = [f"# Bandwidth study: DeMo vs AdamW-DDP on {args.hosts} emulated hosts", "",
                f"Model {os.path.relpath(args.model_config, REPO)}, {args.steps} steps of {args.batch_size}x{args.seq_len} "
                f"tokens per rank ({args.steps * args.batch_size * args.seq_len * args.hosts:,} tokens in all), seed "
-               f"{args.seed}, lr AdamW {args.lr_adamw:g} / DeMo {args.lr_demo:g}, {args.threads} thread(s) per rank.", ""]
+               f"{args.seed}, lr AdamW {args.lr_adamw:g} / DeMo {args.lr_demo:g}, {args.threads} thread(s) per rank"
+               + (f", {args.link_delay} one-way link delay." if has_link_delay(args) else "."), ""]
     summary += [f"Note: {n}" for n in notes] + ([""] if notes else [])
     for rate in args.rates:
         rate_dir = os.path.join(args.out, rate)

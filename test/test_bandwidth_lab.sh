@@ -8,9 +8,13 @@
 #      interface agree with rank 0's counters in metrics.jsonl (see the tolerance below);
 #  (d) scripts/bandwidth_study.py runs two delayed DeMo settings end to end and writes its summary and the
 #      compare_runs.py report;
+#  (e) --delay: TCP round trips between two hosts take twice the delay (40-50 ms at 20ms, under 5 ms without),
+#      the rate limit still holds through build/lab_delay_switch, the switch is gone after the lab, a bad value
+#      is refused, and an AdamW step of the trainer across 2 delayed hosts waits at least its all-reduce's two
+#      message latencies;
 #  (c) exits 77 with a first line "SKIP: ..." without root or network namespaces, and checks that the lab
 #      itself says "needs root and network namespaces" and exits 77 when not run as root.
-# Skips parts (b) and (d) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 35 s.
+# Skips parts (b), (d) and (e) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 50 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 lab=scripts/bandwidth_lab.sh
@@ -207,6 +211,78 @@ if [[ $rc -eq 0 ]] && ! grep -q "warning:" <<<"$study_out" && grep -q "delayed s
   pass "(d) bandwidth_study.py: 2 settings at 100mbit, summary and compare_runs report written"
 else
   fail "(d) bandwidth_study.py (exit $rc):"; tail -n 15 <<<"$study_out"
+fi
+
+# ---- (e) --delay: build/lab_delay_switch in place of the bridge ----
+out=$("$lab" --quiet --hosts 2 --rate 100mbit --delay 20 -- true 2>&1); rc=$?
+[[ $rc -eq 2 && "$out" == *"--delay must look like"* ]] && pass "(e) --delay 20 (no unit) refused, exit 2" ||
+  fail "(e) --delay 20: expected exit 2 and a message, got $rc: $out"
+# A TCP probe: 20 round trips of one byte (median, ms), then 16 MB one way (Mbit/s, timed to the receiver's reply).
+cat >"$work/tcp_probe.py" <<'EOF'
+import socket, statistics, sys, time
+role, address = sys.argv[1], (sys.argv[2], 5555)
+if role == "server":
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(address); listener.listen(1)
+    peer, _ = listener.accept()
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(20):
+        peer.sendall(peer.recv(1))
+    received = 0
+    while received < 16 << 20:
+        received += len(peer.recv(1 << 20))
+    peer.sendall(b"k")
+else:
+    for _ in range(100):
+        try:
+            peer = socket.create_connection(address); break
+        except OSError:
+            time.sleep(0.05)
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(20):
+        start = time.perf_counter(); peer.sendall(b"x"); peer.recv(1); rtts.append((time.perf_counter() - start) * 1e3)
+    start = time.perf_counter()
+    peer.sendall(b"y" * (16 << 20)); peer.recv(1)
+    print(f"{statistics.median(rtts):.2f} {(16 << 20) * 8 / (time.perf_counter() - start) / 1e6:.1f}")
+EOF
+switch_ran=0
+for delay in 0ms 20ms; do
+  rm -f "$work/prefix" "$work/pids"
+  probe=$(timeout -k 5 60 "$lab" --quiet --hosts 2 --rate 100mbit --delay "$delay" -- sh -c '
+    echo "$LAB_PREFIX" > "$0/prefix"; ip netns pids "${LAB_PREFIX}_sw" > "$0/pids"
+    lab-exec 1 /usr/bin/python3 "$0/tcp_probe.py" server 10.77.0.2 &
+    lab-exec 0 /usr/bin/python3 "$0/tcp_probe.py" client 10.77.0.2; wait' "$work" 2>&1)
+  rc=$?
+  [[ $delay == 20ms && -s "$work/pids" ]] && switch_ran=1
+  read -r rtt mbit <<<"$probe"
+  if [[ $rc -ne 0 || ! "$rtt" =~ ^[0-9.]+$ ]]; then fail "(e) --delay $delay: the TCP probe failed (exit $rc): $probe"; continue; fi
+  if [[ $delay == 0ms ]]; then ok=$(awk -v r="$rtt" 'BEGIN { print (r < 5) }'); want="under 5 ms"
+  else ok=$(awk -v r="$rtt" 'BEGIN { print (r >= 40 && r <= 50) }'); want="40-50 ms"; fi
+  [[ $ok -eq 1 ]] && pass "(e) --delay $delay: TCP round trip $rtt ms ($want)" ||
+    fail "(e) --delay $delay: TCP round trip $rtt ms, expected $want"
+  ok=$(awk -v m="$mbit" 'BEGIN { print (m >= 50 && m <= 102) }')
+  [[ $ok -eq 1 ]] && pass "(e) --delay $delay: 16 MB at $mbit Mbit/s through a 100mbit link (50-102)" ||
+    fail "(e) --delay $delay: 16 MB at $mbit Mbit/s through a 100mbit link, expected 50-102"
+  check_clean "(e) --delay $delay" "$(cat "$work/prefix" 2>/dev/null)" "$work/pids"
+done
+[[ $switch_ran -eq 1 ]] || fail "(e) --delay 20ms: no process ran in the switch namespace (lab_delay_switch)"
+# The trainer's traffic crosses the switch: an AdamW step's all-reduce (a reduce-scatter, then an all-gather)
+# cannot end sooner than two one-way delays after the backward, with the all-reduce not overlapped.
+out="$work/run_delay"
+timeout -k 5 180 "$lab" --quiet --hosts 2 --rate none --delay 20ms -- lab-mpirun -np 2 -x LLMC_DDP_OVERLAP=0 \
+  ./train_gpt_cpu "${common[@]}" --optimizer adamw --steps 2 --out_dir "$out" >"$work/log_delay" 2>&1
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail "(e) adamw over 20 ms links: the 2-host run failed (exit $rc):"; tail -n 20 "$work/log_delay"
+else
+  comm=$(/usr/bin/python3 -c 'import json, sys
+print(" ".join("%.1f" % r["comm_ms"] for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "train"))' \
+    "$out/metrics.jsonl")
+  ok=$(awk -v c="$comm" 'BEGIN { n = split(c, v, " "); ok = n == 2; for (i = 1; i <= n; i++) if (v[i] < 40) ok = 0; print ok }')
+  [[ $ok -eq 1 ]] && pass "(e) adamw over 20 ms links: comm_ms per step $comm (>= 40)" ||
+    fail "(e) adamw over 20 ms links: comm_ms per step '$comm', expected 2 steps of >= 40"
 fi
 
 echo

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # MPI tests of the optimizers: 1, 2 and 4 ranks on this host must reproduce the one-process simulation
 # (test_mpi_optimizers); the overlapped collectives (DeMo's delayed all-gather, AdamW-DDP's all-reduce during
-# the backward) also run without their helper threads, and every all-gather also in the rounds that gathers
-# over 2 GiB take.
+# the backward) also run without their helper threads, and every all-reduce also in the slices that buffers
+# over 2^24 elements take.
 # Skips when Open MPI's mpirun is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,14 +13,15 @@ for np in 1 2 4; do
   echo "== $np rank(s)"
   timeout 300 mpirun -np "$np" build/test/test_mpi_optimizers
 done
-# the overlapped collectives without helper threads (MPI_Iallgatherv, and the all-reduce inside finish():
-# what an MPI without MPI_THREAD_MULTIPLE gets)
+# the overlapped collectives without helper threads (the all-gather's messages posted in start() and waited for
+# in finish(), the all-reduce inside finish(): what an MPI without MPI_THREAD_MULTIPLE gets)
 echo "== 2 ranks, LLMC_MPI_COMM_THREAD=0"
 LLMC_MPI_COMM_THREAD=0 timeout 300 mpirun -np 2 build/test/test_mpi_optimizers
-# all-gathers too large for one MPI call (over 2 GiB) go in rounds, and all-reduces in rounds of 2^24 elements;
-# limits of 1000 bytes and 1000 elements make every buffer here take several, on both overlapped paths
-export LLMC_MPI_GATHER_SLICE=1000 LLMC_MPI_REDUCE_SLICE=1000
-echo "== 3 ranks, LLMC_MPI_GATHER_SLICE=1000 LLMC_MPI_REDUCE_SLICE=1000"
+# all-reduces go in slices of 2^24 elements, and every message in pieces of at most 64 KB; limits of 1000
+# elements and 100 bytes (25 floats, 50 bf16 values) make every buffer here take several of both, on both
+# overlapped paths
+export LLMC_MPI_REDUCE_SLICE=1000 LLMC_MPI_MESSAGE_BYTES=100
+echo "== 3 ranks, LLMC_MPI_REDUCE_SLICE=1000 LLMC_MPI_MESSAGE_BYTES=100"
 timeout 300 mpirun -np 3 build/test/test_mpi_optimizers
 echo "== 3 ranks, the same with LLMC_MPI_COMM_THREAD=0"
 LLMC_MPI_COMM_THREAD=0 timeout 300 mpirun -np 3 build/test/test_mpi_optimizers
