@@ -15,9 +15,10 @@
 // MPI may only progress them inside finish()'s wait. With GatherSizes::equal no all-gather exchanges sizes first.
 // The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) works
 // the same way on a third communicator: a reducer thread takes the ranges in the order they were started and
-// all-reduces each as allreduce_mean does (so the ranges get the bits of a blocking all-reduce of the buffer).
-// It polls its requests and sleeps in between (wait_politely) instead of spinning in MPI on a core the
-// backward needs, until finish() waits for it. (The same for the all-gather thread gained nothing in the
+// all-reduces each as allreduce_mean does (so the ranges get the bits of a blocking all-reduce of the buffer),
+// up to LLMC_MPI_REDUCE_JOBS (2) starts at a time, so that on a distant link one start's message latencies pass while
+// another's are under way. It polls its requests and sleeps in between instead of spinning in MPI on a core
+// the backward needs, until finish() waits for it. (The same for the all-gather thread gained nothing in the
 // bandwidth lab, 4 hosts at 20 and 100 Mbit/s, so that thread still blocks.)
 // LLMC_MPI_COMM_THREAD=0 turns both helper threads off: the all-gather becomes an MPI_Iallgatherv and the
 // ranges are all-reduced inside finish().
@@ -123,8 +124,12 @@ protected:
         if (elems == 0) return;
         {
             std::lock_guard lock(reduce_mutex_);
-            reduce_queue_.push_back(
-                {base, std::vector<ParamRange>(ranges.begin(), ranges.end()), elems, bf16, overlap_starts() - 1});
+            ReduceJob& job = reduce_queue_.emplace_back();
+            job.base = base;
+            job.ranges.assign(ranges.begin(), ranges.end());
+            job.elems = elems;
+            job.bf16 = bf16;
+            job.start = overlap_starts() - 1;
         }
         if (!comm_thread_ok_) return;  // finish() reduces them
         if (!reducer_.joinable()) reducer_ = std::thread([this] { run_reducer(); });
@@ -137,13 +142,13 @@ protected:
         Timer t(counters_, /*counts=*/false);
         const auto watched = watch("MPI all-reduce of the gradients (early ranges)");
         const auto reduced = [&] { return reduce_queue_.empty() || reduce_queue_.front().start >= starts; };
+        std::unique_lock lock(reduce_mutex_);
         if (comm_thread_ok_) {
             reduce_awaited_ = true;
-            std::unique_lock lock(reduce_mutex_);
             reduce_done_.wait(lock, reduced);
             reduce_awaited_ = false;
         } else {
-            for (; !reduced(); reduce_queue_.pop_front()) reduce_job(reduce_queue_.front());
+            while (!reduced()) reduce_pass(lock);
         }
     }
 
@@ -154,14 +159,13 @@ protected:
         if (world_ == 1) return;
         Timer t(counters_);
         const auto watched = watch("MPI all-reduce of the gradients (overlapped)");
+        std::unique_lock lock(reduce_mutex_);
         if (comm_thread_ok_) {
             reduce_awaited_ = true;  // the reducer stops sleeping between its polls: nothing else runs now
-            std::unique_lock lock(reduce_mutex_);
             reduce_done_.wait(lock, [this] { return reduce_queue_.empty(); });
             reduce_awaited_ = false;
         } else {
-            for (const ReduceJob& job : reduce_queue_) reduce_job(job);
-            reduce_queue_.clear();
+            while (!reduce_queue_.empty()) reduce_pass(lock);
         }
         count_allreduce(bytes);
     }
@@ -256,16 +260,6 @@ public:
     }
 
 private:
-    // The reducer thread's wait for its requests: until `awaited` is set (the main thread waits for the
-    // collective, so nothing else needs the cores) poll and sleep in between instead of spinning inside MPI,
-    // leaving the cores to the computation the collective overlaps (the kernel moves the TCP data meanwhile).
-    static void wait_politely(std::span<MPI_Request> requests, const std::atomic<bool>& awaited) {
-        for (int done = 0;;) {
-            MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
-            if (done) return;
-            if (!awaited.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
-    }
     // Every rank's contribution to an all-gather: exchanged (one MPI_Allgather of an int), or this rank's own
     // size everywhere (GatherSizes::equal: the caller vouches for it).
     void learn_sizes(int my_size, GatherSizes how, std::vector<int>& sizes, MPI_Comm comm) const {
@@ -305,61 +299,94 @@ private:
     // owner holds all W contributions and adds them in rank order. All-gather: every owner sends its reduced
     // share to every other rank. Each phase posts all its messages at once (direct exchange: one message
     // latency, where a ring's phase has W-1 rounds) and moves a ring's bytes: 2 (W-1)/W of the buffer each way.
-    // `stage` receives the contributions to this rank's share. bf16: the values go to bf16 (`wire`, n elements)
-    // before they travel, and every partial sum is rounded to bf16, as a bf16 all-reduce rounds at each hop.
-    // `polite` (the reducer thread): wait_politely until finish() waits for it.
-    void wait_all(std::vector<MPI_Request>& requests, bool polite) const {
-        if (polite) wait_politely(requests, reduce_awaited_);
-        else MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-        requests.clear();
+    // bf16: the values go to bf16 before they travel, and every partial sum is rounded to bf16, as a bf16
+    // all-reduce rounds at each hop.
+    // RankOrderMean is one such all-reduce as steps (advance posts the next phase once the last one's messages
+    // are in), so that the reducer can keep several in flight; the blocking all-reduces drive one to its end.
+    template <typename Wire>
+    struct RankOrderMean {
+        Wire* data = nullptr;
+        size_t n = 0;
+        size_t begin = 0, length = 0;  // the slice in progress
+        int phase = 0;                 // 0: no slice posted, 1: its reduce-scatter in flight, 2: its all-gather
+        int tag = 0;                   // its reduce-scatter's messages; tag + 1 its all-gather's
+        std::vector<size_t> begin_of;  // share r of the slice is [begin_of[r], begin_of[r + 1])
+        std::vector<Wire> stage;       // the contributions to this rank's share, in rank order
+        std::vector<MPI_Request> requests;
+        void reset(Wire* values, size_t count, int first_tag) {
+            data = values;
+            n = count;
+            tag = first_tag;
+            begin = length = 0;
+            phase = 0;
+        }
+    };
+    // Posts the next phase of m (its last one's messages must have arrived); true once every slice is reduced.
+    template <typename Wire, typename Add>
+    bool advance(RankOrderMean<Wire>& m, MPI_Datatype type, Add add, MPI_Comm comm) const {
+        const int W = world_, me = rank_;
+        const auto count = [&](int r) { return m.begin_of[r + 1] - m.begin_of[r]; };
+        Wire* slice = m.data + m.begin;
+        if (m.phase == 1) {
+            const size_t share = count(me);
+            for (size_t i = 0; i < share; i++) {
+                Wire sum = m.stage[i];
+                for (int r = 1; r < W; r++) sum = add(sum, m.stage[share * static_cast<size_t>(r) + i]);
+                slice[m.begin_of[me] + i] = sum;
+            }
+            for (int k = 1; k < W; k++) {  // all-gather of the reduced shares, in ring order: the next rank first
+                const int to = (me + k) % W, from = (me - k + W) % W;
+                post_recv(slice + m.begin_of[from], count(from), type, from, m.tag + 1, comm, m.requests);
+                post_send(slice + m.begin_of[me], count(me), type, to, m.tag + 1, comm, m.requests);
+            }
+            m.phase = 2;
+            return false;
+        }
+        if (m.phase == 2) m.begin += m.length;
+        if (m.begin >= m.n) return true;
+        m.length = std::min(reduce_slice_limit(), m.n - m.begin);
+        slice = m.data + m.begin;
+        m.begin_of.resize(static_cast<size_t>(W) + 1);
+        for (int r = 0; r <= W; r++) m.begin_of[r] = m.length * static_cast<size_t>(r) / static_cast<size_t>(W);
+        const size_t share = count(me);
+        m.stage.resize(std::max(m.stage.size(), share * static_cast<size_t>(W)));
+        std::copy(slice + m.begin_of[me], slice + m.begin_of[me + 1],
+                  m.stage.begin() + static_cast<std::ptrdiff_t>(share * me));
+        for (int k = 1; k < W; k++) {  // reduce-scatter
+            const int to = (me + k) % W, from = (me - k + W) % W;
+            post_recv(m.stage.data() + share * static_cast<size_t>(from), share, type, from, m.tag, comm, m.requests);
+            post_send(slice + m.begin_of[to], count(to), type, to, m.tag, comm, m.requests);
+        }
+        m.phase = 1;
+        return false;
+    }
+    static float add_fp32(float a, float b) { return a + b; }
+    static uint16_t add_bf16(uint16_t a, uint16_t b) {
+        return km::bf16_bits_rne(km::bf16_bits_to_float(a) + km::bf16_bits_to_float(b));
     }
     template <typename Wire, typename Add>
-    void mean_in_rank_order(Wire* data, size_t n, std::vector<Wire>& stage, MPI_Datatype type, Add add, MPI_Comm comm,
-                            bool polite = false) const {
-        const size_t kSlice = reduce_slice_limit();
-        const int W = world_, me = rank_;
-        std::vector<size_t> begin_of(static_cast<size_t>(W) + 1);
-        std::vector<MPI_Request> requests;
-        requests.reserve(2 * static_cast<size_t>(W));
-        for (size_t begin = 0; begin < n; begin += kSlice) {
-            const size_t m = std::min(kSlice, n - begin);
-            for (int r = 0; r <= W; r++) begin_of[r] = m * static_cast<size_t>(r) / static_cast<size_t>(W);
-            const auto count = [&](int r) { return begin_of[r + 1] - begin_of[r]; };
-            const size_t share = begin_of[me + 1] - begin_of[me];
-            stage.resize(std::max(stage.size(), share * static_cast<size_t>(W)));
-            Wire* slice = data + begin;
-            std::copy(slice + begin_of[me], slice + begin_of[me + 1], stage.begin() + static_cast<std::ptrdiff_t>(share * me));
-            for (int k = 1; k < W; k++) {  // reduce-scatter, in ring order: the next rank first
-                const int to = (me + k) % W, from = (me - k + W) % W;
-                post_recv(stage.data() + share * static_cast<size_t>(from), share, type, from, kReduceScatterTag, comm,
-                          requests);
-                post_send(slice + begin_of[to], count(to), type, to, kReduceScatterTag, comm, requests);
-            }
-            wait_all(requests, polite);
-            for (size_t i = 0; i < share; i++) {
-                Wire sum = stage[i];
-                for (int r = 1; r < W; r++) sum = add(sum, stage[share * static_cast<size_t>(r) + i]);
-                slice[begin_of[me] + i] = sum;
-            }
-            for (int k = 1; k < W; k++) {  // all-gather of the reduced shares
-                const int to = (me + k) % W, from = (me - k + W) % W;
-                post_recv(slice + begin_of[from], count(from), type, from, kAllGatherTag, comm, requests);
-                post_send(slice + begin_of[me], count(me), type, to, kAllGatherTag, comm, requests);
-            }
-            wait_all(requests, polite);
+    void drive_to_end(RankOrderMean<Wire>& m, MPI_Datatype type, Add add, MPI_Comm comm) const {
+        while (!advance(m, type, add, comm)) {
+            MPI_Waitall(static_cast<int>(m.requests.size()), m.requests.data(), MPI_STATUSES_IGNORE);
+            m.requests.clear();
         }
     }
-    void mean_fp32(float* data, size_t n, std::vector<float>& stage, MPI_Comm comm, bool polite = false) const {
-        mean_in_rank_order(data, n, stage, MPI_FLOAT, [](float a, float b) { return a + b; }, comm, polite);
+    void mean_fp32(float* data, size_t n, std::vector<float>& stage, MPI_Comm comm) const {
+        RankOrderMean<float> m;
+        m.reset(data, n, kMeanTag);
+        m.stage.swap(stage);  // the caller's buffer, kept across calls
+        drive_to_end(m, MPI_FLOAT, add_fp32, comm);
+        stage.swap(m.stage);
         const float inv = 1.0f / static_cast<float>(world_);
         for (size_t i = 0; i < n; i++) data[i] *= inv;
     }
-    void mean_bf16(float* data, uint16_t* wire, size_t n, std::vector<uint16_t>& stage, MPI_Comm comm,
-                   bool polite = false) const {
+    void mean_bf16(float* data, uint16_t* wire, size_t n, std::vector<uint16_t>& stage, MPI_Comm comm) const {
         for (size_t i = 0; i < n; i++) wire[i] = km::bf16_bits_rne(data[i]);
-        mean_in_rank_order(wire, n, stage, MPI_UINT16_T, [](uint16_t a, uint16_t b) {
-            return km::bf16_bits_rne(km::bf16_bits_to_float(a) + km::bf16_bits_to_float(b));
-        }, comm, polite);
+        RankOrderMean<uint16_t> m;
+        m.reset(wire, n, kMeanTag);
+        m.stage.swap(stage);
+        drive_to_end(m, MPI_UINT16_T, add_bf16, comm);
+        stage.swap(m.stage);
         const float inv = 1.0f / static_cast<float>(world_);
         for (size_t i = 0; i < n; i++) data[i] = km::bf16_bits_to_float(wire[i]) * inv;
     }
@@ -370,54 +397,159 @@ private:
         counters_.bytes_recv += wire;
     }
     // One start()'s ranges of the overlapped all-reduce, on its own communicator (the reducer thread, or
-    // finish()). Several ranges are packed into one buffer and travel as one all-reduce: 2 (W-1) rounds for a
-    // layer instead of as many per tensor (its biases and LayerNorms are a few hundred values each), with the
-    // same bits, since every element is summed in rank order either way.
+    // finish()). Several ranges are packed into one buffer and travel as one all-reduce: 2 message latencies
+    // for a layer instead of as many per tensor (its biases and LayerNorms are a few hundred values each), with
+    // the same bits, since every element is summed in rank order either way. The fields after `start` belong
+    // to the thread that reduces.
     struct ReduceJob {
-        float* base;
+        float* base = nullptr;
         std::vector<ParamRange> ranges;
-        size_t elems;
-        bool bf16;
-        size_t start;  // which start() since the last finish() queued it, from 0
+        size_t elems = 0;
+        bool bf16 = false;
+        size_t start = 0;  // which start() since the last finish() queued it, from 0
+        bool begun = false, done = false;
+        float* values = nullptr;  // the one nonempty range in place, or `pack`
+        std::vector<float> pack;  // the ranges back to back
+        std::vector<uint16_t> wire;
+        RankOrderMean<float> fp32;
+        RankOrderMean<uint16_t> bf16_wire;
     };
-    void reduce_job(const ReduceJob& job) {
-        const auto mean = [&](float* data, size_t n) {
-            if (!job.bf16) return mean_fp32(data, n, reduce_stage_, reduce_comm_, /*polite=*/true);
-            reduce_wire_.resize(std::max(reduce_wire_.size(), n));
-            mean_bf16(data, reduce_wire_.data(), n, reduce_stage_bf16_, reduce_comm_, /*polite=*/true);
-        };
+    // Overlapped starts reduced at the same time (LLMC_MPI_REDUCE_JOBS, default 2): on a link with a delay each
+    // start's two phases are mostly waiting, so while one waits another moves. In the bandwidth lab (4 hosts,
+    // 1gbit, 20 ms) 1 / 2 / 4 gave 532-546 / 459-489 / 416-436 ms steps; without a delay (2 hosts, 12 layers)
+    // 2,050-2,095 / 2,079-2,184 / 2,146-2,434 ms, the backward slower with more in flight on 2 shared cores.
+    // Each job in flight holds its packed ranges and a stage, about twice its size.
+    static size_t jobs_in_flight_from_env() {
+        const char* env = std::getenv("LLMC_MPI_REDUCE_JOBS");
+        return env ? std::max<size_t>(1, std::strtoull(env, nullptr, 10)) : 2;
+    }
+    template <typename T>
+    static std::vector<T> take(std::vector<std::vector<T>>& pool, size_t n) {
+        std::vector<T> v;
+        if (!pool.empty()) {
+            v.swap(pool.back());
+            pool.pop_back();
+        }
+        v.resize(n);
+        return v;
+    }
+    // Tags of their own for the jobs in flight: a job whose reduce-scatter completes first may send its
+    // all-gather before an earlier job does, and a peer must not take it for the earlier one's.
+    static int job_tag(const ReduceJob& job) { return kFirstJobTag + 2 * static_cast<int>(job.start % 8192); }
+    void begin_job(ReduceJob& job) {
         const auto nonempty = [](const ParamRange& r) { return r.numel > 0; };
         if (std::count_if(job.ranges.begin(), job.ranges.end(), nonempty) == 1) {
-            const ParamRange& r = *std::find_if(job.ranges.begin(), job.ranges.end(), nonempty);
-            return mean(job.base + r.offset, r.numel);
+            job.values = job.base + std::find_if(job.ranges.begin(), job.ranges.end(), nonempty)->offset;
+        } else {
+            job.pack = take(float_pool_, job.elems);
+            size_t at = 0;
+            for (const ParamRange& r : job.ranges) {
+                std::copy(job.base + r.offset, job.base + r.offset + r.numel,
+                          job.pack.begin() + static_cast<std::ptrdiff_t>(at));
+                at += r.numel;
+            }
+            job.values = job.pack.data();
         }
-        reduce_pack_.resize(std::max(reduce_pack_.size(), job.elems));
-        size_t at = 0;
-        for (const ParamRange& r : job.ranges) {
-            std::copy(job.base + r.offset, job.base + r.offset + r.numel, reduce_pack_.begin() + static_cast<std::ptrdiff_t>(at));
-            at += r.numel;
+        if (job.bf16) {
+            job.wire = take(bf16_pool_, job.elems);
+            for (size_t i = 0; i < job.elems; i++) job.wire[i] = km::bf16_bits_rne(job.values[i]);
+            job.bf16_wire.reset(job.wire.data(), job.elems, job_tag(job));
+            job.bf16_wire.stage = take(bf16_pool_, 0);
+        } else {
+            job.fp32.reset(job.values, job.elems, job_tag(job));
+            job.fp32.stage = take(float_pool_, 0);
         }
-        mean(reduce_pack_.data(), job.elems);
-        at = 0;
-        for (const ParamRange& r : job.ranges) {
-            std::copy(reduce_pack_.begin() + static_cast<std::ptrdiff_t>(at),
-                      reduce_pack_.begin() + static_cast<std::ptrdiff_t>(at + r.numel), job.base + r.offset);
-            at += r.numel;
-        }
+        job.begun = true;
     }
-    // The reducer thread: takes the jobs in start order; a job leaves the queue once reduced, so an empty queue
-    // means every started range is done, and one whose front came from start s means the starts before s are.
+    void end_job(ReduceJob& job) {
+        const float inv = 1.0f / static_cast<float>(world_);
+        if (job.bf16) {
+            for (size_t i = 0; i < job.elems; i++) job.values[i] = km::bf16_bits_to_float(job.wire[i]) * inv;
+            bf16_pool_.push_back(std::move(job.wire));
+            bf16_pool_.push_back(std::move(job.bf16_wire.stage));
+        } else {
+            for (size_t i = 0; i < job.elems; i++) job.values[i] *= inv;
+            float_pool_.push_back(std::move(job.fp32.stage));
+        }
+        if (job.values == job.pack.data()) {
+            size_t at = 0;
+            for (const ParamRange& r : job.ranges) {
+                std::copy(job.pack.begin() + static_cast<std::ptrdiff_t>(at),
+                          job.pack.begin() + static_cast<std::ptrdiff_t>(at + r.numel), job.base + r.offset);
+                at += r.numel;
+            }
+            float_pool_.push_back(std::move(job.pack));
+        }
+        job.done = true;
+    }
+    std::vector<MPI_Request>& requests_of(ReduceJob& job) { return job.bf16 ? job.bf16_wire.requests : job.fp32.requests; }
+    // Posts the job's next phase (its messages are in); ends it when it is reduced.
+    void advance_job(ReduceJob& job) {
+        requests_of(job).clear();
+        const bool reduced = job.bf16 ? advance(job.bf16_wire, MPI_UINT16_T, add_bf16, reduce_comm_)
+                                      : advance(job.fp32, MPI_FLOAT, add_fp32, reduce_comm_);
+        if (reduced) end_job(job);
+    }
+    // One pass of whichever thread reduces (the reducer, or the main thread without one) over the queue: begins
+    // jobs up to reduce_jobs_in_flight_, moves those whose messages arrived, and takes the reduced ones off the front (in
+    // start order: an empty queue means every started range is done, and one whose front came from start s
+    // means the starts before s are). One MPI_Testsome over every job's messages per pass: each test call that
+    // finds work pending runs a round of MPI's progress engine (a poll of its sockets). `lock` holds reduce_mutex_ on entry and on return, not in between (a job in the
+    // queue stays put while start() appends). Returns whether any job moved.
+    bool reduce_pass(std::unique_lock<std::mutex>& lock) {
+        while (reduce_active_.size() < reduce_jobs_in_flight_ && reduce_active_.size() < reduce_queue_.size())
+            reduce_active_.push_back(&reduce_queue_[reduce_active_.size()]);
+        lock.unlock();
+        bool moved = false;
+        pass_requests_.clear();
+        for (ReduceJob* job : reduce_active_) {
+            if (!job->begun) {
+                begin_job(*job);
+                advance_job(*job);
+                moved = true;
+            }
+            const std::vector<MPI_Request>& own = requests_of(*job);
+            pass_requests_.insert(pass_requests_.end(), own.begin(), own.end());
+        }
+        if (!pass_requests_.empty()) {
+            int completed = 0;
+            pass_indices_.resize(pass_requests_.size());
+            MPI_Testsome(static_cast<int>(pass_requests_.size()), pass_requests_.data(), &completed,
+                         pass_indices_.data(), MPI_STATUSES_IGNORE);
+        }
+        size_t at = 0;  // the handles back (MPI_REQUEST_NULL where complete), and the jobs whose messages are all in
+        for (ReduceJob* job : reduce_active_) {
+            std::vector<MPI_Request>& own = requests_of(*job);
+            std::copy(pass_requests_.begin() + static_cast<std::ptrdiff_t>(at),
+                      pass_requests_.begin() + static_cast<std::ptrdiff_t>(at + own.size()), own.begin());
+            at += own.size();
+            if (job->done || !std::all_of(own.begin(), own.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
+                continue;
+            advance_job(*job);
+            moved = true;
+        }
+        lock.lock();
+        bool popped = false;
+        while (!reduce_active_.empty() && reduce_active_.front()->done) {
+            reduce_active_.erase(reduce_active_.begin());
+            reduce_queue_.pop_front();
+            popped = true;
+        }
+        if (popped) reduce_done_.notify_all();
+        return moved;
+    }
+    // The reducer thread. While nothing arrives it sleeps between passes, leaving the cores to the backward
+    // (the kernel moves the TCP data meanwhile), unless finish() waits for it and nothing else runs.
     void run_reducer() {
         std::unique_lock lock(reduce_mutex_);
         for (;;) {
             reduce_ready_.wait(lock, [this] { return reducer_stop_ || !reduce_queue_.empty(); });
             if (reduce_queue_.empty()) return;
-            const ReduceJob& job = reduce_queue_.front();  // stays put: start() only appends to the deque
-            lock.unlock();
-            reduce_job(job);
-            lock.lock();
-            reduce_queue_.pop_front();
-            reduce_done_.notify_all();
+            if (!reduce_pass(lock) && !reduce_awaited_.load(std::memory_order_relaxed)) {
+                lock.unlock();
+                std::this_thread::sleep_for(std::chrono::microseconds(50));
+                lock.lock();
+            }
         }
     }
     void stop_reducer() {
@@ -514,9 +646,10 @@ private:
         return bytes;
     }
 
-    // Message tags: the phases of an all-reduce apart (a fast rank's all-gather message may arrive while this
-    // rank still waits in the reduce-scatter), and the all-gather of buckets on its own communicator anyway.
-    static constexpr int kReduceScatterTag = 1, kAllGatherTag = 2, kGatherTag = 3, kSmallReduceTag = 4;
+    // Message tags: an all-reduce's reduce-scatter kMeanTag (or its job's tag), its all-gather that plus one (a
+    // fast rank's all-gather may arrive while this rank still waits in the reduce-scatter); the overlapped
+    // all-reduce's jobs from kFirstJobTag up (job_tag: at most 16,399, under the 32,767 every MPI allows).
+    static constexpr int kMeanTag = 1, kGatherTag = 3, kSmallReduceTag = 4, kFirstJobTag = 16;
 
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
@@ -539,10 +672,12 @@ private:
     std::deque<ReduceJob> reduce_queue_;
     bool reducer_stop_ = false;
     std::atomic<bool> reduce_awaited_{false};  // finish() is waiting for the reducer
-    std::vector<float> reduce_pack_;   // a job's ranges back to back
-    std::vector<uint16_t> reduce_wire_;
-    std::vector<float> reduce_stage_;  // the reducer's own stage_ and stage_bf16_
-    std::vector<uint16_t> reduce_stage_bf16_;
+    const size_t reduce_jobs_in_flight_ = jobs_in_flight_from_env();
+    std::vector<ReduceJob*> reduce_active_;  // the jobs begun and not reduced (the reducing thread's, as below)
+    std::vector<MPI_Request> pass_requests_;  // reduce_pass's copy of every active job's requests
+    std::vector<int> pass_indices_;
+    std::vector<std::vector<float>> float_pool_;  // the jobs' buffers, kept for the next steps' jobs
+    std::vector<std::vector<uint16_t>> bf16_pool_;
 };
 
 }  // namespace

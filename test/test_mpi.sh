@@ -19,9 +19,9 @@ echo "== 2 ranks, LLMC_MPI_COMM_THREAD=0"
 LLMC_MPI_COMM_THREAD=0 timeout 300 mpirun -np 2 build/test/test_mpi_optimizers
 # all-reduces go in slices of 2^24 elements, and every message in pieces of at most 64 KB; limits of 1000
 # elements and 100 bytes (25 floats, 50 bf16 values) make every buffer here take several of both, on both
-# overlapped paths
-export LLMC_MPI_REDUCE_SLICE=1000 LLMC_MPI_MESSAGE_BYTES=100
-echo "== 3 ranks, LLMC_MPI_REDUCE_SLICE=1000 LLMC_MPI_MESSAGE_BYTES=100"
+# overlapped paths, with 3 overlapped starts in flight instead of 2
+export LLMC_MPI_REDUCE_SLICE=1000 LLMC_MPI_MESSAGE_BYTES=100 LLMC_MPI_REDUCE_JOBS=3
+echo "== 3 ranks, LLMC_MPI_REDUCE_SLICE=1000 LLMC_MPI_MESSAGE_BYTES=100 LLMC_MPI_REDUCE_JOBS=3"
 timeout 300 mpirun -np 3 build/test/test_mpi_optimizers
 echo "== 3 ranks, the same with LLMC_MPI_COMM_THREAD=0"
 LLMC_MPI_COMM_THREAD=0 timeout 300 mpirun -np 3 build/test/test_mpi_optimizers
