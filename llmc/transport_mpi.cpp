@@ -16,12 +16,12 @@
 // The overlapped all-reduce (allreduce_mean_start / _finish, AdamW-DDP's gradients during the backward) works
 // the same way on a third communicator: a reducer thread takes the ranges in the order they were started and
 // all-reduces each as allreduce_mean does (so the ranges get the bits of a blocking all-reduce of the buffer),
-// up to LLMC_MPI_REDUCE_JOBS (2) starts at a time, so that on a distant link one start's message latencies pass while
-// another's are under way. It polls its requests and sleeps in between instead of spinning in MPI on a core
+// up to LLMC_MPI_REDUCE_JOBS (2) starts at a time, so that on a distant link one start's message latencies
+// pass while another's are under way. It polls its requests and sleeps in between instead of spinning in MPI on a core
 // the backward needs, until finish() waits for it. (The same for the all-gather thread gained nothing in the
 // bandwidth lab, 4 hosts at 20 and 100 Mbit/s, so that thread still blocks.)
-// LLMC_MPI_COMM_THREAD=0 turns both helper threads off: the all-gather becomes an MPI_Iallgatherv and the
-// ranges are all-reduced inside finish().
+// LLMC_MPI_COMM_THREAD=0 turns both helper threads off: the all-gather's messages are posted in start() and
+// the ranges are all-reduced inside finish() (or a wait for early ranges).
 #include "llmc/transport_mpi.h"
 
 #include <algorithm>
@@ -288,7 +288,8 @@ private:
         std::memcpy(all + offsets[rank_], mine, static_cast<size_t>(sizes[rank_]));
         for (int k = 1; k < world_; k++) {  // in ring order: the next rank first
             const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
-            post_recv(all + offsets[from], static_cast<size_t>(sizes[from]), MPI_BYTE, from, kGatherTag, comm, requests);
+            post_recv(all + offsets[from], static_cast<size_t>(sizes[from]), MPI_BYTE, from, kGatherTag, comm,
+                      requests);
             post_send(mine, static_cast<size_t>(sizes[rank_]), MPI_BYTE, to, kGatherTag, comm, requests);
         }
     }
@@ -482,7 +483,9 @@ private:
         }
         job.done = true;
     }
-    std::vector<MPI_Request>& requests_of(ReduceJob& job) { return job.bf16 ? job.bf16_wire.requests : job.fp32.requests; }
+    static std::vector<MPI_Request>& requests_of(ReduceJob& job) {
+        return job.bf16 ? job.bf16_wire.requests : job.fp32.requests;
+    }
     // Posts the job's next phase (its messages are in); ends it when it is reduced.
     void advance_job(ReduceJob& job) {
         requests_of(job).clear();
@@ -491,11 +494,12 @@ private:
         if (reduced) end_job(job);
     }
     // One pass of whichever thread reduces (the reducer, or the main thread without one) over the queue: begins
-    // jobs up to reduce_jobs_in_flight_, moves those whose messages arrived, and takes the reduced ones off the front (in
-    // start order: an empty queue means every started range is done, and one whose front came from start s
-    // means the starts before s are). One MPI_Testsome over every job's messages per pass: each test call that
-    // finds work pending runs a round of MPI's progress engine (a poll of its sockets). `lock` holds reduce_mutex_ on entry and on return, not in between (a job in the
-    // queue stays put while start() appends). Returns whether any job moved.
+    // jobs up to reduce_jobs_in_flight_, moves those whose messages arrived, and takes the reduced ones off the
+    // front (in start order: an empty queue means every started range is done, and one whose front came from
+    // start s means the starts before s are). One MPI_Testsome over every job's messages per pass: each test
+    // call that finds work pending runs a round of MPI's progress engine (a poll of its sockets). `lock` holds
+    // reduce_mutex_ on entry and on return, not in between (a job in the queue stays put while start()
+    // appends). Returns whether any job moved.
     bool reduce_pass(std::unique_lock<std::mutex>& lock) {
         while (reduce_active_.size() < reduce_jobs_in_flight_ && reduce_active_.size() < reduce_queue_.size())
             reduce_active_.push_back(&reduce_queue_[reduce_active_.size()]);
@@ -523,8 +527,8 @@ private:
             std::copy(pass_requests_.begin() + static_cast<std::ptrdiff_t>(at),
                       pass_requests_.begin() + static_cast<std::ptrdiff_t>(at + own.size()), own.begin());
             at += own.size();
-            if (job->done || !std::all_of(own.begin(), own.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
-                continue;
+            const auto arrived = [](MPI_Request r) { return r == MPI_REQUEST_NULL; };
+            if (job->done || !std::all_of(own.begin(), own.end(), arrived)) continue;
             advance_job(*job);
             moved = true;
         }
@@ -641,9 +645,9 @@ private:
     // The largest piece: 64 KB less room for MPI's own header; LLMC_MPI_MESSAGE_BYTES sets it (tests make
     // every message take several pieces, and an MPI with a lower eager limit may want less).
     size_t message_bytes() const {
-        size_t bytes = 65536 - 256;
-        if (const char* env = std::getenv("LLMC_MPI_MESSAGE_BYTES")) bytes = std::max<size_t>(1, std::strtoull(env, nullptr, 10));
-        return bytes;
+        const char* env = std::getenv("LLMC_MPI_MESSAGE_BYTES");
+        if (!env) return 65536 - 256;
+        return std::clamp<size_t>(std::strtoull(env, nullptr, 10), 1, INT32_MAX);  // a piece's count is an int
     }
 
     // Message tags: an all-reduce's reduce-scatter kMeanTag (or its job's tag), its all-gather that plus one (a

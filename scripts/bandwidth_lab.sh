@@ -3,10 +3,11 @@
 # Creates N network namespaces ("hosts", one veth eth0 each, 10.77.0.1..N/24) whose peers sit on a bridge in
 # a separate switch namespace, limits every link to RATE in both directions with a tbf qdisc (host egress =
 # upload, switch-port egress = download), with --delay replaces the bridge by build/lab_delay_switch (a
-# learning switch in user space that holds every frame for the delay: this kernel has no netem), runs a command with `lab-mpirun` on its PATH (mpirun inside host 0
-# with a hostfile of the hosts, an rsh agent that maps a host to `ip netns exec`, and the MCA flags that keep
-# MPI on the emulated network), and always removes everything it created: namespaces (with their links and
-# qdiscs), temp files (incl. Open MPI's session dirs) and processes, on success, failure, Ctrl-C or SIGTERM.
+# learning switch in user space that holds every frame for the delay: this kernel has no netem), runs a
+# command with `lab-mpirun` on its PATH (mpirun inside host 0 with a hostfile of the hosts, an rsh agent that
+# maps a host to `ip netns exec`, and the MCA flags that keep MPI on the emulated network), and always removes
+# everything it created: namespaces (with their links and qdiscs), temp files (incl. Open MPI's session dirs)
+# and processes, on success, failure, Ctrl-C or SIGTERM.
 # Nothing is changed in the root namespace; namespace names carry a per-invocation prefix (bwl<PID>).
 # Recipe and measurements: /work/shared/reference/bandwidth-lab.md, docs/BANDWIDTH.md.
 #
@@ -25,7 +26,8 @@
 #   --cleanup-stale    (alone) remove namespaces and temp dirs of labs that were killed with SIGKILL
 # The command sees: PATH with lab-mpirun and lab-exec (`lab-exec I cmd...` runs cmd in host I), LAB_PREFIX,
 # LAB_DIR, LAB_HOSTS (namespace names), LAB_IPS, LAB_SUBNET, LAB_HOSTFILE, LAB_RSH_AGENT, LAB_MPI_FLAGS,
-# LAB_RATE, LAB_DELAY_US. Exit status: the command's; 128+signal when interrupted; 77 without root / network namespaces /
+# LAB_RATE, LAB_DELAY_US.
+# Exit status: the command's; 128+signal when interrupted; 77 without root / network namespaces /
 # tbf ("needs root and network namespaces"); 2 for usage errors.
 set -uo pipefail
 
@@ -240,7 +242,10 @@ if [[ "$delay_us" -gt 0 ]]; then
   ip netns exec "$switch_ns" "$delay_switch" --delay_us "$delay_us" --ports "$ports" \
     --ready "$lab_dir/switch.ready" 2>"$lab_dir/switch.log" &
   switch_pid=$!
-  for _ in $(seq 100); do [[ -e "$lab_dir/switch.ready" ]] || ! kill -0 "$switch_pid" 2>/dev/null && break; sleep 0.05; done
+  for _ in $(seq 100); do
+    [[ -e "$lab_dir/switch.ready" ]] || ! kill -0 "$switch_pid" 2>/dev/null && break
+    sleep 0.05
+  done
   [[ -e "$lab_dir/switch.ready" ]] || fail_setup "lab_delay_switch did not start: $(tail -n 1 "$lab_dir/switch.log")"
 fi
 for ip in "${ips[@]}"; do echo "$ip slots=$slots"; done >"$hostfile"
@@ -293,7 +298,8 @@ delay_text=""
 if [[ "$rate" == none ]]; then
   say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, unlimited links$delay_text"
 else
-  say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, $rate each way per host (tbf burst $burst bytes, queue $latency)$delay_text"
+  say "lab $prefix: $hosts host(s) ${ips[0]}..${ips[$((hosts - 1))]}, $rate each way per host" \
+      "(tbf burst $burst bytes, queue $latency)$delay_text"
 fi
 
 read_counters() {  # prints "tx_bytes rx_bytes tx_packets rx_packets" of eth0 in host namespace $1
@@ -315,7 +321,8 @@ if [[ -n "$switch_pid" ]]; then  # its closing line: frames forwarded, flooded a
 fi
 
 if [[ $measure -eq 1 ]]; then
-  json="{\"rate\": \"$rate\", \"burst\": \"${burst}\", \"latency\": \"${latency}\", \"delay_us\": $delay_us, \"hosts\": ["
+  json="{\"rate\": \"$rate\", \"burst\": \"${burst}\", \"latency\": \"${latency}\", \"delay_us\": $delay_us,"
+  json+=" \"hosts\": ["
   total_tx=0 total_rx=0
   echo "interface bytes during the command (eth0 per host; frames incl. Ethernet/IP/TCP headers):"
   printf '  %-4s %-11s %14s %14s %10s %10s\n' host address tx_bytes rx_bytes tx_pkts rx_pkts

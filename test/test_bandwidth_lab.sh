@@ -257,7 +257,9 @@ for delay in 0ms 20ms; do
   rc=$?
   [[ $delay == 20ms && -s "$work/pids" ]] && switch_ran=1
   read -r rtt mbit <<<"$probe"
-  if [[ $rc -ne 0 || ! "$rtt" =~ ^[0-9.]+$ ]]; then fail "(e) --delay $delay: the TCP probe failed (exit $rc): $probe"; continue; fi
+  if [[ $rc -ne 0 || ! "$rtt" =~ ^[0-9.]+$ ]]; then
+    fail "(e) --delay $delay: the TCP probe failed (exit $rc): $probe"; continue
+  fi
   if [[ $delay == 0ms ]]; then ok=$(awk -v r="$rtt" 'BEGIN { print (r < 5) }'); want="under 5 ms"
   else ok=$(awk -v r="$rtt" 'BEGIN { print (r >= 40 && r <= 50) }'); want="40-50 ms"; fi
   [[ $ok -eq 1 ]] && pass "(e) --delay $delay: TCP round trip $rtt ms ($want)" ||
@@ -280,7 +282,8 @@ else
   comm=$(/usr/bin/python3 -c 'import json, sys
 print(" ".join("%.1f" % r["comm_ms"] for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "train"))' \
     "$out/metrics.jsonl")
-  ok=$(awk -v c="$comm" 'BEGIN { n = split(c, v, " "); ok = n == 2; for (i = 1; i <= n; i++) if (v[i] < 40) ok = 0; print ok }')
+  ok=$(awk -v c="$comm" 'BEGIN { n = split(c, v, " "); ok = n == 2
+                                 for (i = 1; i <= n; i++) if (v[i] < 40) ok = 0; print ok }')
   [[ $ok -eq 1 ]] && pass "(e) adamw over 20 ms links: comm_ms per step $comm (>= 40)" ||
     fail "(e) adamw over 20 ms links: comm_ms per step '$comm', expected 2 steps of >= 40"
 fi
