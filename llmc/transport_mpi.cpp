@@ -1,7 +1,7 @@
 // MpiTransport: collectives over MPI_COMM_WORLD with the byte counters of transport.h. Failures of MPI calls
 // abort the whole job (MPI_ERRORS_ARE_FATAL), so a rank that dies takes the others down instead of leaving
 // them blocked in a collective; mpirun reports which rank failed.
-// The gradient all-reduces sum every element in rank order (mean_in_rank_order: a reduce-scatter and an
+// The gradient all-reduces sum every element in rank order (RankOrderMean: a reduce-scatter and an
 // all-gather over point-to-point messages, the bytes of a ring), so their bits depend only on the ranks'
 // values: not on the buffer's length or split, nor on the algorithm MPI_Allreduce would choose.
 // The all-reduces, DeMo's all-gathers and the small per-step reductions post every message of a phase at once
@@ -271,12 +271,12 @@ private:
         for (int r = 0; r < world_; r++) offsets[r + 1] = offsets[r] + static_cast<size_t>(sizes[r]);
         return offsets;
     }
-    // Elements per round of mean_in_rank_order: 2^24 bounds `stage` (64 MB of fp32) and keeps MPI's int counts;
-    // LLMC_MPI_REDUCE_SLICE lowers it, so tests can exercise the rounds with small buffers.
-    size_t reduce_slice_limit() const {
-        size_t limit = size_t{1} << 24;
-        if (const char* env = std::getenv("LLMC_MPI_REDUCE_SLICE")) limit = std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10)));
-        return limit;
+    // Elements per slice of an all-reduce: 2^24 bounds `stage` (64 MB of fp32); LLMC_MPI_REDUCE_SLICE lowers it,
+    // so tests can exercise the slices with small buffers.
+    static size_t reduce_slice_from_env() {
+        const char* env = std::getenv("LLMC_MPI_REDUCE_SLICE");
+        const size_t limit = size_t{1} << 24;
+        return env ? std::min(limit, std::max<size_t>(1, std::strtoull(env, nullptr, 10))) : limit;
     }
     // Every rank's sizes[r] bytes into all + offsets[r], as a direct exchange: a receive from and a send to every
     // other rank, all posted at once (appended to `requests`, which the caller waits for), so the gather costs
@@ -309,7 +309,7 @@ private:
         Wire* data = nullptr;
         size_t n = 0;
         size_t begin = 0, length = 0;  // the slice in progress
-        int phase = 0;                 // 0: no slice posted, 1: its reduce-scatter in flight, 2: its all-gather
+        enum class Phase { idle, reduce_scatter, all_gather } phase = Phase::idle;  // of the slice in progress
         int tag = 0;                   // its reduce-scatter's messages; tag + 1 its all-gather's
         std::vector<size_t> begin_of;  // share r of the slice is [begin_of[r], begin_of[r + 1])
         std::vector<Wire> stage;       // the contributions to this rank's share, in rank order
@@ -319,7 +319,7 @@ private:
             n = count;
             tag = first_tag;
             begin = length = 0;
-            phase = 0;
+            phase = Phase::idle;
         }
     };
     // Posts the next phase of m (its last one's messages must have arrived); true once every slice is reduced.
@@ -328,7 +328,7 @@ private:
         const int W = world_, me = rank_;
         const auto count = [&](int r) { return m.begin_of[r + 1] - m.begin_of[r]; };
         Wire* slice = m.data + m.begin;
-        if (m.phase == 1) {
+        if (m.phase == RankOrderMean<Wire>::Phase::reduce_scatter) {
             const size_t share = count(me);
             for (size_t i = 0; i < share; i++) {
                 Wire sum = m.stage[i];
@@ -340,12 +340,12 @@ private:
                 post_recv(slice + m.begin_of[from], count(from), type, from, m.tag + 1, comm, m.requests);
                 post_send(slice + m.begin_of[me], count(me), type, to, m.tag + 1, comm, m.requests);
             }
-            m.phase = 2;
+            m.phase = RankOrderMean<Wire>::Phase::all_gather;
             return false;
         }
-        if (m.phase == 2) m.begin += m.length;
+        if (m.phase == RankOrderMean<Wire>::Phase::all_gather) m.begin += m.length;
         if (m.begin >= m.n) return true;
-        m.length = std::min(reduce_slice_limit(), m.n - m.begin);
+        m.length = std::min(reduce_slice_, m.n - m.begin);
         slice = m.data + m.begin;
         m.begin_of.resize(static_cast<size_t>(W) + 1);
         for (int r = 0; r <= W; r++) m.begin_of[r] = m.length * static_cast<size_t>(r) / static_cast<size_t>(W);
@@ -358,8 +358,21 @@ private:
             post_recv(m.stage.data() + share * static_cast<size_t>(from), share, type, from, m.tag, comm, m.requests);
             post_send(slice + m.begin_of[to], count(to), type, to, m.tag, comm, m.requests);
         }
-        m.phase = 1;
+        m.phase = RankOrderMean<Wire>::Phase::reduce_scatter;
         return false;
+    }
+    // The ends of every all-reduce, blocking or overlapped, so that both give the same bits: values to the bf16
+    // wire (nearest even) before, and the sums to means after (times 1/W, from the wire for bf16).
+    static void to_bf16_wire(const float* values, uint16_t* wire, size_t n) {
+        for (size_t i = 0; i < n; i++) wire[i] = km::bf16_bits_rne(values[i]);
+    }
+    void sums_to_means(float* values, size_t n) const {
+        const float inv = 1.0f / static_cast<float>(world_);
+        for (size_t i = 0; i < n; i++) values[i] *= inv;
+    }
+    void sums_to_means(const uint16_t* wire, float* values, size_t n) const {
+        const float inv = 1.0f / static_cast<float>(world_);
+        for (size_t i = 0; i < n; i++) values[i] = km::bf16_bits_to_float(wire[i]) * inv;
     }
     static float add_fp32(float a, float b) { return a + b; }
     static uint16_t add_bf16(uint16_t a, uint16_t b) {
@@ -378,18 +391,16 @@ private:
         m.stage.swap(stage);  // the caller's buffer, kept across calls
         drive_to_end(m, MPI_FLOAT, add_fp32, comm);
         stage.swap(m.stage);
-        const float inv = 1.0f / static_cast<float>(world_);
-        for (size_t i = 0; i < n; i++) data[i] *= inv;
+        sums_to_means(data, n);
     }
     void mean_bf16(float* data, uint16_t* wire, size_t n, std::vector<uint16_t>& stage, MPI_Comm comm) const {
-        for (size_t i = 0; i < n; i++) wire[i] = km::bf16_bits_rne(data[i]);
+        to_bf16_wire(data, wire, n);
         RankOrderMean<uint16_t> m;
         m.reset(wire, n, kMeanTag);
         m.stage.swap(stage);
         drive_to_end(m, MPI_UINT16_T, add_bf16, comm);
         stage.swap(m.stage);
-        const float inv = 1.0f / static_cast<float>(world_);
-        for (size_t i = 0; i < n; i++) data[i] = km::bf16_bits_to_float(wire[i]) * inv;
+        sums_to_means(wire, data, n);
     }
     // Ring model of an all-reduce of `bytes` (transport.h).
     void count_allreduce(uint64_t bytes) {
@@ -424,6 +435,8 @@ private:
         const char* env = std::getenv("LLMC_MPI_REDUCE_JOBS");
         return env ? std::max<size_t>(1, std::strtoull(env, nullptr, 10)) : 2;
     }
+    // A buffer of at least n elements from the pool. Buffers keep their size, so a step's jobs find theirs
+    // grown already and nothing is zero-filled again (the jobs read only their first elements).
     template <typename T>
     static std::vector<T> take(std::vector<std::vector<T>>& pool, size_t n) {
         std::vector<T> v;
@@ -431,7 +444,7 @@ private:
             v.swap(pool.back());
             pool.pop_back();
         }
-        v.resize(n);
+        if (v.size() < n) v.resize(n);
         return v;
     }
     // Tags of their own for the jobs in flight: a job whose reduce-scatter completes first may send its
@@ -453,7 +466,7 @@ private:
         }
         if (job.bf16) {
             job.wire = take(bf16_pool_, job.elems);
-            for (size_t i = 0; i < job.elems; i++) job.wire[i] = km::bf16_bits_rne(job.values[i]);
+            to_bf16_wire(job.values, job.wire.data(), job.elems);
             job.bf16_wire.reset(job.wire.data(), job.elems, job_tag(job));
             job.bf16_wire.stage = take(bf16_pool_, 0);
         } else {
@@ -463,13 +476,12 @@ private:
         job.begun = true;
     }
     void end_job(ReduceJob& job) {
-        const float inv = 1.0f / static_cast<float>(world_);
         if (job.bf16) {
-            for (size_t i = 0; i < job.elems; i++) job.values[i] = km::bf16_bits_to_float(job.wire[i]) * inv;
+            sums_to_means(job.wire.data(), job.values, job.elems);
             bf16_pool_.push_back(std::move(job.wire));
             bf16_pool_.push_back(std::move(job.bf16_wire.stage));
         } else {
-            for (size_t i = 0; i < job.elems; i++) job.values[i] *= inv;
+            sums_to_means(job.values, job.elems);
             float_pool_.push_back(std::move(job.fp32.stage));
         }
         if (job.values == job.pack.data()) {
@@ -614,7 +626,7 @@ private:
         }
     }
 
-    // One message of `count` elements as pieces of at most message_bytes() each, appended to `requests`. MPI
+    // One message of `count` elements as pieces of at most message_bytes_ each, appended to `requests`. MPI
     // sends a short message at once (eagerly) and a long one only after a handshake with the receiver: Open
     // MPI's TCP transport above 64 KB with its header, a round trip more on a distant link. In pieces that fit,
     // a phase's messages all travel at once. MPI keeps one sender's messages with one tag in order, so the
@@ -635,7 +647,7 @@ private:
     void post_pieces(void* data, size_t count, MPI_Datatype type, Post post, std::vector<MPI_Request>& requests) const {
         int type_bytes = 1;
         MPI_Type_size(type, &type_bytes);
-        const size_t piece = std::max<size_t>(1, message_bytes() / static_cast<size_t>(type_bytes));
+        const size_t piece = std::max<size_t>(1, message_bytes_ / static_cast<size_t>(type_bytes));
         for (size_t begin = 0; begin < count; begin += piece) {
             requests.emplace_back();
             post(static_cast<std::byte*>(data) + begin * static_cast<size_t>(type_bytes),
@@ -644,7 +656,7 @@ private:
     }
     // The largest piece: 64 KB less room for MPI's own header; LLMC_MPI_MESSAGE_BYTES sets it (tests make
     // every message take several pieces, and an MPI with a lower eager limit may want less).
-    size_t message_bytes() const {
+    static size_t message_bytes_from_env() {
         const char* env = std::getenv("LLMC_MPI_MESSAGE_BYTES");
         if (!env) return 65536 - 256;
         return std::clamp<size_t>(std::strtoull(env, nullptr, 10), 1, INT32_MAX);  // a piece's count is an int
@@ -657,6 +669,8 @@ private:
 
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
+    const size_t reduce_slice_ = reduce_slice_from_env();
+    const size_t message_bytes_ = message_bytes_from_env();
     bool comm_thread_ok_ = false;  // MPI_THREAD_MULTIPLE: the overlapped collectives run on helper threads
     MPI_Comm gather_comm_ = MPI_COMM_NULL;
     std::thread gather_thread_;
@@ -665,7 +679,7 @@ private:
     std::vector<size_t> gather_offsets_;
     std::vector<std::byte> gather_send_, gather_all_;  // the overlapped all-gather's own copy of `mine`; its result
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
-    std::vector<float> stage_;     // the all-reduces' contributions to this rank's share (mean_in_rank_order)
+    std::vector<float> stage_;     // the all-reduces' contributions to this rank's share (RankOrderMean)
     std::vector<uint16_t> stage_bf16_;
     // The overlapped all-reduce: its communicator, the jobs not yet reduced (guarded by reduce_mutex_), and the
     // reducer's buffers.
