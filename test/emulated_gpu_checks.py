@@ -1,7 +1,10 @@
 """The CUDA trainer on the emulated device (build/emu*/train_gpt: train_gpt.cu compiled by g++, its kernels run
 by dev/cuda/block_emulator.h, the CUDA runtime, cuBLASLt and NCCL served by dev/cuda/emu_*.cpp), checked against
-the CPU trainer on the tiny config and the default corpus (run by test/test_emulated_gpu.sh).
+the CPU trainer on the tiny config and the default corpus (run by test/test_emulated_gpu.sh, which writes the
+PyTorch references first).
 
+- The GPU tests (test/gpu_test_gpt2.cu, test/gpu_test_demo.cu: see test/test_emulated_gpu.sh) and the NCCL
+  transport's checker (dev/cuda/nccl_transport.cu) at 1, 2 and 3 ranks.
 - fp32 build: per-step losses and gradient norms of AdamW and DeMo, 1 rank and 2 ranks (the NCCL transport's
   code over MPI), match ./train_gpt_cpu to summation-order noise, and the byte counters match exactly; AdamW's
   all-reduce overlapped with the backward (the default) gives the bits of the one after it, with and without
@@ -41,7 +44,8 @@ the CPU trainer on the tiny config and the default corpus (run by test/test_emul
   reported after the step, as the CPU trainer reports it.
 - A rank killed mid-run ends the 2-rank job (then --resume auto finishes it); a stopped rank ends it after
   --comm_timeout; a damaged bucket over NCCL stops it with the CPU decoder's message.
-Failures are collected and reported together.
+The commands run concurrently, as many at a time as the machine has cores (Pool), and the checks are evaluated
+once the runs they read have ended, then printed in order; failures are reported together at the end.
 """
 import json
 import os
@@ -50,6 +54,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import train_cpu_checks as cpu_checks
@@ -63,48 +68,172 @@ BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32",
         "1", "--val_every", "0", "--val_batches", "1", "--sample_every", "0", "--checkpoint_every", "0"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_MOMENTUM", "LLMC_DEMO_TUNING", "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE",
-             "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER", "LLMC_BIAS_GRAD", "LLMC_MATMUL_TUNE", "LLMC_CUDA_GRAPH",
-             "LLMC_FLASH_DQ"):
+for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_MOMENTUM", "LLMC_DEMO_TUNING",
+             "LLMC_TRANSPORT", "LLMC_EMU_CUBLASLT_NO_EPILOGUE", "LLMC_EMU_CUBLASLT_NO_ALGO", "LLMC_EMU_ORDER",
+             "LLMC_BIAS_GRAD", "LLMC_MATMUL_TUNE", "LLMC_CUDA_GRAPH", "LLMC_FLASH_DQ", "LLMC_EMU_STREAMS",
+             "LLMC_DDP_OVERLAP", "LLMC_EMU_HOST_WAITS", "LLMC_EMU_NCCL_CORRUPT"):
     ENV.pop(knob, None)
-failures = []
 
 
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+class Lazy:
+    """A value computed once, when first asked for: a run's outcome, asked for by the checks that read it."""
+
+    def __init__(self, compute):
+        self._compute = compute
+        self._lock = threading.Lock()
+        self._done = False
+        self._value = None
+
+    def get(self):
+        with self._lock:
+            if not self._done:
+                self._value = self._compute()
+                self._done = True
+        return self._value
+
+    def tail(self, n):
+        """The last n steps' metrics (None if the run failed)."""
+        return Lazy(lambda: self.get()[-n:] if self.get() else None)
+
+    def __getitem__(self, i):  # a failed run's None raises here, and the check reading it fails
+        return self.get()[i]
 
 
-def launch(trainer, name, args, ranks=None, env=None, timeout=600, fresh=True):
-    """Runs a trainer (on `ranks` MPI ranks) into TMP/name (emptied first unless not `fresh`) with ENV and `env`;
-    returns the finished process, its output captured."""
+def value(x):
+    return x.get() if isinstance(x, Lazy) else x
+
+
+class Pool:
+    """Runs the checks' commands concurrently on this machine's cores (LLMC_TEST_JOBS overrides the count), each
+    taking `cost` cores (its ranks, or its OpenMP threads): the earliest submitted that fits starts first, once the
+    commands it reads from (`after`: a checkpoint to resume, say) have ended. The emulated device runs a kernel on
+    one core, so two one-rank runs on two cores take the time of one."""
+
+    def __init__(self):
+        self.slots = max(1, int(os.environ.get("LLMC_TEST_JOBS") or len(os.sched_getaffinity(0))))
+        self.free = self.slots
+        self.waiting = {}  # submission index -> cost, of the commands ready to start
+        self.cond = threading.Condition()
+        self.jobs = []
+
+    def submit(self, name, cmd, env, cost, after=(), timeout=600, prepare=None):
+        """A Lazy of the finished subprocess.CompletedProcess (output captured); a command that could not run or
+        ran past `timeout` seconds reads as exit status -1 with the reason in its stderr."""
+        index, cost = len(self.jobs), min(cost, self.slots)
+        outcome = {}
+
+        def fits():
+            return self.free >= cost and all(c > self.free for i, c in self.waiting.items() if i < index)
+
+        def work():
+            for job in after:
+                job.get()
+            with self.cond:
+                self.waiting[index] = cost
+                self.cond.wait_for(fits)
+                del self.waiting[index]
+                self.free -= cost
+            start = time.time()
+            try:
+                if prepare:
+                    prepare()
+                outcome["p"] = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                              timeout=timeout)
+            except (OSError, subprocess.SubprocessError) as e:
+                outcome["p"] = subprocess.CompletedProcess(cmd, -1, "", f"{name}: could not run: {e}")
+            finally:
+                with self.cond:
+                    self.free += cost
+                    self.cond.notify_all()
+            print(f"      ran {name} in {time.time() - start:.1f} s", flush=True)
+
+        thread = threading.Thread(target=work, daemon=True)
+        self.jobs.append(thread)
+        thread.start()
+        return Lazy(lambda: (thread.join(), outcome["p"])[1])
+
+    def drain(self):
+        """Waits for every command submitted so far (before a check that times a job must have the cores)."""
+        for thread in list(self.jobs):
+            thread.join()
+
+
+POOL = Pool()
+checks = []  # (thunk -> (ok, text), output to show first or None), reported in order by report()
+
+
+def check(cond, what, show=None):
+    """Records a check: `cond` a bool or a callable (evaluated at report(), after the runs it reads have ended);
+    `what` a string or a callable giving it."""
+    checks.append((lambda: (bool(cond() if callable(cond) else cond), what() if callable(what) else what), show))
+
+
+def report():
+    """Evaluates the recorded checks in order and prints them; the number that failed."""
+    failed = 0
+    for thunk, show in checks:
+        try:
+            if show:
+                print(show(), flush=True)
+            ok, text = thunk()
+        except Exception as e:  # a check reading a failed run's metrics
+            ok, text = False, f"check raised {type(e).__name__}: {e}"
+        failed += not ok
+        print(("ok    " if ok else "FAIL  ") + text, flush=True)
+    return failed
+
+
+def launch(trainer, name, args, ranks=None, env=None, timeout=600, fresh=True, after=()):
+    """Submits a trainer run (on `ranks` MPI ranks) into TMP/name (emptied first unless not `fresh`) with ENV and
+    `env`: a Lazy of the finished process, its output captured."""
     out = os.path.join(TMP, name)
-    if fresh:
-        shutil.rmtree(out, ignore_errors=True)
     cmd = [trainer] + BASE + args + ["--out_dir", out]
     if ranks:
         cmd = ["mpirun", "-np", str(ranks)] + cmd + ["--threads", "1"]
     else:
         cmd += ["--threads", "2"]
-    start = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
-    print(f"      ran {name} in {time.time() - start:.1f} s", flush=True)
-    return p
+    # the emulated device's host is one thread; the CPU trainer's --threads 2 takes two cores
+    cost = ranks or (2 if trainer == CPU else 1)
+    return POOL.submit(name, cmd, dict(ENV, **(env or {})), cost, after, timeout,
+                       prepare=(lambda: shutil.rmtree(out, ignore_errors=True)) if fresh else None)
 
 
-def finished(p, name):
-    """The train metrics (one dict per step) of launch() run `name`, or None (its output's tail printed) if it
-    failed."""
-    if p.returncode != 0:
-        print(f"      {name}: exit {p.returncode}\n" + (p.stdout + p.stderr)[-1500:])
-        return None
-    return metrics(os.path.join(TMP, name))
+class Run(Lazy):
+    """A submitted trainer run: its train metrics (one dict per step), or None (its output's tail printed) if
+    it failed."""
+
+    def __init__(self, name, process):
+        self.name, self.process = name, process
+        super().__init__(self._finish)
+
+    def _finish(self):
+        p = self.process.get()
+        if p.returncode != 0:
+            print(f"      {self.name}: exit {p.returncode}\n" + (p.stdout + p.stderr)[-1500:], flush=True)
+            return None
+        return metrics(os.path.join(TMP, self.name))
+
+    def metrics(self, kind):
+        """Its metrics of another kind (val, sample), or None if it failed."""
+        return metrics(os.path.join(TMP, self.name), kind) if self.get() is not None else None
+
+    def recorded(self, key):
+        """What its config.json records under _run.key (None if it failed)."""
+        if self.get() is None:
+            return None
+        with open(os.path.join(TMP, self.name, "config.json")) as f:
+            return json.load(f)["_run"].get(key)
 
 
-def run(trainer, name, args, ranks=None, env=None, fresh=True):
-    """launch(), then finished()."""
-    return finished(launch(trainer, name, args, ranks, env, fresh=fresh), name)
+def run(trainer, name, args, ranks=None, env=None, fresh=True, after=()):
+    """launch(), as a Run."""
+    return Run(name, launch(trainer, name, args, ranks, env, fresh=fresh, after=after))
+
+
+def steps_logged(name):
+    """How many train steps run `name` logged (0 without metrics)."""
+    out = os.path.join(TMP, name)
+    return len(metrics(out)) if os.path.exists(os.path.join(out, "metrics.jsonl")) else 0
 
 
 def metrics(out, kind="train"):
@@ -114,6 +243,7 @@ def metrics(out, kind="train"):
 
 
 def close(a, b, key, rel):
+    a, b = value(a), value(b)
     if a is None or b is None or len(a) != len(b):
         return False, float("inf")
     worst = max(abs(x[key] - y[key]) / max(abs(y[key]), 1e-12) for x, y in zip(a, b))
@@ -121,14 +251,52 @@ def close(a, b, key, rel):
 
 
 def compare(what, got, want, key, rel):
-    ok, worst = close(got, want, key, rel)
-    check(ok, f"{what}: {key} within {rel:g} relative (worst {worst:.2e})")
+    def thunk():
+        ok, worst = close(got, want, key, rel)
+        return ok, f"{what}: {key} within {rel:g} relative (worst {worst:.2e})"
+    checks.append((thunk, None))
 
 
 def same(what, a, b, keys=("loss", "grad_norm")):
-    ok = a is not None and b is not None and len(a) == len(b) and all(
-        x[k] == y[k] for x, y in zip(a, b) for k in keys)
-    check(ok, what)
+    def equal():
+        x, y = value(a), value(b)
+        return x is not None and y is not None and len(x) == len(y) and all(
+            p[k] == q[k] for p, q in zip(x, y) for k in keys)
+    check(equal, what)
+
+
+def gpu_tests():
+    """The GPU tests (test/gpu_test_*.cu) on the emulated device, against the PyTorch references that
+    test/test_emulated_gpu.sh wrote into TMP/tiny and TMP/hs64, and the NCCL transport's checker (its
+    collectives over MPI) at 1, 2 and 3 ranks (3: the ring model's rounding). Each prints its own comparisons,
+    shown with its check; `expect` names the path it must have taken. The longest are submitted first."""
+    emu, fp32 = os.path.join(ROOT, "build", "emu"), os.path.join(ROOT, "build", "emu-fp32")
+    tiny, hs64 = os.path.join(TMP, "tiny"), os.path.join(TMP, "hs64")  # hs64: head size 64, flash attention's
+    tests = (
+        # bf16 DeMo: the trainer checks below
+        (None, {}, f"{fp32}/gpu_test_demo", tiny),
+        ("DCT domain", {"LLMC_DEMO_MOMENTUM": "dct"}, f"{fp32}/gpu_test_demo", tiny),
+        ("attention flash", {}, f"{emu}/gpu_test_gpt2", hs64),
+        ("attention flash (atomic dQ)", {"LLMC_FLASH_DQ": "atomic"}, f"{emu}/gpu_test_gpt2", hs64),
+        # the bf16 dQ shares, with the micro-steps as a CUDA graph (the graph keeps the bits: the trainer checks)
+        ("attention flash (bf16 dQ shares), LLMC_GELU_FUSION 2, micro-steps as a CUDA graph",
+         {"LLMC_FLASH_DQ": "shares_bf16", "LLMC_CUDA_GRAPH": "1"}, f"{emu}/gpu_test_gpt2", hs64),
+        # the defaults (the emulated device reports sm_90: both GELU epilogues) and the GELU as separate kernels
+        # (the default before sm_90)
+        ("attention matmul, LLMC_GELU_FUSION 2", {}, f"{emu}/gpu_test_gpt2", tiny),
+        ("LLMC_GELU_FUSION 0", {"LLMC_GELU_FUSION": "0"}, f"{emu}/gpu_test_gpt2", tiny),
+        # the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue (the emulated cuBLASLt's own sums)
+        ("bias gradients from the BGRADB epilogue", {"LLMC_BIAS_GRAD": "epilogue"}, f"{emu}/gpu_test_gpt2", tiny),
+        ("bias gradients from the BGRADB epilogue", {"LLMC_BIAS_GRAD": "epilogue"}, f"{fp32}/gpu_test_gpt2", tiny),
+        (None, {}, f"{fp32}/gpu_test_gpt2", tiny))
+    commands = [(expect, env, [binary, ref], 1) for expect, env, binary, ref in tests]
+    commands += [(None, {}, ["mpirun", "-np", str(n), f"{emu}/nccl_transport"], n) for n in (1, 2, 3)]
+    for expect, env, cmd, cost in commands:
+        shown = " ".join([f"{k}={v}" for k, v in env.items()] + [os.path.relpath(c, ROOT) for c in cmd])
+        process = POOL.submit(shown, cmd, dict(ENV, **env), cost)
+        check(lambda p=process, e=expect: p.get().returncode == 0 and (e is None or e in p.get().stdout),
+              f"GPU test: {shown}" + (f" (ran with '{expect}')" if expect else ""),
+              show=lambda p=process, s=shown: f"== {s}\n" + (p.get().stdout + p.get().stderr).rstrip())
 
 
 def two_ranks_at_step_3(name, args, what):
@@ -146,7 +314,9 @@ def rank_dies_or_stops():
     # A rank that dies or stops mid-run on the GPU trainer over NCCL, as test/train_cpu_checks.py does on the CPU
     # trainer: killed (SIGKILL), the job ends within seconds with no rank left blocked in a collective, and
     # --resume auto continues from the last complete checkpoint to the end; stopped (SIGSTOP), the other rank's
-    # collective gives up after --comm_timeout with the watchdog's message, and the job ends.
+    # collective gives up after --comm_timeout with the watchdog's message, and the job ends. Timed: run with
+    # the pool drained.
+    POOL.drain()
     args = ["--optimizer", "demo", "--steps", "12", "--checkpoint_every", "2", "--keep_checkpoints", "2"]
     p, ranks = two_ranks_at_step_3("rank-killed", args, "kill")
     if ranks is not None:
@@ -155,7 +325,7 @@ def rank_dies_or_stops():
         check(code not in (None, 0) and not survivors,
               f"GPU trainer, 2 ranks over NCCL: a rank killed at step >= 3 ends the job: mpirun exit {code} after "
               f"{took:.1f} s, surviving ranks {survivors}")
-        resumed = run(EMU["bf16"], "rank-killed", args + ["--resume", "auto"], ranks=2, fresh=False)
+        resumed = run(EMU["bf16"], "rank-killed", args + ["--resume", "auto"], ranks=2, fresh=False).get()
         check(resumed is not None and [m["step"] for m in resumed] == list(range(1, 13)),
               "GPU trainer, 2 ranks: --resume auto after the kill continues to step 12 "
               f"({len(resumed) if resumed else 0} steps logged)")
@@ -172,6 +342,9 @@ def rank_dies_or_stops():
 
 def main():
     os.makedirs(TMP, exist_ok=True)
+    print(f"running the checks' commands {POOL.slots} at a time (LLMC_TEST_JOBS); their checks follow them",
+          flush=True)
+    gpu_tests()
     steps = ["--steps", "4"]
 
     # fp32: the GPU trainer's arithmetic against the CPU trainer's, one and two ranks, both optimizers.
@@ -205,9 +378,7 @@ def main():
                 env={"LLMC_DDP_OVERLAP": "0"})
     same("fp32 adamw, 2 ranks: LLMC_DDP_OVERLAP=0 (all-reduce after the backward) gives the overlapped run's bits",
          plain, adamw2, keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
-    record = os.path.join(TMP, "fp32-adamw-2", "config.json")
-    with open(record) as f:
-        check(json.load(f)["_run"].get("ddp_overlap") is True, "the default 2-rank AdamW run records ddp_overlap true")
+    check(lambda r=adamw2: r.recorded("ddp_overlap") is True, "the default 2-rank AdamW run records ddp_overlap true")
     accum = steps + ["--optimizer", "adamw", "--total_batch_size", "512"]
     accum_overlap = run(EMU["fp32"], "fp32-adamw-2-accum", accum, ranks=2)
     accum_plain = run(EMU["fp32"], "fp32-adamw-2-accum-no-overlap", accum, ranks=2, env={"LLMC_DDP_OVERLAP": "0"})
@@ -222,9 +393,8 @@ def main():
          "bytes", staged_adamw2, staged_plain, keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
     same("fp32 adamw, 2 ranks, LLMC_TRANSPORT=mpi: bytes per step equal the CPU trainer's", staged_adamw2, cpu_adamw2,
          keys=("bytes_sent", "bytes_recv", "payload_bytes"))
-    with open(os.path.join(TMP, "fp32-adamw-2-mpi", "config.json")) as f:
-        check(json.load(f)["_run"].get("ddp_overlap") is True, "the 2-rank AdamW run over LLMC_TRANSPORT=mpi records "
-                                                               "ddp_overlap true")
+    check(lambda r=staged_adamw2: r.recorded("ddp_overlap") is True,
+          "the 2-rank AdamW run over LLMC_TRANSPORT=mpi records ddp_overlap true")
     accum_staged = run(EMU["fp32"], "fp32-adamw-2-accum-mpi", accum, ranks=2, env=mpi)
     same("fp32 adamw, 2 ranks, 2 micro-steps, LLMC_TRANSPORT=mpi: overlapped all-reduce gives LLMC_DDP_OVERLAP=0's "
          "bits", accum_staged,
@@ -241,8 +411,8 @@ def main():
             "loss", 2e-5)
     same("fp32 adamw, 2 ranks, --grad_wire bf16: bytes per step equal the CPU trainer's", wire["overlap"], cpu_bf16,
          keys=("bytes_sent", "bytes_recv", "payload_bytes"))
-    check(wire["overlap"] is not None and cpu_adamw2 is not None and
-          all(2 * b["bytes_sent"] == f["bytes_sent"] for b, f in zip(wire["overlap"], cpu_adamw2)),
+    check(lambda half=wire["overlap"], full=cpu_adamw2: value(half) is not None and value(full) is not None and
+          all(2 * b["bytes_sent"] == f["bytes_sent"] for b, f in zip(value(half), value(full))),
           "fp32 adamw, 2 ranks, --grad_wire bf16 sends half the fp32 wire's bytes")
     same("fp32 adamw, 2 ranks, --grad_wire bf16: LLMC_DDP_OVERLAP=0 gives the overlapped run's bits",
          wire["no-overlap"], wire["overlap"])
@@ -268,25 +438,25 @@ def main():
     # checkpoints record the domain, so its own resume continues bit for bit and the CPU trainer, reading the
     # momentum converted to its spatial form, continues at its own straight run's losses (the DCT-domain
     # momentum read as spatial would not).
+    dct_runs = {}
     for name, knobs in (("dct", {"LLMC_DEMO_MOMENTUM": "dct"}),
                         ("dct-tensor", {"LLMC_DEMO_MOMENTUM": "dct", "LLMC_DEMO_DCT": "tensor"})):
-        dct = run(EMU["fp32"], f"fp32-demo-1-momentum-{name}", steps + ["--optimizer", "demo"], env=knobs)
+        dct = dct_runs[name] = run(EMU["fp32"], f"fp32-demo-1-momentum-{name}", steps + ["--optimizer", "demo"], env=knobs)
         compare(f"fp32 demo, 1 rank, {' '.join(f'{k}={v}' for k, v in knobs.items())}, vs CPU trainer", dct,
                 cpu_demo1, "loss", 1e-4)
-    record = os.path.join(TMP, "fp32-demo-1-momentum-dct", "config.json")
-    check(os.path.exists(record) and json.load(open(record))["_run"].get("demo_momentum_domain") == "dct",
+    check(lambda r=dct_runs["dct"]: r.recorded("demo_momentum_domain") == "dct",
           "a LLMC_DEMO_MOMENTUM=dct run records _run.demo_momentum_domain dct in its config.json")
     keep_demo = ["--steps", "4", "--checkpoint_every", "2", "--keep_checkpoints", "0", "--optimizer", "demo"]
     dct = {"LLMC_DEMO_MOMENTUM": "dct"}
     full = run(EMU["fp32"], "fp32-demo-dct-full", keep_demo, env=dct)
     step2 = os.path.join(TMP, "fp32-demo-dct-full", "checkpoints", "step_00000002")
-    resumed = run(EMU["fp32"], "fp32-demo-dct-resumed", keep_demo + ["--resume", step2], env=dct)
+    resumed = run(EMU["fp32"], "fp32-demo-dct-resumed", keep_demo + ["--resume", step2], env=dct, after=[full])
     same("fp32 demo, LLMC_DEMO_MOMENTUM=dct: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
-         full[-2:] if full else None)
+         full.tail(2))
     cpu_full = run(CPU, "cpu-demo-full", keep_demo)
-    cpu_resumed = run(CPU, "cpu-demo-from-dct", keep_demo + ["--resume", step2])
+    cpu_resumed = run(CPU, "cpu-demo-from-dct", keep_demo + ["--resume", step2], after=[full])
     compare("the CPU trainer resumes the LLMC_DEMO_MOMENTUM=dct checkpoint: steps 3-4 vs its straight run", cpu_resumed,
-            cpu_full[-2:] if cpu_full else None, "loss", 1e-4)
+            cpu_full.tail(2), "loss", 1e-4)
 
     # --demo_delay 1 (the update of step t applied at step t+1, so round t's all-gather overlaps step t+1's forward
     # and backward), 2 ranks: the GPU trainer's split exchange over NCCL (allgather_device_start / _finish, the
@@ -309,8 +479,7 @@ def main():
         same(f"fp32 demo --demo_delay 1, 2 ranks ({transport} transport): bytes per step equal the CPU trainer's",
              emu_delay, cpu_delay, keys=("bytes_sent", "bytes_recv", "payload_bytes"))
         if transport == "nccl":
-            check(emu_delay is not None and demo2 is not None and emu_delay[0]["bytes_sent"] == 0 and
-                  emu_delay[1]["loss"] != demo2[1]["loss"],
+            check(lambda d=emu_delay, u=demo2: d[0]["bytes_sent"] == 0 and d[1]["loss"] != u[1]["loss"],
                   "fp32 demo --demo_delay 1: nothing received at step 1, and step 2's loss differs from the undelayed "
                   "run's (step 1's update not yet applied)")
             eager_delay = emu_delay
@@ -321,18 +490,19 @@ def main():
             cpu_stale, "loss", 1e-4)
     same("fp32 demo --demo_delay 1 --demo_eager false, 2 ranks: bytes per step equal the CPU trainer's", emu_stale,
          cpu_stale, keys=("bytes_sent", "bytes_recv", "payload_bytes"))
-    check(emu_stale is not None and eager_delay is not None and emu_stale[0]["loss"] == eager_delay[0]["loss"] and
-          all(a["loss"] != b["loss"] for a, b in zip(emu_stale[1:], eager_delay[1:])),
+    check(lambda stale=emu_stale, eager=eager_delay: stale[0]["loss"] == eager[0]["loss"] and
+          all(a["loss"] != b["loss"] for a, b in zip(value(stale)[1:], value(eager)[1:])),
           "fp32 demo --demo_delay 1: eager and stale (--demo_eager false) runs differ from step 2 on")
     full = run(EMU["bf16"], "bf16-demo-2-delay-full", delayed, ranks=2)
     step2 = os.path.join(TMP, "bf16-demo-2-delay-full", "checkpoints", "step_00000002")
-    resumed = run(EMU["bf16"], "bf16-demo-2-delay-resumed", delayed + ["--resume", step2], ranks=2)
+    resumed = run(EMU["bf16"], "bf16-demo-2-delay-resumed", delayed + ["--resume", step2], ranks=2, after=[full])
     same("bf16 demo --demo_delay 1, 2 ranks: resumed at step 2 (pending round in the checkpoint), steps 3-4 "
-         "bit-identical to the straight run", resumed, full[-2:] if full else None)
+         "bit-identical to the straight run", resumed, full.tail(2))
     step2 = os.path.join(TMP, "cpu-demo-2-delay", "checkpoints", "step_00000002")
-    handover = run(EMU["fp32"], "fp32-demo-2-delay-from-cpu", delayed + ["--resume", step2], ranks=2)
+    handover = run(EMU["fp32"], "fp32-demo-2-delay-from-cpu", delayed + ["--resume", step2], ranks=2,
+                   after=[cpu_delay])
     compare("the CPU trainer's --demo_delay 1 step-2 checkpoint (2 ranks) continued by the fp32 GPU trainer: steps 3-4",
-            handover, cpu_delay[-2:] if cpu_delay else None, "loss", 1e-4)
+            handover, cpu_delay.tail(2), "loss", 1e-4)
 
     # The multi-stream runs above in other stream orders (LLMC_EMU_STREAMS). The default order runs a stream's work
     # only when something waits for it; eager runs every other stream's queued work first at each host wait (and
@@ -367,12 +537,11 @@ def main():
     cpu = run(CPU, "cpu-extras", extras)
     emu = run(EMU["fp32"], "fp32-extras", extras)
     compare("fp32, 2 micro-steps per step, vs CPU trainer", emu, cpu, "loss", 2e-5)
-    vals = [metrics(os.path.join(TMP, n), "val") if r else None for n, r in (("fp32-extras", emu), ("cpu-extras", cpu))]
-    compare("fp32 validation losses vs CPU trainer", vals[0], vals[1], "val_loss", 2e-5)
-    texts = [[x["text"] for x in metrics(os.path.join(TMP, n), "sample")] if r else None
-             for n, r in (("fp32-extras", emu), ("cpu-extras", cpu))]
-    check(texts[0] is not None and len(texts[0]) == 2 and texts[0] == texts[1],
-          f"fp32 text samples at steps 2 and 4 are the CPU trainer's ({texts[0]!r})")
+    compare("fp32 validation losses vs CPU trainer", Lazy(lambda r=emu: r.metrics("val")),
+            Lazy(lambda r=cpu: r.metrics("val")), "val_loss", 2e-5)
+    texts = [Lazy(lambda r=r: [x["text"] for x in r.metrics("sample")] if r.get() else None) for r in (emu, cpu)]
+    check(lambda t=texts: t[0].get() is not None and len(t[0].get()) == 2 and t[0].get() == t[1].get(),
+          lambda t=texts: f"fp32 text samples at steps 2 and 4 are the CPU trainer's ({t[0].get()!r})")
 
     # DeMo's other wire formats, momentum rule and awkward chunk shapes (--demo_chunk 48: 32 x 48 and 48 x 48
     # chunks of the 64-wide and 50304-row tensors), 2 ranks: the GPU kernels against the CPU module.
@@ -414,19 +583,18 @@ def main():
     # LLMC_BIAS_GRAD=epilogue: the qkv and fc bias gradients from the BGRADB epilogue of their weight-gradient
     # products (summed in the emulated cuBLASLt's order, so other bits), and under the refusal above the column
     # reduction again, with its bits.
-    p = launch(EMU["bf16"], "bf16-flash-biasgrad", one_head,
-               env={"LLMC_BIAS_GRAD": "epilogue", "LLMC_ATTENTION": "flash", "LLMC_GELU_FUSION": "2",
-                    "LLMC_EMU_CUBLASLT_COUNTS": "1"})
-    epi = finished(p, "bf16-flash-biasgrad")
+    epi = run(EMU["bf16"], "bf16-flash-biasgrad", one_head,
+              env={"LLMC_BIAS_GRAD": "epilogue", "LLMC_ATTENTION": "flash", "LLMC_GELU_FUSION": "2",
+                   "LLMC_EMU_CUBLASLT_COUNTS": "1"})
     # 2 per layer (qkv, fc) per micro-step: tiny.json has 2 layers, one micro-step per step
-    m = re.search(r"BGRADB=(\d+)", p.stderr)
-    check(m is not None and int(m.group(1)) == 2 * 2 * 4,
-          f"bf16, LLMC_BIAS_GRAD=epilogue: 16 weight-gradient products ran with BGRADB (got {m and m.group(1)})")
+    bgradb = Lazy(lambda r=epi: re.search(r"BGRADB=(\d+)", r.process.get().stderr))
+    check(lambda: bgradb.get() is not None and int(bgradb.get().group(1)) == 2 * 2 * 4,
+          lambda: "bf16, LLMC_BIAS_GRAD=epilogue: 16 weight-gradient products ran with BGRADB "
+                  f"(got {bgradb.get() and bgradb.get().group(1)})")
     compare("bf16, flash attention, LLMC_BIAS_GRAD=epilogue, vs CPU trainer", epi, cpu, "loss", 3e-3)
     compare("bf16, LLMC_BIAS_GRAD=epilogue: the gradient norm of the column reduction's run", epi,
             runs["bf16-flash-gelu2"], "grad_norm", 1e-3)
-    with open(os.path.join(TMP, "bf16-flash-biasgrad", "config.json")) as f:
-        check(json.load(f)["_run"].get("bias_grad") == "epilogue", "the LLMC_BIAS_GRAD=epilogue run records it")
+    check(lambda r=epi: r.recorded("bias_grad") == "epilogue", "the LLMC_BIAS_GRAD=epilogue run records it")
     same("bf16, every epilogue refused, LLMC_BIAS_GRAD=epilogue: the column reduction's bits",
          run(EMU["bf16"], "bf16-no-epilogue-biasgrad", one_head,
              env=dict(refused, LLMC_GELU_FUSION="2", LLMC_BIAS_GRAD="epilogue")), fallback)
@@ -442,8 +610,8 @@ def main():
             other = run(EMU["bf16"], f"bf16-{attention}-{tag}", one_head,
                         env={knob: "1", "LLMC_ATTENTION": attention, "LLMC_GELU_FUSION": "2"})
             same(f"bf16, {attention} attention, {knob}=1: the bits without it", other, runs[f"bf16-{attention}-gelu2"])
-        with open(os.path.join(TMP, f"bf16-flash-{tag}", "config.json")) as f:
-            check(json.load(f)["_run"].get(record) is True, f"the {knob}=1 run records {record} true")
+        check(lambda other=other, record=record: other.recorded(record) is True,
+              f"the {knob}=1 run records {record} true")
     same("fp32 demo, 1 rank, LLMC_CUDA_GRAPH=1: the bits without the graph",
          run(EMU["fp32"], "fp32-demo-1-cuda-graph", steps + ["--optimizer", "demo"], env={"LLMC_CUDA_GRAPH": "1"}),
          emu_demo1)
@@ -471,9 +639,9 @@ def main():
     for opt in ("adamw", "demo"):
         full = run(EMU["bf16"], f"bf16-{opt}-full", keep + ["--optimizer", opt])
         step2 = os.path.join(TMP, f"bf16-{opt}-full", "checkpoints", "step_00000002")
-        resumed = run(EMU["bf16"], f"bf16-{opt}-resumed", keep + ["--optimizer", opt, "--resume", step2])
-        same(f"bf16 {opt}: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed,
-             full[-2:] if full else None)
+        resumed = run(EMU["bf16"], f"bf16-{opt}-resumed", keep + ["--optimizer", opt, "--resume", step2],
+                      after=[full])
+        same(f"bf16 {opt}: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed, full.tail(2))
         if opt == "demo":  # the lean apply's bf16 copy (stochastic rounding, 8-byte stores): the exact apply's bits
             for tune, what in (("0", "the exact compress and apply"), ("1", "lean I/O compress and apply")):
                 other = run(EMU["bf16"], f"bf16-demo-tuning{tune}", keep + ["--optimizer", "demo"],
@@ -483,9 +651,9 @@ def main():
     # A checkpoint of the CPU trainer continues on the emulated GPU trainer (fp32) at the CPU trainer's losses.
     cpu_full = run(CPU, "cpu-handover", keep)
     step2 = os.path.join(TMP, "cpu-handover", "checkpoints", "step_00000002")
-    handover = run(EMU["fp32"], "fp32-handover", keep + ["--resume", step2])
-    compare("CPU trainer's step-2 checkpoint resumed by the fp32 GPU trainer: steps 3-4", handover,
-            cpu_full[-2:] if cpu_full else None, "loss", 2e-5)
+    handover = run(EMU["fp32"], "fp32-handover", keep + ["--resume", step2], after=[cpu_full])
+    compare("CPU trainer's step-2 checkpoint resumed by the fp32 GPU trainer: steps 3-4", handover, cpu_full.tail(2),
+            "loss", 2e-5)
 
     # Host waits per training step (LLMC_EMU_HOST_WAITS=1: the emulated runtime counts every synchronization or
     # copy into pageable memory that had queued device work to wait for, and those that left no work queued
@@ -496,33 +664,39 @@ def main():
     # pending round's apply and the own share). The next step's micro-steps are queued before that wait (nothing
     # is due after these steps but the last), so it leaves the GPU work to do: none of the waits idles it.
     # With several ranks each rank prints its own counts; the most any rank has is taken.
-    waits, idle = {}, {}
+    waits = {}  # name -> Lazy of (host waits per step, of them leaving the GPU idle), or of None if a run failed
 
     def count_waits(name, args, ranks=None):
-        counts = []
-        for n in (2, 4):
-            p = launch(EMU["bf16"], f"waits-{name}-{n}", ["--steps", str(n)] + args, ranks=ranks,
-                       env={"LLMC_EMU_HOST_WAITS": "1"})
-            found = re.findall(r"emulated device: (\d+) host waits for device work \((\d+) left it idle\)", p.stderr)
-            ok = p.returncode == 0 and len(found) == (ranks or 1)
-            counts.append((max(int(w) for w, _ in found), max(int(i) for _, i in found)) if ok else None)
-        waits[name] = (counts[1][0] - counts[0][0]) / 2 if None not in counts else None
-        idle[name] = (counts[1][1] - counts[0][1]) / 2 if None not in counts else None
-        print(f"      {name}: {waits[name]} host waits per step, {idle[name]} leaving the GPU idle", flush=True)
+        runs = [launch(EMU["bf16"], f"waits-{name}-{n}", ["--steps", str(n)] + args, ranks=ranks,
+                       env={"LLMC_EMU_HOST_WAITS": "1"}) for n in (2, 4)]
 
-    for name, args in (("adamw", ["--optimizer", "adamw"]), ("demo", ["--optimizer", "demo"]),
-                       ("demo-delay1", ["--optimizer", "demo", "--demo_delay", "1"]),
-                       ("demo-delay1-stale", ["--optimizer", "demo", "--demo_delay", "1", "--demo_eager", "false"])):
+        def per_step():
+            counts = []
+            for p in (r.get() for r in runs):
+                found = re.findall(r"emulated device: (\d+) host waits for device work \((\d+) left it idle\)",
+                                   p.stderr)
+                if p.returncode != 0 or len(found) != (ranks or 1):
+                    return None
+                counts.append((max(int(w) for w, _ in found), max(int(i) for _, i in found)))
+            return (counts[1][0] - counts[0][0]) / 2, (counts[1][1] - counts[0][1]) / 2
+        waits[name] = Lazy(per_step)
+        check(lambda: waits[name].get() is not None,
+              lambda: f"host waits per step, {name}: {waits[name].get()} (waits, of them leaving the GPU idle)")
+
+    single = ("adamw", "demo", "demo-delay1", "demo-delay1-stale")
+    for name, args in zip(single, (["--optimizer", "adamw"], ["--optimizer", "demo"],
+                                   ["--optimizer", "demo", "--demo_delay", "1"],
+                                   ["--optimizer", "demo", "--demo_delay", "1", "--demo_eager", "false"])):
         count_waits(name, args)
-    check(None not in waits.values() and all(w == int(w) for w in waits.values()),
+    check(lambda: all(waits[k].get()[0] == int(waits[k].get()[0]) for k in single),
           "host waits per step: the same count every step")
-    check(None not in waits.values() and all(waits[k] == 1 and idle[k] == 0 for k in waits),
+    check(lambda: all(waits[k].get() == (1, 0) for k in single),
           "host waits per step: one, the step's end, which leaves the GPU the next step's micro-steps to run, for "
           "AdamW, DeMo and DeMo with --demo_delay 1 (eager and stale)")
     # A step with a duty after it (here a checkpoint every step) is not queued ahead: its end idles the GPU.
     count_waits("adamw-checkpoint-every-step", ["--optimizer", "adamw", "--checkpoint_every", "1",
                                                 "--keep_checkpoints", "0"])
-    check(idle["adamw-checkpoint-every-step"] is not None and idle["adamw-checkpoint-every-step"] >= 1,
+    check(lambda: waits["adamw-checkpoint-every-step"].get()[1] >= 1,
           "host waits per step: a checkpoint after every step leaves the GPU idle at least once per step (nothing "
           "queued ahead of a checkpoint)")
     # 2 ranks over NCCL add a wait per step inside the optimizer's step, the collective's end (the all-gather's,
@@ -532,9 +706,10 @@ def main():
     # step had two idle waits).
     for name, optimizer in (("demo-2ranks", "demo"), ("adamw-2ranks", "adamw")):
         count_waits(name, ["--optimizer", optimizer], ranks=2)
-        check(idle[name] == 1 and waits[name] is not None and 1 <= waits[name] <= 2,
+        check(lambda name=name: waits[name].get()[1] == 1 and 1 <= waits[name].get()[0] <= 2,
+              lambda name=name, optimizer=optimizer:
               f"host waits per step, {optimizer} on 2 ranks over NCCL: one leaves the GPU idle (the collective's "
-              f"end), the step's end does not ({waits[name]} waits, {idle[name]} idle)")
+              f"end), the step's end does not ({waits[name].get()[0]} waits, {waits[name].get()[1]} idle)")
 
     # A batch that fails to load while the step before it runs (a token id out of range; the trainer reads and
     # queues each step's micro-steps during the last one's): the step that ran is still reported, then the run
@@ -554,17 +729,18 @@ def main():
             f.write(header[:8] + (8 * 128 + 1).to_bytes(4, "little") + header[12:] + tokens)
         where = " (rank 1)" if ranks else ""
         message = f"error{where}: {bad}: token id 60000 at position {position} is out of range (vocab_size 50257)"
-        for trainer, name in ((EMU["bf16"], "bad-token-gpu"), (CPU, "bad-token-cpu")):
+        for trainer, kind in ((EMU["bf16"], "gpu"), (CPU, "cpu")):
+            name = f"bad-token-{kind}-{ranks or 1}"
             p = launch(trainer, name, ["--steps", "5", "--shuffle", "false", "--train_data", bad], ranks=ranks,
                        timeout=120)
-            out = os.path.join(TMP, name, "metrics.jsonl")
-            done = len(metrics(os.path.join(TMP, name))) if os.path.exists(out) else 0
-            check(p.returncode != 0 and message in p.stderr + p.stdout and done == steps_done,
-                  f"{name}, {ranks or 1} rank(s): a token out of range in batch {position // 128 + 1} of the shard "
-                  f"stops the run after {steps_done} step(s) with the loader's message (exit {p.returncode}, "
-                  f"{done} steps)")
-
-    rank_dies_or_stops()
+            stopped = Lazy(lambda p=p, name=name: (p.get().returncode, p.get().stderr + p.get().stdout,
+                                                   steps_logged(name)))
+            check(lambda stopped=stopped, message=message, steps_done=steps_done:
+                  stopped.get()[0] != 0 and message in stopped.get()[1] and stopped.get()[2] == steps_done,
+                  lambda stopped=stopped, name=name, ranks=ranks, position=position, steps_done=steps_done:
+                  f"{name}: a token out of range in batch {position // 128 + 1} of the shard stops the run after "
+                  f"{steps_done} step(s) with the loader's message (exit {stopped.get()[0]}, {stopped.get()[2]} "
+                  "steps)")
 
     # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET:SKIP inverts one byte of what the other ranks
     # receive from rank ROOT, from the SKIP+1-th bucket on): the receiving rank stops with the CPU decoder's
@@ -572,22 +748,30 @@ def main():
     # The header's magic (both delays), and the last byte of the bucket (the last tensor's last index: out of its
     # chunk), in the first round (its size exchange and broadcasts) and in the second (a plain all-gather of
     # buckets of known size); the steps finished before it are in the metrics.
-    size = demo2[0]["payload_bytes"] if demo2 else 0
+    size = demo2[0]["payload_bytes"] if demo2.get() else 0
     magic = "DeMo bucket from rank 1: not a DeMo bucket (bad magic)"
-    for offset, delay, skip, message in ((0, "0", 0, magic), (0, "1", 0, magic), (0, "0", 1, magic), (0, "1", 1, magic),
-                                         (size - 1, "0", 0, "DeMo bucket from rank 1: coefficient index outside its chunk"),
-                                         (size - 1, "0", 1, "DeMo bucket from rank 1: coefficient index outside its chunk")):
-        p = launch(EMU["fp32"], "corrupt", steps + ["--optimizer", "demo", "--demo_delay", delay], ranks=2,
+    outside = "DeMo bucket from rank 1: coefficient index outside its chunk"
+    for offset, delay, skip, message in ((0, "0", 0, magic), (0, "1", 0, magic), (0, "0", 1, magic),
+                                         (0, "1", 1, magic), (size - 1, "0", 0, outside), (size - 1, "0", 1, outside)):
+        name = f"corrupt-{offset}-{delay}-{skip}"
+        p = launch(EMU["fp32"], name, steps + ["--optimizer", "demo", "--demo_delay", delay], ranks=2,
                    env={"LLMC_EMU_NCCL_CORRUPT": f"1:{offset}:{skip}"}, timeout=300)
-        done = len(metrics(os.path.join(TMP, "corrupt"))) if os.path.exists(os.path.join(TMP, "corrupt", "metrics.jsonl")) else 0
-        check(size > 0 and p.returncode != 0 and f"error (rank 0): {message}" in p.stdout + p.stderr and
-              done == skip + int(delay),
+        stopped = Lazy(lambda p=p, name=name: (p.get().returncode, p.get().stderr + p.get().stdout,
+                                               steps_logged(name)))
+        check(lambda stopped=stopped, message=message, done=skip + int(delay):
+              size > 0 and stopped.get()[0] != 0 and f"error (rank 0): {message}" in stopped.get()[1] and
+              stopped.get()[2] == done,
+              lambda stopped=stopped, offset=offset, delay=delay, skip=skip, message=message:
               f"damaged bucket byte {offset} of round {skip + 1} over NCCL, --demo_delay {delay}: rank 0 stops with "
-              f"'{message}' after {skip + int(delay)} step(s) (finished {done})")
+              f"'{message}' after {skip + int(delay)} step(s) (finished {stopped.get()[2]})")
 
+    rank_dies_or_stops()  # last: timed, with the cores to itself
+    POOL.drain()
+    print(flush=True)
+    failed = report()
     print()
-    if failures:
-        print(f"{len(failures)} check(s) failed")
+    if failed:
+        print(f"{failed} check(s) failed")
         return 1
     print("all emulated-device checks passed")
     return 0

@@ -11,9 +11,11 @@
 #  - dev/cuda/nccl_transport.cu (the NCCL transport's collectives, bf16 wire, overlapped all-reduce and split
 #    all-gather; allreduce_mean_wait; the host-staged transport's overlapped all-reduce, which waits for
 #    neither the compute stream nor its copies back) at 1-3 ranks;
-#  - test/emulated_gpu_checks.py: the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over
-#    the NCCL and the MPI transport, both attentions, every GELU fusion level and the epilogue fallback,
-#    resume, a CPU checkpoint continued on the GPU trainer; DeMo's --demo_delay 1, eager and stale, likewise).
+#  - the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over the NCCL and the MPI
+#    transport, both attentions, every GELU fusion level and the epilogue fallback, resume, a CPU checkpoint
+#    continued on the GPU trainer; DeMo's --demo_delay 1, eager and stale, likewise).
+# All of it is run by test/emulated_gpu_checks.py, as many commands at a time as the machine has cores
+# (LLMC_TEST_JOBS=N sets the count), against the PyTorch references written here.
 # Skips when the emulated programs are not built (no CUDA headers) or /usr/bin/python3 has no torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,38 +49,4 @@ reference() {
 reference tiny --config tiny --batch 4 --seq 32
 reference hs64 --config tiny --channels 128 --heads 2 --max-seq-len 128 --batch 4 --seq 96  # flash: head size 64
 
-status=0
-# gpu_test [--expect TEXT] ENV... BINARY REFERENCE: one GPU test on the emulated device; TEXT must be in its output
-gpu_test() {
-  local expect=""
-  [[ $1 == --expect ]] && { expect=$2; shift 2; }
-  echo "== $*"
-  local log rc=0
-  log=$(env "$@" 2>&1) || rc=$?  # under set -e a bare failing assignment would end the script unreported
-  echo "$log"
-  [[ $rc -eq 0 ]] || { echo "FAIL: $*"; status=1; }
-  [[ -z $expect || $log == *"$expect"* ]] || { echo "FAIL: $* did not run with '$expect'"; status=1; }
-}
-# the defaults (the emulated device reports sm_90: both GELU epilogues; flash attention where the head size is 64)
-# and the GELU as separate kernels (the default before sm_90)
-gpu_test --expect "attention matmul, LLMC_GELU_FUSION 2" build/emu/gpu_test_gpt2 $refs/tiny
-gpu_test --expect "LLMC_GELU_FUSION 0" LLMC_GELU_FUSION=0 build/emu/gpu_test_gpt2 $refs/tiny
-gpu_test --expect "attention flash" build/emu/gpu_test_gpt2 $refs/hs64
-gpu_test --expect "attention flash (atomic dQ)" LLMC_FLASH_DQ=atomic build/emu/gpu_test_gpt2 $refs/hs64
-# the bf16 dQ shares, with the micro-steps as a CUDA graph (the graph keeps the bits: the trainer checks below)
-gpu_test --expect "attention flash (bf16 dQ shares), LLMC_GELU_FUSION 2, micro-steps as a CUDA graph" \
-  LLMC_FLASH_DQ=shares_bf16 LLMC_CUDA_GRAPH=1 build/emu/gpu_test_gpt2 $refs/hs64
-# the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue (the emulated cuBLASLt's own sums), bf16 and fp32
-gpu_test --expect "bias gradients from the BGRADB epilogue" LLMC_BIAS_GRAD=epilogue build/emu/gpu_test_gpt2 $refs/tiny
-gpu_test --expect "bias gradients from the BGRADB epilogue" LLMC_BIAS_GRAD=epilogue build/emu-fp32/gpu_test_gpt2 $refs/tiny
-gpu_test build/emu-fp32/gpu_test_gpt2 $refs/tiny
-gpu_test build/emu-fp32/gpu_test_demo $refs/tiny  # bf16 DeMo: the trainer checks below
-gpu_test --expect "DCT domain" LLMC_DEMO_MOMENTUM=dct build/emu-fp32/gpu_test_demo $refs/tiny
-# the NCCL transport's checker (its collectives over MPI): 1, 2 and 3 ranks (3: the ring model's rounding)
-for np in 1 2 3; do
-  gpu_test OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-    mpirun -np $np build/emu/nccl_transport
-done
-echo "== test/emulated_gpu_checks.py"
-"$python" test/emulated_gpu_checks.py || status=1
-exit $status
+exec "$python" test/emulated_gpu_checks.py
