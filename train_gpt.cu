@@ -287,6 +287,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     bool queued_ahead = false;  // this step's micro-steps were queued before the last step's wait
     bool loaded_ahead = false;  // this step's batches were read then, but not queued (another rank's failed to load)
     StepReporter::Clock::time_point t0;
+    const StepReporter::FlushOnError flush_on_error(reporter, transport);
     for (int step = start_step; step < cfg.steps; step++) {
         if (step == profile_step) CUDA_CHECK(cudaProfilerStart());
         // The step is queued without waiting for the GPU (on one rank; several wait for their collectives): the
@@ -308,7 +309,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         // step with an evaluation, a sample or a checkpoint (they use the model and the data position as this
         // step leaves them) or around the profiled step. With several ranks the loss report's all-reduce runs on
         // the host (the world transport, MPI) beside the next step's device work and its collectives (NCCL on
-        // the device; the MPI transport's helper threads on communicators of their own). A batch that fails to
+        // the device; the MPI transport's helper threads on communicators of their own), and is finished at the
+        // next step's report (StepReporter), so the host does not wait for it either. A batch that fails to
         // load is reported after this step, and then nothing of the next step is queued on any rank: the ranks
         // agree on that first (a host all-reduce while the GPU finishes the step), because a collective's enqueue
         // may wait for its peers (NCCL's lazy connection setup; every collective on the emulated device) while
@@ -317,6 +319,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         const bool queue_next = step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
                                 step != profile_step && step + 1 != profile_step;
         std::exception_ptr next_step_error;
+        bool a_rank_failed_to_load = false;
         queued_ahead = loaded_ahead = false;
         if (queue_next) {
             try {
@@ -327,7 +330,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
             }
             double failed_to_load[1] = {loaded_ahead ? 0.0 : 1.0};
             if (world > 1) transport.allreduce_sum(failed_to_load);
-            if (failed_to_load[0] == 0.0) {
+            a_rank_failed_to_load = failed_to_load[0] != 0.0;
+            if (!a_rank_failed_to_load) {
                 queue_micro_steps();
                 queued_ahead = true;
             }
@@ -340,8 +344,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         loss /= grad_accum;
         if (step == profile_step) CUDA_CHECK(cudaProfilerStop());
         reporter.report(step, t0, loss, lr, result, comm, transport, state);
+        if (a_rank_failed_to_load) reporter.flush(transport);  // the job ends: every rank writes this step first
         if (next_step_error) std::rethrow_exception(next_step_error);
         t0 = step_done;  // a step queued ahead starts on the GPU when this one ends
+        if (due.validate || due.sample || due.checkpoint) reporter.flush(transport);
 
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),

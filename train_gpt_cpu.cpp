@@ -132,6 +132,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     const GPT2Cpu::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
+    const StepReporter::FlushOnError flush_on_error(reporter, transport);
     for (int step = start_step; step < cfg.steps; step++) {
         const auto t0 = StepReporter::Clock::now();
         transport.reset_counters();
@@ -141,11 +142,12 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
             train_loader.next_batch(inputs, targets);
             const bool last = micro == grad_accum - 1;
             // the overlapped all-reduce's wte rows this step's last batch leaves alone on every rank (the MPI
-            // transport packs any number of ranges into one all-reduce)
+            // transport packs any number of ranges into one all-reduce), their OR in flight during the forward
             const bool report = ddp_overlap && last;
-            const std::vector<ParamRange> wte_early =
-                report ? untouched_wte_ranges(transport, layout, inputs, SIZE_MAX) : std::vector<ParamRange>();
+            if (report) untouched_wte_start(transport, layout, inputs);
             loss += model.forward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len);
+            const std::vector<ParamRange> wte_early =
+                report ? untouched_wte_finish(transport, layout, SIZE_MAX) : std::vector<ParamRange>();
             model.backward(1.0f / static_cast<float>(grad_accum), report ? grads_final : GPT2Cpu::GradsFinal(),
                            wte_early);
         }
@@ -157,6 +159,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
         const StepDuties due = step_duties(cfg, step);
+        if (due.validate || due.sample || due.checkpoint) reporter.flush(transport);
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });

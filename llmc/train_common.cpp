@@ -147,6 +147,16 @@ std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLa
     return layout.untouched_wte_rows(touched, max_runs);
 }
 
+void untouched_wte_start(Transport& transport, const ParamLayout& layout, std::span<const int> inputs) {
+    transport.allreduce_or_start(token_row_bitmap(inputs, static_cast<size_t>(layout.config.padded_vocab_size)));
+}
+
+std::vector<ParamRange> untouched_wte_finish(Transport& transport, const ParamLayout& layout, size_t max_runs) {
+    std::vector<uint64_t> touched = token_row_bitmap({}, static_cast<size_t>(layout.config.padded_vocab_size));
+    transport.allreduce_or_finish(touched);
+    return layout.untouched_wte_rows(touched, max_runs);
+}
+
 RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size),
@@ -205,9 +215,7 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
 
 void StepReporter::report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
                           const CommCounters& comm, Transport& transport, TrainingState& state) {
-    const int world = transport.world_size();
-    double reduced[2] = {local_loss, result.grad_norm};
-    transport.allreduce_sum(reduced);
+    flush(transport);  // the last step's averages travelled during this step
     const double step_seconds = std::chrono::duration<double>(Clock::now() - started).count();
 
     state.step = step + 1;
@@ -216,9 +224,9 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     StepMetrics m;
     m.step = step + 1;
     m.total_steps = cfg_.steps;
-    m.loss = reduced[0] / world;
+    m.loss = local_loss;
     m.lr = lr;
-    m.grad_norm = reduced[1] / world;
+    m.grad_norm = result.grad_norm;
     m.step_seconds = step_seconds;
     m.comm = comm;
     m.comm_seconds = m.comm.seconds;
@@ -232,9 +240,23 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
         session_steps_++;
     }
     m.eta_seconds = session_steps_ ? session_seconds_ / session_steps_ * (cfg_.steps - step - 1) : 0.0;
+    const double local[2] = {m.loss, m.grad_norm};
+    transport.allreduce_sum_start(local);
+    pending_ = m;
+    if (step + 1 == cfg_.steps || transport.world_size() == 1) flush(transport);  // one rank: nothing to wait for
+}
+
+void StepReporter::flush(Transport& transport) {
+    if (!pending_) return;
+    StepMetrics m = *pending_;
+    pending_.reset();
+    double sums[2];
+    transport.allreduce_sum_finish(sums);
+    m.loss = sums[0] / transport.world_size();
+    m.grad_norm = sums[1] / transport.world_size();
     if (log_) {
         log_->log_step(m);
-        if ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps) {
+        if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps) {
             std::printf("%s\n", format_progress(m).c_str());
             std::fflush(stdout);
         }

@@ -56,6 +56,10 @@ bool ddp_overlap_from_env();
 // bitmaps OR-ed), so every rank reports the same ranges.
 std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLayout& layout,
                                              std::span<const int> inputs, size_t max_runs);
+// The same in two halves, so the OR travels during the last micro-step's forward (on a link with a delay, a
+// latency off the critical path): start before the forward, finish before the backward.
+void untouched_wte_start(Transport& transport, const ParamLayout& layout, std::span<const int> inputs);
+std::vector<ParamRange> untouched_wte_finish(Transport& transport, const ParamLayout& layout, size_t max_runs);
 
 // What a run reads besides its weights: this rank's training stream, the validation stream (null without
 // --val_data or with --val_batches 0) and the tokenizer's decoder on the rank that prints samples (rank 0 with
@@ -157,15 +161,42 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoa
 // norm over the ranks, advances the training state's step, token and byte counts, estimates the ETA (the
 // first step of a session, which pays for allocation, is left out), writes the JSONL line and prints the
 // progress line every log_every steps (rank 0, which passes its MetricsLog; other ranks pass null).
+// With several ranks the averages travel while the next step computes (Transport::allreduce_sum_start: on a
+// link with a delay a blocking sum would cost each step a latency), so a step's lines are written when the
+// next step reports, or at flush(): the trainers flush before anything that prints or saves after a step
+// (evaluations, samples, checkpoints) and on an error, and the last step flushes itself.
 class StepReporter {
 public:
     using Clock = std::chrono::steady_clock;
     StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log) : cfg_(cfg), start_step_(start_step), log_(log) {}
     // `step` is 0-based; `started` is when the step's first micro-batch began (or, where the step was queued
     // while the last one ran, when the last one ended); `comm` its traffic (transport's counters, reset at its
-    // start); `transport` averages the loss and the norm over the ranks.
+    // start); `transport` averages the loss and the norm over the ranks. The state advances at once.
     void report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
                 const CommCounters& comm, Transport& transport, TrainingState& state);
+    // Waits for the reported step's averages, if one is waiting, and writes its lines.
+    void flush(Transport& transport);
+    // Flushes the reporter when the training loop is left by an error, so the last step's lines come before
+    // the error's message (every rank that reported that step has sent its share: the wait ends).
+    class FlushOnError {
+    public:
+        FlushOnError(StepReporter& reporter, Transport& transport)
+            : reporter_(reporter), transport_(transport), exceptions_(std::uncaught_exceptions()) {}
+        ~FlushOnError() {
+            if (std::uncaught_exceptions() <= exceptions_) return;
+            try {
+                reporter_.flush(transport_);
+            } catch (...) {  // the error in flight is the one to report
+            }
+        }
+        FlushOnError(const FlushOnError&) = delete;
+        FlushOnError& operator=(const FlushOnError&) = delete;
+
+    private:
+        StepReporter& reporter_;
+        Transport& transport_;
+        int exceptions_;
+    };
 
 private:
     const TrainConfig& cfg_;
@@ -173,6 +204,7 @@ private:
     MetricsLog* log_;
     double session_seconds_ = 0.0;
     int session_steps_ = 0;
+    std::optional<StepMetrics> pending_;  // reported, its averages in flight
 };
 
 // A trainer's main(): the world transport (MPI under mpirun), the command line (--help prints and returns 0),

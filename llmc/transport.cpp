@@ -1,6 +1,7 @@
 // LocalTransport's out-of-line pieces (see transport.h).
 #include "llmc/transport.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -61,6 +62,34 @@ void Transport::allgather_bytes_finish(std::vector<std::byte>& all, std::vector<
     gather_in_flight_ = false;
     all.swap(early_all_);
     offsets.swap(early_offsets_);
+}
+
+void Transport::allreduce_sum_start(std::span<const double> values) {
+    LLMC_CHECK(!sum_in_flight_, std::string(name()) + " transport: a sum was started while another is in flight");
+    early_sum_.assign(values.begin(), values.end());
+    allreduce_sum(early_sum_);
+    sum_in_flight_ = true;
+}
+
+void Transport::allreduce_sum_finish(std::span<double> values) {
+    LLMC_CHECK(sum_in_flight_ && values.size() == early_sum_.size(),
+               std::string(name()) + " transport: a sum finished without its start, or with another count");
+    sum_in_flight_ = false;
+    std::copy(early_sum_.begin(), early_sum_.end(), values.begin());
+}
+
+void Transport::allreduce_or_start(std::span<const uint64_t> bits) {
+    LLMC_CHECK(!or_in_flight_, std::string(name()) + " transport: an OR was started while another is in flight");
+    early_or_.assign(bits.begin(), bits.end());
+    allreduce_or(early_or_);
+    or_in_flight_ = true;
+}
+
+void Transport::allreduce_or_finish(std::span<uint64_t> bits) {
+    LLMC_CHECK(or_in_flight_ && bits.size() == early_or_.size(),
+               std::string(name()) + " transport: an OR finished without its start, or with another count");
+    or_in_flight_ = false;
+    std::copy(early_or_.begin(), early_or_.end(), bits.begin());
 }
 
 void LocalTransport::abort(int exit_code) { std::exit(exit_code); }

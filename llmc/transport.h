@@ -98,6 +98,17 @@ public:
     // values <- elementwise sum / max over ranks (uncounted; losses, norms, consistency checks).
     virtual void allreduce_sum(std::span<double> values) = 0;
     virtual void allreduce_max(std::span<double> values) = 0;
+    // allreduce_sum split in two, so a few values travel while this rank computes (the step report's loss and
+    // norm, summed during the next step: on a link with a delay that is a latency a step off the critical
+    // path). start() keeps a copy of `values`; finish() waits and writes the sums into `values` (as many), with
+    // allreduce_sum's bits. One at a time; every rank starts and finishes in the same order; other collectives
+    // may run in between. This default sums in start(); MpiTransport overlaps.
+    virtual void allreduce_sum_start(std::span<const double> values);
+    virtual void allreduce_sum_finish(std::span<double> values);
+    // allreduce_or split the same way (AdamW-DDP's bitmap of touched embedding rows, in flight during the last
+    // micro-step's forward); independent of the split sum: both may be in flight at once.
+    virtual void allreduce_or_start(std::span<const uint64_t> bits);
+    virtual void allreduce_or_finish(std::span<uint64_t> bits);
     // bits <- bitwise OR over ranks (uncounted bookkeeping, as the scalars: AdamW-DDP's overlapped all-reduce
     // learns which embedding rows some rank's batch touches, 6 KB for GPT-2's vocabulary).
     virtual void allreduce_or(std::span<uint64_t> bits) = 0;
@@ -147,6 +158,9 @@ private:
     bool overlap_bf16_ = false;
     std::vector<std::byte> early_all_;  // the default start()'s result, handed out by finish()
     std::vector<size_t> early_offsets_;
+    std::vector<double> early_sum_;  // the default allreduce_sum_start's and allreduce_or_start's results
+    std::vector<uint64_t> early_or_;
+    bool sum_in_flight_ = false, or_in_flight_ = false;
 
     double timeout_seconds_ = 0.0;
     std::unique_ptr<CollectiveWatchdog> watchdog_;

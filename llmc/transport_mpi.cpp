@@ -237,6 +237,20 @@ public:
         const auto watched = watch("MPI all-reduce (sum) of scalars");
         small_allreduce(values, MPI_DOUBLE, MPI_SUM, [](double a, double b) { return a + b; });
     }
+    void allreduce_sum_start(std::span<const double> values) override {
+        split_start(split_sum_, values, MPI_DOUBLE, MPI_SUM, kSplitSumTag, "a sum");
+    }
+    void allreduce_sum_finish(std::span<double> values) override {
+        split_finish(split_sum_, values, [](double a, double b) { return a + b; }, "a sum",
+                     "MPI all-reduce (sum) of scalars (overlapped)");
+    }
+    void allreduce_or_start(std::span<const uint64_t> bits) override {
+        split_start(split_or_, bits, MPI_UINT64_T, MPI_BOR, kSplitOrTag, "an OR");
+    }
+    void allreduce_or_finish(std::span<uint64_t> bits) override {
+        split_finish(split_or_, bits, [](uint64_t a, uint64_t b) { return a | b; }, "an OR",
+                     "MPI all-reduce (or) of a bitmap (overlapped)");
+    }
     void allreduce_max(std::span<double> values) override {
         const auto watched = watch("MPI all-reduce (max) of scalars");
         small_allreduce(values, MPI_DOUBLE, MPI_MAX, [](double a, double b) { return std::max(a, b); });
@@ -608,22 +622,75 @@ private:
             MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), type, op, MPI_COMM_WORLD);
             return;
         }
-        const size_t n = values.size();
-        std::vector<T> all(n * static_cast<size_t>(world_));
-        std::copy(values.begin(), values.end(), all.begin() + static_cast<std::ptrdiff_t>(n * rank_));
+        std::vector<T> all;
         std::vector<MPI_Request> requests;
+        post_small_allreduce(std::span<const T>(values), type, kSmallReduceTag, all, requests);
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+        combine_in_rank_order(std::span<const T>(all), values, combine);
+    }
+    // small_allreduce's messages: `mine` to every other rank, theirs into `all` (rank r's values at r * n), whose
+    // own slot holds `mine`. `mine` and `all` stay put until the requests complete.
+    template <typename T>
+    void post_small_allreduce(std::span<const T> mine, MPI_Datatype type, int tag, std::vector<T>& all,
+                              std::vector<MPI_Request>& requests) const {
+        const size_t n = mine.size();
+        all.resize(n * static_cast<size_t>(world_));
+        std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(n * rank_));
         for (int k = 1; k < world_; k++) {
             const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
-            post_recv(all.data() + n * static_cast<size_t>(from), n, type, from, kSmallReduceTag, MPI_COMM_WORLD,
-                      requests);
-            post_send(values.data(), n, type, to, kSmallReduceTag, MPI_COMM_WORLD, requests);
+            post_recv(all.data() + n * static_cast<size_t>(from), n, type, from, tag, MPI_COMM_WORLD, requests);
+            post_send(mine.data(), n, type, to, tag, MPI_COMM_WORLD, requests);
         }
-        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    }
+    template <typename T, class Combine>
+    void combine_in_rank_order(std::span<const T> all, std::span<T> values, Combine combine) const {
+        const size_t n = values.size();
         for (size_t i = 0; i < n; i++) {
             T v = all[i];
             for (int r = 1; r < world_; r++) v = combine(v, all[n * static_cast<size_t>(r) + i]);
             values[i] = v;
         }
+    }
+
+    // A small reduction split in two (allreduce_sum_start, allreduce_or_start): small_allreduce's messages
+    // posted in start() with a tag of the kind's own, so neither the collectives in between nor the other kind
+    // can take them, and waited for in finish(); the same rank-order combination, so the same bits.
+    template <typename T>
+    struct SplitReduction {
+        std::vector<T> mine, all;  // this rank's values; every rank's (post_small_allreduce)
+        std::vector<MPI_Request> requests;
+        bool in_flight = false;
+    };
+    template <typename T>
+    void split_start(SplitReduction<T>& r, std::span<const T> values, MPI_Datatype type, MPI_Op op, int tag,
+                     const char* kind) {
+        LLMC_CHECK(!r.in_flight, std::string("MPI transport: ") + kind + " was started while another is in flight");
+        r.in_flight = true;
+        r.mine.assign(values.begin(), values.end());
+        r.requests.clear();
+        if (world_ == 1 || values.empty()) return;
+        if (world_ > kDirectReduceRanks) {
+            r.requests.emplace_back();
+            MPI_Iallreduce(MPI_IN_PLACE, r.mine.data(), static_cast<int>(r.mine.size()), type, op, MPI_COMM_WORLD,
+                           &r.requests.back());
+            return;
+        }
+        post_small_allreduce(std::span<const T>(r.mine), type, tag, r.all, r.requests);
+    }
+    template <typename T, class Combine>
+    void split_finish(SplitReduction<T>& r, std::span<T> values, Combine combine, const char* kind,
+                      const char* watched_as) {
+        LLMC_CHECK(r.in_flight && values.size() == r.mine.size(),
+                   std::string("MPI transport: ") + kind + " finished without its start, or with another count");
+        r.in_flight = false;
+        {
+            const auto watched = watch(watched_as);
+            MPI_Waitall(static_cast<int>(r.requests.size()), r.requests.data(), MPI_STATUSES_IGNORE);
+        }
+        if (world_ == 1 || values.empty() || world_ > kDirectReduceRanks)
+            std::copy(r.mine.begin(), r.mine.end(), values.begin());
+        else
+            combine_in_rank_order(std::span<const T>(r.all), values, combine);
     }
 
     // One message of `count` elements as pieces of at most message_bytes_ each, appended to `requests`. MPI
@@ -664,8 +731,10 @@ private:
 
     // Message tags: an all-reduce's reduce-scatter kMeanTag (or its job's tag), its all-gather that plus one (a
     // fast rank's all-gather may arrive while this rank still waits in the reduce-scatter); the overlapped
-    // all-reduce's jobs from kFirstJobTag up (job_tag: at most 16,399, under the 32,767 every MPI allows).
-    static constexpr int kMeanTag = 1, kGatherTag = 3, kSmallReduceTag = 4, kFirstJobTag = 16;
+    // all-reduce's jobs from kFirstJobTag up (job_tag: at most 16,399, under the 32,767 every MPI allows); the
+    // split reductions kSplitSumTag and kSplitOrTag, as other small reductions run while they are in flight.
+    static constexpr int kMeanTag = 1, kGatherTag = 3, kSmallReduceTag = 4, kSplitSumTag = 5, kSplitOrTag = 6,
+                         kFirstJobTag = 16;
 
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
@@ -679,6 +748,8 @@ private:
     std::vector<size_t> gather_offsets_;
     std::vector<std::byte> gather_send_, gather_all_;  // the overlapped all-gather's own copy of `mine`; its result
     std::vector<uint16_t> wire_;  // bf16 staging buffer of allreduce_mean_bf16
+    SplitReduction<double> split_sum_;  // allreduce_sum_start's
+    SplitReduction<uint64_t> split_or_;  // allreduce_or_start's
     std::vector<float> stage_;     // the all-reduces' contributions to this rank's share (RankOrderMean)
     std::vector<uint16_t> stage_bf16_;
     // The overlapped all-reduce: its communicator, the jobs not yet reduced (guarded by reduce_mutex_), and the

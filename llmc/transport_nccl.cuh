@@ -395,8 +395,12 @@ public:
     bool allgather_device_in_flight() const { return device_gather_in_flight_; }
 
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
+    void allreduce_sum_start(std::span<const double> values) override { world_.allreduce_sum_start(values); }
+    void allreduce_sum_finish(std::span<double> values) override { world_.allreduce_sum_finish(values); }
     void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
     void allreduce_or(std::span<uint64_t> bits) override { world_.allreduce_or(bits); }
+    void allreduce_or_start(std::span<const uint64_t> bits) override { world_.allreduce_or_start(bits); }
+    void allreduce_or_finish(std::span<uint64_t> bits) override { world_.allreduce_or_finish(bits); }
 
     void broadcast(std::span<std::byte> data, int root) override {
         if (data.empty()) return;

@@ -89,8 +89,12 @@ public:
         timed_world([&] { world_.allgather_bytes_finish(all, offsets); });
     }
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
+    void allreduce_sum_start(std::span<const double> values) override { world_.allreduce_sum_start(values); }
+    void allreduce_sum_finish(std::span<double> values) override { world_.allreduce_sum_finish(values); }
     void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
     void allreduce_or(std::span<uint64_t> bits) override { world_.allreduce_or(bits); }
+    void allreduce_or_start(std::span<const uint64_t> bits) override { world_.allreduce_or_start(bits); }
+    void allreduce_or_finish(std::span<uint64_t> bits) override { world_.allreduce_or_finish(bits); }
     void broadcast(std::span<std::byte> data, int root) override {
         if (data.empty() || !is_device_pointer(data.data())) {
             world_.broadcast(data, root);

@@ -715,7 +715,11 @@ def main():
     # queues each step's micro-steps during the last one's): the step that ran is still reported, then the run
     # stops with the loader's message, as the CPU trainer does. One rank: the third batch. Two ranks (rank r reads
     # the windows r, r + 2, ...; the GPU trainer with AdamW's all-reduce during the backward, whose collectives
-    # the other rank must not enqueue alone): rank 1's second batch, the ranks' first step reported.
+    # the other rank must not enqueue alone): rank 1's second batch, the ranks' first step reported by the GPU
+    # trainer (the ranks agree that a batch failed before anything of the next step is queued, and write the
+    # step's lines then). The CPU trainer reads a batch when its micro-step begins, after the step before it has
+    # reported; rank 0's line of that step waits for the next step's report (StepReporter: the sum of the loss
+    # and norm travels meanwhile), and the job ends first: no step logged.
     train = os.path.join(ROOT, "data", "default", "default_train_000001.bin")
     header = open(train, "rb").read(1024)
     clean = open(train, "rb").read()[1024:1024 + 2 * (8 * 128 + 1)]
@@ -731,16 +735,17 @@ def main():
         message = f"error{where}: {bad}: token id 60000 at position {position} is out of range (vocab_size 50257)"
         for trainer, kind in ((EMU["bf16"], "gpu"), (CPU, "cpu")):
             name = f"bad-token-{kind}-{ranks or 1}"
+            logged = 0 if kind == "cpu" and ranks else steps_done
             p = launch(trainer, name, ["--steps", "5", "--shuffle", "false", "--train_data", bad], ranks=ranks,
                        timeout=120)
             stopped = Lazy(lambda p=p, name=name: (p.get().returncode, p.get().stderr + p.get().stdout,
                                                    steps_logged(name)))
-            check(lambda stopped=stopped, message=message, steps_done=steps_done:
-                  stopped.get()[0] != 0 and message in stopped.get()[1] and stopped.get()[2] == steps_done,
-                  lambda stopped=stopped, name=name, ranks=ranks, position=position, steps_done=steps_done:
+            check(lambda stopped=stopped, message=message, logged=logged:
+                  stopped.get()[0] != 0 and message in stopped.get()[1] and stopped.get()[2] == logged,
+                  lambda stopped=stopped, name=name, position=position, steps_done=steps_done, logged=logged:
                   f"{name}: a token out of range in batch {position // 128 + 1} of the shard stops the run after "
-                  f"{steps_done} step(s) with the loader's message (exit {stopped.get()[0]}, {stopped.get()[2]} "
-                  "steps)")
+                  f"{steps_done} step(s) with the loader's message, {logged} logged (exit {stopped.get()[0]}, "
+                  f"{stopped.get()[2]} logged)")
 
     # A damaged bucket over NCCL (LLMC_EMU_NCCL_CORRUPT=ROOT:OFFSET:SKIP inverts one byte of what the other ranks
     # receive from rank ROOT, from the SKIP+1-th bucket on): the receiving rank stops with the CPU decoder's

@@ -357,6 +357,63 @@ TEST(allreduce_or_gives_the_union) {
     EXPECT_EQ(world.counters().bytes_sent, uint64_t{0});  // bookkeeping, uncounted
 }
 
+// The split reductions (Transport::allreduce_sum_start / _finish: the step report's loss and norm, in flight
+// while the next step computes; allreduce_or_start / _finish: AdamW-DDP's bitmap of touched rows, in flight
+// during a forward), both at once, with the world communicator's other collectives in between (a blocking sum,
+// a blocking OR, an all-gather, an overlapped all-reduce), two rounds. Oracles: every rank's values added in
+// rank order here (values whose sum depends on the order; the blocking sum must give the same bits) and the
+// union of every rank's bits.
+TEST(split_reductions_equal_blocking_ones) {
+    Transport& world = *g_world;
+    const int W = world.world_size(), me = world.rank();
+    const auto values_of = [](int r, int round) {
+        return std::vector<double>{r % 2 ? -1e16 : 1e16 + r, 0.1 * (r + 1) + round, std::ldexp(3.0, -r - round)};
+    };
+    const auto bits_of = [](int r, int round) {
+        return std::vector<uint64_t>{uint64_t{1} << (r + round), ~uint64_t{0} << (r % 64)};
+    };
+    for (int round = 0; round < 2; round++) {
+        world.allreduce_or_start(bits_of(me, round));
+        world.allreduce_sum_start(values_of(me, round));
+        std::vector<double> blocking = values_of(me, round);
+        world.allreduce_sum(blocking);
+        std::vector<uint64_t> bits = {uint64_t{1} << me};
+        world.allreduce_or(bits);
+        EXPECT_EQ(bits[0], (uint64_t{1} << W) - 1);
+        std::vector<std::byte> all;
+        std::vector<size_t> offsets;
+        world.allgather_bytes(std::vector<std::byte>(16 + me, std::byte{7}), all, offsets, GatherSizes::exchange);
+        EXPECT_EQ(all.size(), static_cast<size_t>(16 * W + W * (W - 1) / 2));
+        std::vector<float> grads(3000, static_cast<float>(me));
+        const std::vector<ParamRange> ranges = {{0, 3000}};
+        world.allreduce_mean_start(grads.data(), grads.size(), ranges, false);
+        world.allreduce_mean_finish();
+        EXPECT_EQ(grads[2999], static_cast<float>(W - 1) / 2);
+        std::vector<double> split(3, 0.0), expect = values_of(0, round);
+        world.allreduce_sum_finish(split);
+        for (int r = 1; r < W; r++)
+            for (size_t i = 0; i < expect.size(); i++) expect[i] += values_of(r, round)[i];
+        EXPECT(split == expect);
+        EXPECT(blocking == expect);
+        std::vector<uint64_t> split_bits(2, 0), union_bits(2, 0);
+        world.allreduce_or_finish(split_bits);
+        for (int r = 0; r < W; r++)
+            for (size_t w = 0; w < 2; w++) union_bits[w] |= bits_of(r, round)[w];
+        EXPECT(split_bits == union_bits);
+    }
+    std::vector<double> two(2);
+    EXPECT_ERROR(world.allreduce_sum_finish(two), "without its start");
+    world.allreduce_sum_start(two);
+    EXPECT_ERROR(world.allreduce_sum_start(two), "while another is in flight");
+    world.allreduce_sum_finish(two);
+    std::vector<uint64_t> word(1);
+    EXPECT_ERROR(world.allreduce_or_finish(word), "without its start");
+    world.allreduce_or_start(word);
+    std::vector<uint64_t> words(2);
+    EXPECT_ERROR(world.allreduce_or_finish(words), "with another count");
+    world.allreduce_or_finish(word);
+}
+
 // AdamW-DDP's overlapped all-reduce (Transport::allreduce_mean_start / _finish): ranges started in several
 // calls, in no particular order, with a scalar reduction on the world communicator in between (the trainer's
 // main thread may use it while the reducer thread works). Oracles: the blocking all-reduce of each range on its
