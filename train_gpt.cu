@@ -265,14 +265,12 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
     // A step's micro-steps: its loaded batches queued through the forward and backward, the gradients written anew.
-    const auto queue_micro_steps = [&] {
+    // `wte_early`: the overlapped all-reduce's wte rows the last batch leaves alone on every rank (a host
+    // collective, after the ranks agreed that every batch loaded: untouched_wte_ranges, or the agreement on a step
+    // queued ahead).
+    const auto queue_micro_steps = [&](std::span<const ParamRange> wte_early) {
         transport.reset_counters();
         model.zero_grad();
-        // the overlapped all-reduce's wte rows the last batch leaves alone on every rank (a host collective, after
-        // the ranks agreed that every batch loaded)
-        const std::vector<ParamRange> wte_early = overlap ? untouched_wte_ranges(transport, layout, inputs.back(),
-                                                                                  early_wte_runs)
-                                                          : std::vector<ParamRange>();
         for (int micro = 0; micro < grad_accum; micro++) {
             // the last micro-step's backward tells the overlapped all-reduce which gradients are final, layer by
             // layer (only it listens: without it the backward may run as one CUDA graph, LLMC_CUDA_GRAPH)
@@ -280,7 +278,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
             model.queue_forward_backward(inputs[micro].data(), targets[micro].data(), cfg.batch_size, cfg.seq_len,
                                          1.0f / static_cast<float>(grad_accum),
                                          last && overlap ? grads_final : GPT2Cuda::GradsFinal(),
-                                         last ? std::span<const ParamRange>(wte_early) : std::span<const ParamRange>());
+                                         last ? wte_early : std::span<const ParamRange>());
         }
     };
     CudaEvent step_end;
@@ -296,30 +294,26 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (!queued_ahead) {
             t0 = StepReporter::Clock::now();
             if (!loaded_ahead) load_batches();
-            queue_micro_steps();
+            queue_micro_steps(overlap ? untouched_wte_ranges(transport, layout, inputs.back(), early_wte_runs)
+                                      : std::vector<ParamRange>());
         }
-        const float lr = schedule.at(step);
-        StepResult result = optimizer->step(model.params(), model.grads(), lr);
-        if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
-        model.zero_padded_vocab_rows(optimizer->master_weights());
-        step_end.record(env.stream);
-        const CommCounters comm = transport.counters();
         // Nothing due after this step: the next step's micro-steps are queued before this step's results are
         // read, so the GPU goes on to them without waiting for the host (which reports meanwhile). Never past a
         // step with an evaluation, a sample or a checkpoint (they use the model and the data position as this
-        // step leaves them) or around the profiled step. With several ranks the loss report's all-reduce runs on
-        // the host (the world transport, MPI) beside the next step's device work and its collectives (NCCL on
-        // the device; the MPI transport's helper threads on communicators of their own), and is finished at the
-        // next step's report (StepReporter), so the host does not wait for it either. A batch that fails to
-        // load is reported after this step, and then nothing of the next step is queued on any rank: the ranks
-        // agree on that first (a host all-reduce while the GPU finishes the step), because a collective's enqueue
-        // may wait for its peers (NCCL's lazy connection setup; every collective on the emulated device) while
-        // the failing rank waits in the report.
+        // step leaves them) or around the profiled step. Its batches are read now, and with several ranks the
+        // ranks' agreement on them (next_step_agreement_start) travels during this step's optimizer, which waits
+        // for its collective: the host has no latency of its own to wait for between that collective's end and
+        // queuing the next step. A batch that fails to load is reported after this step, and then nothing of the
+        // next step is queued on any rank: the ranks agree on that first, because a collective's enqueue may wait
+        // for its peers (NCCL's lazy connection setup; every collective on the emulated device) while the failing
+        // rank waits for them in its report. With several ranks the loss report's all-reduce runs on the host
+        // (the world transport, MPI) beside the next step's device work and its collectives (NCCL on the device;
+        // the MPI transport's helper threads on communicators of their own), and is finished at the next step's
+        // report (StepReporter), so the host does not wait for it either.
         const StepDuties due = step_duties(cfg, step);
         const bool queue_next = step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
                                 step != profile_step && step + 1 != profile_step;
         std::exception_ptr next_step_error;
-        bool a_rank_failed_to_load = false;
         queued_ahead = loaded_ahead = false;
         if (queue_next) {
             try {
@@ -328,11 +322,22 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
             } catch (...) {
                 next_step_error = std::current_exception();
             }
-            double failed_to_load[1] = {loaded_ahead ? 0.0 : 1.0};
-            if (world > 1) transport.allreduce_sum(failed_to_load);
-            a_rank_failed_to_load = failed_to_load[0] != 0.0;
-            if (!a_rank_failed_to_load) {
-                queue_micro_steps();
+            if (world > 1) next_step_agreement_start(transport, layout, loaded_ahead, overlap, inputs.back());
+        }
+        const float lr = schedule.at(step);
+        StepResult result = optimizer->step(model.params(), model.grads(), lr);
+        if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
+        model.zero_padded_vocab_rows(optimizer->master_weights());
+        step_end.record(env.stream);
+        const CommCounters comm = transport.counters();
+        bool a_rank_failed_to_load = false;
+        if (queue_next) {
+            const NextStepAgreement agreed = world > 1 ? next_step_agreement_finish(transport, layout, overlap,
+                                                                                   early_wte_runs)
+                                                       : NextStepAgreement{loaded_ahead, {}};
+            a_rank_failed_to_load = !agreed.all_loaded;
+            if (agreed.all_loaded) {
+                queue_micro_steps(agreed.wte_early);
                 queued_ahead = true;
             }
         }

@@ -61,6 +61,19 @@ std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLa
 void untouched_wte_start(Transport& transport, const ParamLayout& layout, std::span<const int> inputs);
 std::vector<ParamRange> untouched_wte_finish(Transport& transport, const ParamLayout& layout, size_t max_runs);
 
+// train_gpt's agreement on a step it queues ahead, in one split OR that travels while the step before it runs
+// its optimizer: whether every rank read the step's batches (a rank must not queue collectives its peers will
+// not join) and, with `rows` (AdamW-DDP's overlapped all-reduce), untouched_wte_ranges of its last batch.
+// Every rank starts and finishes it with the same `rows`; a rank that failed to load passes no inputs.
+struct NextStepAgreement {
+    bool all_loaded = false;
+    std::vector<ParamRange> wte_early;  // with `rows`, when all_loaded
+};
+void next_step_agreement_start(Transport& transport, const ParamLayout& layout, bool loaded, bool rows,
+                               std::span<const int> last_inputs);
+NextStepAgreement next_step_agreement_finish(Transport& transport, const ParamLayout& layout, bool rows,
+                                             size_t max_runs);
+
 // What a run reads besides its weights: this rank's training stream, the validation stream (null without
 // --val_data or with --val_batches 0) and the tokenizer's decoder on the rank that prints samples (rank 0 with
 // --sample_every > 0; null elsewhere). Opening them validates every shard header and the tokenizer file.
