@@ -64,33 +64,30 @@ void Transport::allgather_bytes_finish(std::vector<std::byte>& all, std::vector<
     offsets.swap(early_offsets_);
 }
 
+template <typename T, class Reduce>
+void Transport::start_early(EarlyReduction<T>& r, std::span<const T> values, Reduce reduce, const char* kind) {
+    LLMC_CHECK(!r.in_flight, std::string(name()) + " transport: " + kind + " was started while another is in flight");
+    r.values.assign(values.begin(), values.end());
+    reduce(std::span<T>(r.values));
+    r.in_flight = true;
+}
+
+template <typename T>
+void Transport::finish_early(EarlyReduction<T>& r, std::span<T> values, const char* kind) {
+    LLMC_CHECK(r.in_flight && values.size() == r.values.size(),
+               std::string(name()) + " transport: " + kind + " finished without its start, or with another count");
+    r.in_flight = false;
+    std::copy(r.values.begin(), r.values.end(), values.begin());
+}
+
 void Transport::allreduce_sum_start(std::span<const double> values) {
-    LLMC_CHECK(!sum_in_flight_, std::string(name()) + " transport: a sum was started while another is in flight");
-    early_sum_.assign(values.begin(), values.end());
-    allreduce_sum(early_sum_);
-    sum_in_flight_ = true;
+    start_early(early_sum_, values, [this](std::span<double> v) { allreduce_sum(v); }, "a sum");
 }
-
-void Transport::allreduce_sum_finish(std::span<double> values) {
-    LLMC_CHECK(sum_in_flight_ && values.size() == early_sum_.size(),
-               std::string(name()) + " transport: a sum finished without its start, or with another count");
-    sum_in_flight_ = false;
-    std::copy(early_sum_.begin(), early_sum_.end(), values.begin());
-}
-
+void Transport::allreduce_sum_finish(std::span<double> values) { finish_early(early_sum_, values, "a sum"); }
 void Transport::allreduce_or_start(std::span<const uint64_t> bits) {
-    LLMC_CHECK(!or_in_flight_, std::string(name()) + " transport: an OR was started while another is in flight");
-    early_or_.assign(bits.begin(), bits.end());
-    allreduce_or(early_or_);
-    or_in_flight_ = true;
+    start_early(early_or_, bits, [this](std::span<uint64_t> v) { allreduce_or(v); }, "an OR");
 }
-
-void Transport::allreduce_or_finish(std::span<uint64_t> bits) {
-    LLMC_CHECK(or_in_flight_ && bits.size() == early_or_.size(),
-               std::string(name()) + " transport: an OR finished without its start, or with another count");
-    or_in_flight_ = false;
-    std::copy(early_or_.begin(), early_or_.end(), bits.begin());
-}
+void Transport::allreduce_or_finish(std::span<uint64_t> bits) { finish_early(early_or_, bits, "an OR"); }
 
 void LocalTransport::abort(int exit_code) { std::exit(exit_code); }
 

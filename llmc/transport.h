@@ -158,9 +158,18 @@ private:
     bool overlap_bf16_ = false;
     std::vector<std::byte> early_all_;  // the default start()'s result, handed out by finish()
     std::vector<size_t> early_offsets_;
-    std::vector<double> early_sum_;  // the default allreduce_sum_start's and allreduce_or_start's results
-    std::vector<uint64_t> early_or_;
-    bool sum_in_flight_ = false, or_in_flight_ = false;
+    // The default split reductions: reduced whole in start(), the result handed out by finish().
+    template <typename T>
+    struct EarlyReduction {
+        std::vector<T> values;
+        bool in_flight = false;
+    };
+    template <typename T, class Reduce>
+    void start_early(EarlyReduction<T>& r, std::span<const T> values, Reduce reduce, const char* kind);
+    template <typename T>
+    void finish_early(EarlyReduction<T>& r, std::span<T> values, const char* kind);
+    EarlyReduction<double> early_sum_;
+    EarlyReduction<uint64_t> early_or_;
 
     double timeout_seconds_ = 0.0;
     std::unique_ptr<CollectiveWatchdog> watchdog_;

@@ -441,7 +441,8 @@ def main():
     dct_runs = {}
     for name, knobs in (("dct", {"LLMC_DEMO_MOMENTUM": "dct"}),
                         ("dct-tensor", {"LLMC_DEMO_MOMENTUM": "dct", "LLMC_DEMO_DCT": "tensor"})):
-        dct = dct_runs[name] = run(EMU["fp32"], f"fp32-demo-1-momentum-{name}", steps + ["--optimizer", "demo"], env=knobs)
+        dct = dct_runs[name] = run(EMU["fp32"], f"fp32-demo-1-momentum-{name}", steps + ["--optimizer", "demo"],
+                                   env=knobs)
         compare(f"fp32 demo, 1 rank, {' '.join(f'{k}={v}' for k, v in knobs.items())}, vs CPU trainer", dct,
                 cpu_demo1, "loss", 1e-4)
     check(lambda r=dct_runs["dct"]: r.recorded("demo_momentum_domain") == "dct",

@@ -362,9 +362,9 @@ TEST(allreduce_or_gives_the_union) {
 // during a forward), both at once, with the world communicator's other collectives in between (a blocking sum,
 // a blocking OR, an all-gather, an overlapped all-reduce), two rounds. Oracles: every rank's values added in
 // rank order here (values whose sum depends on the order; the blocking sum must give the same bits) and the
-// union of every rank's bits.
-TEST(split_reductions_equal_blocking_ones) {
-    Transport& world = *g_world;
+// union of every rank's bits. Through the MPI transport's own split reductions, and through the defaults of
+// Transport (the whole reduction in start) over a transport that forwards only the blocking collectives.
+void check_split_reductions(Transport& world) {
     const int W = world.world_size(), me = world.rank();
     const auto values_of = [](int r, int round) {
         return std::vector<double>{r % 2 ? -1e16 : 1e16 + r, 0.1 * (r + 1) + round, std::ldexp(3.0, -r - round)};
@@ -412,6 +412,38 @@ TEST(split_reductions_equal_blocking_ones) {
     std::vector<uint64_t> words(2);
     EXPECT_ERROR(world.allreduce_or_finish(words), "with another count");
     world.allreduce_or_finish(word);
+}
+
+// The MPI world's blocking collectives and nothing else: the split reductions are Transport's defaults.
+class BlockingOnly final : public Transport {
+public:
+    explicit BlockingOnly(Transport& world) : world_(world) {}
+    std::string_view name() const override { return "blocking-only"; }
+    int rank() const override { return world_.rank(); }
+    int world_size() const override { return world_.world_size(); }
+    void allreduce_mean(std::span<float> data) override { world_.allreduce_mean(data); }
+    void allgather_bytes(std::span<const std::byte> mine, std::vector<std::byte>& all, std::vector<size_t>& offsets,
+                         GatherSizes sizes) override {
+        world_.allgather_bytes(mine, all, offsets, sizes);
+    }
+    void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
+    void allreduce_max(std::span<double> values) override { world_.allreduce_max(values); }
+    void allreduce_or(std::span<uint64_t> bits) override { world_.allreduce_or(bits); }
+    void broadcast(std::span<std::byte> data, int root) override { world_.broadcast(data, root); }
+    void barrier() override { world_.barrier(); }
+    [[noreturn]] void abort(int code) override {
+        world_.abort(code);
+        std::exit(code);  // not reached: the compiler does not carry [[noreturn]] through the virtual call
+    }
+
+private:
+    Transport& world_;
+};
+
+TEST(split_reductions_equal_blocking_ones) {
+    check_split_reductions(*g_world);
+    BlockingOnly defaults(*g_world);
+    check_split_reductions(defaults);
 }
 
 // AdamW-DDP's overlapped all-reduce (Transport::allreduce_mean_start / _finish): ranges started in several
