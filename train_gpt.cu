@@ -301,7 +301,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         // read, so the GPU goes on to them without waiting for the host (which reports meanwhile). Never past a
         // step with an evaluation, a sample or a checkpoint (they use the model and the data position as this
         // step leaves them) or around the profiled step. Its batches are read now, and with several ranks the
-        // ranks' agreement on them (next_step_agreement_start) travels during this step's optimizer, which waits
+        // ranks' agreement on them (batch_agreement_start) travels during this step's optimizer, which waits
         // for its collective: the host has no latency of its own to wait for between that collective's end and
         // queuing the next step. A batch that fails to load is reported after this step, and then nothing of the
         // next step is queued on any rank: the ranks agree on that first, because a collective's enqueue may wait
@@ -322,7 +322,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
             } catch (...) {
                 next_step_error = std::current_exception();
             }
-            if (world > 1) next_step_agreement_start(transport, layout, loaded_ahead, overlap, inputs.back());
+            if (world > 1) batch_agreement_start(transport, layout, loaded_ahead, overlap, inputs.back());
         }
         const float lr = schedule.at(step);
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
@@ -332,9 +332,9 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         const CommCounters comm = transport.counters();
         bool a_rank_failed_to_load = false;
         if (queue_next) {
-            const NextStepAgreement agreed = world > 1 ? next_step_agreement_finish(transport, layout, overlap,
-                                                                                   early_wte_runs)
-                                                       : NextStepAgreement{loaded_ahead, {}};
+            const BatchAgreement agreed = world > 1 ? batch_agreement_finish(transport, layout, overlap,
+                                                                             early_wte_runs)
+                                                    : BatchAgreement{loaded_ahead, {}};
             a_rank_failed_to_load = !agreed.all_loaded;
             if (agreed.all_loaded) {
                 queue_micro_steps(agreed.wte_early);

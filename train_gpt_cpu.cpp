@@ -142,12 +142,14 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
             train_loader.next_batch(inputs, targets);
             const bool last = micro == grad_accum - 1;
             // the overlapped all-reduce's wte rows this step's last batch leaves alone on every rank (the MPI
-            // transport packs any number of ranges into one all-reduce), their OR in flight during the forward
+            // transport packs any number of ranges into one all-reduce), their OR in flight during the forward (a
+            // rank that fails to read a batch throws in next_batch, so every rank here has loaded its own)
             const bool report = ddp_overlap && last;
-            if (report) untouched_wte_start(transport, layout, inputs);
+            if (report) batch_agreement_start(transport, layout, true, true, inputs);
             loss += model.forward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len);
             const std::vector<ParamRange> wte_early =
-                report ? untouched_wte_finish(transport, layout, SIZE_MAX) : std::vector<ParamRange>();
+                report ? batch_agreement_finish(transport, layout, true, SIZE_MAX).wte_early
+                       : std::vector<ParamRange>();
             model.backward(1.0f / static_cast<float>(grad_accum), report ? grads_final : GPT2Cpu::GradsFinal(),
                            wte_early);
         }

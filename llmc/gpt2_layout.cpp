@@ -76,9 +76,10 @@ std::vector<ParamRange> ParamLayout::backward_ranges_of_embeddings(std::span<con
 
 std::vector<ParamRange> ParamLayout::untouched_wte_rows(std::span<const uint64_t> touched_rows, size_t max_runs) const {
     const size_t rows = static_cast<size_t>(config.padded_vocab_size), C = static_cast<size_t>(config.channels);
-    LLMC_CHECK(touched_rows.size() == (rows + 63) / 64, "untouched_wte_rows: the bitmap has " +
-                                                            std::to_string(touched_rows.size()) + " words, not " +
-                                                            std::to_string((rows + 63) / 64));
+    LLMC_CHECK(touched_rows.size() == token_row_words(rows), "untouched_wte_rows: the bitmap has " +
+                                                                 std::to_string(touched_rows.size()) +
+                                                                 " words, not " +
+                                                                 std::to_string(token_row_words(rows)));
     struct Run { size_t row, count; };
     const auto touched = [&](size_t r) { return (touched_rows[r / 64] >> (r % 64)) & 1u; };
     std::vector<Run> runs;
@@ -112,7 +113,7 @@ bool ParamLayout::wte_rows_untouched(std::span<const ParamRange> ranges, std::sp
 }
 
 std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows) {
-    std::vector<uint64_t> bits((rows + 63) / 64, 0);
+    std::vector<uint64_t> bits(token_row_words(rows), 0);
     for (const int t : tokens) {
         LLMC_CHECK(t >= 0 && static_cast<size_t>(t) < rows,
                    "token_row_bitmap: token id " + std::to_string(t) + " outside [0, " + std::to_string(rows) + ")");

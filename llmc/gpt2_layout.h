@@ -44,6 +44,7 @@ struct ParamTensor {
 struct ParamRange {
     size_t offset = 0;
     size_t numel = 0;
+    bool operator==(const ParamRange&) const = default;
 };
 
 struct ParamLayout {
@@ -75,8 +76,10 @@ struct ParamLayout {
     bool wte_rows_untouched(std::span<const ParamRange> ranges, std::span<const int> tokens) const;
 };
 
-// The bitmap untouched_wte_rows reads: bit t set for every token id t in `tokens`, `rows` bits.
+// The bitmap untouched_wte_rows reads: bit t set for every token id t in `tokens`, `rows` bits in
+// token_row_words(rows) words.
 std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows);
+constexpr size_t token_row_words(size_t rows) { return (rows + 63) / 64; }
 
 // Throws llmc::Error naming `what` when the shape is unusable (C not divisible by heads, sizes <= 0,
 // padded vocab smaller than vocab...).

@@ -56,23 +56,19 @@ bool ddp_overlap_from_env();
 // bitmaps OR-ed), so every rank reports the same ranges.
 std::vector<ParamRange> untouched_wte_ranges(Transport& transport, const ParamLayout& layout,
                                              std::span<const int> inputs, size_t max_runs);
-// The same in two halves, so the OR travels during the last micro-step's forward (on a link with a delay, a
-// latency off the critical path): start before the forward, finish before the backward.
-void untouched_wte_start(Transport& transport, const ParamLayout& layout, std::span<const int> inputs);
-std::vector<ParamRange> untouched_wte_finish(Transport& transport, const ParamLayout& layout, size_t max_runs);
-
-// train_gpt's agreement on a step it queues ahead, in one split OR that travels while the step before it runs
-// its optimizer: whether every rank read the step's batches (a rank must not queue collectives its peers will
-// not join) and, with `rows` (AdamW-DDP's overlapped all-reduce), untouched_wte_ranges of its last batch.
-// Every rank starts and finishes it with the same `rows`; a rank that failed to load passes no inputs.
-struct NextStepAgreement {
+// The ranks' agreement on the batches a step is about to queue, in one split OR whose latency passes while
+// something else runs: whether every rank read them (a rank must not queue collectives its peers will not join)
+// and, with `rows` (AdamW-DDP's overlapped all-reduce), untouched_wte_ranges of the last batch. train_gpt starts
+// it for the step it queues ahead before the step before it runs its optimizer and finishes it after; the CPU
+// trainer starts it before the last micro-step's forward and finishes it before its backward. Every rank starts
+// and finishes it with the same `rows`; a rank that failed to load passes no inputs.
+struct BatchAgreement {
     bool all_loaded = false;
     std::vector<ParamRange> wte_early;  // with `rows`, when all_loaded
 };
-void next_step_agreement_start(Transport& transport, const ParamLayout& layout, bool loaded, bool rows,
-                               std::span<const int> last_inputs);
-NextStepAgreement next_step_agreement_finish(Transport& transport, const ParamLayout& layout, bool rows,
-                                             size_t max_runs);
+void batch_agreement_start(Transport& transport, const ParamLayout& layout, bool loaded, bool rows,
+                           std::span<const int> last_inputs);
+BatchAgreement batch_agreement_finish(Transport& transport, const ParamLayout& layout, bool rows, size_t max_runs);
 
 // What a run reads besides its weights: this rank's training stream, the validation stream (null without
 // --val_data or with --val_batches 0) and the tokenizer's decoder on the rank that prints samples (rank 0 with

@@ -12,6 +12,7 @@
 #include "llmc/adamw.h"
 #include "llmc/kernel_math.h"
 #include "llmc/rng.h"
+#include "llmc/train_common.h"
 #include "llmc/transport_mpi.h"
 #include "test/demo_simulation.h"
 #include "test/testing.h"
@@ -444,6 +445,59 @@ TEST(split_reductions_equal_blocking_ones) {
     check_split_reductions(*g_world);
     BlockingOnly defaults(*g_world);
     check_split_reductions(defaults);
+}
+
+// The trainers' batch agreement (batch_agreement_start / _finish: one split OR of a failed-to-load flag and the
+// last batch's wte row bitmap), with a blocking sum in flight between start and finish as in the trainers.
+// Oracles: the runs of rows no rank's tokens touch, found by a loop over the rows here (all of them, and the
+// longest one, lower rows first on ties), and "every rank loaded" known here for each round.
+TEST(batch_agreement_gives_every_rank_the_same_decision) {
+    Transport& world = *g_world;
+    const int W = world.world_size(), me = world.rank();
+    ModelConfig config;
+    config.max_seq_len = 16;
+    config.vocab_size = 190;
+    config.padded_vocab_size = 200;  // the bitmap's last word is partial
+    config.num_layers = 1;
+    config.num_heads = 2;
+    config.channels = 8;
+    const ParamLayout layout = ParamLayout::gpt2(config);
+    const size_t rows = 200, C = 8, wte = layout.find("wte.weight").offset;
+    const auto tokens_of = [](int r) {  // rank r touches rows 3r..3r+2, 100 + 7r and 189 - r
+        return std::vector<int>{3 * r, 3 * r + 1, 3 * r + 2, 100 + 7 * r, 189 - r};
+    };
+    std::vector<bool> touched(rows, false);
+    for (int r = 0; r < W; r++)
+        for (const int t : tokens_of(r)) touched[static_cast<size_t>(t)] = true;
+    std::vector<ParamRange> all_runs;
+    for (size_t row = 0; row < rows; row++) {
+        if (touched[row]) continue;
+        if (row > 0 && !touched[row - 1]) all_runs.back().numel += C;
+        else all_runs.push_back({wte + row * C, C});
+    }
+    ParamRange longest = all_runs.front();
+    for (const ParamRange& run : all_runs)
+        if (run.numel > longest.numel) longest = run;
+    for (const size_t max_runs : {SIZE_MAX, size_t{1}}) {
+        batch_agreement_start(world, layout, true, true, tokens_of(me));
+        std::vector<double> blocking = {1.0};
+        world.allreduce_sum(blocking);
+        const BatchAgreement agreed = batch_agreement_finish(world, layout, true, max_runs);
+        EXPECT(agreed.all_loaded);
+        EXPECT(agreed.wte_early == (max_runs == 1 ? std::vector<ParamRange>{longest} : all_runs));
+    }
+    // the last rank failed to load: no rank queues, whatever the others read
+    const bool loaded = me != W - 1;
+    const std::vector<int> mine = tokens_of(me);
+    batch_agreement_start(world, layout, loaded, true, loaded ? std::span<const int>(mine) : std::span<const int>());
+    BatchAgreement agreed = batch_agreement_finish(world, layout, true, SIZE_MAX);
+    EXPECT(!agreed.all_loaded);
+    EXPECT(agreed.wte_early.empty());
+    // without rows (no overlapped all-reduce): only the flag
+    batch_agreement_start(world, layout, true, false, tokens_of(me));
+    agreed = batch_agreement_finish(world, layout, false, SIZE_MAX);
+    EXPECT(agreed.all_loaded);
+    EXPECT(agreed.wte_early.empty());
 }
 
 // AdamW-DDP's overlapped all-reduce (Transport::allreduce_mean_start / _finish): ranges started in several
