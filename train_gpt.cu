@@ -57,6 +57,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_profiler_api.h>
@@ -234,6 +235,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     model.zero_grad();
     weights = std::vector<float>();
 
+    // MFU's peak: --peak_tflops, or the GPU's dense bf16 peak where it is known (bf16 build; the fp32 build's
+    // kernels run on other units)
+    const double known_peak = std::is_same_v<floatX, float> ? 0.0 : known_peak_bf16_tflops(env.props.name);
+    const double peak_tflops = cfg.peak_tflops > 0.0f ? double(cfg.peak_tflops) : known_peak;
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         make_dirs(cfg.out_dir);
@@ -247,6 +252,14 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
         std::printf("%s | activations %.0f MiB (%s attention)\n", batch_banner(cfg, world, grad_accum, train_loader).c_str(),
                     model.activation_bytes() / 1048576.0, model.attention_name());
+        if (cfg.peak_tflops > 0.0f)
+            std::printf("MFU against %g TFLOP/s per GPU (--peak_tflops)\n", double(cfg.peak_tflops));
+        else if (peak_tflops > 0.0)
+            std::printf("MFU against %g TFLOP/s per GPU (the %s's dense bf16 peak; --peak_tflops sets another)\n",
+                        peak_tflops, env.props.name);
+        else
+            std::printf("MFU not reported: %s has no known %s peak (--peak_tflops sets one)\n", env.props.name,
+                        kFloatXName);
     }
 
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
@@ -258,7 +271,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         for (int micro = 0; micro < grad_accum; micro++) train_loader.next_batch(inputs[micro], targets[micro]);
     };
     const int start_step = static_cast<int>(state.step);
-    StepReporter reporter(cfg, start_step, log.get());
+    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), peak_tflops});
     const char* profile_env = std::getenv("LLMC_PROFILE_STEP");
     const int profile_step = profile_env ? std::atoi(profile_env) : -1;
     const GPT2Cuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {

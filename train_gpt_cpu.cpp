@@ -122,13 +122,14 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
                     (cfg.optimizer + (demo_delay_phrase(cfg).empty() ? "" : " (" + demo_delay_phrase(cfg) + ")")).c_str(),
                     world, threads);
         std::printf("%s\n", batch_banner(cfg, world, grad_accum, train_loader).c_str());
+        if (cfg.peak_tflops > 0.0f) std::printf("MFU against %g TFLOP/s per rank (--peak_tflops)\n", cfg.peak_tflops);
     }
 
     const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> inputs(n), targets(n);
     const int start_step = static_cast<int>(state.step);
-    StepReporter reporter(cfg, start_step, log.get());
+    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), cfg.peak_tflops});
     const GPT2Cpu::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };

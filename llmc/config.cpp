@@ -108,6 +108,9 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"comm_timeout", &TrainConfig::comm_timeout,
               "seconds a collective may wait for the other ranks before this rank exits (0 = forever)"},
              {"log_every", &TrainConfig::log_every, "progress line every N steps"},
+             {"peak_tflops", &TrainConfig::peak_tflops,
+              "each rank's peak TFLOP/s, for MFU in the metrics (0: in train_gpt the GPU's dense bf16 peak if known, "
+              "else no MFU)"},
              {"dry_run", &TrainConfig::dry_run, "print resolved config and traffic report, then exit"},
          }},
     };
@@ -325,6 +328,7 @@ void validate_config(const TrainConfig& c) {
     positive(c.log_every, "log_every");
     LLMC_CHECK(c.demo_delay == 0 || c.demo_delay == 1, "--demo_delay must be 0 or 1, got " + std::to_string(c.demo_delay));
     LLMC_CHECK(c.comm_timeout >= 0.0f, "--comm_timeout must be >= 0 (seconds; 0 waits forever)");
+    LLMC_CHECK(c.peak_tflops >= 0.0f, "--peak_tflops must be >= 0 (0: looked up for a known GPU, else no MFU)");
     LLMC_CHECK(!c.out_dir.empty(), "--out_dir must not be empty");
 }
 

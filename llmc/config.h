@@ -65,6 +65,7 @@ struct TrainConfig {
     int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host
     float comm_timeout = 1800.0f;        // seconds a collective may wait for the other ranks (0 = forever)
     int log_every = 1;
+    float peak_tflops = 0.0f;            // each device's peak TFLOP/s for MFU; 0 = the GPU's from a table, else none
     bool dry_run = false;                // print the resolved config and traffic report, then exit
 
     OptimizerConfig optimizer_config() const;

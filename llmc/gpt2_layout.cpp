@@ -112,6 +112,12 @@ bool ParamLayout::wte_rows_untouched(std::span<const ParamRange> ranges, std::sp
     return true;
 }
 
+double gpt2_flops_per_token(const ParamLayout& layout, int seq_len) {
+    const ModelConfig& c = layout.config;
+    return 6.0 * static_cast<double>(layout.num_params) +
+           6.0 * static_cast<double>(c.num_layers) * c.channels * static_cast<double>(seq_len);
+}
+
 std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows) {
     std::vector<uint64_t> bits(token_row_words(rows), 0);
     for (const int t : tokens) {

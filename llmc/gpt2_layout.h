@@ -76,6 +76,11 @@ struct ParamLayout {
     bool wte_rows_untouched(std::span<const ParamRange> ranges, std::span<const int> tokens) const;
 };
 
+// llm.c's estimate of a training step's flops per token for `layout`'s model at sequence length `seq_len`
+// (Kaplan et al. 2020, section 2.1, times three for the backward): 6 N for the parameters (N counts every one,
+// the padded vocabulary's rows included) + 6 L C T for attention's products over the T positions.
+double gpt2_flops_per_token(const ParamLayout& layout, int seq_len);
+
 // The bitmap untouched_wte_rows reads: bit t set for every token id t in `tokens`, `rows` bits in
 // token_row_words(rows) words.
 std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows);

@@ -59,6 +59,8 @@ void MetricsLog::log_step(const StepMetrics& m) {
     j["compute_ms"] = m.compute_seconds * 1e3;
     j["comm_ms"] = m.comm_seconds * 1e3;
     j["tok_per_s"] = m.tokens_per_second;
+    j["model_tflops"] = m.model_tflops;
+    if (m.mfu) j["mfu"] = *m.mfu;
     j["bytes_sent"] = m.comm.bytes_sent;
     j["bytes_recv"] = m.comm.bytes_recv;
     j["payload_bytes"] = m.comm.payload_bytes;
@@ -100,12 +102,25 @@ std::string format_bytes(double b) {
     return buf;
 }
 
+double known_peak_bf16_tflops(std::string_view name) {
+    const auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
+    // CUDA's names: "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe" (both 312); "NVIDIA H100 80GB HBM3" (SXM),
+    // "NVIDIA H100 PCIe", "NVIDIA H200", "NVIDIA GH200 480GB". The NVL parts run at other clocks: not listed.
+    if (has("NVL")) return 0.0;
+    if (has("A100")) return 312.0;
+    if (has("H100")) return has("PCIe") ? 756.0 : 989.4;
+    if (has("H200")) return 989.4;
+    return 0.0;
+}
+
 std::string format_progress(const StepMetrics& m) {
     const int width = static_cast<int>(std::to_string(m.total_steps).size());
-    char buf[256];
+    char mfu[32] = "";
+    if (m.mfu) std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", *m.mfu * 100.0);
+    char buf[320];
     std::snprintf(buf, sizeof buf,
-                  "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | sent %s | ETA %s", width,
-                  m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second,
+                  "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s%s | sent %s | ETA %s", width,
+                  m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second, mfu,
                   format_bytes(static_cast<double>(m.comm.bytes_sent)).c_str(),
                   format_duration(m.eta_seconds).c_str());
     return buf;

@@ -4,7 +4,9 @@
 // never holds two different histories.
 #pragma once
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "llmc/optimizer.h"
 #include "llmc/transport.h"
@@ -20,7 +22,9 @@ struct StepMetrics {
     double step_seconds = 0.0;     // wall time of the whole step
     double compute_seconds = 0.0;  // forward + backward (+ local optimizer math)
     double comm_seconds = 0.0;     // waiting inside collectives
-    double tokens_per_second = 0.0;
+    double tokens_per_second = 0.0;  // over all ranks
+    double model_tflops = 0.0;       // model flops per second of one rank (ModelFlops::per_token), in TFLOP/s
+    std::optional<double> mfu;       // model_tflops over the rank's peak, when the peak is known
     long long tokens = 0;          // cumulative tokens over all ranks
     CommCounters comm;             // this step's counters (this rank)
     long long cumulative_bytes_sent = 0;
@@ -46,6 +50,16 @@ private:
     std::string path_;
     FILE* f_ = nullptr;
 };
+
+// Model flops utilization as llm.c estimates it: `per_token` flops of a training step per token (forward and
+// backward; gpt2_flops_per_token), against each rank's `peak_tflops` (0: unknown, no MFU).
+struct ModelFlops {
+    double per_token = 0.0;
+    double peak_tflops = 0.0;
+};
+// The dense bf16 tensor-core peak (TFLOP/s, NVIDIA's datasheet figure) of a GPU by its CUDA device name, for the
+// GPUs this trainer targets: A100 312, H100 SXM and H200 989.4, H100 PCIe 756; 0 for any other name.
+double known_peak_bf16_tflops(std::string_view device_name);
 
 std::string format_progress(const StepMetrics& m);
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "42s"

@@ -246,6 +246,8 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     m.compute_seconds = m.step_seconds - m.comm_seconds;
     m.tokens = state.tokens;
     m.tokens_per_second = cfg_.total_batch_size / m.step_seconds;
+    m.model_tflops = flops_.per_token * m.tokens_per_second / transport.world_size() / 1e12;
+    if (flops_.peak_tflops > 0.0) m.mfu = m.model_tflops / flops_.peak_tflops;
     m.cumulative_bytes_sent = state.cumulative_bytes_sent;
     m.optimizer = result.seconds;
     if (step > start_step_ || cfg_.steps - start_step_ == 1) {

@@ -177,7 +177,8 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoa
 class StepReporter {
 public:
     using Clock = std::chrono::steady_clock;
-    StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log) : cfg_(cfg), start_step_(start_step), log_(log) {}
+    StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log, ModelFlops flops)
+        : cfg_(cfg), start_step_(start_step), log_(log), flops_(flops) {}
     // `step` is 0-based; `started` is when the step's first micro-batch began (or, where the step was queued
     // while the last one ran, when the last one ended); `comm` its traffic (transport's counters, reset at its
     // start); `transport` averages the loss and the norm over the ranks. The state advances at once.
@@ -211,6 +212,7 @@ private:
     const TrainConfig& cfg_;
     int start_step_;
     MetricsLog* log_;
+    ModelFlops flops_;
     double session_seconds_ = 0.0;
     int session_steps_ = 0;
     std::optional<StepMetrics> pending_;  // reported, its averages in flight

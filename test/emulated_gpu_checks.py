@@ -649,6 +649,28 @@ def main():
                             env={"LLMC_DEMO_TUNING": tune})
                 same(f"bf16 demo, LLMC_DEMO_TUNING={tune} ({what}): the default run's losses and norms", other, full)
 
+    # Throughput: model TFLOP/s per rank from tokens/s (flops per token counted from GPT-2's shapes by
+    # train_cpu_checks), MFU with --peak_tflops only (the emulated device is no GPU of the peak table), in the log,
+    # the banner and the progress lines.
+    flops = cpu_checks.gpt2_flops_per_token("configs/tiny.json", 32)
+    peaked = run(EMU["bf16"], "bf16-peak", ["--steps", "2", "--peak_tflops", "0.01"])
+
+    def throughput(rows, ranks, peak):  # the peak is a float config key: MFU to its 7 digits
+        near = lambda a, b, rel: abs(a - b) <= rel * abs(b)
+        return bool(rows) and all(near(r["model_tflops"], flops * r["tok_per_s"] / ranks / 1e12, 1e-9) and
+                                  (near(r["mfu"], r["model_tflops"] / peak, 1e-6) if peak else "mfu" not in r)
+                                  for r in rows)
+    check(lambda r=peaked: throughput(value(r), 1, 0.01) and "MFU against 0.01 TFLOP/s per GPU (--peak_tflops)"
+          in r.process.get().stdout and all(f"| MFU {100 * x['mfu']:.1f}% |" in r.process.get().stdout
+                                            for x in value(r)),
+          "bf16, --peak_tflops 0.01: model TFLOP/s = flops per token x tokens/s, MFU against the peak, in the log, "
+          "the banner and the progress lines")
+    check(lambda r=full: throughput(value(r), 1, None) and
+          "MFU not reported: CPU (block emulator) has no known bf16 peak" in r.process.get().stdout,
+          "bf16 without --peak_tflops on a device with no known peak: model TFLOP/s, no MFU, the banner says so")
+    check(lambda r=adamw2: throughput(value(r), 2, None),
+          "fp32, 2 ranks: model TFLOP/s per rank (half the tokens/s each), no MFU")
+
     # A checkpoint of the CPU trainer continues on the emulated GPU trainer (fp32) at the CPU trainer's losses.
     cpu_full = run(CPU, "cpu-handover", keep)
     step2 = os.path.join(TMP, "cpu-handover", "checkpoints", "step_00000002")

@@ -1,12 +1,12 @@
 """End-to-end checks of the CPU trainer on the default corpus (run by test/test_train_cpu.sh).
 
-Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny config and asserts on what it
-wrote: determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for
-1 and 2 ranks (and DeMo with --demo_delay 1), AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a resume with another
-world size (and --reset_momentum accepting it), AdamW-DDP's overlapped all-reduce giving the bits of the
-all-reduce after the backward, and one-line errors with a non-zero exit and no hang for bad
-input, a rank killed mid-run ending the whole job (then resumed), and a rank that stops without dying ending
-it after --comm_timeout. Failures are collected and reported
+Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny config and asserts on what it wrote:
+determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for 1 and 2
+ranks (and DeMo with --demo_delay 1), AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a
+resume with another world size (and --reset_momentum accepting it), AdamW-DDP's overlapped all-reduce giving the
+bits of the all-reduce after the backward, model TFLOP/s and MFU in the metrics against flops counted here, and
+one-line errors with a non-zero exit and no hang for bad input, a rank killed mid-run ending the whole job (then
+resumed), and a rank that stops without dying ending it after --comm_timeout. Failures are collected and reported
 together.
 """
 import json
@@ -240,6 +240,39 @@ def delay_checks():
     return delayed
 
 
+def gpt2_flops_per_token(config_path, seq_len):
+    """llm.c's estimate, 6 N + 6 L C T, with N counted here from GPT-2's tensor shapes (not the trainer's layout)."""
+    c = dict(vocab_size=50257, padded_vocab_size=50304)
+    c.update({k: v for k, v in json.load(open(os.path.join(ROOT, config_path))).items() if not k.startswith("_")})
+    L, C = c["num_layers"], c["channels"]
+    n = c["padded_vocab_size"] * C + c["max_seq_len"] * C + L * (12 * C * C + 13 * C) + 2 * C
+    return 6 * n + 6 * L * C * seq_len
+
+
+def throughput_checks(two_rank_dir):
+    """model_tflops = flops per token x tokens/s per rank, MFU against --peak_tflops, in the log and the progress."""
+    flops = gpt2_flops_per_token("configs/tiny.json", 32)
+    out = fresh("mfu")
+    p = run(BASE + ["--steps", "3", "--val_every", "0", "--peak_tflops", "0.1", "--out_dir", out])
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [r for r in rows if r.get("type") == "train"]
+    progress = [l for l in p.stdout.splitlines() if l.startswith("step ") and " | loss " in l]
+    close = lambda a, b, rel=1e-9: abs(a - b) <= rel * abs(b)
+    check(len(rows) == 3 and len(progress) == 3 and "MFU against 0.1 TFLOP/s per rank" in p.stdout,
+          "--peak_tflops: 3 steps logged and printed, the banner names the peak")
+    for r, line in zip(rows, progress):  # the peak is a float config key: MFU to its 7 digits
+        check(close(r["model_tflops"], flops * r["tok_per_s"] / 1e12) and
+              close(r["mfu"], r["model_tflops"] / 0.1, 1e-6) and f"| MFU {100 * r['mfu']:.1f}% |" in line,
+              f"step {r['step']}: model_tflops {r['model_tflops']:.3e} = {flops} flops/token x {r['tok_per_s']:.0f} "
+              f"tok/s, MFU {r['mfu']:.3f} in the log and '{line.split(' | ')[6]}' in the progress line")
+    if two_rank_dir:
+        rows = [json.loads(l) for l in open(os.path.join(two_rank_dir, "metrics.jsonl"))]
+        rows = [r for r in rows if r.get("type") == "train"]
+        check(rows and all(close(r["model_tflops"], flops * r["tok_per_s"] / 2 / 1e12) and "mfu" not in r
+                           for r in rows),
+              "2 ranks without --peak_tflops: model_tflops per rank (half the tokens/s each), no MFU")
+
+
 def ddp_overlap_checks():
     """AdamW-DDP's all-reduce overlapped with the backward (LLMC_DDP_OVERLAP=1, the default) against the
     all-reduce after the backward (0): 3 ranks, 2 micro-steps per step (only the last backward reports its
@@ -280,6 +313,7 @@ def main():
 
     resume_case("adamw", None)
     resume_case("demo", None)
+    demo2 = None
     if have_mpi:
         demo2 = resume_case("demo", 2)
         resume_case("adamw", 2)
@@ -326,6 +360,8 @@ def main():
         rank_dies_mid_run()
         rank_hangs_mid_run()
 
+    throughput_checks(demo2)
+
     # Bad input, single process.
     shard_dir = fresh("badshards")
     os.makedirs(shard_dir)
@@ -338,6 +374,7 @@ def main():
         (["--init_from", "no_model.bin"], "no_model.bin: cannot open"),
         (["--resume", os.path.join(TMP, "nothing")], "checkpoint directory does not exist"),
         (["--lr", "abc"], "--lr: expected a number, got 'abc'"),
+        (["--peak_tflops", "-1"], "--peak_tflops must be >= 0"),
         (["--config", "configs/nope.json"], "configs/nope.json: cannot open"),
     ]:
         p = run(BASE + args + ["--out_dir", fresh("bad1")], None, expect_ok=False, timeout=60)

@@ -50,7 +50,10 @@ flops_per_token = 6 * N + 6 * L * C * T
 tok_s = B * T / (ms / 1000)
 mfu = flops_per_token * tok_s / (peak * 1e12)
 opt_s = " ".join(f"{k} {v:.2f}" for k, v in opt.items() if v > 0)
-print(f"RESULT {label}: step {ms:.2f} ms | {tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}% | optimizer ms: {opt_s}")
+# the trainer's own figure (its median step's mfu: against its peak table or --peak_tflops), a cross-check
+own = statistics.median(r["mfu"] for r in rows) if all("mfu" in r for r in rows) else None
+own_s = f" (trainer: {100 * own:.1f}%)" if own is not None else ""
+print(f"RESULT {label}: step {ms:.2f} ms | {tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}%{own_s} | optimizer ms: {opt_s}")
 print(f"STEPMS {label} {ms:.4f}")
 EOF
 }
