@@ -19,6 +19,8 @@
 //             (opt-in, below) is FlashAttention-2's: the key tiles add their shares into one fp32 accumulator
 //             per query tile with atomic adds, the last warp to add a query tile's rows converting them; no
 //             scratch slots and no last kernel, but its sums' order, so its bits, vary from run to run.
+//             FlashDq::SharesLast (opt-in) keeps the shares and their bits but has no last kernel: the last
+//             warp to write a query tile's share sums that tile's slots in order, mostly from L2.
 //
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
@@ -308,12 +310,18 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 //            of CUDA's threadFenceReduction sample does (a fence between the adds and the count, and between the
 //            count and the reads). Accumulators and counts are zeroed before every launch. The order of the
 //            sums, so their bits, varies from run to run (within fp32 rounding of the shares' sum).
+//   SharesLast: the shares written as by Shares, and per (query tile, warp) a count of the shares written, as
+//            Atomic counts its adds: the warp that brings it to qt + 1 sums that query tile's slots in key-tile
+//            order and writes the result, so no second kernel reads the 428 MB back through HBM (the slots of
+//            the heads in flight, 2.2 MB each at T = 1024, are read soon after they were written, mostly from
+//            L2). The same owner, order and arithmetic per element as Shares' sum kernel: the same bits.
 // (A third way, the key tiles adding in a fixed order, each warp waiting for its turn, was deterministic but
 // 13.6% slower than the shares on an H100 and was retired; dev/bench/README.md, ninth session.)
-enum class FlashDq { Shares, SharesBf16, Atomic };
+enum class FlashDq { Shares, SharesBf16, Atomic, SharesLast };
 
-// The atomic dQ's contribution counts: one per (batch x head, query tile, warp). Zeroed before every launch.
-__host__ __device__ inline size_t atomic_dq_count_words(int BNH, int T) {
+// Atomic's and SharesLast's contribution counts: one per (batch x head, query tile, warp). Zeroed before every
+// launch.
+__host__ __device__ inline size_t dq_count_words(int BNH, int T) {
     return size_t(BNH) * ((T + kTile - 1) / kTile) * kWarps;
 }
 
@@ -468,14 +476,63 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
     delta[(size_t(b) * NH + h) * T + t] = sum;
 }
 
+// SharesLast's sum: rows q0 .. q0 + 15 of a query tile's dQ = scale * (the sum of `shares` consecutive 64 x 64
+// fp32 slots' rows, starting at `first`, in slot order) into dq (bf16, row stride `stride`; rows at or past T are
+// not written), by one warp. Per element the arithmetic of flash_attention_dq_reduce_kernel (0 + s_0 + s_1 ...,
+// then times scale, rounded once), so the same bits. The slots were written by other blocks: read from L2
+// (__ldcg), after the caller's fence. Each lane owns 4 columns of 8 of the 16 rows, kRowsPerPass rows per pass,
+// with kSlotsAtOnce slots' loads in flight: 1 and 2 are what fit beside the kernel's live dK and dV accumulators and
+// K, V fragments in its 168 registers (ptxas, sm_90: 1 x 4, 2 x 2, 2 x 4 and 4 x 2 spill 12-76 bytes).
+__device__ __forceinline__ void sum_shares_last(bf16* dq, size_t stride, const float* first, int shares, int q0,
+                                                int T, float scale, int lane) {
+    constexpr int kRowsPerPass = 1, kSlotsAtOnce = 2;
+    const int col = (lane % 16) * 4;  // rows 2 i + lane / 16, i = pass * kRowsPerPass .. + kRowsPerPass - 1
+    auto add = [](float4& a, const float4 b) { a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w; };
+#pragma unroll
+    for (int pass = 0; pass < 8 / kRowsPerPass; pass++) {
+        float4 sum[kRowsPerPass];
+#pragma unroll
+        for (int i = 0; i < kRowsPerPass; i++) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float* lane_first = first + size_t(2 * pass * kRowsPerPass + lane / 16) * kHeadSize + col;
+        auto load = [&](int slot, int i) {
+            return __ldcg(reinterpret_cast<const float4*>(lane_first + slot * kShareFloats + 2 * i * kHeadSize));
+        };
+        int s = 0;
+        for (; s + kSlotsAtOnce <= shares; s += kSlotsAtOnce) {
+            float4 v[kSlotsAtOnce][kRowsPerPass];
+#pragma unroll
+            for (int j = 0; j < kSlotsAtOnce; j++)
+#pragma unroll
+                for (int i = 0; i < kRowsPerPass; i++) v[j][i] = load(s + j, i);
+#pragma unroll
+            for (int j = 0; j < kSlotsAtOnce; j++)
+#pragma unroll
+                for (int i = 0; i < kRowsPerPass; i++) add(sum[i], v[j][i]);
+        }
+        for (; s < shares; s++)
+#pragma unroll
+            for (int i = 0; i < kRowsPerPass; i++) add(sum[i], load(s, i));
+#pragma unroll
+        for (int i = 0; i < kRowsPerPass; i++) {
+            const int q = q0 + 2 * (pass * kRowsPerPass + i) + lane / 16;
+            if (q >= T) continue;
+            bf16* dst = dq + size_t(q) * stride + col;
+            LLMC_REQUIRE_ALIGNED(dst, 8);
+            *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(sum[i].x * scale, sum[i].y * scale),
+                                                        pack_bf16x2(sum[i].z * scale, sum[i].w * scale));
+        }
+    }
+}
+
 // grid (key tiles, B * NH), kThreads threads, kBackwardSmem bytes. Warp w owns keys k0 + 16 w .. + 15 and works
 // on transposed products (rows are keys): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
 // dK += dS^T Q; then, with dS^T staged in shared memory, warp w computes rows 16 w .. + 15 of the pair's dQ share
-// dS K: DQ = Shares writes it to the pair's slot of dq_scratch (SharesBf16: rounded to bf16, slots of 64 x 64 bf16);
-// DQ = Atomic adds it to the query tile's
-// accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32, zeroed) and counts the addition in dq_count
-// (atomic_dq_count_words, zeroed), the last warp to add converting the rows into dqkv's q part. At the end
-// dK * scale and dV go to dqkv's k and v parts.
+// dS K: DQ = Shares writes it to the pair's slot of dq_scratch (SharesBf16: rounded to bf16, slots of 64 x 64 bf16;
+// SharesLast: as Shares, then counted in dq_count (dq_count_words, zeroed), the last warp to write its rows' share
+// summing them over the query tile's slots into dqkv's q part, sum_shares_last); DQ = Atomic adds it to the
+// query tile's accumulator in dq_scratch (B * NH, query tiles, 64 x 64 fp32, zeroed) and counts the addition in
+// dq_count, the last warp to add converting the rows into dqkv's q part. At the end dK * scale and dV go to
+// dqkv's k and v parts.
 template <FlashDq DQ>
 __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_backward_kv_kernel(bf16* dqkv, float* dq_scratch,
                                                                                  unsigned* dq_count, const bf16* qkv,
@@ -556,7 +613,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                                                   : size_t(bh) * tiles + qt;  // Atomic: the query tile's
         using Share = std::conditional_t<DQ == FlashDq::SharesBf16, bf16, float>;
         Share* rows16 = reinterpret_cast<Share*>(dq_scratch) + slot * kShareFloats + size_t(warp) * 16 * kHeadSize;
-        unsigned* count = DQ == FlashDq::Atomic ? dq_count + slot * kWarps + warp : nullptr;
+        unsigned* count = DQ == FlashDq::Atomic       ? dq_count + slot * kWarps + warp
+                          : DQ == FlashDq::SharesLast ? dq_count + (size_t(bh) * tiles + qt) * kWarps + warp
+                                                      : nullptr;
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             float acc[kNT / 2][4] = {};
@@ -582,8 +641,8 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                     } else {
                         LLMC_REQUIRE_ALIGNED(dst, 8);
                         const float2 v = make_float2(acc[nt][2 * r], acc[nt][2 * r + 1]);
-                        if constexpr (DQ == FlashDq::Shares) *reinterpret_cast<float2*>(dst) = v;
-                        else atomic_add_pair(reinterpret_cast<float2*>(dst), v);
+                        if constexpr (DQ == FlashDq::Atomic) atomic_add_pair(reinterpret_cast<float2*>(dst), v);
+                        else *reinterpret_cast<float2*>(dst) = v;
                     }
                 }
         }
@@ -605,6 +664,18 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                             store_bf16x2(dqkv + (hd.q - qkv) + size_t(q) * hd.stride + col,
                                          pack_bf16x2(sum.x * scale, sum.y * scale));
                     }
+            }
+        }
+        if constexpr (DQ == FlashDq::SharesLast) {
+            __threadfence();  // this lane's share is in L2 before the count says so
+            __syncwarp();
+            unsigned before = 0;
+            if (lane == 0) before = atomicAdd(count, 1u);
+            if (__shfl_sync(0xffffffffu, before, 0) == unsigned(qt)) {  // key tiles 0 .. qt have all written
+                __threadfence();
+                const float* first = dq_scratch + (size_t(bh) * tile_pairs(T) + tile_pair(qt, 0)) * kShareFloats +
+                                     size_t(warp) * 16 * kHeadSize;
+                sum_shares_last(dqkv + (hd.q - qkv), hd.stride, first, qt + 1, q0 + warp * 16, T, scale, lane);
             }
         }
         // No barrier here: what the next iteration overwrites before its own top barrier, the (Q, dO, lse, delta)
@@ -685,8 +756,8 @@ inline std::string flash_attention_unsupported(int C, int NH) {
 inline size_t flash_attention_lse_floats(int B, int T, int NH) { return size_t(B) * NH * T; }
 // The backward's scratch, in floats from its start: delta (B, NH, T) at 0, then, 16-byte aligned, the dQ shares
 // (flash::tile_pair; SharesBf16: bf16, half the floats) or the atomic dQ's accumulators (B * NH, query tiles,
-// 64 x 64) at `dq`, then the atomic
-// dQ's contribution counts (atomic_dq_count_words) at `count`; `floats` in all.
+// 64 x 64) at `dq`, then Atomic's and SharesLast's contribution counts (dq_count_words) at `count`; `floats` in
+// all.
 struct FlashBackwardScratchLayout {
     size_t dq, count, floats;
 };
@@ -695,23 +766,25 @@ inline FlashBackwardScratchLayout flash_backward_scratch_layout(int B, int T, in
     if (dq != flash::FlashDq::Atomic) {
         const size_t share_floats = dq == flash::FlashDq::SharesBf16 ? flash::kShareFloats / 2 : flash::kShareFloats;
         const size_t end = delta + size_t(B) * NH * flash::tile_pairs(T) * share_floats;
-        return {delta, end, end};
+        const size_t counts = dq == flash::FlashDq::SharesLast ? flash::dq_count_words(B * NH, T) : 0;
+        return {delta, end, end + counts};
     }
     const size_t count = delta + size_t(B) * NH * ceil_div(T, flash::kTile) * flash::kShareFloats;
-    return {delta, count, count + flash::atomic_dq_count_words(B * NH, T)};
+    return {delta, count, count + flash::dq_count_words(B * NH, T)};
 }
 inline size_t flash_attention_backward_scratch_floats(int B, int T, int NH, flash::FlashDq dq) {
     return flash_backward_scratch_layout(B, T, NH, dq).floats;
 }
 
-// LLMC_FLASH_DQ=shares|shares_bf16|atomic (default shares): how the flash backward sums dQ (flash::FlashDq). A bad
-// value is an error.
+// LLMC_FLASH_DQ=shares|shares_last|shares_bf16|atomic (default shares): how the flash backward sums dQ
+// (flash::FlashDq). A bad value is an error.
 inline flash::FlashDq flash_dq_from_env() {
     const char* s = std::getenv("LLMC_FLASH_DQ");
     const std::string choice = s ? s : "shares";
-    LLMC_CHECK(choice == "shares" || choice == "shares_bf16" || choice == "atomic",
-               "LLMC_FLASH_DQ must be shares, shares_bf16 or atomic; got '" + choice + "'");
+    LLMC_CHECK(choice == "shares" || choice == "shares_last" || choice == "shares_bf16" || choice == "atomic",
+               "LLMC_FLASH_DQ must be shares, shares_last, shares_bf16 or atomic; got '" + choice + "'");
     if (choice == "atomic") return flash::FlashDq::Atomic;
+    if (choice == "shares_last") return flash::FlashDq::SharesLast;
     return choice == "shares_bf16" ? flash::FlashDq::SharesBf16 : flash::FlashDq::Shares;
 }
 
@@ -752,9 +825,11 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
     float* delta = scratch;
     float* dq_scratch = scratch + layout.dq;
     unsigned* dq_count = nullptr;
-    if (dq == FlashDq::Atomic) {  // accumulators and counts are one range
+    if (dq == FlashDq::Atomic || dq == FlashDq::SharesLast) {
         dq_count = reinterpret_cast<unsigned*>(scratch + layout.count);
-        CUDA_CHECK(cudaMemsetAsync(dq_scratch, 0, (layout.floats - layout.dq) * sizeof(float), env.stream));
+        // Atomic: accumulators and counts are one range; SharesLast: the counts only (its slots are all written)
+        float* zero_from = dq == FlashDq::Atomic ? dq_scratch : scratch + layout.count;
+        CUDA_CHECK(cudaMemsetAsync(zero_from, 0, (scratch + layout.floats - zero_from) * sizeof(float), env.stream));
     }
     LLMC_LAUNCH(flash::flash_delta_blocks(rows), flash::kDeltaThreads, 0, env.stream, flash::flash_attention_delta_kernel)(
         delta, reinterpret_cast<const bf16*>(dout), reinterpret_cast<const bf16*>(out), B, T, NH);
@@ -768,9 +843,10 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
             reinterpret_cast<const bf16*>(dout), lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
         CUDA_CHECK_LAUNCH();
     };
-    if (dq == FlashDq::Atomic) {
-        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
-        return;  // the last warp to add to each query tile's rows wrote them
+    if (dq == FlashDq::Atomic || dq == FlashDq::SharesLast) {
+        if (dq == FlashDq::Atomic) launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
+        else launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::SharesLast>);
+        return;  // the last warp to add or write each query tile's rows wrote them
     }
     const unsigned reduce_blocks = unsigned(ceil_div<size_t>(rows * (flash::kHeadSize / 8), 256));
     if (dq == FlashDq::SharesBf16) {

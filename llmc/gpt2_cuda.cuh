@@ -147,6 +147,7 @@ public:
     const char* attention_name() const {
         if (!flash_attention_) return "matmul";
         if (flash_dq_ == flash::FlashDq::Atomic) return "flash (atomic dQ)";
+        if (flash_dq_ == flash::FlashDq::SharesLast) return "flash (dQ shares summed by the last key tile)";
         return flash_dq_ == flash::FlashDq::SharesBf16 ? "flash (bf16 dQ shares)" : "flash";
     }
     int max_batch() const { return max_B_; }

@@ -7,7 +7,9 @@
 // 64-row tile (up to GPT-2's 1024: 16 tiles), batch and heads above one. The default kernels are deterministic by
 // construction (no atomic sums; dQ is summed from per-tile-pair shares), so every thread order gives the same
 // bits (so do LLMC_FLASH_DQ=shares_bf16's, held to the same tolerance; LLMC_FLASH_DQ=atomic's dQ is held to the
-// tolerance in three block orders, with every row converted by whichever warp adds last); one warp at a time
+// tolerance in three block orders, with every row converted by whichever warp adds last; LLMC_FLASH_DQ=shares_last's
+// dQ, summed by whichever warp writes a query tile's share last, must be the shares' bits in three block orders);
+// one warp at a time
 // (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
 // missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
 //
@@ -142,10 +144,10 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
     float* delta = r.scratch.data();
     float* dq_scratch = r.scratch.data() + layout.dq;
     unsigned* dq_count = nullptr;
-    if (dq == flash::FlashDq::Atomic) {
+    if (dq == flash::FlashDq::Atomic || dq == flash::FlashDq::SharesLast) {
         dq_count = reinterpret_cast<unsigned*>(r.scratch.data() + layout.count);
-        std::fill(dq_scratch, r.scratch.data() + layout.count, 0.0f);
-        std::memset(dq_count, 0, flash::atomic_dq_count_words(B * NH, T) * sizeof(unsigned));
+        if (dq == flash::FlashDq::Atomic) std::fill(dq_scratch, r.scratch.data() + layout.count, 0.0f);
+        std::memset(dq_count, 0, flash::dq_count_words(B * NH, T) * sizeof(unsigned));
     }
     const Dim3 grid{tiles, unsigned(B * NH), 1};
     const float sl2 = flash::softmax_scale_log2(), sc = flash::softmax_scale();
@@ -154,6 +156,9 @@ void run_backward_kv(Result& r, flash::FlashDq dq, const std::vector<bf16>& qkv,
         emu::run_block(Dim3{flash::kThreads, 1, 1}, Dim3{linear % tiles, linear / tiles, 0}, grid, order, 99, [&] {
             if (dq == flash::FlashDq::Atomic)
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::Atomic>(
+                    r.dqkv.data(), dq_scratch, dq_count, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
+            else if (dq == flash::FlashDq::SharesLast)
+                flash::flash_attention_backward_kv_kernel<flash::FlashDq::SharesLast>(
                     r.dqkv.data(), dq_scratch, dq_count, qkv.data(), dy.data(), r.lse.data(), delta, T, NH, sl2, sc);
             else if (dq == flash::FlashDq::SharesBf16)
                 flash::flash_attention_backward_kv_kernel<flash::FlashDq::SharesBf16>(
@@ -324,6 +329,18 @@ void check_flash(int B, int T, int NH, uint64_t seed) {
         EXPECT(rerun_same);
     }
 
+    // Shares summed by the last key tile to write: the same bits as the shares' sum kernel whichever block writes
+    // a query tile's share last (blocks in index order, reversed, shuffled; a row no warp sums stays NaN).
+    for (int blocks = 0; blocks < 3; blocks++) {
+        const Order order = blocks == 2 ? Order::WarpSerial : Order::Forward;
+        const Result last = run(qkv_b, dy_b, B, T, NH, order, flash::FlashDq::SharesLast, blocks);
+        const bool same = same_bits(last, got);
+        const char* names[3] = {"shares summed last: blocks in order", "shares summed last: blocks reversed",
+                                "shares summed last: shuffled, warps"};
+        std::printf("  %-34s %s\n", names[blocks], same ? "same bits" : "DIFFERENT BITS  FAIL");
+        EXPECT(same);
+    }
+
     // The atomic dQ: dK and dV the same bits (the same products), dQ within the tolerance whichever block adds
     // last and so converts a query tile's rows (blocks here run one at a time, each start order one of the GPU's
     // sums; an unconverted row stays NaN and fails).
@@ -350,6 +367,51 @@ TEST(flash_attention_one_tile) { check_flash(1, 64, 2, 11); }
 TEST(flash_attention_partial_tiles) { check_flash(2, 100, 2, 12); }  // batch and heads both above one
 TEST(flash_attention_four_tiles) { check_flash(1, 229, 2, 13); }
 TEST(flash_attention_gpt2_length) { check_flash(1, 1024, 1, 14); }  // 16 tiles: many buffer swaps, 136 tile pairs
+
+// SharesLast's in-kernel sum against the sum kernel's arithmetic written out on the host (0 + s_0 + s_1 ...,
+// times scale, rounded to bf16 once). A sum of the attention test's shares rarely shows another order in bf16, so
+// here the slots of each element are terms of ~2^20 that cancel in pairs (slot s and s + n/2) plus terms of ~1:
+// the partial sums' fp32 rounding is a few percent of the result, and most elements' bits depend on the order.
+// Every slot count from 1 to 16 (odd ones end on the unpaired slot), and a tile that ends past T.
+TEST(flash_shares_last_sum) {
+    constexpr int kRows = 16, kStride = 3 * HS;  // one warp's rows, as dqkv's q part of one head
+    std::mt19937 rng(21);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    int order_sensitive = 0;
+    for (int shares = 1; shares <= 16; shares++) {
+        std::vector<float> slots(size_t(shares) * flash::kShareFloats);
+        for (float& v : slots) v = normal(rng);
+        const int half = shares / 2;
+        for (size_t e = 0; e < flash::kShareFloats; e++)
+            for (int s = 0; s < half; s++) {
+                const float large = std::ldexp(normal(rng), 20);
+                slots[size_t(s) * flash::kShareFloats + e] += large;
+                slots[size_t(s + half) * flash::kShareFloats + e] -= large;
+            }
+        const int q0 = 64 + 16 * (shares % 4), T = shares == 7 ? q0 + 5 : 1024;  // 7: rows q0 + 5 .. past T
+        const float scale = flash::softmax_scale();
+        std::vector<bf16> dq(size_t(q0 + kRows) * kStride, __float2bfloat16_rn(NAN));
+        emu::run_block(32, 0, 1, Order::Shuffled, 17, [&] {
+            flash::sum_shares_last(dq.data(), kStride, slots.data(), shares, q0, T, scale, int(threadIdx.x));
+        });
+        bool ok = true;
+        for (int r = 0; r < kRows; r++)
+            for (int c = 0; c < HS; c++) {
+                float sum = 0.0f, reversed = 0.0f;
+                for (int s = 0; s < shares; s++) sum += slots[size_t(s) * flash::kShareFloats + r * HS + c];
+                for (int s = shares - 1; s >= 0; s--) reversed += slots[size_t(s) * flash::kShareFloats + r * HS + c];
+                const bf16 got = dq[size_t(q0 + r) * kStride + c];
+                const bf16 want = q0 + r < T ? __float2bfloat16_rn(sum * scale) : __float2bfloat16_rn(NAN);
+                ok = ok && std::memcmp(&got, &want, sizeof(bf16)) == 0;
+                order_sensitive += __float2bfloat16_rn(reversed * scale) != __float2bfloat16_rn(sum * scale);
+            }
+        if (!ok) std::printf("  %d slots: DIFFERENT BITS from the sum kernel's order  FAIL\n", shares);
+        EXPECT(ok);
+    }
+    std::printf("  1-16 slots: the sum kernel's bits (%d of %d elements would differ summed in reverse)\n",
+                order_sensitive, 16 * kRows * HS);
+    EXPECT(order_sensitive > 16 * kRows * HS / 4);  // the test can tell the orders apart
+}
 
 TEST(flash_attention_support) {
     EXPECT(llmc::flash_attention_unsupported(768, 12).empty() == !llmc::kFloatXIsFloat);

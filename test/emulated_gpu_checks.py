@@ -18,7 +18,8 @@ PyTorch references first).
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit; with
   LLMC_MATMUL_TUNE=1 (each new problem's candidate algorithms run and timed first) the bits of the untuned run, and
   with LLMC_CUDA_GRAPH=1 (each micro-step's kernels captured into a graph and replayed; also for DeMo over 1 and 2
-  ranks and with 2 micro-steps per step) the bits of the run without; with LLMC_BIAS_GRAD=epilogue (the qkv and
+  ranks and with 2 micro-steps per step) the bits of the run without; with LLMC_FLASH_DQ=shares_last (flash's dQ
+  shares summed in the backward kernel by the last key tile to write) the bits of the shares' sum kernel; with LLMC_BIAS_GRAD=epilogue (the qkv and
   fc bias gradients from the emulated cuBLASLt's BGRADB epilogue, counted) the CPU trainer's losses, and under
   the epilogue refusal the column reduction's bits.
 - DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
@@ -613,6 +614,14 @@ def main():
             same(f"bf16, {attention} attention, {knob}=1: the bits without it", other, runs[f"bf16-{attention}-gelu2"])
         check(lambda other=other, record=record: other.recorded(record) is True,
               f"the {knob}=1 run records {record} true")
+    # LLMC_FLASH_DQ=shares_last: the flash backward's dQ shares summed by the last key tile to write each query
+    # tile's, in the sum kernel's order: its bits.
+    last = run(EMU["bf16"], "bf16-flash-shares-last", one_head,
+               env={"LLMC_FLASH_DQ": "shares_last", "LLMC_ATTENTION": "flash", "LLMC_GELU_FUSION": "2"})
+    same("bf16, flash attention, LLMC_FLASH_DQ=shares_last: the bits of the shares' sum kernel", last,
+         runs["bf16-flash-gelu2"])
+    check(lambda: last.recorded("attention") == "flash (dQ shares summed by the last key tile)",
+          "the LLMC_FLASH_DQ=shares_last run records its attention")
     same("fp32 demo, 1 rank, LLMC_CUDA_GRAPH=1: the bits without the graph",
          run(EMU["fp32"], "fp32-demo-1-cuda-graph", steps + ["--optimizer", "demo"], env={"LLMC_CUDA_GRAPH": "1"}),
          emu_demo1)

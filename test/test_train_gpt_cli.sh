@@ -90,7 +90,7 @@ for bad in fused Epilogue ""; do
 done
 LLMC_FLASH_DQ=ordered run ./train_gpt --steps 1 --out_dir "$TMP/run"
 check "LLMC_FLASH_DQ=ordered (retired) -> one-line error" one_line_error \
-  "LLMC_FLASH_DQ must be shares, shares_bf16 or atomic; got 'ordered'"
+  "LLMC_FLASH_DQ must be shares, shares_last, shares_bf16 or atomic; got 'ordered'"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "(a GPU is present: the no-GPU message is not checked here)"

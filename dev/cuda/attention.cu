@@ -6,7 +6,7 @@
 //   (base 2, max abs error 1e-3), the other forward shapes (2 row tiles per warp, 128 queries per block: the same
 //   bits), backward d qkv from the flash forward's out and lse with either dQ summation
 //   (flash::FlashDq): the default per-pair shares, and a rerun that must give the same bits (no atomics); the
-//   bf16 shares (opt-in) against the reference, with the shares' dK, dV bits and a bit-identical rerun; the
+//   shares summed by the last key tile to write (opt-in), three runs with the shares' bits; the bf16 shares (opt-in) against the reference, with the shares' dK, dV bits and a bit-identical rerun; the
 //   atomic dQ (opt-in, not deterministic) against the reference on three runs, with the shares' dK, dV bits (the
 //   same products). T=200 is not a multiple
 //   of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
@@ -135,7 +135,7 @@ static bool same_bits(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
 
 // Scratch for the flash backward with any dQ summation (the bf16 shares need the least).
 static size_t flash_scratch_floats(int B, int T, int NH) {
-    return std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Shares),
+    return std::max(flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::SharesLast),
                     flash_attention_backward_scratch_floats(B, T, NH, flash::FlashDq::Atomic));
 }
 
@@ -200,6 +200,15 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
     backward(dqkv2, flash::FlashDq::Shares);
     ck.expect(same_bits(dqkv, dqkv2), "flash backward bit-identical on rerun " + label);
     const std::vector<float> shares = check::from_device_floatX(dqkv);
+    // The shares summed by the last key tile to write: the sum kernel's order and arithmetic, so its bits, whichever
+    // block writes a query tile's share last (three runs; a row no warp sums stays NaN).
+    for (int run = 0; run < 3; run++) {
+        CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0xff, dqkv2.bytes(), env.stream));
+        CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
+        backward(dqkv2, flash::FlashDq::SharesLast);
+        ck.expect(same_bits(dqkv, dqkv2), "flash backward with the shares summed last bit-identical to the shares, run " +
+                                              std::to_string(run + 1) + " " + label);
+    }
     // The bf16 shares: deterministic as the fp32 ones, each share rounded to bf16 before the sum.
     {
         CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0xff, dqkv2.bytes(), env.stream));
@@ -323,6 +332,12 @@ static void time_shape(CudaEnv& env, int B, int T, int C, int NH) {
     });
     check::report_flops(("flash_backward, atomic dQ " + shape).c_str(), atomic, 2.5 * flops);
     check::report_ratio("flash atomic dQ / shares " + shape, atomic, bwd);
+    const float last = median_ms(env.stream, [&] {
+        flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
+                                 T, C, NH, flash::FlashDq::SharesLast);
+    });
+    check::report_flops(("flash_backward, dQ shares summed last " + shape).c_str(), last, 2.5 * flops);
+    check::report_ratio("flash dQ shares summed last / shares " + shape, last, bwd);
     const float bf16_shares = median_ms(env.stream, [&] {
         flash_attention_backward(env, dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B,
                                  T, C, NH, flash::FlashDq::SharesBf16);

@@ -9,12 +9,13 @@
 # timed against its alternative, and DeMo with its other kernel choices: LLMC_DEMO_DCT=tensor (the compress
 # kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
-# baseline. AdamW also runs with LLMC_FLASH_DQ=atomic (the flash backward's dQ summed across blocks in L2 by
-# atomic adds instead of through per-pair shares and a second kernel) and with LLMC_FLASH_DQ=shares_bf16 (the
-# shares in bf16: half their traffic), with LLMC_MATMUL_TUNE=1 (each matmul's algorithm the fastest of cuBLASLt's
+# baseline. AdamW also runs with LLMC_FLASH_DQ=shares_last (the flash backward's per-pair dQ shares summed by the
+# last key tile to write, not by a second kernel: the same bits), LLMC_FLASH_DQ=atomic (dQ summed across blocks in
+# L2 by atomic adds instead of through the shares) and LLMC_FLASH_DQ=shares_bf16 (the shares in bf16: half their
+# traffic), with LLMC_MATMUL_TUNE=1 (each matmul's algorithm the fastest of cuBLASLt's
 # candidates), with LLMC_CUDA_GRAPH=1 (each micro-step one CUDA graph; DeMo too) and with LLMC_BIAS_GRAD=epilogue
 # (the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue, not a column reduction). BENCH_QUICK=1 runs only
-# the default-attention runs (AdamW, its two dQ runs, its tuned matmuls, graphs and bias epilogue, and DeMo's four
+# the default-attention runs (AdamW, its three dQ runs, its tuned matmuls, graphs and bias epilogue, and DeMo's four
 # kernel choices and graphs), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
@@ -82,6 +83,8 @@ unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
+LLMC_FLASH_DQ=shares_last run_ours adamw-lastdq adamw
+ratio adamw adamw-lastdq "AdamW step with LLMC_FLASH_DQ=shares_last / with the dQ shares' sum kernel (default)"
 LLMC_FLASH_DQ=atomic run_ours adamw-atomicdq adamw
 ratio adamw adamw-atomicdq "AdamW step with LLMC_FLASH_DQ=atomic / with the dQ shares (default)"
 LLMC_FLASH_DQ=shares_bf16 run_ours adamw-bf16dq adamw

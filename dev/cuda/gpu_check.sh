@@ -82,7 +82,7 @@ done
 
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
 # the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with both
-# dQ summations, LLMC_FLASH_DQ: fp32 shares, bf16 shares, atomic; with tuned matmul algorithms, LLMC_MATMUL_TUNE;
+# dQ summations, LLMC_FLASH_DQ: fp32 shares, summed by the last key tile, bf16 shares, atomic; with tuned matmul algorithms, LLMC_MATMUL_TUNE;
 # with the micro-step as a CUDA graph, LLMC_CUDA_GRAPH; with the qkv and fc bias gradients from cuBLASLt's BGRADB
 # epilogue, LLMC_BIAS_GRAD=epilogue), then every GELU
 # level (0 separate kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
@@ -103,6 +103,7 @@ variant() {  # variant <row name> <VAR=value> <binary> <args...>
   rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
 }
 variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/cuda/gpu_test_gpt2 build/reference/hs64
+variant gpu_test_gpt2_last_dq LLMC_FLASH_DQ=shares_last build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_atomic_dq LLMC_FLASH_DQ=atomic build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_bf16_dq LLMC_FLASH_DQ=shares_bf16 build/cuda/gpu_test_gpt2 build/reference/hs64
 variant gpu_test_gpt2_matmul_tune LLMC_MATMUL_TUNE=1 build/cuda/gpu_test_gpt2 build/reference/hs64
