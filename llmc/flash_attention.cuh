@@ -476,6 +476,22 @@ __global__ void flash_attention_delta_kernel(float* delta, const bf16* dout, con
     delta[(size_t(b) * NH + h) * T + t] = sum;
 }
 
+// Atomic's and SharesLast's count: adds this warp's contribution to its rows of query tile qt and says whether it
+// was the last of the qt + 1 (key tiles 0 .. qt), as the last block of CUDA's threadFenceReduction sample does:
+// every lane's writes (adds) fenced before lane 0's count, with a warp barrier between; lane 0's fence after the
+// count, and a warp barrier, before any lane reads what the others wrote. Those reads must bypass L1 (__ldcg).
+__device__ __forceinline__ bool last_to_count(unsigned* count, int qt, int lane) {
+    __threadfence();
+    __syncwarp();
+    unsigned before = 0;
+    if (lane == 0) {
+        before = atomicAdd(count, 1u);
+        __threadfence();
+    }
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, before, 0) == unsigned(qt);
+}
+
 // SharesLast's sum: rows q0 .. q0 + 15 of a query tile's dQ = scale * (the sum of `shares` consecutive 64 x 64
 // fp32 slots' rows, starting at `first`, in slot order) into dq (bf16, row stride `stride`; rows at or past T are
 // not written), by one warp. Per element the arithmetic of flash_attention_dq_reduce_kernel (0 + s_0 + s_1 ...,
@@ -647,12 +663,7 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
                 }
         }
         if constexpr (DQ == FlashDq::Atomic) {
-            __threadfence();  // this lane's adds are done in L2 before the count says so
-            __syncwarp();
-            unsigned before = 0;
-            if (lane == 0) before = atomicAdd(count, 1u);
-            if (__shfl_sync(0xffffffffu, before, 0) == unsigned(qt)) {  // key tiles 0 .. qt have all added
-                __threadfence();
+            if (last_to_count(count, qt, lane)) {  // key tiles 0 .. qt have all added
 #pragma unroll
                 for (int c = 0; c < kHeadSize / 8; c++)
 #pragma unroll
@@ -667,12 +678,7 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
             }
         }
         if constexpr (DQ == FlashDq::SharesLast) {
-            __threadfence();  // this lane's share is in L2 before the count says so
-            __syncwarp();
-            unsigned before = 0;
-            if (lane == 0) before = atomicAdd(count, 1u);
-            if (__shfl_sync(0xffffffffu, before, 0) == unsigned(qt)) {  // key tiles 0 .. qt have all written
-                __threadfence();
+            if (last_to_count(count, qt, lane)) {  // key tiles 0 .. qt have all written
                 const float* first = dq_scratch + (size_t(bh) * tile_pairs(T) + tile_pair(qt, 0)) * kShareFloats +
                                      size_t(warp) * 16 * kHeadSize;
                 sum_shares_last(dqkv + (hd.q - qkv), hd.stride, first, qt + 1, q0 + warp * 16, T, scale, lane);
