@@ -25,10 +25,11 @@
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
 // kept for timing against the default; so is QT = 2, a forward block of 128 queries in 8 warps, which stages each
-// K / V tile once for twice the queries). Each warp keeps its own operand
-// fragments in registers and walks the other operand in 64-row tiles staged in shared memory by cp.async,
-// double-buffered so the next tile loads while the tensor cores work on the current one. 4 forward blocks per
-// SM (register cap 128 for the 4-warp one, which spills 32 bytes there), 3 backward blocks on Hopper
+// K / V tile once for twice the queries). Each warp takes its own operand fragments (the forward's queries once,
+// the backward's keys and values from their staged tiles at each use, so they hold no registers across the
+// loop) and walks the other operand in 64-row tiles staged in shared memory by cp.async, double-buffered so the
+// next tile loads while the tensor cores work on the current one. 4 forward blocks per SM (register cap 128
+// for the 4-warp one, which spills 12 bytes there, outside its loop), 3 backward blocks on Hopper
 // (kBackwardMinBlocks). Staged rows
 // are padded to 72 bf16 (144 bytes): the 8 row addresses of each ldmatrix phase fall in 8 different 4-bank
 // groups. Tiles are kept row-major as in global memory; operands needed transposed (V in P V, dO in dV, Q in
@@ -86,8 +87,9 @@ __host__ __device__ constexpr size_t forward_smem(int query_tiles) {
 }
 inline constexpr size_t kBackwardSmem = 7 * kTileElems * sizeof(bf16) + 4 * kTile * sizeof(float);
 // Backward blocks per SM the register allocation is held to: on Hopper 3 (12 warps; 168 registers, no spills
-// in the shares kernel, 36 bytes in the atomic one; three 65.5 KB blocks fit its 228 KB), where 2 let ptxas
-// take 239 and left 8 warps per SM to hide the mma.sync chains; an A100's 164 KB holds only 2 blocks.
+// in the shares kernels, 8-12 bytes in the last-summed and atomic ones; three 65.5 KB blocks fit its 228 KB),
+// where 2 let ptxas take 239 and left 8 warps per SM to hide the mma.sync chains; an A100's 164 KB holds only 2
+// blocks.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 inline constexpr int kBackwardMinBlocks = 2;
 #else
@@ -170,19 +172,26 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
 // cp_async, cp_async_commit, cp_async_wait: llmc/cuda_common.cuh.
 
 // Rows [row0, row0 + 64) of a strided row-major tensor into a staged tile (asynchronously; rows at or past T
-// become zeros).
+// become zeros), by the block's THREADS threads (its whole size), each copying the same 16-byte column of rows
+// 64 * 8 / THREADS apart: a loop of known trip count, so the addresses are one base plus constant steps.
 template <int THREADS = kThreads>
 __device__ __forceinline__ void stage_tile(bf16* s, const bf16* src, size_t stride, int row0, int T) {
     constexpr int kChunks = kHeadSize / 8;  // 16-byte chunks per row
-    for (int i = threadIdx.x; i < kTile * kChunks; i += THREADS) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
+    constexpr int kRowStep = THREADS / kChunks;
+    static_assert(THREADS % kChunks == 0 && kTile % kRowStep == 0, "every thread stages the same chunks");
+    const int r0 = int(threadIdx.x) / kChunks, c = (int(threadIdx.x) % kChunks) * 8;
+#pragma unroll
+    for (int j = 0; j < kTile / kRowStep; j++) {
+        const int r = r0 + j * kRowStep;
         const bool live = row0 + r < T;
         cp_async<16>(s + r * kPitch + c, src + size_t(live ? row0 + r : 0) * stride + c, live);
     }
 }
-// 64 consecutive floats from src[row0..] (zeros at or past T), asynchronously.
+// 64 consecutive floats from src[row0..] (zeros at or past T), asynchronously, by the first 64 threads.
 __device__ __forceinline__ void stage_row_floats(float* s, const float* src, int row0, int T) {
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+    static_assert(kThreads >= kTile, "one float per thread");
+    const int i = int(threadIdx.x);
+    if (i < kTile) {
         const bool live = row0 + i < T;
         cp_async<4>(s + i, src + (live ? row0 + i : 0), live);
     }
@@ -497,11 +506,12 @@ __device__ __forceinline__ bool last_to_count(unsigned* count, int qt, int lane)
 // not written), by one warp. Per element the arithmetic of flash_attention_dq_reduce_kernel (0 + s_0 + s_1 ...,
 // then times scale, rounded once), so the same bits. The slots were written by other blocks: read from L2
 // (__ldcg), after the caller's fence. Each lane owns 4 columns of 8 of the 16 rows, kRowsPerPass rows per pass,
-// with kSlotsAtOnce slots' loads in flight: 1 and 2 are what fit beside the kernel's live dK and dV accumulators and
-// K, V fragments in its 168 registers (ptxas, sm_90: 1 x 4, 2 x 2, 2 x 4 and 4 x 2 spill 12-76 bytes).
+// with kSlotsAtOnce slots' loads in flight: 8 x 2, 16 loads of 16 bytes in flight per lane, the fewest L2 round
+// trips; in the kernel's 168 registers (sm_90) it costs one 4-byte spill and reload per query tile
+// (dev/cuda/sass_static.sh --flash; 2 x 4 spills only outside the loop, with about 3x the round trips).
 __device__ __forceinline__ void sum_shares_last(bf16* dq, size_t stride, const float* first, int shares, int q0,
                                                 int T, float scale, int lane) {
-    constexpr int kRowsPerPass = 1, kSlotsAtOnce = 2;
+    constexpr int kRowsPerPass = 8, kSlotsAtOnce = 2;
     const int col = (lane % 16) * 4;  // rows 2 i + lane / 16, i = pass * kRowsPerPass .. + kRowsPerPass - 1
     auto add = [](float4& a, const float4 b) { a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w; };
 #pragma unroll
@@ -583,36 +593,51 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
     };
     stage_query_tile(ktile, 0);
     cp_async_commit();
-    uint32_t ka[kKT][4], va[kKT][4];
     float dk[kNT][4] = {}, dv[kNT][4] = {};
     for (int qt = ktile; qt < tiles; qt++) {
         const int buf = (qt - ktile) & 1, q0 = qt * kTile;
         current_tile_ready(qt + 1 < tiles, [&] { stage_query_tile(qt + 1, buf ^ 1); });
-        if (qt == ktile)
+        uint32_t ka[kKT][4];
 #pragma unroll
-            for (int kk = 0; kk < kKT; kk++) {
-                load_a(ka[kk], sK, warp * 16, kk * 16, lane);
-                load_a(va[kk], sV, warp * 16, kk * 16, lane);
-            }
+        for (int kk = 0; kk < kKT; kk++) load_a(ka[kk], sK, warp * 16, kk * 16, lane);
         float p[kNT][4] = {};
         const float* L = sL(buf);
         const float* D = sD(buf);
         warp_product(p, ka, sQ(buf), lane);
+        // Below the diagonal, in a tile of T's, no element is masked: that case (all but the last tile of most
+        // blocks) runs without the per-element tests. Each lane's columns come in pairs (2t, 2t + 1): one 8-byte
+        // read of L and of D per pair.
+        if (qt != ktile && q0 + kTile <= T) {
 #pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
+            for (int nt = 0; nt < kNT; nt++) {
+                const float2 l2 = *reinterpret_cast<const float2*>(L + nt * 8 + 2 * t);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int c = nt * 8 + 2 * t + (i & 1);
-                const bool masked = (qt == ktile && key[i / 2] > q0 + c) || q0 + c >= T;
-                p[nt][i] = masked ? 0.0f : exp2f(p[nt][i] * scale_log2 - L[c]);
+                for (int i = 0; i < 4; i++) p[nt][i] = exp2f(p[nt][i] * scale_log2 - ((i & 1) ? l2.y : l2.x));
             }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++) {
+                const float2 l2 = *reinterpret_cast<const float2*>(L + nt * 8 + 2 * t);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = nt * 8 + 2 * t + (i & 1);
+                    const bool masked = (qt == ktile && key[i / 2] > q0 + c) || q0 + c >= T;
+                    p[nt][i] = masked ? 0.0f : exp2f(p[nt][i] * scale_log2 - ((i & 1) ? l2.y : l2.x));
+                }
+            }
+        }
         warp_product_acc(dv, p, sdO(buf), lane);
         float ds[kNT][4] = {};
+        uint32_t va[kKT][4];
+#pragma unroll
+        for (int kk = 0; kk < kKT; kk++) load_a(va[kk], sV, warp * 16, kk * 16, lane);
         warp_product(ds, va, sdO(buf), lane);
 #pragma unroll
-        for (int nt = 0; nt < kNT; nt++)
+        for (int nt = 0; nt < kNT; nt++) {
+            const float2 d2 = *reinterpret_cast<const float2*>(D + nt * 8 + 2 * t);
 #pragma unroll
-            for (int i = 0; i < 4; i++) ds[nt][i] = p[nt][i] * (ds[nt][i] - D[nt * 8 + 2 * t + (i & 1)]);
+            for (int i = 0; i < 4; i++) ds[nt][i] = p[nt][i] * (ds[nt][i] - ((i & 1) ? d2.y : d2.x));
+        }
         warp_product_acc(dk, ds, sQ(buf), lane);
 
         // the pair's dQ share: dS^T (bf16) to shared memory, then rows 16 w .. + 15 of dS K, in two halves of

@@ -19,9 +19,9 @@ PyTorch references first).
   LLMC_MATMUL_TUNE=1 (each new problem's candidate algorithms run and timed first) the bits of the untuned run, and
   with LLMC_CUDA_GRAPH=1 (each micro-step's kernels captured into a graph and replayed; also for DeMo over 1 and 2
   ranks and with 2 micro-steps per step) the bits of the run without; with LLMC_FLASH_DQ=shares_last (flash's dQ
-  shares summed in the backward kernel by the last key tile to write) the bits of the shares' sum kernel; with LLMC_BIAS_GRAD=epilogue (the qkv and
-  fc bias gradients from the emulated cuBLASLt's BGRADB epilogue, counted) the CPU trainer's losses, and under
-  the epilogue refusal the column reduction's bits.
+  shares summed in the backward kernel by the last key tile to write) the bits of the shares' sum kernel; with
+  LLMC_BIAS_GRAD=epilogue (the qkv and fc bias gradients from the emulated cuBLASLt's BGRADB epilogue, counted)
+  the CPU trainer's losses, and under the epilogue refusal the column reduction's bits.
 - DeMo with the momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct, with fp32 and tensor-core DCTs) trains as
   the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
   trainer resumes it converted).

@@ -4,12 +4,12 @@
 //   matmul path: forward out and the kept softmax probabilities, backward d qkv.
 //   flash (bf16 build, head size 64; other shapes print why they are skipped): forward out, the log-sum-exp
 //   (base 2, max abs error 1e-3), the other forward shapes (2 row tiles per warp, 128 queries per block: the same
-//   bits), backward d qkv from the flash forward's out and lse with either dQ summation
-//   (flash::FlashDq): the default per-pair shares, and a rerun that must give the same bits (no atomics); the
-//   shares summed by the last key tile to write (opt-in), three runs with the shares' bits; the bf16 shares (opt-in) against the reference, with the shares' dK, dV bits and a bit-identical rerun; the
-//   atomic dQ (opt-in, not deterministic) against the reference on three runs, with the shares' dK, dV bits (the
-//   same products). T=200 is not a multiple
-//   of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
+//   bits), backward d qkv from the flash forward's out and lse with every dQ summation (flash::FlashDq): the
+//   default per-pair shares, and a rerun that must give the same bits (no atomics); the shares summed by the last
+//   key tile to write (opt-in), three runs with the shares' bits; the bf16 shares (opt-in) against the
+//   reference, with the shares' dK, dV bits and a bit-identical rerun; the atomic dQ (opt-in, not deterministic)
+//   against the reference on three runs, with the shares' dK, dV bits (the same products). T=200 is not a
+//   multiple of the 64-row tiles, so the partial last tile is covered. Outputs are prefilled with NaN bits, so an
 //   element a kernel never writes fails.
 // Then timing (median of several runs) of both paths at B=8 and B=16, T=1024, C=768, and flash / matmul.
 // bf16 builds round preatt/att/datt (flash: P and dS) to bf16 between the steps: a preatt of size ~2 rounded
@@ -206,8 +206,8 @@ static void check_flash(CudaEnv& env, check::Checker& ck, const Reference& ref, 
         CUDA_CHECK(cudaMemsetAsync(dqkv2.data(), 0xff, dqkv2.bytes(), env.stream));
         CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0xff, scratch.bytes(), env.stream));
         backward(dqkv2, flash::FlashDq::SharesLast);
-        ck.expect(same_bits(dqkv, dqkv2), "flash backward with the shares summed last bit-identical to the shares, run " +
-                                              std::to_string(run + 1) + " " + label);
+        ck.expect(same_bits(dqkv, dqkv2), "flash backward with the shares summed last bit-identical to the shares, "
+                                          "run " + std::to_string(run + 1) + " " + label);
     }
     // The bf16 shares: deterministic as the fp32 ones, each share rounded to bf16 before the sum.
     {

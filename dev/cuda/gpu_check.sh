@@ -81,11 +81,11 @@ for bin in "${bins[@]}"; do
 done
 
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
-# the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with both
-# dQ summations, LLMC_FLASH_DQ: fp32 shares, summed by the last key tile, bf16 shares, atomic; with tuned matmul algorithms, LLMC_MATMUL_TUNE;
-# with the micro-step as a CUDA graph, LLMC_CUDA_GRAPH; with the qkv and fc bias gradients from cuBLASLt's BGRADB
-# epilogue, LLMC_BIAS_GRAD=epilogue), then every GELU
-# level (0 separate kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
+# the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with every
+# dQ summation, LLMC_FLASH_DQ: fp32 shares, summed by the last key tile, bf16 shares, atomic; with tuned matmul
+# algorithms, LLMC_MATMUL_TUNE; with the micro-step as a CUDA graph, LLMC_CUDA_GRAPH; with the qkv and fc bias
+# gradients from cuBLASLt's BGRADB epilogue, LLMC_BIAS_GRAD=epilogue), then every GELU level (0 separate
+# kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
 variant() {  # variant <row name> <VAR=value> <binary> <args...>
   local name=$1 setting=$2 bin=$3
   shift 3
