@@ -20,7 +20,7 @@
 //             per query tile with atomic adds, the last warp to add a query tile's rows converting them; no
 //             scratch slots and no last kernel, but its sums' order, so its bits, vary from run to run.
 //             FlashDq::SharesLast (opt-in) keeps the shares and their bits but has no last kernel: the last
-//             warp to write a query tile's share sums that tile's slots in order, mostly from L2.
+//             warp to write a query tile's share sums that tile's slots in order, soon after they were written.
 //
 // A block owns a 64-row tile, 4 warps of 16 rows (the forward's RT = 2, 2 warps of 32 rows that share every K / V
 // fragment read from shared memory, halves the ldmatrix traffic per mma but ran 10-12% slower on an H100; it is
@@ -322,8 +322,9 @@ __device__ __forceinline__ void current_tile_ready(bool more, StageNext stage_ne
 //   SharesLast: the shares written as by Shares, and per (query tile, warp) a count of the shares written, as
 //            Atomic counts its adds: the warp that brings it to qt + 1 sums that query tile's slots in key-tile
 //            order and writes the result, so no second kernel reads the 428 MB back through HBM (the slots of
-//            the heads in flight, 2.2 MB each at T = 1024, are read soon after they were written, mostly from
-//            L2). The same owner, order and arithmetic per element as Shares' sum kernel: the same bits.
+//            the heads in flight, 2.2 MB each at T = 1024, are read soon after they were written, while many may
+//            still be in L2). The same owner, order and arithmetic per element as Shares' sum kernel: the same
+//            bits.
 // (A third way, the key tiles adding in a fixed order, each warp waiting for its turn, was deterministic but
 // 13.6% slower than the shares on an H100 and was retired; dev/bench/README.md, ninth session.)
 enum class FlashDq { Shares, SharesBf16, Atomic, SharesLast };
@@ -604,9 +605,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardMinBlocks) flash_attention_
         const float* L = sL(buf);
         const float* D = sD(buf);
         warp_product(p, ka, sQ(buf), lane);
-        // Below the diagonal, in a tile of T's, no element is masked: that case (all but the last tile of most
-        // blocks) runs without the per-element tests. Each lane's columns come in pairs (2t, 2t + 1): one 8-byte
-        // read of L and of D per pair.
+        // Below the diagonal, with every query of the tile before T, no element is masked: that case (every query
+        // tile of a block but its first, when T is a multiple of 64) runs without the per-element tests. Each
+        // lane's columns come in pairs (2t, 2t + 1): one 8-byte read of L and of D per pair.
         if (qt != ktile && q0 + kTile <= T) {
 #pragma unroll
             for (int nt = 0; nt < kNT; nt++) {

@@ -9,9 +9,9 @@
 // bits (so do LLMC_FLASH_DQ=shares_bf16's, held to the same tolerance; LLMC_FLASH_DQ=atomic's dQ is held to the
 // tolerance in three block orders, with every row converted by whichever warp adds last; LLMC_FLASH_DQ=shares_last's
 // dQ, summed by whichever warp writes a query tile's share last, must be the shares' bits in three block orders);
-// one warp at a time
-// (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their wait also catches a
-// missing barrier or wait, and once more with copies performed at issue a buffer refilled too early.
+// one warp at a time (emu::Order::WarpSerial) with shared memory poisoned and cp.async copies deferred to their
+// wait also catches a missing barrier or wait, and once more with copies performed at issue a buffer refilled too
+// early.
 //
 // Tolerances: the kernels round P and dS to bf16 for the tensor-core products (relative 2^-9 per term) and
 // store y, dq, dk, dv in bf16, so each output tensor is held to max |err| <= 1.5e-2 x max |ref| and to an RMS
