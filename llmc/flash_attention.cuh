@@ -875,10 +875,13 @@ inline void flash_attention_backward(const CudaEnv& env, floatX* dqkv, float* sc
             reinterpret_cast<const bf16*>(dout), lse, delta, T, NH, flash::softmax_scale_log2(), flash::softmax_scale());
         CUDA_CHECK_LAUNCH();
     };
-    if (dq == FlashDq::Atomic || dq == FlashDq::SharesLast) {
-        if (dq == FlashDq::Atomic) launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
-        else launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::SharesLast>);
-        return;  // the last warp to add or write each query tile's rows wrote them
+    if (dq == FlashDq::Atomic) {
+        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::Atomic>);
+        return;  // the last warp to add to each query tile's rows wrote them
+    }
+    if (dq == FlashDq::SharesLast) {
+        launch_kv(flash::flash_attention_backward_kv_kernel<FlashDq::SharesLast>);
+        return;  // the last warp to write each query tile's share summed them
     }
     const unsigned reduce_blocks = unsigned(ceil_div<size_t>(rows * (flash::kHeadSize / 8), 256));
     if (dq == FlashDq::SharesBf16) {
