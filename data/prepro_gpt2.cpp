@@ -1,7 +1,9 @@
 // prepro_gpt2: turns a corpus of text documents (one file each) into llm.c token shards with the GPT-2 BPE, plus
 // the tokenizer decode file the trainer uses to print samples. EOT (50256) goes before every document; shard 0 is
 // the validation split, the rest are training shards. Documents are encoded in parallel, but their tokens are
-// written strictly in command-line order, so the output is identical for any --threads.
+// written strictly in command-line order, so the output is identical for any --threads. Everything is written
+// into a staging directory first and moved into --out-dir only once the whole corpus is encoded and checked, so
+// a failed or killed run leaves the earlier dataset of that name as it was (never a mix of old and new shards).
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -33,6 +35,8 @@ Tokenizes each FILE as one document with the GPT-2 BPE (EOT 50256 before each do
   DIR/NAME_train_000001.bin ... training shards of --shard-tokens tokens (the last one may be shorter)
   DIR/tokenizer.bin             llm.c tokenizer decode file
 Invalid UTF-8 in a document is replaced by U+FFFD (maximal-subpart rule, as any standard decoder does).
+The files are written into DIR/.NAME.staging and moved into DIR at the end, replacing the earlier
+NAME_*.bin shards (those it does not replace are removed); a failed run leaves DIR as it was.
 
 options:
   --shard-tokens N   tokens per training shard (default 100000000)
@@ -116,11 +120,28 @@ Options parse_args(int argc, char** argv) {
     return options;
 }
 
-std::string shard_path(const Options& options, bool val, size_t index) {
+// Hidden, so that the trainer's NAME_train_*.bin glob never matches a file in it.
+std::string staging_dir(const Options& options) { return options.out_dir + "/." + options.name + ".staging"; }
+
+std::string shard_name(const Options& options, bool val, size_t index) {
     char number[16];
     std::snprintf(number, sizeof number, "%06zu", index);
-    return options.out_dir + "/" + options.name + (val ? "_val_" : "_train_") + number + ".bin";
+    return options.name + (val ? "_val_" : "_train_") + number + ".bin";
 }
+
+// Removes the staging directory unless the run published it (an error leaves --out-dir untouched).
+class StagingGuard {
+public:
+    explicit StagingGuard(std::string dir) : dir_(std::move(dir)) {}
+    ~StagingGuard() {
+        std::error_code ignored;
+        if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+    }
+    void release() { dir_.clear(); }
+
+private:
+    std::string dir_;
+};
 
 // Receives documents' tokens in order and cuts them into the validation shard and training shards.
 class ShardSink {
@@ -155,7 +176,7 @@ public:
         if (!train_.empty()) write_train(train_);
         LLMC_CHECK(train_tokens_ > 0, "no tokens left for training after the validation split (" +
                                           std::to_string(val_tokens_) + " tokens); lower --val-tokens");
-        remove_stale_shards();
+        publish();
     }
 
     size_t val_tokens() const { return val_tokens_; }
@@ -164,33 +185,51 @@ public:
 
 private:
     void write_val() {
-        const std::string path = shard_path(options_, true, 0);
-        llmc::write_shard(path, val_);
-        std::printf("wrote %s (%zu tokens)\n", path.c_str(), val_.size());
+        const std::string name = shard_name(options_, true, 0);
+        llmc::write_shard(staging_dir(options_) + "/" + name, val_);
+        std::printf("wrote %s/%s (%zu tokens)\n", options_.out_dir.c_str(), name.c_str(), val_.size());
         val_tokens_ = val_.size();
         val_written_ = true;
         std::vector<uint16_t>().swap(val_);
     }
     void write_train(std::span<const uint16_t> tokens) {
-        const std::string path = shard_path(options_, false, ++train_shards_);
-        llmc::write_shard(path, tokens);
-        std::printf("wrote %s (%zu tokens)\n", path.c_str(), tokens.size());
+        const std::string name = shard_name(options_, false, ++train_shards_);
+        llmc::write_shard(staging_dir(options_) + "/" + name, tokens);
+        std::printf("wrote %s/%s (%zu tokens)\n", options_.out_dir.c_str(), name.c_str(), tokens.size());
         std::fflush(stdout);
         train_tokens_ += tokens.size();
     }
-    // A rerun that yields fewer shards must not leave older ones behind for the data loader's glob to find.
+    // The earlier NAME_train_/NAME_val_ shards that this run's do not replace: a rerun that yields fewer
+    // shards must not leave older ones behind for the data loader's glob to find.
     void remove_stale_shards() {
-        const std::string train_prefix = options_.name + "_train_";
-        for (const auto& entry : std::filesystem::directory_iterator(options_.out_dir)) {
-            const std::string file = entry.path().filename().string();
-            if (!file.starts_with(train_prefix) || !file.ends_with(".bin")) continue;
-            const std::string number = file.substr(train_prefix.size(), file.size() - train_prefix.size() - 4);
-            if (number.size() != 6 || number.find_first_not_of("0123456789") != std::string::npos) continue;
-            if (std::stoul(number) > train_shards_) {
-                std::filesystem::remove(entry.path());
-                std::printf("removed stale %s\n", entry.path().c_str());
+        for (const bool val : {false, true}) {
+            const std::string prefix = options_.name + (val ? "_val_" : "_train_");
+            for (const auto& entry : std::filesystem::directory_iterator(options_.out_dir)) {
+                const std::string file = entry.path().filename().string();
+                if (!file.starts_with(prefix) || !file.ends_with(".bin")) continue;
+                const std::string number = file.substr(prefix.size(), file.size() - prefix.size() - 4);
+                if (number.size() != 6 || number.find_first_not_of("0123456789") != std::string::npos) continue;
+                const unsigned long n = std::stoul(number);
+                if (val ? n != 0 : n > train_shards_) {
+                    std::filesystem::remove(entry.path());
+                    std::printf("removed stale %s\n", entry.path().c_str());
+                }
             }
         }
+    }
+    // Moves the staged files into --out-dir: the stale shards go first, then each file by an atomic rename.
+    void publish() {
+        remove_stale_shards();
+        const std::string staging = staging_dir(options_);
+        auto move_in = [&](const std::string& name) {
+            const std::string from = staging + "/" + name, to = options_.out_dir + "/" + name;
+            LLMC_CHECK(std::rename(from.c_str(), to.c_str()) == 0,
+                       to + ": cannot move the new file into place (" + std::strerror(errno) + ")");
+        };
+        move_in("tokenizer.bin");
+        move_in(shard_name(options_, true, 0));
+        for (size_t i = 1; i <= train_shards_; i++) move_in(shard_name(options_, false, i));
+        std::filesystem::remove(staging);
     }
 
     const Options& options_;
@@ -233,7 +272,11 @@ int run(const Options& options) {
     const double load_seconds = seconds_since(start);
     const auto encode_start = std::chrono::steady_clock::now();
     llmc::make_dirs(options.out_dir);
-    llmc::write_tokenizer_file(options.out_dir + "/tokenizer.bin", bpe.all_token_bytes(), bpe.eot_token());
+    const std::string staging = staging_dir(options);
+    std::filesystem::remove_all(staging);  // left by a killed run
+    llmc::make_dirs(staging);
+    StagingGuard staging_guard(staging);
+    llmc::write_tokenizer_file(staging + "/tokenizer.bin", bpe.all_token_bytes(), bpe.eot_token());
 
     const size_t n_threads = std::min(static_cast<size_t>(options.threads), n_docs);
     std::vector<llmc::Gpt2Bpe> encoders(n_threads, bpe);  // copies share the vocabulary, each has its own cache
@@ -282,6 +325,7 @@ int run(const Options& options) {
         batch_begin = batch_end;
     }
     sink.finish(total_tokens);
+    staging_guard.release();
     const double encode_seconds = seconds_since(encode_start);
     const double megabytes = static_cast<double>(total_bytes) / 1e6;
     std::printf("wrote %s/tokenizer.bin (%d tokens)\n", options.out_dir.c_str(), bpe.vocab_size());

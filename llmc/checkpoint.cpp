@@ -4,6 +4,8 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -14,7 +16,7 @@ namespace llmc {
 
 namespace {
 constexpr uint32_t kStateMagic = 0x4C4C5354;  // "TSLL"
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // 2 added the training shards' fingerprint; 1 is still read
 using json = nlohmann::ordered_json;
 }  // namespace
 
@@ -38,6 +40,7 @@ void write_training_state(const std::string& path, const TrainingState& s) {
     w.put(s.sample_rng);
     w.put<int64_t>(s.tokens);
     w.put<int64_t>(s.cumulative_bytes_sent);
+    w.put(s.train_data);
     w.put_string(s.config_json);
     w.put_array(std::span<const std::byte>(s.optimizer_state));
     write_file_atomic(path, w.bytes());
@@ -48,7 +51,8 @@ TrainingState read_training_state(const std::string& path) {
     ByteReader r(bytes, path);
     LLMC_CHECK(r.get<uint32_t>("magic") == kStateMagic, path + ": bad magic (not a training-state file)");
     const uint32_t version = r.get<uint32_t>("version");
-    LLMC_CHECK(version == kStateVersion, path + ": unsupported training-state version " + std::to_string(version));
+    LLMC_CHECK(version == 1 || version == kStateVersion,
+               path + ": unsupported training-state version " + std::to_string(version));
     TrainingState s;
     s.step = r.get<int64_t>("step");
     s.world_size = r.get<int32_t>("world size");
@@ -57,6 +61,7 @@ TrainingState read_training_state(const std::string& path) {
     s.sample_rng = r.get<std::array<uint64_t, 4>>("rng state");
     s.tokens = r.get<int64_t>("token count");
     s.cumulative_bytes_sent = r.get<int64_t>("byte count");
+    if (version >= 2) s.train_data = r.get<DataFingerprint>("training data fingerprint");
     s.config_json = r.get_string("config");
     s.optimizer_state = r.get_vector<std::byte>("optimizer state");
     LLMC_CHECK(r.at_end(), path + ": trailing bytes after the training state");
@@ -69,53 +74,111 @@ void mark_checkpoint_complete(const CheckpointInfo& info) {
     write_file_atomic(info.dir + "/COMPLETE", std::as_bytes(std::span(text.data(), text.size())));
 }
 
+void unmark_checkpoint(const std::string& dir) { remove_file_durably(dir + "/COMPLETE"); }
+
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
     const std::string marker = dir + "/COMPLETE";
     LLMC_CHECK(file_exists(dir), dir + ": checkpoint directory does not exist");
+    LLMC_CHECK(is_directory(dir), dir + ": not a checkpoint directory (a file; give the directory that holds it)");
+    if (!file_exists(marker) && is_directory(dir + "/checkpoints"))
+        fail(dir + ": an out_dir, not a checkpoint directory (resume one of " + dir +
+             "/checkpoints/step_*, or --resume auto with --out_dir " + dir + ")");
     LLMC_CHECK(file_exists(marker), dir + ": incomplete checkpoint (no COMPLETE marker: the run died while saving it)");
     const std::vector<std::byte> bytes = read_whole_file(marker);
     const json j = json::parse(reinterpret_cast<const char*>(bytes.data()),
                                reinterpret_cast<const char*>(bytes.data()) + bytes.size(), nullptr, false);
-    LLMC_CHECK(j.is_object() && j.contains("step") && j.contains("world_size") && j.contains("optimizer"),
-               marker + ": malformed checkpoint marker");
+    const bool valid = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                       j["step"].get<int64_t>() >= 0 && j["step"].get<int64_t>() <= INT32_MAX &&
+                       j.contains("world_size") && j["world_size"].is_number_integer() &&
+                       j["world_size"].get<int64_t>() >= 1 && j["world_size"].get<int64_t>() <= INT32_MAX &&
+                       j.contains("optimizer") && j["optimizer"].is_string();
+    LLMC_CHECK(valid, marker + ": malformed checkpoint marker");
     return {dir, j["step"].get<int64_t>(), j["world_size"].get<int>(), j["optimizer"].get<std::string>()};
 }
 
-static std::vector<CheckpointInfo> complete_checkpoints(const std::string& out_dir) {
-    std::vector<CheckpointInfo> found;
+namespace {
+// The step_* directories under <out_dir>/checkpoints with the step their name gives, in no particular order.
+std::vector<std::pair<std::string, int64_t>> step_dirs(const std::string& out_dir) {
+    std::vector<std::pair<std::string, int64_t>> dirs;
     const std::string root = out_dir + "/checkpoints";
     DIR* d = opendir(root.c_str());
-    if (!d) return found;
+    if (!d) return dirs;
     while (dirent* e = readdir(d)) {
         const std::string name = e->d_name;
         if (!name.starts_with("step_")) continue;
-        const std::string dir = root + "/" + name;
-        if (!file_exists(dir + "/COMPLETE")) continue;
-        try {
-            found.push_back(read_checkpoint_info(dir));
-        } catch (const Error&) {
-            // A malformed marker is treated like a missing one: that checkpoint is not usable.
-        }
+        char* end = nullptr;
+        const long long step = std::strtoll(name.c_str() + 5, &end, 10);
+        dirs.push_back({root + "/" + name, end != name.c_str() + 5 && *end == 0 ? step : -1});
     }
     closedir(d);
-    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
-    return found;
+    return dirs;
 }
 
-std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir) {
-    auto all = complete_checkpoints(out_dir);
-    if (all.empty()) return std::nullopt;
-    return all.back();
+struct Scan {
+    std::vector<CheckpointInfo> complete;          // by step
+    std::vector<std::pair<std::string, int64_t>> incomplete;
+    std::vector<std::string> skipped;              // complete-looking directories that cannot be used, and why
+};
+Scan scan_checkpoints(const std::string& out_dir) {
+    Scan scan;
+    for (const auto& [dir, step] : step_dirs(out_dir)) {
+        if (!file_exists(dir + "/COMPLETE")) {
+            scan.incomplete.push_back({dir, step});
+            continue;
+        }
+        try {
+            const CheckpointInfo info = read_checkpoint_info(dir);
+            if (info.step == step) scan.complete.push_back(info);
+            else scan.skipped.push_back(dir + "/COMPLETE: says step " + std::to_string(info.step) +
+                                        ", not the directory's; skipped");
+        } catch (const Error& e) {
+            scan.skipped.push_back(std::string(e.what()) + "; skipped");
+        }
+    }
+    std::sort(scan.complete.begin(), scan.complete.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+    return scan;
+}
+
+void remove_dir(const std::string& dir, const char* what) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    LLMC_CHECK(!ec, dir + ": cannot delete " + what + " (" + ec.message() + ")");
+}
+}  // namespace
+
+std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {
+    Scan scan = scan_checkpoints(out_dir);
+    if (skipped) *skipped = std::move(scan.skipped);
+    if (scan.complete.empty()) return std::nullopt;
+    return scan.complete.back();
 }
 
 void prune_checkpoints(const std::string& out_dir, int keep) {
+    const Scan scan = scan_checkpoints(out_dir);
+    if (scan.complete.empty()) return;
+    for (const auto& [dir, step] : scan.incomplete)
+        if (step >= 0 && step < scan.complete.back().step) remove_dir(dir, "an incomplete checkpoint");
     if (keep <= 0) return;
-    auto all = complete_checkpoints(out_dir);
-    for (size_t i = 0; i + keep < all.size(); i++) {
-        std::error_code ec;
-        std::filesystem::remove_all(all[i].dir, ec);
-        LLMC_CHECK(!ec, all[i].dir + ": cannot delete old checkpoint (" + ec.message() + ")");
-    }
+    for (size_t i = 0; i + keep < scan.complete.size(); i++) remove_dir(scan.complete[i].dir, "old checkpoint");
+}
+
+int remove_checkpoints_after(const std::string& out_dir, int64_t after) {
+    int removed = 0;
+    for (const auto& [dir, step] : step_dirs(out_dir))
+        if (step > after) {  // a step_* name that is no number (step -1) is not ours: left alone
+            remove_dir(dir, "a checkpoint of another run");
+            removed++;
+        }
+    return removed;
+}
+
+void check_state_matches_checkpoint(const std::string& path, const TrainingState& s, const CheckpointInfo& ck, int rank) {
+    LLMC_CHECK(s.step == ck.step, path + ": holds step " + std::to_string(s.step) + " but its checkpoint's marker says " +
+                                      std::to_string(ck.step) + " (a file from another checkpoint?)");
+    LLMC_CHECK(s.world_size == ck.world_size && s.rank == rank,
+               path + ": holds rank " + std::to_string(s.rank) + " of " + std::to_string(s.world_size) +
+                   " but should hold rank " + std::to_string(rank) + " of " + std::to_string(ck.world_size) +
+                   " (a file from another checkpoint or rank?)");
 }
 
 void check_resume_compatible(const std::string& path, const std::string& saved_json, const std::string& current_json,

@@ -1,8 +1,10 @@
 // Checkpoint directories: <out_dir>/checkpoints/step_00000100/ holds model.bin (llm.c fp32 model file, loadable
-// by llm.c), state_rank<r>.bin for every rank (step, data position, RNG, the run's resolved config and that
-// rank's optimizer state: DeMo momentum differs per rank) and COMPLETE, a marker rank 0 writes last, after
-// every rank's files are in place. Every file is written atomically; a directory without COMPLETE is ignored
-// by --resume auto and refused by an explicit --resume.
+// by llm.c), state_rank<r>.bin for every rank (step, data position, RNG, the run's resolved config, the training
+// shards' fingerprint and that rank's optimizer state: DeMo momentum differs per rank) and COMPLETE, a marker rank
+// 0 writes last, after every rank's files are in place, and removes first when it saves over a checkpoint of the
+// same step. Every file is written atomically; a directory without COMPLETE is ignored by --resume auto (and
+// deleted once a newer checkpoint is complete) and refused by an explicit --resume. A state file must agree with
+// its marker (step, world size) and its name (rank), or the resume stops naming it.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -22,6 +24,7 @@ struct TrainingState {
     std::array<uint64_t, 4> sample_rng{};
     int64_t tokens = 0;
     int64_t cumulative_bytes_sent = 0;
+    DataFingerprint train_data;              // all zero in version-1 files (not checked then)
     std::string config_json;                 // the run's resolved config, to check a resume against
     std::vector<std::byte> optimizer_state;  // Optimizer::save_state blob
 };
@@ -41,12 +44,25 @@ void write_training_state(const std::string& path, const TrainingState& state);
 TrainingState read_training_state(const std::string& path);
 
 void mark_checkpoint_complete(const CheckpointInfo& info);
-// Reads <dir>/COMPLETE; throws "<dir>: incomplete checkpoint..." when it is missing or malformed.
+// Removes <dir>/COMPLETE, durably, before a checkpoint of the same step is written over it: until the new marker,
+// the directory is incomplete rather than a mix of two runs' files.
+void unmark_checkpoint(const std::string& dir);
+// Reads <dir>/COMPLETE; throws "<dir>: ..." when dir is not a checkpoint directory or its marker is missing or
+// malformed.
 CheckpointInfo read_checkpoint_info(const std::string& dir);
-// The complete checkpoint with the highest step under <out_dir>/checkpoints, if any.
-std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir);
-// Deletes all but the newest `keep` complete checkpoints (keep == 0 keeps everything).
+// The complete checkpoint with the highest step under <out_dir>/checkpoints, if any. Directories whose marker is
+// malformed or names another step than the directory's are not counted; `skipped` (if given) gets a line for each.
+std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped = nullptr);
+// Deletes all but the newest `keep` complete checkpoints (keep == 0 keeps everything), and the incomplete
+// directories (a run died while saving them) of steps below the newest complete one.
 void prune_checkpoints(const std::string& out_dir, int keep);
+// Deletes the step_* directories under <out_dir>/checkpoints of steps above `step` (--overwrite: a run that
+// starts at `step` replaces them); returns how many.
+int remove_checkpoints_after(const std::string& out_dir, int64_t step);
+// Throws naming `path` unless the state read from it is the one its checkpoint's marker `ck` and its file name
+// promise: the marker's step and world size (`rank`'s file when the world size is the same).
+void check_state_matches_checkpoint(const std::string& path, const TrainingState& state, const CheckpointInfo& ck,
+                                    int rank);
 
 // Compares the keys of the checkpointed config that must not change across a resume (model shape, batch
 // geometry, optimizer, seed, data). Throws naming the first differing key, e.g.

@@ -102,6 +102,8 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"resume", &TrainConfig::resume, "'auto' (latest checkpoint in out_dir) or a checkpoint directory"},
              {"reset_momentum", &TrainConfig::reset_momentum,
               "on resume with another world size, start optimizer state afresh"},
+             {"overwrite", &TrainConfig::overwrite,
+              "delete out_dir's checkpoints of steps after this run's start (without it such a run stops)"},
              {"init_from", &TrainConfig::init_from, "llm.c model file to start from (instead of random init)"},
              {"seed", &TrainConfig::seed, "seed for init, shuffling and sampling"},
              {"threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"},

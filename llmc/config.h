@@ -60,6 +60,7 @@ struct TrainConfig {
     int keep_checkpoints = 2;
     std::string resume;                  // "", "auto" (latest in out_dir) or a checkpoint directory
     bool reset_momentum = false;         // allow resuming with another world size by resetting optimizer state
+    bool overwrite = false;              // a run may delete out_dir's checkpoints of steps after its start
     std::string init_from;               // llm.c model file to start from instead of random init
     int64_t seed = 1337;
     int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host

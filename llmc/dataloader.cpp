@@ -42,6 +42,19 @@ DataLoader::DataLoader(const std::string& pattern, int batch_size, int seq_len, 
     reset();
 }
 
+DataFingerprint DataLoader::fingerprint() const {
+    DataFingerprint f{shards_.size(), total_tokens_, 0xcbf29ce484222325ull};  // FNV-1a over names and counts
+    auto add = [&](const void* p, size_t n) {
+        for (size_t i = 0; i < n; i++) f.hash = (f.hash ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+    };
+    for (const Shard& s : shards_) {
+        const std::string name = s.path.substr(s.path.find_last_of('/') + 1);  // npos + 1 == 0: no directory
+        add(name.data(), name.size() + 1);  // with its terminating zero: "ab" + "c" differs from "a" + "bc"
+        add(&s.num_tokens, sizeof s.num_tokens);
+    }
+    return f;
+}
+
 uint64_t DataLoader::shard_at(uint64_t order_index) const { return shard_order_[order_index]; }
 
 void DataLoader::reset() { set_position(DataPosition{}); }

@@ -22,6 +22,14 @@ struct DataPosition {
     bool operator==(const DataPosition&) const = default;
 };
 
+// What a checkpoint keeps of the training shards, so that a resume on other files is refused (a data position
+// means nothing there): their number, their tokens, and a hash of their file names and token counts (not their
+// directory: moved data still resumes).
+struct DataFingerprint {
+    uint64_t shards = 0, tokens = 0, hash = 0;
+    bool operator==(const DataFingerprint&) const = default;
+};
+
 class DataLoader {
 public:
     // Validates every shard header up front (magic, version, size); token ids are checked as they are read.
@@ -38,6 +46,7 @@ public:
     uint64_t groups_per_epoch() const { return groups_per_epoch_; }
     uint64_t total_tokens() const { return total_tokens_; }
     size_t num_shards() const { return shards_.size(); }
+    DataFingerprint fingerprint() const;
 
 private:
     struct Shard {

@@ -1,6 +1,7 @@
 // Implementation of the checked file helpers in fileio.h.
 #include "llmc/fileio.h"
 
+#include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +16,12 @@ static std::string reason() { return std::strerror(errno); }
 File::File(const std::string& path, const char* mode) : path_(path) {
     f_ = std::fopen(path.c_str(), mode);
     LLMC_CHECK(f_ != nullptr, path + ": cannot open (" + reason() + ")");
+    struct stat st;
+    if (fstat(fileno(f_), &st) == 0 && S_ISDIR(st.st_mode)) {  // Linux opens a directory for reading
+        std::fclose(f_);
+        f_ = nullptr;
+        fail(path + ": is a directory, not a file");
+    }
 }
 
 File::~File() {
@@ -73,8 +80,42 @@ bool file_exists(const std::string& path) {
     return stat(path.c_str(), &st) == 0;
 }
 
+bool is_directory(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void remove_file_durably(const std::string& path) {
+    if (std::remove(path.c_str()) != 0) {
+        LLMC_CHECK(errno == ENOENT, path + ": cannot remove (" + reason() + ")");
+        return;
+    }
+    const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
+    const int fd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY);
+    LLMC_CHECK(fd >= 0, dir + ": cannot open directory to sync it (" + reason() + ")");
+    const bool synced = fsync(fd) == 0;
+    const std::string why = synced ? "" : reason();
+    close(fd);
+    LLMC_CHECK(synced, dir + ": fsync failed (" + why + ")");
+}
+
+void require_regular_file(const std::string& path) {
+    struct stat st;
+    LLMC_CHECK(stat(path.c_str(), &st) == 0, path + ": cannot open (" + reason() + ")");
+    LLMC_CHECK(!S_ISDIR(st.st_mode), path + ": is a directory, not a file");
+    LLMC_CHECK(S_ISREG(st.st_mode), path + ": not a regular file (a pipe or device?)");
+}
+
 std::vector<std::byte> read_whole_file(const std::string& path) {
     File f(path, "rb");
+    struct stat st;
+    if (fstat(fileno(f.get()), &st) == 0 && !S_ISREG(st.st_mode)) {  // a pipe (<(...), /dev/stdin): no size
+        std::vector<std::byte> bytes;
+        std::byte chunk[1 << 16];
+        for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, f.get())) > 0;) bytes.insert(bytes.end(), chunk, chunk + got);
+        LLMC_CHECK(!std::ferror(f.get()), path + ": read failed (" + reason() + ")");
+        return bytes;
+    }
     std::vector<std::byte> bytes(f.size());
     f.read_exact(bytes.data(), bytes.size(), "file contents");
     return bytes;

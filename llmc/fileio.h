@@ -54,6 +54,13 @@ private:
 };
 
 bool file_exists(const std::string& path);
+bool is_directory(const std::string& path);
+// Removes `path` (nothing to do if it is missing) and syncs its directory, so that the removal reaches the disk
+// before anything written after it.
+void remove_file_durably(const std::string& path);
+// Throws "<path>: ..." unless path is a regular file: opening a named pipe would wait for a writer forever.
+void require_regular_file(const std::string& path);
+// A regular file, or a pipe read to its end (--file-list <(...)).
 std::vector<std::byte> read_whole_file(const std::string& path);
 void write_file_atomic(const std::string& path, std::span<const std::byte> bytes);
 // Expands a glob pattern (sorted); throws "<pattern>: no files match" when empty.

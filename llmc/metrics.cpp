@@ -1,6 +1,8 @@
 // JSONL metrics log and progress-line formatting (see metrics.h).
 #include "llmc/metrics.h"
 
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -20,13 +22,18 @@ MetricsLog::MetricsLog(const std::string& out_dir, int resume_step) : path_(out_
             File in(path_, "rb");
             std::string text(in.size(), '\0');
             in.read_exact(text.data(), text.size(), "metrics");
-            std::istringstream lines(text);
-            for (std::string line; std::getline(lines, line);) {
-                if (line.empty()) continue;
-                json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-                if (j.is_discarded()) break;  // a torn last line from a crash
-                if (j.contains("step") && j["step"].is_number() && j["step"].get<long long>() > resume_step) break;
-                kept.push_back(line);
+            std::vector<std::string> lines;
+            std::istringstream in_lines(text);
+            for (std::string line; std::getline(in_lines, line);)
+                if (!line.empty()) lines.push_back(line);
+            for (size_t i = 0; i < lines.size(); i++) {
+                const json j = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+                // The last line may be torn by a crash: dropped. A bad line before it is not ours to judge: kept.
+                if (j.is_discarded() && i + 1 == lines.size()) break;
+                if (!j.is_discarded() && j.contains("step") && j["step"].is_number() &&
+                    j["step"].get<long long>() > resume_step)
+                    break;
+                kept.push_back(lines[i]);
             }
         }
         std::string joined;
@@ -44,7 +51,8 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write_line(const std::string& line) {
-    LLMC_CHECK(std::fputs((line + "\n").c_str(), f_) >= 0 && std::fflush(f_) == 0, path_ + ": write failed");
+    LLMC_CHECK(std::fputs((line + "\n").c_str(), f_) >= 0 && std::fflush(f_) == 0,
+               path_ + ": write failed (" + std::strerror(errno) + ")");
 }
 
 void MetricsLog::log_step(const StepMetrics& m) {

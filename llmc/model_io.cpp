@@ -65,11 +65,13 @@ ModelHeader read_header(File& file) {
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
+    require_regular_file(path);
     File file(path, "rb");
     return read_header(file).config;
 }
 
 void load_model(const std::string& path, const ModelConfig& expected, std::span<float> params) {
+    require_regular_file(path);
     File file(path, "rb");
     const ModelHeader header = read_header(file);
     LLMC_CHECK(header.config == expected, path + ": checkpoint shape " + header.config.describe() +

@@ -9,6 +9,7 @@
 namespace llmc {
 
 size_t read_shard_header(const std::string& path) {
+    require_regular_file(path);
     File f(path, "rb");
     const size_t file_size = f.size();
     LLMC_CHECK(file_size >= kHeaderBytes, path + ": truncated shard: " + std::to_string(file_size) +

@@ -15,6 +15,7 @@ constexpr uint32_t kMaxTokens = 1u << 24;  // far above any real vocabulary; rej
 }  // namespace
 
 TokenizerDecoder TokenizerDecoder::load(const std::string& path) {
+    require_regular_file(path);
     const std::vector<std::byte> raw = read_whole_file(path);
     LLMC_CHECK(raw.size() >= kTokenizerHeaderBytes,
                path + ": truncated tokenizer file: " + std::to_string(raw.size()) +

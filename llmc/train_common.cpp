@@ -23,24 +23,52 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
                            int rank, int world, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
                            TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state) {
     RunStart start;
-    if (cfg.resume == "auto") start.checkpoint = find_latest_checkpoint(cfg.out_dir);
-    else if (!cfg.resume.empty()) start.checkpoint = read_checkpoint_info(cfg.resume);
     const bool main_rank = rank == 0;
+    const std::string checkpoints = cfg.out_dir + "/checkpoints";
+    LLMC_CHECK(cfg.checkpoint_every < 0 || !file_exists(checkpoints) || is_directory(checkpoints),
+               checkpoints + ": not a directory, so no checkpoint could be saved (move it away)");
+    std::vector<std::string> skipped;
+    const std::optional<CheckpointInfo> latest = find_latest_checkpoint(cfg.out_dir, &skipped);
+    if (main_rank)
+        for (const std::string& line : skipped) std::fprintf(stderr, "warning: %s\n", line.c_str());
+    if (cfg.resume == "auto") start.checkpoint = latest;
+    else if (!cfg.resume.empty()) start.checkpoint = read_checkpoint_info(cfg.resume);
+    state.train_data = train_loader.fingerprint();
     if (start.checkpoint) {
         const CheckpointInfo& ck = *start.checkpoint;
+        LLMC_CHECK(ck.step <= cfg.steps, ck.dir + ": the checkpoint is at step " + std::to_string(ck.step) +
+                                             ", past --steps " + std::to_string(cfg.steps) +
+                                             " (raise --steps to continue the run)");
+        const bool same_world = ck.world_size == world;
+        if (!same_world && !cfg.reset_momentum)
+            fail(ck.dir + ": checkpoint was written by " + std::to_string(ck.world_size) +
+                 " ranks but this run has " + std::to_string(world) +
+                 "; resume with the same number of ranks, or pass --reset_momentum to keep "
+                 "the weights and step and start the optimizer state afresh");
+        // with another world size every rank reads rank 0's state: the step, the tokens and the config
+        const std::string path = state_path(ck.dir, same_world ? rank : 0);
+        TrainingState saved = read_training_state(path);
+        check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
+        check_resume_compatible(path, saved.config_json, config_json,
+                                same_world ? std::vector<std::string>{} : std::vector<std::string>{"total_batch_size"});
+        const DataFingerprint& was = saved.train_data;
+        if (was.shards != 0 && !(was == state.train_data)) {
+            const DataFingerprint& now = state.train_data;
+            auto files = [](const DataFingerprint& f) {
+                return std::to_string(f.shards) + " files of " + std::to_string(f.tokens) + " tokens";
+            };
+            fail(path + ": the training shards are not the checkpoint's (" +
+                 (was.shards == now.shards && was.tokens == now.tokens
+                      ? files(now) + " then and now, but other names or sizes"
+                      : files(was) + " then, " + files(now) + " now") +
+                 "); resume on the same files");
+        }
         load_model(model_path(ck.dir), cfg.model, weights);
         start.weights_loaded = true;
-        if (ck.world_size != world) {
-            if (!cfg.reset_momentum)
-                fail(ck.dir + ": checkpoint was written by " + std::to_string(ck.world_size) +
-                     " ranks but this run has " + std::to_string(world) +
-                     "; resume with the same number of ranks, or pass --reset_momentum to keep "
-                     "the weights and step and start the optimizer state afresh");
-            const TrainingState old = read_training_state(state_path(ck.dir, 0));
-            check_resume_compatible(state_path(ck.dir, 0), old.config_json, config_json, {"total_batch_size"});
-            state.step = old.step;
-            state.tokens = old.tokens;
-            const uint64_t groups_done = static_cast<uint64_t>(old.tokens) / tokens_per_micro;
+        state.step = saved.step;
+        state.tokens = saved.tokens;
+        if (!same_world) {
+            const uint64_t groups_done = static_cast<uint64_t>(saved.tokens) / tokens_per_micro;
             DataPosition p;
             p.epoch = groups_done / train_loader.groups_per_epoch();
             train_loader.set_position(p);
@@ -49,15 +77,10 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
             if (main_rank) std::printf("resumed weights from %s (step %lld) with a fresh optimizer state\n",
                                        ck.dir.c_str(), static_cast<long long>(state.step));
         } else {
-            const std::string path = state_path(ck.dir, rank);
-            TrainingState saved = read_training_state(path);
-            check_resume_compatible(path, saved.config_json, config_json);
             ByteReader reader(saved.optimizer_state, path);
             load_optimizer_state(reader);
             train_loader.set_position(saved.data);
             sample_rng.set_state(saved.sample_rng);
-            state.step = saved.step;
-            state.tokens = saved.tokens;
             state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
             if (main_rank) std::printf("resumed from %s at step %lld\n", ck.dir.c_str(), static_cast<long long>(state.step));
         }
@@ -65,13 +88,32 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
         load_model(cfg.init_from, cfg.model, weights);
         start.weights_loaded = true;
     }
+    // Checkpoints in out_dir beyond this run's start belong to another history (a fresh run's out_dir holding an
+    // earlier run, a resume from an older step): saved among them, this run's checkpoints would be pruned before
+    // theirs and --resume auto would continue theirs.
+    if (latest && latest->step > state.step) {
+        const std::string held = state.step == 0 ? "another run's checkpoints (up to step " + std::to_string(latest->step) + ")"
+                                                 : "checkpoints after step " + std::to_string(state.step) +
+                                                       ", where this run resumes (up to step " +
+                                                       std::to_string(latest->step) + ")";
+        if (!cfg.overwrite)
+            fail(cfg.out_dir + "/checkpoints: holds " + held + "; continue the latest with --resume auto, delete " +
+                 "them with --overwrite, or use another --out_dir");
+        if (main_rank)
+            std::printf("removed %d checkpoint(s) after step %lld from %s/checkpoints (--overwrite)\n",
+                        remove_checkpoints_after(cfg.out_dir, state.step), static_cast<long long>(state.step),
+                        cfg.out_dir.c_str());
+    }
     return start;
 }
 
 void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<const float> weights,
                      const std::function<void(ByteWriter&)>& save_optimizer_state, TrainingState state) {
     const std::string dir = checkpoint_dir(cfg.out_dir, state.step);
-    if (transport.rank() == 0) make_dirs(dir);
+    if (transport.rank() == 0) {
+        make_dirs(dir);
+        unmark_checkpoint(dir);  // saving over a checkpoint of this step: incomplete until the new marker
+    }
     transport.barrier();
     if (transport.rank() == 0) save_model(model_path(dir), cfg.model, weights);
     ByteWriter opt_state;
@@ -171,14 +213,20 @@ BatchAgreement batch_agreement_finish(Transport& transport, const ParamLayout& l
 }
 
 RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
+    LLMC_CHECK(!cfg.train_data.empty(), "--train_data is empty (give a glob of llm.c token shards)");
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size),
                  nullptr, nullptr};
     if (!cfg.val_data.empty() && cfg.val_batches > 0)
         data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
                                                 cfg.seed, cfg.model.vocab_size);
-    if (cfg.sample_every > 0 && rank == 0)
+    if (cfg.sample_every > 0 && rank == 0) {
         data.tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
+        // checked now, not at the first sample: a sampled id may be any of the model's vocabulary
+        LLMC_CHECK(data.tokenizer->size() >= static_cast<size_t>(cfg.model.vocab_size),
+                   cfg.tokenizer + ": holds " + std::to_string(data.tokenizer->size()) + " tokens, fewer than the " +
+                       std::to_string(cfg.model.vocab_size) + " of the model's vocabulary (another tokenizer?)");
+    }
     return data;
 }
 

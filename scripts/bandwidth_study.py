@@ -140,7 +140,7 @@ def trainer_flags(args, setting, out_dir):
              "--steps", str(args.steps), "--warmup_steps", str(args.warmup_steps), "--val_every", str(args.val_every),
              "--val_batches", str(args.val_batches), "--sample_every", "0", "--checkpoint_every", "0",
              "--keep_checkpoints", "1", "--threads", str(args.threads), "--seed", str(args.seed),
-             "--log_every", "10", "--out_dir", out_dir]
+             "--log_every", "10", "--out_dir", out_dir, "--overwrite"]
     if args.train_data:
         flags += ["--train_data", args.train_data]
     if args.val_data:

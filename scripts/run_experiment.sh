@@ -36,7 +36,8 @@ launch:
   DATA_DIR           folder of token shards *_train_*.bin and *_val_*.bin [data/default]
   RUNS_DIR           parent of run folders [runs]
   RUN_NAME           (--name) run folder name: out_dir = RUNS_DIR/RUN_NAME [set by the paper script]
-  RESUME             'auto' continues from the newest checkpoint in out_dir, if any; 'none' starts over;
+  RESUME             'auto' continues from the newest checkpoint in out_dir, if any; 'none' starts over
+                     (deleting out_dir's checkpoints: --overwrite);
                      anything else is a checkpoint directory [auto]
   DRY_RUN            1 (or --dry-run): print the resolved command and exit without running
 
@@ -252,7 +253,8 @@ else
 fi
 [[ -f $DATA_DIR/tokenizer.bin ]] && trainer_args+=(--tokenizer "$DATA_DIR/tokenizer.bin")
 trainer_args+=(--val_every "$VAL_EVERY" --val_batches "$VAL_BATCHES" --checkpoint_every "$CHECKPOINT_EVERY")
-[[ -n $RESUME && $RESUME != none ]] && trainer_args+=(--resume "$RESUME")
+# 'none' starts over: the trainer may then delete the checkpoints an earlier run left in out_dir
+if [[ $RESUME == none ]]; then trainer_args+=(--overwrite); elif [[ -n $RESUME ]]; then trainer_args+=(--resume "$RESUME"); fi
 command=(${launcher[@]+"${launcher[@]}"} "$TRAINER" "${trainer_args[@]}" ${extra_args[@]+"${extra_args[@]}"})
 
 # Shell-quotes only the words that need it, so the printed line pastes back into a shell unchanged.

@@ -1,6 +1,8 @@
-// Checkpoint plumbing tests: training-state files round-trip exactly and reject corruption, the COMPLETE
-// marker decides which checkpoints count, pruning keeps the newest, atomic writes leave no partial file,
-// and a resume with a changed fixed key is refused naming the key.
+// Checkpoint plumbing tests: training-state files round-trip exactly (version 1 files still read) and reject
+// corruption, the COMPLETE marker decides which checkpoints count (and must name its directory's step), pruning
+// keeps the newest and clears older incomplete directories, a state file must match its marker and rank, paths
+// that are no checkpoint are named as such, atomic writes leave no partial file, and a resume with a changed fixed
+// key is refused naming the key.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -9,6 +11,7 @@
 #include "llmc/config.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
+#include "llmc/dataloader.h"
 #include "test/testing.h"
 
 using namespace llmc;
@@ -24,6 +27,7 @@ static TrainingState sample_state() {
     s.sample_rng = {1, 2, 3, 0xFFFFFFFFFFFFFFFFull};
     s.tokens = 987654321;
     s.cumulative_bytes_sent = 5555;
+    s.train_data = {4, 3247141, 0x0123456789abcdefull};
     s.config_json = R"({"batch_size":4})";
     for (int i = 0; i < 1000; i++) s.optimizer_state.push_back(static_cast<std::byte>(i * 7));
     return s;
@@ -43,8 +47,46 @@ TEST(state_round_trip) {
     EXPECT(r.sample_rng == s.sample_rng);
     EXPECT_EQ(r.tokens, s.tokens);
     EXPECT_EQ(r.cumulative_bytes_sent, s.cumulative_bytes_sent);
+    EXPECT(r.train_data == s.train_data);
     EXPECT_EQ(r.config_json, s.config_json);
     EXPECT(r.optimizer_state == s.optimizer_state);
+}
+
+// A version-1 file (written before the data fingerprint existed), laid out by hand: read with an unknown
+// (all zero) fingerprint, everything else as written.
+TEST(version_1_state_still_reads) {
+    const TrainingState s = sample_state();
+    ByteWriter w;
+    w.put(uint32_t{0x4C4C5354});
+    w.put(uint32_t{1});
+    w.put<int64_t>(s.step);
+    w.put<int32_t>(s.world_size);
+    w.put<int32_t>(s.rank);
+    w.put(s.data);
+    w.put(s.sample_rng);
+    w.put<int64_t>(s.tokens);
+    w.put<int64_t>(s.cumulative_bytes_sent);
+    w.put_string(s.config_json);
+    w.put_array(std::span<const std::byte>(s.optimizer_state));
+    const std::string path = kOut + "/v1.bin";
+    write_file_atomic(path, w.bytes());
+    const TrainingState r = read_training_state(path);
+    EXPECT_EQ(r.step, s.step);
+    EXPECT(r.train_data == DataFingerprint{});
+    EXPECT_EQ(r.config_json, s.config_json);
+    EXPECT(r.optimizer_state == s.optimizer_state);
+}
+
+TEST(state_must_match_its_marker_and_rank) {
+    TrainingState s = sample_state();  // step 1234, rank 2 of 4
+    const CheckpointInfo ck{"ck", 1234, 4, "demo"};
+    check_state_matches_checkpoint("ck/state_rank2.bin", s, ck, 2);
+    EXPECT_ERROR(check_state_matches_checkpoint("ck/state_rank1.bin", s, ck, 1),
+                 "ck/state_rank1.bin: holds rank 2 of 4 but should hold rank 1 of 4");
+    EXPECT_ERROR(check_state_matches_checkpoint("ck/state_rank2.bin", s, {"ck", 1000, 4, "demo"}, 2),
+                 "ck/state_rank2.bin: holds step 1234 but its checkpoint's marker says 1000");
+    s.world_size = 2;
+    EXPECT_ERROR(check_state_matches_checkpoint("ck/state_rank2.bin", s, ck, 2), "holds rank 2 of 2");
 }
 
 TEST(corrupt_state_files_are_named) {
@@ -91,7 +133,43 @@ TEST(only_complete_checkpoints_count_and_prune_keeps_newest) {
     EXPECT(!file_exists(checkpoint_dir(kOut, 10)));
     EXPECT(file_exists(checkpoint_dir(kOut, 20)));
     EXPECT(file_exists(checkpoint_dir(kOut, 30)));
-    EXPECT(file_exists(checkpoint_dir(kOut, 40)));  // incomplete ones are not counted or touched
+    EXPECT(file_exists(checkpoint_dir(kOut, 40)));  // incomplete and newer than the newest: not touched
+    make_dirs(checkpoint_dir(kOut, 25));               // incomplete and older: a crash's leftover, deleted
+    prune_checkpoints(kOut, 0);
+    EXPECT(!file_exists(checkpoint_dir(kOut, 25)));
+    EXPECT(file_exists(checkpoint_dir(kOut, 20)));     // keep 0 keeps every complete one
+    EXPECT(file_exists(checkpoint_dir(kOut, 40)));
+    unmark_checkpoint(checkpoint_dir(kOut, 30));       // saving over step 30: incomplete until marked again
+    EXPECT_EQ(find_latest_checkpoint(kOut)->step, int64_t{20});
+    unmark_checkpoint(checkpoint_dir(kOut, 30));       // no marker: nothing to do
+    EXPECT_EQ(remove_checkpoints_after(kOut, 20), 2);  // 30 and 40
+    EXPECT(file_exists(checkpoint_dir(kOut, 20)) && !file_exists(checkpoint_dir(kOut, 30)) &&
+           !file_exists(checkpoint_dir(kOut, 40)));
+}
+
+TEST(markers_that_cannot_be_used_are_skipped_and_named) {
+    std::system(("rm -rf " + kOut + " && mkdir -p " + kOut).c_str());
+    for (int step : {5, 10, 15}) {
+        make_dirs(checkpoint_dir(kOut, step));
+        mark_checkpoint_complete({checkpoint_dir(kOut, step), step, 1, "adamw"});
+    }
+    auto write_text = [](const std::string& path, const std::string& text) {
+        write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
+    };
+    const std::string wrong_step = checkpoint_dir(kOut, 15) + "/COMPLETE";
+    write_text(wrong_step, R"({"step":99,"world_size":1,"optimizer":"adamw"})");
+    const std::string typed = checkpoint_dir(kOut, 10) + "/COMPLETE";
+    write_text(typed, R"({"step":"10","world_size":1,"optimizer":"adamw"})");
+    std::vector<std::string> skipped;
+    const auto latest = find_latest_checkpoint(kOut, &skipped);
+    EXPECT(latest && latest->step == 5);
+    EXPECT_EQ(skipped.size(), size_t{2});
+    const std::string both = skipped.size() == 2 ? skipped[0] + "\n" + skipped[1] : "";
+    EXPECT(both.find(wrong_step + ": says step 99") != std::string::npos);
+    EXPECT(both.find(typed + ": malformed checkpoint marker") != std::string::npos);
+    EXPECT_ERROR(read_checkpoint_info(checkpoint_dir(kOut, 10)), typed + ": malformed checkpoint marker");
+    EXPECT_ERROR(read_checkpoint_info(kOut), kOut + ": an out_dir, not a checkpoint directory");
+    EXPECT_ERROR(read_checkpoint_info(wrong_step), wrong_step + ": not a checkpoint directory (a file");
 }
 
 TEST(resume_refuses_changed_fixed_keys) {

@@ -1,7 +1,8 @@
 // Data loader and token shard tests on synthetic shards whose token at global position i is known, so every
 // batch can be checked against a direct computation: rank slicing (disjoint, complete), sequential order,
 // seeded shuffling (a permutation per epoch, reproducible, seed-dependent), epoch wrap, exact position restore,
-// and one-line errors for bad shards.
+// one-line errors for bad shards (a directory or a named pipe among them, which must not block), and the
+// fingerprint a checkpoint keeps of the shards.
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -150,6 +151,25 @@ TEST(position_restores_the_exact_stream) {
     }
 }
 
+// The fingerprint changes with the shards' number, sizes and names, not with their directory or the loader's
+// batch geometry, rank or shuffling.
+TEST(fingerprint_follows_the_files) {
+    make_shards({1000, 2000});
+    const DataFingerprint f = DataLoader(kDir + "/synth_train_*.bin", 1, 8, 0, 1, false, 0, kVocab).fingerprint();
+    EXPECT(f.shards == 2 && f.tokens == 3000);
+    EXPECT(DataLoader(kDir + "/synth_train_*.bin", 2, 16, 1, 2, true, 7, kVocab).fingerprint() == f);
+    std::system(("rm -rf " + kDir + "_moved && cp -r " + kDir + " " + kDir + "_moved").c_str());
+    EXPECT(DataLoader(kDir + "_moved/synth_train_*.bin", 1, 8, 0, 1, false, 0, kVocab).fingerprint() == f);
+    std::system(("rm -rf " + kDir + "_moved").c_str());
+    make_shards({1000, 2000}, "other");  // same sizes, other names
+    const DataFingerprint renamed = DataLoader(kDir + "/other_train_*.bin", 1, 8, 0, 1, false, 0, kVocab).fingerprint();
+    EXPECT(renamed.shards == 2 && renamed.tokens == 3000 && renamed.hash != f.hash);
+    make_shards({2000, 1000});           // same names and total, sizes swapped
+    EXPECT(DataLoader(kDir + "/synth_train_*.bin", 1, 8, 0, 1, false, 0, kVocab).fingerprint().hash != f.hash);
+    make_shards({1000});
+    EXPECT(DataLoader(kDir + "/synth_train_*.bin", 1, 8, 0, 1, false, 0, kVocab).fingerprint().shards == 1);
+}
+
 TEST(bad_shards_fail_with_file_named) {
     make_shards({100});
     const std::string good = kDir + "/synth_train_000000.bin";
@@ -178,6 +198,11 @@ TEST(bad_shards_fail_with_file_named) {
     EXPECT_ERROR(dl.next_batch(x, y), out_of_range + ": token id 60000 at position 37 is out of range");
 
     EXPECT_ERROR(DataLoader(kDir + "/nothing_*.bin", 1, 8, 0, 1, false, 0, kVocab), "nothing_*.bin: no files match");
+    const std::string dir = kDir + "/dir.bin", fifo = kDir + "/fifo.bin";
+    make_dirs(dir);
+    EXPECT(std::system(("mkfifo " + fifo).c_str()) == 0);
+    EXPECT_ERROR(DataLoader(dir, 1, 8, 0, 1, false, 0, kVocab), dir + ": is a directory, not a file");
+    EXPECT_ERROR(DataLoader(fifo, 1, 8, 0, 1, false, 0, kVocab), fifo + ": not a regular file");
     EXPECT_ERROR(DataLoader(good, 4, 64, 0, 1, false, 0, kVocab), "shards too small");
 }
 

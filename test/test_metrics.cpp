@@ -1,11 +1,13 @@
 // The metrics' throughput figures: llm.c's flops-per-token estimate against GPT-2 124M's published parameter count,
 // the GPU peak table against NVIDIA's datasheet figures, and MFU in the progress line and the JSONL log. (The
 // trainers' use of them, tokens/s to model TFLOP/s per rank to MFU, is checked on real runs by
-// test/train_cpu_checks.py and test/emulated_gpu_checks.py.)
+// test/train_cpu_checks.py and test/emulated_gpu_checks.py.) And a resume's cut of the log: the lines after the
+// resumed step go, a torn last line goes, a bad line before it stays.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -74,6 +76,36 @@ TEST(jsonl_has_model_tflops_and_mfu_when_known) {
     EXPECT_EQ(a["model_tflops"].get<double>(), 375.0);
     EXPECT(!a.contains("mfu"));
     EXPECT_EQ(b["mfu"].get<double>(), 0.25);
+    std::filesystem::remove_all(dir);
+}
+
+TEST(resume_cuts_the_log_after_its_step_and_keeps_what_it_cannot_read) {
+    const std::string dir = (std::filesystem::temp_directory_path() / "llmc_test_metrics_resume").string();
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    auto lines_of = [&] {
+        std::ifstream in(dir + "/metrics.jsonl");
+        std::vector<std::string> lines;
+        for (std::string line; std::getline(in, line);) lines.push_back(line);
+        return lines;
+    };
+    {
+        std::ofstream out(dir + "/metrics.jsonl");
+        out << R"({"type":"train","step":1})" "\n" "not json, written by hand\n" R"({"type":"train","step":2})" "\n"
+            R"({"type":"val","step":2})" "\n" R"({"type":"train","step":3})" "\n" R"({"type":"train","st)";
+    }
+    { llmc::MetricsLog log(dir, 2); }
+    std::vector<std::string> lines = lines_of();
+    EXPECT_EQ(lines.size(), size_t{4});
+    EXPECT(lines.size() == 4 && lines[1] == "not json, written by hand" && lines[3] == R"({"type":"val","step":2})");
+    {
+        std::ofstream out(dir + "/metrics.jsonl", std::ios::app);
+        out << R"({"type":"train","st)";  // torn by a crash: the last line
+    }
+    { llmc::MetricsLog log(dir, 5); }
+    EXPECT_EQ(lines_of().size(), size_t{4});
+    { llmc::MetricsLog log(dir, -1); }  // a fresh run: a fresh log
+    EXPECT_EQ(lines_of().size(), size_t{0});
     std::filesystem::remove_all(dir);
 }
 

@@ -90,6 +90,7 @@ check "options reach the command" \
   has "--out_dir $TMP/r/mine --total_batch_size 1024 --batch_size 4 --seq_len 128 --steps 3 --lr 1e-3"
 check "--topk after the script's overrides it" has "--demo_topk 3"
 check "--resume none leaves --resume out" lacks "--resume"
+check "--resume none starts over with --overwrite" has "--overwrite"
 launch TOTAL_BATCH=0 NP=2 MICRO_BATCH=2 SEQ_LEN=32 STEPS=5 WARMUP=1 VAL_EVERY=2 WEIGHT_DECAY=0.05 \
   scripts/paper/1b_adamw.sh --dry-run
 check "TOTAL_BATCH=0 (one micro-batch per rank), SEQ_LEN, WARMUP, VAL_EVERY, WEIGHT_DECAY" \

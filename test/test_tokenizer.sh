@@ -9,7 +9,9 @@
 #   (c) every shard is valid (header, size, numbering) and their concatenation is EOT + tokens of each document in
 #       order;
 #   (d) bad input (missing or corrupt encoder.json, wrong-magic or truncated tokenizer file, bad flags, missing
-#       documents) gives exit status 1 and a one-line "error: ..." naming the file.
+#       documents) gives exit status 1 and a one-line "error: ..." naming the file;
+#   (e) a rerun into the same --out-dir: one that fails (or is killed) leaves the earlier dataset byte for byte,
+#       one that succeeds with fewer shards leaves no stale shard, and --file-list may be a pipe.
 # Prepares the default corpus first if needed (data/prepare_default.sh is idempotent). Skips (77) without node.
 # Expects build/prepro_gpt2 and build/test/test_bpe from `make` (builds them if missing).
 set -uo pipefail
@@ -204,6 +206,36 @@ expect_error "$tmp/truncated.bin" build/test/test_bpe --load-tokenizer "$tmp/tru
 head -c 512 data/default/tokenizer.bin >"$tmp/short_header.bin"
 expect_error "$tmp/short_header.bin" build/test/test_bpe --load-tokenizer "$tmp/short_header.bin"
 if build/prepro_gpt2 --help | grep -q '^usage: prepro_gpt2'; then pass "--help"; else fail "--help"; fi
+
+# ---- (e) reruns into the same --out-dir ----------------------------------------------------------------------------
+keep=$tmp/keep
+files_md5() { (cd "$keep" && find . -path './.*' -prune -o -type f -print | sort | xargs md5sum); }  # not staging
+prepro_keep() { build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$keep" --name k "$@"; }
+if prepro_keep --shard-tokens 500 --val-tokens 100 "$edge"/*.txt >/dev/null; then
+  before=$(files_md5)
+  shards_before=$(ls "$keep" | grep -c '^k_train_')
+  prepro_keep --val-tokens 1000000 "$edge"/*.txt >/dev/null 2>&1  # fails after encoding: too few tokens
+  rc_failed=$?
+  # killed while writing: 40 times the default corpus (~5 s with one thread, shards written all along), killed
+  # after 1 s, which leaves its staging directory behind
+  (timeout -s KILL 1 build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$keep" \
+     --name k --threads 1 --shard-tokens 1000 --file-list <(for i in $(seq 40); do cat "$docs"; done)) >/dev/null 2>&1
+  rc_killed=$?
+  if [[ $rc_failed -eq 1 && $rc_killed -eq 137 && -d $keep/.k.staging && $(files_md5) == "$before" ]]; then
+    pass "a failed and a killed rerun leave the earlier dataset as it was ($shards_before train shards)"
+  else
+    fail "rerun into the same --out-dir (failed rc $rc_failed, killed rc $rc_killed): the earlier dataset changed"
+  fi
+  if prepro_keep --shard-tokens 2000 --val-tokens 100 --file-list <(printf '%s\n' "$edge"/*.txt) >/dev/null &&
+     [[ $(ls "$keep" | grep -c '^k_train_') -lt $shards_before && -z $(ls -A "$keep" | grep '^\.') ]] &&
+     compare_with_oracle "$keep" k "$tmp/edge.bin" "$tmp/edge.tsv" >/dev/null; then
+    pass "a rerun with fewer shards (documents from a pipe) leaves exactly its own shards, and no staging directory"
+  else
+    fail "a rerun with fewer shards, --file-list from a pipe"
+  fi
+else
+  fail "prepro into $keep"
+fi
 
 echo
 if [[ $failures -eq 0 ]]; then echo "all tokenizer tests passed"; else echo "$failures tokenizer test(s) failed"; fi

@@ -6,13 +6,16 @@ ranks (and DeMo with --demo_delay 1), AdamW-DDP with 2 ranks x batch B matching 
 resume with another world size (and --reset_momentum accepting it), AdamW-DDP's overlapped all-reduce giving the
 bits of the all-reduce after the backward, model TFLOP/s and MFU in the metrics against flops counted here, and
 one-line errors with a non-zero exit and no hang for bad input, a rank killed mid-run ending the whole job (then
-resumed), and a rank that stops without dying ending it after --comm_timeout. Failures are collected and reported
+resumed), and a rank that stops without dying ending it after --comm_timeout; an out_dir's history kept whole (a
+run that would write among another history's checkpoints refused unless --overwrite, state files that disagree
+with their checkpoint or other training shards refused naming the file). Failures are collected and reported
 together.
 """
 import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -307,12 +310,57 @@ def ddp_overlap_checks():
           "LLMC_DDP_OVERLAP=yes: one-line error: " + p.stderr.strip()[:160])
 
 
+def out_dir_history_checks(source):
+    """source: a finished 1-rank AdamW run of resume_case (checkpoints at steps 3 and 6, 6 steps of metrics)."""
+    common = BASE + ["--optimizer", "adamw", "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
+    hist = fresh("hist")
+    shutil.copytree(source, hist)
+    ck = lambda step: os.path.join(hist, "checkpoints", f"step_{step:08d}")
+    metrics = open(os.path.join(hist, "metrics.jsonl"), "rb").read()
+    la = losses(hist)
+
+    def refused(args, needle, what):
+        p = run(common + args, None, expect_ok=False, timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        check(p.returncode == 1 and len(lines) == 1 and needle in lines[0], f"{what}: {p.stderr.strip()[:220]}")
+
+    refused(["--out_dir", hist], "holds another run's checkpoints (up to step 6)",
+            "a fresh run into an out_dir with checkpoints is refused")
+    refused(["--out_dir", hist, "--resume", ck(3)], "holds checkpoints after step 3, where this run resumes",
+            "a resume from an older checkpoint of the out_dir is refused")
+    check(open(os.path.join(hist, "metrics.jsonl"), "rb").read() == metrics and os.path.isdir(ck(6)),
+          "the refused runs left metrics.jsonl and the checkpoints as they were")
+    run(common + ["--out_dir", hist, "--resume", ck(3), "--overwrite"])
+    check(losses(hist) == la and os.path.isfile(os.path.join(ck(6), "COMPLETE")),
+          "--overwrite: the resume from step 3 replaces step 6 and gives its losses again")
+    refused(["--out_dir", hist, "--resume", "auto", "--steps", "4"], "at step 6, past --steps 4",
+            "a checkpoint past --steps is refused")
+    refused(["--out_dir", fresh("hist-x"), "--resume", hist], "an out_dir, not a checkpoint directory",
+            "--resume given an out_dir says so")
+    shutil.copy(os.path.join(ck(6), "state_rank0.bin"), os.path.join(ck(3), "state_rank0.bin"))
+    refused(["--out_dir", fresh("hist-y"), "--resume", ck(3)], "state_rank0.bin: holds step 6 but its checkpoint's",
+            "a state file of another checkpoint is refused")
+
+    # Other files behind the same glob: a shard fewer.
+    data = fresh("hist-data")
+    os.makedirs(data)
+    for f in os.listdir(os.path.join(ROOT, "data/default")):
+        if "_train_" in f:
+            os.symlink(os.path.join(ROOT, "data/default", f), os.path.join(data, f))
+    run(common + ["--out_dir", fresh("hist-d"), "--train_data", os.path.join(data, "*_train_*.bin"), "--steps", "3"])
+    os.remove(os.path.join(data, sorted(os.listdir(data))[-1]))
+    refused(["--out_dir", os.path.join(TMP, "hist-d"), "--resume", "auto", "--train_data",
+             os.path.join(data, "*_train_*.bin")], "the training shards are not the checkpoint's",
+            "a resume on other training shards is refused")
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
 
-    resume_case("adamw", None)
+    adamw1 = resume_case("adamw", None)
     resume_case("demo", None)
+    out_dir_history_checks(adamw1)
     demo2 = None
     if have_mpi:
         demo2 = resume_case("demo", 2)
@@ -368,9 +416,16 @@ def main():
     good = sorted(f for f in os.listdir(os.path.join(ROOT, "data/default")) if "_train_" in f)[0]
     data = open(os.path.join(ROOT, "data/default", good), "rb").read()
     open(os.path.join(shard_dir, "bad_train_000.bin"), "wb").write(b"\x00" * 4 + data[4:200000])
+    os.mkfifo(os.path.join(shard_dir, "fifo_train_000.bin"))  # opening it to read would wait for a writer
+    small_tokenizer = os.path.join(shard_dir, "tokenizer1000.bin")  # a valid tokenizer file of 1,000 tokens
+    with open(small_tokenizer, "wb") as f:
+        f.write(struct.pack("<256I", 20240328, 2, 1000, 999, *([0] * 252)) + b"\x01a" * 1000)
     for args, needle in [
         (["--train_data", os.path.join(shard_dir, "bad_train_*.bin")], "bad_train_000.bin: bad magic"),
         (["--train_data", "no/such/*.bin"], "no/such/*.bin: no files match"),
+        (["--train_data", os.path.join(shard_dir, "fifo_train_*.bin")], "fifo_train_000.bin: not a regular file"),
+        (["--train_data", ""], "--train_data is empty"),
+        (["--sample_every", "1", "--tokenizer", small_tokenizer], "holds 1000 tokens, fewer than the 50257"),
         (["--init_from", "no_model.bin"], "no_model.bin: cannot open"),
         (["--resume", os.path.join(TMP, "nothing")], "checkpoint directory does not exist"),
         (["--lr", "abc"], "--lr: expected a number, got 'abc'"),
