@@ -607,6 +607,8 @@ inline void validate_options(const llmc::OptimizerConfig& c) {
     const llmc::DemoConfig& d = c.demo;
     LLMC_CHECK(d.topk >= 1, "--demo_topk must be >= 1 (got " + std::to_string(d.topk) + ")");
     LLMC_CHECK(d.chunk >= 1, "--demo_chunk must be >= 1 (got " + std::to_string(d.chunk) + ")");
+    // A chunk side n holds n x n DCT basis floats per distinct side (4 GB at n = 32768): far above any useful chunk
+    LLMC_CHECK(d.chunk <= 4096, "--demo_chunk must be <= 4096 (got " + std::to_string(d.chunk) + ")");
     LLMC_CHECK(d.decay >= 0.0f && d.decay < 1.0f, "--demo_decay must be in [0, 1) (got " +
                                                       std::to_string(d.decay) + ")");
     LLMC_CHECK(d.feedback_alpha > 0.0f && d.feedback_alpha <= 1.0f,

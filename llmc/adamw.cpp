@@ -13,14 +13,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-AdamW::AdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport)
-    : config_(config), layout_(layout), transport_(transport), m_(layout.num_params, 0.0f),
-      v_(layout.num_params, 0.0f) {
+void validate_adamw_options(const OptimizerConfig& config) {
     const AdamWConfig& a = config.adamw;
     LLMC_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "--beta1 must be in [0, 1), got " + std::to_string(a.beta1));
     LLMC_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "--beta2 must be in [0, 1), got " + std::to_string(a.beta2));
     LLMC_CHECK(a.eps > 0.0f, "--eps must be > 0, got " + std::to_string(a.eps));
     LLMC_CHECK(config.weight_decay >= 0.0f, "--weight_decay must be >= 0, got " + std::to_string(config.weight_decay));
+}
+
+AdamW::AdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport)
+    : config_(config), layout_(layout), transport_(transport), m_(layout.num_params, 0.0f),
+      v_(layout.num_params, 0.0f) {
+    validate_adamw_options(config);
     for (const ParamTensor& t : layout.tensors) decay_mask_.push_back(decays(t, config.decay_groups) ? 1 : 0);
 }
 

@@ -19,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "llmc/adamw.h"
 #include "llmc/cuda_common.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/optimizer_cuda.cuh"
@@ -74,11 +75,7 @@ public:
               bool stochastic_rounding, uint32_t seed, bool overlap = false)
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
           stochastic_(stochastic_rounding && !kFloatXIsFloat), seed_(seed), overlap_(overlap) {
-        const AdamWConfig& a = config.adamw;
-        LLMC_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "--beta1 must be in [0, 1), got " + std::to_string(a.beta1));
-        LLMC_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "--beta2 must be in [0, 1), got " + std::to_string(a.beta2));
-        LLMC_CHECK(a.eps > 0.0f, "--eps must be > 0, got " + std::to_string(a.eps));
-        LLMC_CHECK(config.weight_decay >= 0.0f, "--weight_decay must be >= 0, got " + std::to_string(config.weight_decay));
+        validate_adamw_options(config);
         // Runs of consecutive tensors with the same decay flag become one kernel launch each.
         for (const ParamTensor& t : layout.tensors) {
             const bool d = decays(t, config.decay_groups);

@@ -9,6 +9,10 @@
 
 namespace llmc {
 
+// Throws naming the flag when --beta1, --beta2, --eps or --weight_decay is out of range: the checks of both
+// trainers' AdamW (CPU and CUDA) and of a dry run.
+void validate_adamw_options(const OptimizerConfig& config);
+
 class AdamW final : public Optimizer {
 public:
     AdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport);

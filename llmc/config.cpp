@@ -156,6 +156,14 @@ void check_choice(const Option& o, const std::string& value, const std::string& 
     fail(where + ": '" + value + "' is not one of: " + list);
 }
 
+// A finite double as the float a config key holds: refused (naming `what`) when it overflows to infinity or a
+// non-zero value underflows to zero.
+float to_float(double v, const std::string& what) {
+    const float f = static_cast<float>(v);
+    LLMC_CHECK(std::isfinite(f) && (f != 0.0f || v == 0.0), what + " is out of a float's range");
+    return f;
+}
+
 // Sets an option from command-line text. `where` names the flag for error messages.
 void set_from_text(TrainConfig& cfg, const Option& o, const std::string& text, const std::string& where) {
     auto parse_int = [&](long long lo, long long hi) {
@@ -180,13 +188,18 @@ void set_from_text(TrainConfig& cfg, const Option& o, const std::string& text, c
                 const double v = std::strtod(text.c_str(), &end);
                 LLMC_CHECK(!text.empty() && *end == '\0' && std::isfinite(v),
                            where + ": expected a number, got '" + text + "'");
-                cfg.*member = static_cast<float>(v);
+                cfg.*member = to_float(v, where + ": " + text);
             } else if constexpr (std::is_same_v<M, bool TrainConfig::*>) {
                 if (text == "true" || text == "1") cfg.*member = true;
                 else if (text == "false" || text == "0") cfg.*member = false;
                 else fail(where + ": expected true or false, got '" + text + "'");
             } else {
                 check_choice(o, text, where);
+                try {  // the resolved config is JSON, which holds text only as UTF-8
+                    (void)json(text).dump();
+                } catch (const json::exception&) {
+                    fail(where + ": not valid UTF-8 text");
+                }
                 cfg.*member = text;
             }
         },
@@ -200,6 +213,8 @@ void set_from_json(TrainConfig& cfg, const Option& o, const json& value, const s
             if constexpr (std::is_same_v<M, int TrainConfig::*> || std::is_same_v<M, int ModelConfig::*> ||
                           std::is_same_v<M, int64_t TrainConfig::*>) {
                 LLMC_CHECK(value.is_number_integer(), where + ": expected an integer, got " + value.dump());
+                LLMC_CHECK(!value.is_number_unsigned() || value.get<uint64_t>() <= uint64_t(INT64_MAX),
+                           where + ": " + value.dump() + " is out of range");  // would wrap around as int64
                 const int64_t v = value.get<int64_t>();
                 if constexpr (std::is_same_v<M, int64_t TrainConfig::*>) {
                     cfg.*member = v;
@@ -210,7 +225,7 @@ void set_from_json(TrainConfig& cfg, const Option& o, const json& value, const s
                 }
             } else if constexpr (std::is_same_v<M, float TrainConfig::*>) {
                 LLMC_CHECK(value.is_number(), where + ": expected a number, got " + value.dump());
-                cfg.*member = value.get<float>();
+                cfg.*member = to_float(value.get<double>(), where + ": " + value.dump());
             } else if constexpr (std::is_same_v<M, bool TrainConfig::*>) {
                 LLMC_CHECK(value.is_boolean(), where + ": expected true or false, got " + value.dump());
                 cfg.*member = value.get<bool>();
@@ -253,12 +268,27 @@ std::vector<std::string> config_keys() {
 }
 
 void load_config_file(const std::string& path, TrainConfig& cfg) {
-    const std::vector<std::byte> bytes = read_whole_file(path);
+    LLMC_CHECK(!path.empty(), "--config: empty file name");
+    constexpr size_t kMaxConfigBytes = 16u << 20;  // a config is a few hundred bytes; /dev/zero is endless
+    const std::vector<std::byte> bytes = read_whole_file(path, kMaxConfigBytes);
     json doc;
+    std::vector<std::string> top_keys;
+    // A config is flat: deep nesting (which would exhaust the stack) and repeated keys (which JSON parsers
+    // resolve silently, each its own way) are refused while parsing.
+    const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+        LLMC_CHECK(depth <= 32, path + ": JSON nested deeper than 32 levels (a config is a flat object)");
+        if (event == json::parse_event_t::key && depth == 1) {
+            const std::string key = parsed.get<std::string>();
+            LLMC_CHECK(std::find(top_keys.begin(), top_keys.end(), key) == top_keys.end(),
+                       path + ": key '" + key + "' appears twice");
+            top_keys.push_back(key);
+        }
+        return true;
+    };
     try {
         doc = json::parse(reinterpret_cast<const char*>(bytes.data()),
-                          reinterpret_cast<const char*>(bytes.data()) + bytes.size());
-    } catch (const json::parse_error& e) {
+                          reinterpret_cast<const char*>(bytes.data()) + bytes.size(), check);
+    } catch (const json::exception& e) {  // syntax, and numbers out of range such as 1e400
         fail(path + ": malformed JSON (" + std::string(e.what()) + ")");
     }
     LLMC_CHECK(doc.is_object(), path + ": expected a JSON object of config keys");
@@ -296,7 +326,7 @@ bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, con
             if (o && is_bool_option(*o) && !next_is_value) {
                 value = "true";
             } else {
-                LLMC_CHECK(i + 1 < argc, flag + ": missing value");
+                LLMC_CHECK(i + 1 < argc && (o || next_is_value), flag + ": missing value");
                 value = argv[++i];
             }
         }

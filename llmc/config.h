@@ -3,8 +3,9 @@
 // are parsed, `--help` is printed and the resolved config is written next to the metrics. So the help
 // always matches the parser, and any config key can be overridden from the command line.
 //
-// Sources apply in order: defaults, then each `--config FILE.json` (flat JSON object of schema keys; may be
-// repeated, e.g. a model shape file then a run file), then the remaining flags in command-line order.
+// Sources apply in command-line order after the defaults: each `--config FILE.json` (flat JSON object of schema
+// keys; may be repeated, e.g. a model shape file then a run file) where it stands, and each flag, so a later
+// source wins.
 // Flags take `--key value` or `--key=value`; booleans also accept a bare `--key` (true). Unknown keys,
 // malformed values and out-of-range choices throw llmc::Error naming the flag or file and key.
 #pragma once

@@ -16,6 +16,13 @@ struct Error : std::runtime_error {
 
 [[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
 
+// A training run whose loss or gradient norm stopped being finite: the trainers stop with exit status
+// kDivergedExitStatus, so that sweeps can tell a diverged run from a failed one.
+struct Diverged : Error {
+    using Error::Error;
+};
+inline constexpr int kDivergedExitStatus = 3;
+
 // A single-process tool's main(): run(argc, argv), with any error printed as "error: <message>" and exit
 // status 1. (The trainers use train_common's trainer_main, which also ends the other ranks.)
 template <class Run>

@@ -106,16 +106,21 @@ void require_regular_file(const std::string& path) {
     LLMC_CHECK(S_ISREG(st.st_mode), path + ": not a regular file (a pipe or device?)");
 }
 
-std::vector<std::byte> read_whole_file(const std::string& path) {
+std::vector<std::byte> read_whole_file(const std::string& path, size_t max_bytes) {
     File f(path, "rb");
+    const std::string too_big = path + ": larger than " + std::to_string(max_bytes) + " bytes";
     struct stat st;
     if (fstat(fileno(f.get()), &st) == 0 && !S_ISREG(st.st_mode)) {  // a pipe (<(...), /dev/stdin): no size
         std::vector<std::byte> bytes;
         std::byte chunk[1 << 16];
-        for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, f.get())) > 0;) bytes.insert(bytes.end(), chunk, chunk + got);
+        for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, f.get())) > 0;) {
+            LLMC_CHECK(got <= max_bytes - bytes.size(), too_big);
+            bytes.insert(bytes.end(), chunk, chunk + got);
+        }
         LLMC_CHECK(!std::ferror(f.get()), path + ": read failed (" + reason() + ")");
         return bytes;
     }
+    LLMC_CHECK(f.size() <= max_bytes, too_big);
     std::vector<std::byte> bytes(f.size());
     f.read_exact(bytes.data(), bytes.size(), "file contents");
     return bytes;

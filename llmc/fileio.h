@@ -60,8 +60,8 @@ bool is_directory(const std::string& path);
 void remove_file_durably(const std::string& path);
 // Throws "<path>: ..." unless path is a regular file: opening a named pipe would wait for a writer forever.
 void require_regular_file(const std::string& path);
-// A regular file, or a pipe read to its end (--file-list <(...)).
-std::vector<std::byte> read_whole_file(const std::string& path);
+// A regular file, or a pipe read to its end (--file-list <(...)); more than max_bytes is refused.
+std::vector<std::byte> read_whole_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 void write_file_atomic(const std::string& path, std::span<const std::byte> bytes);
 // Expands a glob pattern (sorted); throws "<pattern>: no files match" when empty.
 std::vector<std::string> glob_files(const std::string& pattern);

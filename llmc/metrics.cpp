@@ -2,6 +2,7 @@
 #include "llmc/metrics.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -91,6 +92,21 @@ void MetricsLog::log_sample(int step, const std::string& text) {
 }
 
 void MetricsLog::log_event(const std::string& json_object) { write_line(json_object); }
+
+void MetricsLog::log_diverged(int step, double loss, double grad_norm) {
+    std::string why;
+    if (!std::isfinite(loss)) why = "loss " + format_value(loss);
+    if (!std::isfinite(grad_norm)) why += std::string(why.empty() ? "" : ", ") + "grad_norm " + format_value(grad_norm);
+    write_line(
+        json{{"type", "diverged"}, {"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"why", why}}.dump());
+}
+
+std::string format_value(double x) {
+    if (std::isnan(x)) return "nan";  // not "-nan"
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6g", x);
+    return text;
+}
 
 std::string format_duration(double s) {
     char buf[32];

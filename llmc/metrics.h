@@ -44,6 +44,9 @@ public:
     void log_val(int step, double val_loss, long long tokens);
     void log_sample(int step, const std::string& text);
     void log_event(const std::string& json_object);  // a complete JSON object line
+    // {"type":"diverged","step":N,"loss":...,"grad_norm":...,"why":"loss nan"}: the step whose averages were not
+    // finite (JSON has no NaN or infinity: those values are null, "why" names them)
+    void log_diverged(int step, double loss, double grad_norm);
 
 private:
     void write_line(const std::string& line);
@@ -64,5 +67,6 @@ double known_peak_bf16_tflops(std::string_view device_name);
 std::string format_progress(const StepMetrics& m);
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "42s"
 std::string format_bytes(double bytes);       // "12.3 MB"
+std::string format_value(double x);           // "%.6g": "0.8123", "nan", "inf"
 
 }  // namespace llmc

@@ -7,7 +7,9 @@
 #include <iostream>
 #include <vector>
 
+#include "demo/demo_chunk_math.h"
 #include "demo/traffic_report.h"
+#include "llmc/adamw.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/model_io.h"
@@ -135,7 +137,11 @@ int resolve_batch_geometry(TrainConfig& cfg, int world) {
                "--total_batch_size " + std::to_string(cfg.total_batch_size) +
                    " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) + "*" +
                    std::to_string(cfg.seq_len) + "*" + std::to_string(world) + " = " + std::to_string(tokens_per_micro));
-    return static_cast<int>(cfg.total_batch_size / tokens_per_micro);
+    const int64_t accumulation = cfg.total_batch_size / tokens_per_micro;
+    LLMC_CHECK(accumulation <= INT32_MAX, "--total_batch_size " + std::to_string(cfg.total_batch_size) + " needs " +
+                                              std::to_string(accumulation) + " micro-steps per step, more than " +
+                                              std::to_string(INT32_MAX) + " (raise --batch_size or lower it)");
+    return static_cast<int>(accumulation);
 }
 
 void check_same_config_everywhere(Transport& transport, const std::string& config_json) {
@@ -158,6 +164,9 @@ void check_same_config_everywhere(Transport& transport, const std::string& confi
 }
 
 void print_dry_run_report(const TrainConfig& cfg, int world) {
+    // the optimizer's own checks, which a real run makes when it builds the optimizer (a dry run builds none)
+    if (cfg.optimizer == "demo") demo::cm::validate_options(cfg.optimizer_config());
+    else validate_adamw_options(cfg.optimizer_config());
     std::printf("%s\n", config_to_json(cfg).c_str());
     std::fflush(stdout);
     // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
@@ -317,13 +326,22 @@ void StepReporter::flush(Transport& transport) {
     transport.allreduce_sum_finish(sums);
     m.loss = sums[0] / transport.world_size();
     m.grad_norm = sums[1] / transport.world_size();
+    const bool diverged = !std::isfinite(m.loss) || !std::isfinite(m.grad_norm);
     if (log_) {
         log_->log_step(m);
-        if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps) {
+        if (diverged) log_->log_diverged(m.step, m.loss, m.grad_norm);
+        if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps || diverged) {
             std::printf("%s\n", format_progress(m).c_str());
             std::fflush(stdout);
         }
     }
+    // Every rank holds the same averages, so every rank stops here, before this step's evaluations and
+    // checkpoint: no checkpoint holds the diverged weights, and --resume auto goes back to the last good one.
+    if (diverged)
+        throw Diverged("step " + std::to_string(m.step) + ": the loss is " + format_value(m.loss) +
+                       " and the gradient norm " + format_value(m.grad_norm) +
+                       ": training diverged (lower --lr, or clip the gradients with --grad_clip); no checkpoint "
+                       "was written for it");
 }
 
 int report_fatal_error(const std::exception& e, const Transport* transport) {
@@ -332,9 +350,10 @@ int report_fatal_error(const std::exception& e, const Transport* transport) {
     const std::string where = multi_rank ? " (rank " + std::to_string(transport->rank()) + ")" : "";
     std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
     std::fflush(stderr);
+    const int status = dynamic_cast<const Diverged*>(&e) ? kDivergedExitStatus : 1;
     // Ranks that hit the same error (a bad flag) all get to say so before mpirun ends the job.
-    if (multi_rank) std::_Exit(1);
-    return 1;
+    if (multi_rank) std::_Exit(status);
+    return status;
 }
 
 int trainer_main(int argc, char** argv, const char* program, TrainFunction train) {

@@ -81,15 +81,19 @@ if [[ $cleanup_stale -eq 1 ]]; then
   exit 0
 fi
 [[ $# -gt 0 ]] || die_usage "no command given (put it after --)"
-[[ "$hosts" =~ ^[0-9]+$ && "$hosts" -ge 1 && "$hosts" -le 250 ]] || die_usage "--hosts must be 1..250, got '$hosts'"
-[[ "$slots" =~ ^[0-9]+$ && "$slots" -ge 1 ]] || die_usage "--slots must be >= 1, got '$slots'"
+# Whole numbers are decimal even with leading zeros (bash arithmetic would read 010 as octal 8 and refuse 08);
+# at most 9 digits, so nothing overflows.
+decimal() { [[ "$1" =~ ^[0-9]{1,9}$ ]] && echo $((10#$1)); }
+hosts_given=$hosts slots_given=$slots
+hosts=$(decimal "$hosts") && ((hosts >= 1 && hosts <= 250)) || die_usage "--hosts must be 1..250, got '$hosts_given'"
+slots=$(decimal "$slots") && ((slots >= 1)) || die_usage "--slots must be a whole number >= 1, got '$slots_given'"
 [[ -n "$rate" ]] || die_usage "--rate is required (e.g. 100mbit, 1gbit or none)"
 
 # Delay in microseconds, for build/lab_delay_switch (the bridge when 0).
 if [[ "$delay" =~ ^([0-9]+)(\.[0-9]+)?(us|ms|s)$ ]]; then
   case "${BASH_REMATCH[3]}" in us) mult=1 ;; ms) mult=1000 ;; s) mult=1000000 ;; esac
   delay_us=$(awk -v n="${BASH_REMATCH[1]}${BASH_REMATCH[2]}" -v m="$mult" 'BEGIN { printf "%.0f", n * m }')
-  [[ "$delay_us" -le 10000000 ]] || die_usage "--delay '$delay' is above 10s"
+  awk -v d="$delay_us" 'BEGIN { exit !(d + 0 <= 10000000) }' || die_usage "--delay '$delay' is above 10s"
 else
   die_usage "--delay must look like 500us, 20ms or 0.1s, got '$delay'"
 fi
@@ -105,7 +109,7 @@ if [[ "$rate" != none ]]; then
     mult=1
     case "${BASH_REMATCH[3],,}" in k) mult=1000 ;; m) mult=1000000 ;; g) mult=1000000000 ;; t) mult=1000000000000 ;; esac
     rate_bps=$(awk -v n="${BASH_REMATCH[1]}${BASH_REMATCH[2]}" -v m="$mult" 'BEGIN { printf "%.0f", n * m }')
-    [[ "$rate_bps" -ge 8000 ]] || die_usage "--rate '$rate' is below 8kbit"
+    awk -v r="$rate_bps" 'BEGIN { exit !(r + 0 >= 8000) }' || die_usage "--rate '$rate' is below 8kbit"
   else
     die_usage "--rate must look like 10mbit, 100mbit, 1gbit (or none), got '$rate'"
   fi

@@ -24,6 +24,11 @@ and demo_k<TOPK>_<fp32|bf16|sign> (DeMo with --demo_topk TOPK --demo_values ...)
 --demo_eager false. `--settings all` is the
 eleven of topk 32, 8, 1 x fp32, bf16, sign plus both AdamW. Needs root (network namespaces); see
 docs/BANDWIDTH.md.
+
+A run whose loss, gradient norm or val loss stops being finite (null in metrics.jsonl, a "diverged" line, the
+trainer's exit status 3) is reported as diverged at that step, not as failed and not with the mean of its
+finite losses; it does not set the target val loss. A field its metrics lack shows as "—". Arguments are
+checked against bandwidth_lab.sh's limits before anything runs (one-line error, exit status 2).
 """
 import argparse
 import glob
@@ -48,8 +53,24 @@ DEFAULT_SETTINGS = ["adamw_fp32", "adamw_bf16", "demo_k32_fp32", "demo_k32_bf16"
 ALL_SETTINGS = ["adamw_fp32", "adamw_bf16"] + [f"demo_k{k}_{v}" for k in (32, 8, 1) for v in ("fp32", "bf16", "sign")]
 
 
+DIVERGED_EXIT = 3  # the trainer's exit status when the loss or gradient norm is not finite
+# bandwidth_lab.sh's limits (kept in step with its checks, so that no run gets as far as the lab to be refused)
+LAB_MAX_HOSTS = 250
+LAB_MIN_RATE_BPS = 8000
+LAB_MAX_DELAY_US = 10_000_000
+LAB_RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT]?)bit")
+LAB_DELAY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(us|ms|s)")
+
+
 class UserError(Exception):
     """A problem with the arguments or the environment: one line, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the usage is in --help), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def setting_flags(name, args):
@@ -66,19 +87,22 @@ def setting_flags(name, args):
                  "--lr", f"{args.lr_demo:g}", "--weight_decay", f"{args.wd_demo:g}"]
         delay = {None: [], "_delay": ["--demo_delay", "1"], "_stale": ["--demo_delay", "1", "--demo_eager", "false"]}
         return flags + delay[m.group(3)]
-    raise UserError(f"unknown setting '{name}' (adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>[_delay|_stale])")
+    raise UserError(f"unknown setting '{name}' "
+                    "(adamw_fp32, adamw_bf16 or demo_k<TOPK>_<fp32|bf16|sign>[_delay|_stale])")
 
 
 def label_of(name):
     m = re.fullmatch(r"demo_k(\d+)_([a-z0-9]+)(_delay|_stale)?", name)
     if m:
-        return f"DeMo k={m.group(1)} {m.group(2)}" + {None: "", "_delay": " delayed", "_stale": " delayed stale"}[m.group(3)]
+        suffix = {None: "", "_delay": " delayed", "_stale": " delayed stale"}[m.group(3)]
+        return f"DeMo k={m.group(1)} {m.group(2)}" + suffix
     return "AdamW-DDP " + name.split("_", 1)[1]
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="bandwidth_study.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = ArgumentParser(prog="bandwidth_study.py", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"], metavar="RATE",
                    help="link rates, as bandwidth_lab.sh takes them (10mbit, 100mbit, 1gbit, none) [100mbit 1gbit]")
     p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, metavar="NAME",
@@ -87,7 +111,8 @@ def parse_args(argv):
     p.add_argument("--link-delay", default="0ms", metavar="D",
                    help="one-way delay between hosts at every rate, bandwidth_lab.sh's --delay (20ms: a 40 ms "
                         "round trip; not the _delay settings' --demo_delay) [0ms]")
-    p.add_argument("--out", default=os.path.join(REPO, "runs", "bandwidth_study"), help="study folder [runs/bandwidth_study]")
+    p.add_argument("--out", default=os.path.join(REPO, "runs", "bandwidth_study"),
+                   help="study folder [runs/bandwidth_study]")
     p.add_argument("--model-config", default=os.path.join(REPO, "configs", "tiny.json"),
                    help="JSON config of the model shape [configs/tiny.json]")
     p.add_argument("--steps", type=int, default=250, help="optimizer steps (the same token budget for every run) [250]")
@@ -105,7 +130,8 @@ def parse_args(argv):
     p.add_argument("--train-data", help="glob of train shards [the trainer's default: data/default]")
     p.add_argument("--val-data", help="glob of val shards [the trainer's default: data/default]")
     p.add_argument("--trainer", default=os.path.join(REPO, "train_gpt_cpu"), help="trainer binary [./train_gpt_cpu]")
-    p.add_argument("--trainer-flags", default="", metavar="'FLAGS'", help="extra trainer flags, one shell-quoted string")
+    p.add_argument("--trainer-flags", default="", metavar="'FLAGS'",
+                   help="extra trainer flags, one shell-quoted string")
     p.add_argument("--target-val-loss", type=float,
                    help="target of the time-to-loss columns [per rate: the worst final val loss of its runs]")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped [1800]")
@@ -121,17 +147,54 @@ def parse_args(argv):
     if args.settings == ["all"]:
         args.settings = list(ALL_SETTINGS)
     for name, value in (("--hosts", args.hosts), ("--steps", args.steps), ("--batch-size", args.batch_size),
-                        ("--seq-len", args.seq_len), ("--threads", args.threads)):
+                        ("--seq-len", args.seq_len), ("--threads", args.threads), ("--val-every", args.val_every),
+                        ("--val-batches", args.val_batches)):
         if value < 1:
-            raise UserError(f"{name} must be >= 1")
+            raise UserError(f"{name} must be >= 1, got {value}")
+    if args.hosts > LAB_MAX_HOSTS:
+        raise UserError(f"--hosts must be 1..{LAB_MAX_HOSTS} (bandwidth_lab.sh's limit), got {args.hosts}")
+    if args.warmup_steps < 0:
+        raise UserError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UserError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    for name, value, least in (("--lr-adamw", args.lr_adamw, None), ("--lr-demo", args.lr_demo, None),
+                               ("--wd-adamw", args.wd_adamw, 0.0), ("--wd-demo", args.wd_demo, 0.0)):
+        if not math.isfinite(value) or (value <= 0 if least is None else value < least):
+            raise UserError(f"{name} must be a finite number {'> 0' if least is None else '>= 0'}, got {value:g}")
+    if args.target_val_loss is not None and not math.isfinite(args.target_val_loss):
+        raise UserError(f"--target-val-loss must be a finite number, got {args.target_val_loss:g}")
     if len(set(args.settings)) != len(args.settings):
         raise UserError("--settings lists a name twice")
+    if len(set(args.rates)) != len(args.rates):
+        raise UserError("--rates lists a rate twice")
     for rate in args.rates:
-        if not re.fullmatch(r"none|\d+(\.\d+)?[kmgt]?bit", rate, re.I):
-            raise UserError(f"--rates: '{rate}' is not like 10mbit, 100mbit, 1gbit or none")
-    if not re.fullmatch(r"\d+(\.\d+)?(us|ms|s)", args.link_delay):
+        if rate == "none":
+            continue
+        m = LAB_RATE.fullmatch(rate)
+        if not m:
+            raise UserError(f"--rates: '{rate}' is not like 10mbit, 100mbit, 1gbit or none (as bandwidth_lab.sh "
+                            "takes it: lower-case 'bit' and 'none')")
+        scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+        if round(float(m.group(1)) * scale) < LAB_MIN_RATE_BPS:
+            raise UserError(f"--rates: '{rate}' is below bandwidth_lab.sh's minimum of 8kbit")
+    m = LAB_DELAY.fullmatch(args.link_delay)
+    if not m:
         raise UserError(f"--link-delay: '{args.link_delay}' is not like 500us, 20ms or 0.1s")
+    if round(float(m.group(1)) * {"us": 1, "ms": 1e3, "s": 1e6}[m.group(2)]) > LAB_MAX_DELAY_US:
+        raise UserError(f"--link-delay: '{args.link_delay}' is above bandwidth_lab.sh's maximum of 10s")
+    try:
+        args.extra_trainer_flags = shlex.split(args.trainer_flags)
+    except ValueError as e:
+        raise UserError(f"--trainer-flags: {args.trainer_flags!r} is not a shell-quoted string ({e})")
+    # (The trainer runs in the repository root, so relative paths are taken from there.)
+    if not os.path.isfile(os.path.join(REPO, args.model_config)):
+        raise UserError(f"--model-config: {args.model_config} is not a file (relative to {REPO})")
+    for name, pattern in (("--train-data", args.train_data), ("--val-data", args.val_data)):
+        if pattern is not None and not args.dry_run and not glob.glob(os.path.join(REPO, pattern)):
+            raise UserError(f"{name}: no file matches {pattern} (relative to {REPO})")
     args.out = os.path.abspath(args.out)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out}: exists and is not a folder")
     return args
 
 
@@ -145,7 +208,7 @@ def trainer_flags(args, setting, out_dir):
         flags += ["--train_data", args.train_data]
     if args.val_data:
         flags += ["--val_data", args.val_data]
-    return flags + setting_flags(setting, args) + shlex.split(args.trainer_flags)
+    return flags + setting_flags(setting, args) + args.extra_trainer_flags
 
 
 def lab_command(args, rate, setting, out_dir):
@@ -156,88 +219,147 @@ def lab_command(args, rate, setting, out_dir):
 
 # ---- reading a run ----------------------------------------------------------------------------------------
 
+def number(value):
+    """A metrics field as a float: NaN when it is missing, null (how JSON writes NaN and infinity) or junk."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+def step_of(record):
+    """A line's step as an int, or None when it is missing, not a whole number or not finite."""
+    value = record.get("step")
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def read_run(out_dir):
-    """Train and val records of a run folder (last line per step wins; a torn last line is skipped)."""
-    train, val = {}, {}
+    """Train and val records of a run folder (last line per step wins; lines that are not JSON objects with a
+    step, such as a torn last line, are skipped) and the steps of its "diverged" lines."""
+    train, val, diverged = {}, {}, []
     path = os.path.join(out_dir, "metrics.jsonl")
     if not os.path.isfile(path):
-        return [], []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if r.get("type") == "train":
-                train[int(r["step"])] = r
-            elif r.get("type") == "val":
-                val[int(r["step"])] = r
-    return [train[s] for s in sorted(train)], [val[s] for s in sorted(val)]
+        return [], [], []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return [], [], []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        step = step_of(r) if isinstance(r, dict) else None
+        if step is None:
+            continue
+        if r.get("type") == "train":
+            train[step] = r
+        elif r.get("type") == "val":
+            val[step] = r
+        elif r.get("type") == "diverged":
+            diverged.append(step)
+    return [train[s] for s in sorted(train)], [val[s] for s in sorted(val)], diverged
 
 
 def run_finished(out_dir, steps):
-    train, _ = read_run(out_dir)
-    return bool(train) and train[-1]["step"] >= steps and os.path.isfile(os.path.join(out_dir, "iface.json"))
+    train, _, diverged = read_run(out_dir)
+    return (bool(train) and not diverged and step_of(train[-1]) >= steps
+            and all(math.isfinite(number(r.get("loss"))) for r in train)
+            and os.path.isfile(os.path.join(out_dir, "iface.json")))
+
+
+def total(records, key):
+    """Sum of a per-step field, or None when a line lacks it (unknown, not zero)."""
+    values = [number(r.get(key)) for r in records]
+    return sum(values) if values and all(math.isfinite(x) for x in values) else None
 
 
 def summarize_run(out_dir, setting, wall_s, exit_code, hosts):
-    train, val = read_run(out_dir)
+    """Numbers of one run; what its metrics lack is None. "diverged" is set when a loss, gradient norm or val
+    loss is not finite, a "diverged" line is there or the trainer exited with status 3 ("diverged_step": the
+    first such step, when known)."""
+    train, val, diverged_lines = read_run(out_dir)
     s = {"setting": setting, "label": label_of(setting), "out_dir": out_dir, "wall_s": wall_s, "exit_code": exit_code,
          "steps": len(train)}
+    bad = list(diverged_lines)
+    bad += [step_of(r) for r in train if "loss" in r and not math.isfinite(number(r["loss"]))]
+    bad += [step_of(r) for r in train if "grad_norm" in r and not math.isfinite(number(r["grad_norm"]))]
+    bad += [step_of(v) for v in val if "val_loss" in v and not math.isfinite(number(v["val_loss"]))]
+    s["diverged"] = bool(bad) or exit_code == DIVERGED_EXIT
+    s["diverged_step"] = min(bad) if bad else None
     if not train:
         return s
+    step_ms = [number(r.get("step_ms")) for r in train]
+    timed = all(math.isfinite(x) for x in step_ms)
     cum, t = [], 0.0
-    for r in train:
-        t += r["step_ms"] / 1e3
+    for ms in step_ms:
+        t += ms / 1e3 if timed else 0.0
         cum.append(t)
-    step_at = {r["step"]: i for i, r in enumerate(train)}
-    s["train_steps"] = [r["step"] for r in train]
-    s["train_loss"] = [r["loss"] for r in train]
-    s["train_seconds"] = cum
-    s["val_steps"] = [v["step"] for v in val]
-    s["val_loss"] = [v["val_loss"] for v in val]
+    step_at = {step_of(r): i for i, r in enumerate(train)}
+    s["train_steps"] = [step_of(r) for r in train]
+    s["train_loss"] = [number(r.get("loss")) for r in train]
+    s["train_seconds"] = cum if timed else None
+    s["val_steps"] = [step_of(v) for v in val]
+    s["val_loss"] = [number(v.get("val_loss")) for v in val]
     # A val point's time: the cumulative step time of the last train step at or before it.
-    s["val_seconds"] = [cum[step_at[v["step"]]] if v["step"] in step_at else
-                        max([cum[i] for st, i in step_at.items() if st <= v["step"]], default=0.0) for v in val]
-    sum_step = sum(r["step_ms"] for r in train)
-    sum_comm = sum(r["comm_ms"] for r in train)
-    s["train_seconds_total"] = sum_step / 1e3
-    s["steps_per_s"] = len(train) / (sum_step / 1e3) if sum_step > 0 else math.nan
-    s["step_ms_median"] = statistics.median(r["step_ms"] for r in train)
-    s["comm_ms_mean"] = sum_comm / len(train)
-    s["comm_fraction"] = sum_comm / sum_step if sum_step > 0 else math.nan
-    s["counter_sent_bytes"] = sum(r["bytes_sent"] for r in train)
-    s["counter_recv_bytes"] = sum(r["bytes_recv"] for r in train)
-    s["mb_per_step"] = s["counter_sent_bytes"] / len(train) / 1e6
-    s["payload_mb_per_step"] = sum(r["payload_bytes"] for r in train) / len(train) / 1e6
-    s["final_val_loss"] = val[-1]["val_loss"] if val else math.nan
-    s["final_train_loss"] = statistics.fmean(r["loss"] for r in train[-10:])
+    s["val_seconds"] = [cum[step_at[st]] if st in step_at else
+                        max([cum[i] for t_st, i in step_at.items() if t_st <= st], default=0.0)
+                        for st in s["val_steps"]] if timed else None
+    sum_step = sum(step_ms) if timed else None
+    sum_comm = total(train, "comm_ms")
+    n = len(train)
+    s["train_seconds_total"] = sum_step / 1e3 if timed else None
+    s["steps_per_s"] = n / (sum_step / 1e3) if timed and sum_step > 0 else None
+    s["step_ms_median"] = statistics.median(step_ms) if timed else None
+    s["comm_ms_mean"] = sum_comm / n if sum_comm is not None else None
+    s["comm_fraction"] = sum_comm / sum_step if sum_comm is not None and timed and sum_step > 0 else None
+    s["counter_sent_bytes"] = total(train, "bytes_sent")
+    s["counter_recv_bytes"] = total(train, "bytes_recv")
+    s["mb_per_step"] = s["counter_sent_bytes"] / n / 1e6 if s["counter_sent_bytes"] is not None else None
+    payload = total(train, "payload_bytes")
+    s["payload_mb_per_step"] = payload / n / 1e6 if payload is not None else None
+    last_val = s["val_loss"][-1] if val else math.nan
+    s["final_val_loss"] = last_val if math.isfinite(last_val) and not s["diverged"] else None
+    tail = [x for x in s["train_loss"][-10:] if math.isfinite(x)]
+    s["final_train_loss"] = statistics.fmean(tail) if tail and not s["diverged"] else None
     iface_path = os.path.join(out_dir, "iface.json")
     if os.path.isfile(iface_path):
-        with open(iface_path) as f:
-            iface = json.load(f)
-        h = iface["hosts"]
-        s["iface_h0_tx_bytes"] = h[0]["tx_bytes"]
-        s["iface_h0_rx_bytes"] = h[0]["rx_bytes"]
-        s["iface_mean_tx_bytes"] = sum(x["tx_bytes"] for x in h) / len(h)
-        s["iface_hosts"] = h
+        try:
+            with open(iface_path) as f:
+                h = json.load(f)["hosts"]
+            s["iface_h0_tx_bytes"] = h[0]["tx_bytes"]
+            s["iface_h0_rx_bytes"] = h[0]["rx_bytes"]
+            s["iface_mean_tx_bytes"] = sum(x["tx_bytes"] for x in h) / len(h)
+            s["iface_hosts"] = h
+        except (OSError, ValueError, KeyError, IndexError, TypeError, ZeroDivisionError):
+            s["iface_h0_tx_bytes"] = None
+            print(f"warning: {iface_path}: unreadable, its columns are left empty", file=sys.stderr)
     return s
+
+
+def diverged_text(s):
+    return "diverged" + (f" at step {s['diverged_step']}" if s.get("diverged_step") is not None else "")
 
 
 def time_to_target(s, target):
     """(seconds, step) of the first val point at or below target, or (None, None)."""
-    for loss, sec, step in zip(s.get("val_loss", []), s.get("val_seconds", []), s.get("val_steps", [])):
-        if loss <= target:
+    for loss, sec, step in zip(s.get("val_loss") or [], s.get("val_seconds") or [], s.get("val_steps") or []):
+        if loss <= target:  # (never true for NaN)
             return sec, step
     return None, None
 
 
 # ---- per-rate report --------------------------------------------------------------------------------------
 
-def fmt(x, spec, missing="—"):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+def fmt(x, spec, missing="—", suffix=""):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return missing
-    return format(x, spec)
+    return format(x, spec) + suffix
 
 
 def has_link_delay(args):
@@ -252,7 +374,7 @@ def link_text(rate, args):
 def rate_table(rate, runs, target, target_given, args):
     baseline = next((r for r in runs if r["setting"] == "adamw_fp32"), None)
     base_t = time_to_target(baseline, target)[0] if baseline else None
-    head = ["setting", "final val", f"time to val ≤ {target:.4f} (s)", "step", "vs AdamW fp32", "steps/s",
+    head = ["setting", "final val", f"time to val ≤ {fmt(target, '.4f')} (s)", "step", "vs AdamW fp32", "steps/s",
             "step ms (median)", "comm share", "MB/step/rank", "payload MB/step", "counter MB (rank 0 sent)",
             "iface MB (h0 tx)", "iface/counter", "run wall s", "load"]
     link = link_text(rate, args)
@@ -260,32 +382,41 @@ def rate_table(rate, runs, target, target_given, args):
              "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for s in runs:
         if not s.get("steps"):
-            lines.append(f"| {s['label']} | run failed (exit {s['exit_code']}) |" + " |" * (len(head) - 2))
+            what = diverged_text(s) if s.get("diverged") else "run failed"
+            lines.append(f"| {s['label']} | {what} (exit {s['exit_code']}) |" + " |" * (len(head) - 2))
             continue
         t, step = time_to_target(s, target)
-        counter = s["counter_sent_bytes"] / 1e6
+        counter = s["counter_sent_bytes"] / 1e6 if s.get("counter_sent_bytes") is not None else None
         iface = s.get("iface_h0_tx_bytes")
-        row = [s["label"], fmt(s["final_val_loss"], ".4f"),
+        comm = s.get("comm_fraction")
+        row = [s["label"], diverged_text(s) if s.get("diverged") else fmt(s.get("final_val_loss"), ".4f"),
                fmt(t, ".1f", "not reached"), fmt(step, "d", "—"),
                (f"{base_t / t:.2f}x" if t and base_t else "—"),
-               fmt(s["steps_per_s"], ".3f"), fmt(s["step_ms_median"], ".0f"),
-               fmt(100 * s["comm_fraction"], ".1f") + "%", fmt(s["mb_per_step"], ".3f"),
-               fmt(s["payload_mb_per_step"], ".3f"), fmt(counter, ".2f"),
+               fmt(s.get("steps_per_s"), ".3f"), fmt(s.get("step_ms_median"), ".0f"),
+               fmt(100 * comm if comm is not None else None, ".1f", suffix="%"), fmt(s.get("mb_per_step"), ".3f"),
+               fmt(s.get("payload_mb_per_step"), ".3f"), fmt(counter, ".2f"),
                fmt(iface / 1e6 if iface is not None else None, ".2f"),
-               fmt(iface / 1e6 / counter if iface is not None and counter > 0 else None, ".3f"),
+               fmt(iface / 1e6 / counter if iface is not None and counter else None, ".3f"),
                fmt(s["wall_s"], ".0f"), fmt(s.get("loadavg_1min"), ".1f")]
-        if s["exit_code"] != 0:
+        if s.get("diverged"):
+            row[0] += f" ({diverged_text(s)}, exit {s['exit_code']}, {s['steps']}/{args.steps} steps)"
+        elif s["exit_code"] != 0:
             row[0] += f" (exit {s['exit_code']}, {s['steps']}/{args.steps} steps)"
         lines.append("| " + " | ".join(row) + " |")
-    how = "given (--target-val-loss)" if target_given else "the worst final val loss of these runs, so every run reaches it"
-    lines += ["", f"Target val loss {target:.4f}: {how}. Time: sum of step_ms up to the first val point at or below "
+    how = ("given (--target-val-loss)" if target_given else
+           "the worst final val loss of these runs (diverged ones left out), so every such run reaches it")
+    lines += ["", f"Target val loss {fmt(target, '.4f')}: {how}. Time: sum of step_ms up to the first val point "
+              "at or below "
               f"the target (val every {args.val_every} steps; validation, checkpoint and start-up time excluded). "
               "vs AdamW fp32: its time / this time. comm share: sum comm_ms / sum step_ms. MB/step/rank: rank 0's "
               "bytes_sent counter per step (ring model: all-reduce 2(W-1)/W n, all-gather W-1 buckets); payload: its "
               "own buffer. iface: bytes leaving host 0's eth0 while the job ran (headers, ACKs, MPI wireup and "
-              "uncounted scalar reductions included). run wall s: the whole lab invocation. load: 1-minute load average "
-              f"after the run; the {args.hosts} ranks alone make about {args.hosts * args.threads}, more means other work "
-              "shared the cores and slowed the run.", ""]
+              "uncounted scalar reductions included). run wall s: the whole lab invocation. load: 1-minute load "
+              f"average after the run; the {args.hosts} ranks alone make about {args.hosts * args.threads}, more "
+              "means other work "
+              "shared the cores and slowed the run. diverged: the loss, gradient norm or val loss stopped being "
+              "finite (null in metrics.jsonl; the trainer's exit status 3); its numbers cover the steps before. "
+              "—: not in the run's metrics.", ""]
     return "\n".join(lines)
 
 
@@ -297,18 +428,20 @@ def plot_rate(rate, runs, target, path, args):
     fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(13, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, s in enumerate(runs):
-        if not s.get("steps"):
+        if not s.get("steps") or s.get("train_seconds") is None:  # (no step times: no x axis)
             continue
         c = colors[i % len(colors)]
         style = "-" if s["setting"].startswith("adamw") else "--"
+        label = s["label"] + (f" ({diverged_text(s)})" if s.get("diverged") else "")
         if s["val_loss"]:
-            ax_val.plot(s["val_seconds"], s["val_loss"], style, marker="o", markersize=3, color=c, label=s["label"])
+            ax_val.plot(s["val_seconds"], s["val_loss"], style, marker="o", markersize=3, color=c, label=label)
         w = max(1, min(10, len(s["train_loss"]) // 20))
         smooth = [statistics.fmean(s["train_loss"][max(0, j - w + 1):j + 1]) for j in range(len(s["train_loss"]))]
-        ax_train.plot(s["train_seconds"], smooth, style, color=c, linewidth=1.3, label=s["label"])
-    ax_val.axhline(target, color="gray", linewidth=0.8, linestyle=":")
+        ax_train.plot(s["train_seconds"], smooth, style, color=c, linewidth=1.3, label=label)
+    if math.isfinite(target):
+        ax_val.axhline(target, color="gray", linewidth=0.8, linestyle=":")
     link = link_text(rate, args)
-    ax_val.set_title(f"val loss, {args.hosts} hosts, {link} (dotted: target {target:.4f})")
+    ax_val.set_title(f"val loss, {args.hosts} hosts, {link} (dotted: target {fmt(target, '.4f')})")
     ax_train.set_title("train loss (moving average)")
     for ax in (ax_val, ax_train):
         ax.set_xlabel("wall-clock seconds (sum of step_ms)")
@@ -354,6 +487,17 @@ def run_one(cmd, log_path, timeout):
     return rc, time.monotonic() - start
 
 
+def json_safe(x):
+    """study.json without NaN or infinity (not JSON): null instead."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
 def main(argv):
     args = parse_args(argv)
     notes = []
@@ -375,7 +519,8 @@ def main(argv):
     total = len(args.rates) * len(args.settings)
     index = 0
     summary = [f"# Bandwidth study: DeMo vs AdamW-DDP on {args.hosts} emulated hosts", "",
-               f"Model {os.path.relpath(args.model_config, REPO)}, {args.steps} steps of {args.batch_size}x{args.seq_len} "
+               f"Model {os.path.relpath(os.path.join(REPO, args.model_config), REPO)}, {args.steps} steps of "
+               f"{args.batch_size}x{args.seq_len} "
                f"tokens per rank ({args.steps * args.batch_size * args.seq_len * args.hosts:,} tokens in all), seed "
                f"{args.seed}, lr AdamW {args.lr_adamw:g} / DeMo {args.lr_demo:g}, {args.threads} thread(s) per rank"
                + (f", {args.link_delay} one-way link delay." if has_link_delay(args) else "."), ""]
@@ -392,8 +537,12 @@ def main(argv):
                 continue
             if args.skip_done and run_finished(out_dir, args.steps):
                 print(f"[{index}/{total}] {rate} {setting}: already done, kept", flush=True)
-                prev = os.path.join(out_dir, "run.json")
-                record = json.load(open(prev)) if os.path.isfile(prev) else {}
+                try:
+                    with open(os.path.join(out_dir, "run.json")) as f:
+                        record = json.load(f)
+                except (OSError, ValueError):
+                    record = {}
+                record = record if isinstance(record, dict) else {}
                 wall, rc, load = record.get("wall_s", math.nan), 0, record.get("loadavg_1min", math.nan)
             else:
                 os.makedirs(out_dir, exist_ok=True)
@@ -414,14 +563,19 @@ def main(argv):
             s["loadavg_1min"] = load
             runs.append(s)
             if s.get("steps"):
-                print(f"  exit {rc}, {wall:.0f} s wall: {s['steps']} steps, {s['steps_per_s']:.3f} steps/s, "
-                      f"comm {100 * s['comm_fraction']:.1f}%, {s['mb_per_step']:.3f} MB/step, final val "
-                      f"{fmt(s['final_val_loss'], '.4f')}", flush=True)
+                comm = s.get("comm_fraction")
+                print(f"  exit {rc}, {fmt(wall, '.0f')} s wall: {s['steps']} steps, "
+                      f"{fmt(s.get('steps_per_s'), '.3f')} steps/s, "
+                      f"comm {fmt(100 * comm if comm is not None else None, '.1f', suffix='%')}, "
+                      f"{fmt(s.get('mb_per_step'), '.3f')} MB/step, final val "
+                      f"{diverged_text(s) if s['diverged'] else fmt(s.get('final_val_loss'), '.4f')}", flush=True)
+            elif s["diverged"]:
+                print(f"  exit {rc}: {diverged_text(s)} before its first step was logged", flush=True)
             else:
                 print(f"  exit {rc}: no metrics (see {out_dir}/train.log)", flush=True)
         if args.dry_run:
             continue
-        finished = [s for s in runs if s.get("val_loss")]
+        finished = [s for s in runs if s.get("final_val_loss") is not None]  # (diverged runs have none)
         if args.target_val_loss is not None:
             target, given = args.target_val_loss, True
         elif finished:
@@ -429,7 +583,7 @@ def main(argv):
             target, given = math.ceil(max(s["final_val_loss"] for s in finished) * 1e4) / 1e4, False
         else:
             target, given = math.nan, False
-        if finished:
+        if any(s.get("steps") for s in runs):
             table = rate_table(rate, runs, target, given, args)
             with open(os.path.join(rate_dir, "table.md"), "w") as f:
                 f.write(table)
@@ -444,23 +598,29 @@ def main(argv):
                 dirs = [s["out_dir"] for s in runs if s.get("steps")]
                 python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
                 cmp_cmd = [python, COMPARE, *dirs, "--out", os.path.join(rate_dir, "compare"),
-                           "--table", os.path.join(rate_dir, "compare_table.md"), "--target-val-loss", f"{target:.6g}",
+                           "--table", os.path.join(rate_dir, "compare_table.md"),
                            "--labels", ",".join(s["label"].replace(",", " ") for s in runs if s.get("steps"))]
+                if math.isfinite(target):
+                    cmp_cmd += ["--target-val-loss", f"{target:.6g}"]
                 r = subprocess.run(cmp_cmd, cwd=REPO)
                 if r.returncode != 0:
                     print(f"warning: compare_runs.py exited {r.returncode}", file=sys.stderr)
         else:
-            summary += [f"### {rate}: no run produced validation results", ""]
+            summary += [f"### {rate}: no run produced metrics", ""]
         study["rates"][rate] = {"target_val_loss": target, "target_given": given, "runs": runs}
         with open(os.path.join(args.out, "study.json"), "w") as f:
-            json.dump(study, f, indent=1)
+            json.dump(json_safe(study), f, indent=1)
     if args.dry_run:
         return 0
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write("\n".join(summary) + "\n")
     print(f"\nwrote {os.path.relpath(args.out, os.getcwd())}/summary.md, study.json and per rate table.md, "
           "loss_vs_time.png, compare/")
-    failed = [f"{rate}/{s['setting']}" for rate, r in study["rates"].items() for s in r["runs"] if s["exit_code"] != 0]
+    diverged = [f"{rate}/{s['setting']}" for rate, r in study["rates"].items() for s in r["runs"] if s["diverged"]]
+    if diverged:  # a result (say, a learning rate too high for a setting), reported, not a failure of the study
+        print("diverged runs: " + ", ".join(diverged), file=sys.stderr)
+    failed = [f"{rate}/{s['setting']}" for rate, r in study["rates"].items() for s in r["runs"]
+              if s["exit_code"] != 0 and not s["diverged"]]
     if failed:
         print("failed runs: " + ", ".join(failed), file=sys.stderr)
         return 1
@@ -471,8 +631,12 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except UserError as e:
-        print(f"bandwidth_study.py: {e}", file=sys.stderr)
+        print(f"bandwidth_study.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:  # an output folder that cannot be made or written, a corpus script that cannot start
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"bandwidth_study.py: error: {where}{e.strerror or e}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("\nbandwidth_study.py: interrupted (the lab of the current run has been torn down)", file=sys.stderr)
         sys.exit(130)

@@ -11,10 +11,15 @@
 #   3. scripts/compare_runs.py draws the plots and writes the table into OUT (default docs/replication).
 # Every run goes through scripts/run_experiment.sh, so each folder holds config.json (resolved config + code
 # version), metrics.jsonl, launch.txt and train.log. Runs resume from their checkpoints when restarted, and
-# finished runs are skipped, so an interrupted replication continues where it stopped.
+# finished runs are skipped, so an interrupted replication continues where it stopped. A run folder made with
+# other settings (steps, warmup, validation interval, batch, sequence length, learning rate: a smoke run's, say)
+# is refused with a one-line error rather than resumed on another schedule; give such runs their own RUNS.
+# A run that diverges (its loss stops being finite: the trainer exits with status 3) does not stop the
+# replication: in a sweep it counts as the worst point of the grid, and it is not run again on a restart.
 #
 #   bash scripts/replication.sh              # ~2 h on 2 cores; RUNS=runs/replication OUT=docs/replication
-#   STEPS=300 SWEEP_STEPS=60 bash scripts/replication.sh   # a quick smoke version
+#   STEPS=300 SWEEP_STEPS=60 RUNS=runs/replication_smoke OUT=runs/replication_smoke/report \
+#     bash scripts/replication.sh            # a quick smoke version, kept apart from the real runs and report
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -28,32 +33,69 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 ls data/default/default_train_*.bin >/dev/null 2>&1 ||
   { echo "replication: error: no shards in data/default: run 'bash data/prepare_default.sh'" >&2; exit 1; }
 
-final_val() {  # final_val <run dir>: the last val loss in its metrics.jsonl, or nothing
+final_val() {  # final_val <run dir>: the last val loss in its metrics.jsonl, "diverged", or nothing
   /usr/bin/python3 - "$1/metrics.jsonl" <<'EOF'
-import json, sys
-last = None
+import json, math, sys
+last, diverged = None, False
+def finite(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 try:
-    for line in open(sys.argv[1]):
+    for line in open(sys.argv[1], errors="replace"):
         try:
             r = json.loads(line)
         except ValueError:
             continue
-        if r.get("type") == "val":
+        if not isinstance(r, dict):
+            continue
+        # The trainer writes a NaN or infinite loss as null, then a "diverged" line, and exits with status 3.
+        if r.get("type") == "diverged" or (r.get("type") == "train" and "loss" in r and not finite(r["loss"])):
+            diverged = True
+        elif r.get("type") == "val" and "val_loss" in r:
             last = r["val_loss"]
+            diverged |= not finite(last)
 except OSError:
     pass
-if last is not None:
+if diverged:
+    print("diverged")
+elif last is not None:
     print(last)
 EOF
 }
 
-finished() {  # finished <run dir> <steps>: metrics.jsonl has the val loss of the last step
-  [[ -f $1/metrics.jsonl ]] && grep -q "\"type\":\"val\",\"step\":$2," "$1/metrics.jsonl"
+finished() {  # finished <run dir> <steps>: metrics.jsonl has the val loss of the last step, or the run diverged
+  [[ -f $1/metrics.jsonl ]] || return 1
+  grep -q "\"type\":\"val\",\"step\":$2," "$1/metrics.jsonl" || [[ $(final_val "$1") == diverged ]]
+}
+
+same_settings() {  # same_settings <run dir> key=value...: refuses a run folder whose config.json has other values
+  [[ -f $1/config.json ]] || return 0
+  /usr/bin/python3 - "$@" <<'EOF' || exit 1
+import json, sys
+folder, wanted = sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:])
+try:
+    with open(f"{folder}/config.json") as f:
+        config = json.load(f)
+except (OSError, ValueError):
+    sys.exit(0)  # no readable settings: the trainer itself decides
+config = config if isinstance(config, dict) else {}
+def differs(have, want):
+    try:
+        return abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want)))
+    except (TypeError, ValueError):
+        return str(have) != want
+other = [f"{k}={config[k]} (not {v})" for k, v in wanted.items() if k in config and differs(config[k], v)]
+if other:
+    print(f"replication: error: {folder} holds a run made with other settings ({', '.join(other)}); use another "
+          "RUNS for these settings, or delete that folder", file=sys.stderr)
+    sys.exit(1)
+EOF
 }
 
 run() {  # run <name> <steps> <warmup> <val every> <optimizer> <lr> [trainer flags...]
-  local name=$1 steps=$2 warmup=$3 val_every=$4 optimizer=$5 lr=$6
+  local name=$1 steps=$2 warmup=$3 val_every=$4 optimizer=$5 lr=$6 rc=0
   shift 6
+  same_settings "$RUNS/$name" steps="$steps" warmup_steps="$warmup" val_every="$val_every" \
+    batch_size="$MICRO_BATCH" seq_len="$SEQ_LEN" lr="$lr"
   if finished "$RUNS/$name" "$steps"; then
     echo "replication: $name already finished (val $(final_val "$RUNS/$name"))"
     return
@@ -62,8 +104,14 @@ run() {  # run <name> <steps> <warmup> <val every> <optimizer> <lr> [trainer fla
   NP=$NP TRAINER=$TRAINER MODEL_CONFIG=configs/small.json RUNS_DIR=$RUNS OPTIMIZER=$optimizer LR=$lr \
     MICRO_BATCH=$MICRO_BATCH SEQ_LEN=$SEQ_LEN BATCH=$((MICRO_BATCH * NP)) STEPS=$steps WARMUP=$warmup \
     VAL_EVERY=$val_every VAL_BATCHES=8 CHECKPOINT_EVERY=500 \
-    scripts/run_experiment.sh --name "$name" -- --sample_every 0 --log_every 50 "$@" >/dev/null
-  echo "replication: $name: val $(final_val "$RUNS/$name") $(date +%H:%M:%S)"
+    scripts/run_experiment.sh --name "$name" -- --sample_every 0 --log_every 50 "$@" >/dev/null || rc=$?
+  local val
+  val=$(final_val "$RUNS/$name")
+  if [[ $rc -ne 0 && $val != diverged ]]; then  # (a diverged run exits with status 3; anything else is a failure)
+    echo "replication: error: $name failed (exit $rc; see $RUNS/$name/train.log)" >&2
+    exit 1
+  fi
+  echo "replication: $name: val ${val:-none} $(date +%H:%M:%S)"
 }
 
 # sweep <family> <optimizer> [trainer flags...]: prints the best learning rate on stdout (progress on stderr)
@@ -80,10 +128,15 @@ sweep() {
     for lr in "${lrs[@]}"; do
       loss=$(final_val "$RUNS/sweep_${family}_lr$lr")
       [[ -n $loss ]] || { echo "replication: error: sweep run $family lr $lr has no val loss" >&2; exit 1; }
+      [[ $loss == diverged ]] && continue  # the worst point of the grid: never the best
       if [[ -z $best_loss ]] || awk -v a="$loss" -v b="$best_loss" 'BEGIN { exit !(a < b) }'; then
         best=$lr best_loss=$loss
       fi
     done
+    if [[ -z $best ]]; then
+      echo "replication: error: every $family sweep run diverged (lr ${lrs[*]}); set lower SWEEP_LRS" >&2
+      exit 1
+    fi
     local sorted=($(printf '%s\n' "${lrs[@]}" | sort -g))
     if [[ $best == "${sorted[0]}" && ${#lrs[@]} -lt 6 ]]; then
       lrs=("$(awk -v x="$best" 'BEGIN { printf "%g", x / 2 }')" "${lrs[@]}")

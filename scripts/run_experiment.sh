@@ -90,6 +90,7 @@ while (($# > 0)); do
     --) extra_args=("$@"); break ;;
     -h | --help) usage; exit 0 ;;
     --dry-run) DRY_RUN=1; continue ;;
+    --dry-run=*) die "--dry-run takes no value (use --dry-run, or DRY_RUN=1)" ;;
     --*=*) key=${arg%%=*} value=${arg#*=} has_value=1 ;;
     --?*) key=$arg value= has_value=0 ;;
     *) die "unexpected argument '$arg' (options look like --np 4; trainer flags go after --)" ;;
@@ -118,10 +119,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 is_count() { [[ $1 =~ ^0*[1-9][0-9]{0,14}$ ]]; }  # 1 and up (15 digits keep every product in 64 bits)
 is_count_or_zero() { [[ $1 =~ ^[0-9]{1,15}$ ]]; }
 is_number() { [[ $1 =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }
+is_positive_number() { is_number "$1" && awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 need() {  # need <check> <NAME> <what>: checks the setting NAME's value (and writes whole numbers as decimal)
   local check=$1 name=$2 what=$3
   "$check" "${!name}" || die "$name must be $what, got '${!name}'"
-  [[ $check == is_number ]] || declare -g "$name=$((10#${!name}))"
+  [[ $check == is_number || $check == is_positive_number ]] || declare -g "$name=$((10#${!name}))"
 }
 
 [[ -n ${OPTIMIZER:-} ]] || die "OPTIMIZER is not set (use --optimizer adamw or --optimizer demo)"
@@ -140,10 +142,15 @@ need is_count_or_zero WARMUP "a whole number >= 0"
 [[ -v VAL_EVERY ]] && need is_count_or_zero VAL_EVERY "a whole number >= 0"
 need is_count_or_zero VAL_BATCHES "a whole number >= 0"
 need is_count_or_zero CHECKPOINT_EVERY "a whole number >= 0"
-need is_number LR "a positive number"
+need is_positive_number LR "a positive number"
 [[ -v WEIGHT_DECAY ]] && need is_number WEIGHT_DECAY "a number >= 0"
 [[ -f $MODEL_CONFIG ]] || die "MODEL_CONFIG '$MODEL_CONFIG' is not a file (paths are relative to $(pwd))"
 [[ -n $RUNS_DIR ]] || die "RUNS_DIR must not be empty"
+# The run folder's place must be a folder, or one that can be made (checked in dry runs too).
+runs_dir_up=$RUNS_DIR
+while [[ ! -e $runs_dir_up && $runs_dir_up == */* ]]; do runs_dir_up=${runs_dir_up%/*}; done
+[[ -z $runs_dir_up || ! -e $runs_dir_up || -d $runs_dir_up ]] ||
+  die "RUNS_DIR '$RUNS_DIR' cannot hold run folders: '$runs_dir_up' is not a folder"
 
 # Hostfile: one host per line, 'name slots=N' (a line without slots= counts 1, as Open MPI does).
 hosts=0 hostfile_slots=0 first_host_slots=
@@ -153,7 +160,10 @@ if [[ -n ${HOSTFILE:-} ]]; then
     line=${line%%#*}
     [[ $line =~ [^[:space:]] ]] || continue
     slots=1
-    [[ $line =~ (^|[[:space:]])slots=([0-9]+) ]] && slots=$((10#${BASH_REMATCH[2]}))
+    if [[ $line =~ (^|[[:space:]])slots=([0-9]+) ]]; then
+      ((${#BASH_REMATCH[2]} <= 9)) || die "HOSTFILE '$HOSTFILE': slots=${BASH_REMATCH[2]} is too large"
+      slots=$((10#${BASH_REMATCH[2]}))
+    fi
     hosts=$((hosts + 1)) hostfile_slots=$((hostfile_slots + slots))
     [[ -n $first_host_slots ]] || first_host_slots=$slots
   done <"$HOSTFILE"
@@ -189,14 +199,26 @@ for arg in ${extra_args[@]+"${extra_args[@]}"}; do
   case $key in __batch_size | __seq_len | __total_batch_size) batch_from_trainer_args=1 ;; esac
 done
 
+# Products of settings (up to 15 digits each) must stay far from bash's 64-bit limit: at most 2^62.
+readonly PRODUCT_LIMIT=4611686018427387904
+product() {  # product <what> <factor...>: prints the product, or stops with an error when it is too large
+  local what=$1 result=1 factor
+  shift
+  for factor in "$@"; do
+    ((factor == 0 || result <= PRODUCT_LIMIT / factor)) || die "$what is too large (over 2^62)"
+    result=$((result * factor))
+  done
+  echo "$result"
+}
+
 # Batch geometry: tokens per step = MICRO_BATCH x SEQ_LEN x NP x accumulation steps.
-tokens_per_micro=$((MICRO_BATCH * SEQ_LEN * NP))
+tokens_per_micro=$(product "MICRO_BATCH x SEQ_LEN x NP = $MICRO_BATCH x $SEQ_LEN x $NP" "$MICRO_BATCH" "$SEQ_LEN" "$NP")
 if [[ -v TOTAL_BATCH ]]; then
   total_batch=$TOTAL_BATCH
   ((total_batch > 0)) || total_batch=$tokens_per_micro
   batch_source="TOTAL_BATCH=$TOTAL_BATCH tokens"
 else
-  total_batch=$((BATCH * SEQ_LEN))
+  total_batch=$(product "BATCH x SEQ_LEN = $BATCH x $SEQ_LEN tokens" "$BATCH" "$SEQ_LEN")
   batch_source="BATCH=$BATCH sequences x $SEQ_LEN tokens"
   if ((!batch_from_trainer_args && BATCH % (MICRO_BATCH * NP) != 0)); then
     die "BATCH=$BATCH sequences is not a multiple of MICRO_BATCH x NP = $MICRO_BATCH x $NP (set BATCH, MICRO_BATCH or NP)"
@@ -207,6 +229,7 @@ if ((!batch_from_trainer_args && total_batch % tokens_per_micro != 0)); then
 fi
 accumulation=$((total_batch / tokens_per_micro))
 [[ -v STEPS ]] || STEPS=$(((TOKENS + total_batch - 1) / total_batch))
+total_tokens=$(product "STEPS x tokens per step = $STEPS x $total_batch" "$STEPS" "$total_batch")
 if [[ ! -v VAL_EVERY ]]; then
   VAL_EVERY=$((STEPS / 100))
   ((VAL_EVERY >= 1)) || VAL_EVERY=1
@@ -217,7 +240,8 @@ fi
 if [[ ! -v RUN_NAME ]]; then
   if [[ $OPTIMIZER == demo ]]; then RUN_NAME=demo_k$TOPK; else RUN_NAME=adamw; fi
 fi
-[[ -n $RUN_NAME && $RUN_NAME != */* ]] || die "RUN_NAME must be a plain folder name, got '$RUN_NAME'"
+[[ -n $RUN_NAME && $RUN_NAME != */* && $RUN_NAME != . && $RUN_NAME != .. ]] ||
+  die "RUN_NAME must be a plain folder name (no '/', not '.' or '..'), got '$RUN_NAME'"
 out_dir=${RUNS_DIR%/}/$RUN_NAME
 
 # ---- the command -----------------------------------------------------------------------------------------
@@ -287,7 +311,7 @@ human_count() { awk -v n="$1" 'BEGIN { if (n >= 1e9) printf "%.1fB", n / 1e9; el
 plan=(
   "# run $RUN_NAME: $OPTIMIZER on $MODEL_CONFIG -> $out_dir"
   "# $optimizer_text; lr $LR, warmup $WARMUP steps from 0.1 x lr, cosine to 0.1 x lr, clip 1"
-  "# $ranks_text; $batch_text; $STEPS steps ($(human_count $((STEPS * total_batch))) tokens)"
+  "# $ranks_text; $batch_text; $STEPS steps ($(human_count "$total_tokens") tokens)"
 )
 ((WARMUP * 2 > STEPS)) && plan+=("# note: the $WARMUP warmup steps are over half of the $STEPS steps (set WARMUP)")
 if ((DRY_RUN)); then
@@ -309,10 +333,10 @@ if ! compgen -G "$DATA_DIR/*_train_*.bin" >/dev/null; then
   echo "$PROG: warning: no $DATA_DIR/*_train_*.bin here (data/prepare_default.sh makes data/default; on a" \
        "cluster the shards must exist at this path on every node)" >&2
 fi
-mkdir -p "$out_dir"
+mkdir -p "$out_dir" 2>/dev/null || die "cannot create the run folder '$out_dir' (RUNS_DIR=$RUNS_DIR)"
 {
   echo "# $(date -u '+%Y-%m-%dT%H:%M:%SZ') on $(hostname) in $(pwd), by ${LAUNCHED_BY:-scripts/run_experiment.sh}"
   quote_words "${command[@]}"
-} >>"$out_dir/launch.txt"
+} 2>/dev/null >>"$out_dir/launch.txt" || die "cannot write '$out_dir/launch.txt'"
 "${command[@]}" 2>&1 | tee -a "$out_dir/train.log"
 exit "${PIPESTATUS[0]}"

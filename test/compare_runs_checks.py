@@ -2,9 +2,12 @@
 
 Three synthetic runs with known numbers: a finished AdamW run (4 ranks), a DeMo run still in progress whose
 metrics end in a torn line and hold one corrupt line in the middle, and a single-rank run that sent no bytes,
-has no validation yet and logged one NaN loss (JSON null). The expected table values are computed here from the same lists that were
-written, not by the script's code; PNGs are checked for signature, header and size; bad input must give a
-one-line error and exit status 1. Failures are collected and reported together.
+has no validation yet and logged one NaN loss (JSON null), so it diverged. The expected table values are computed
+here from the same lists that were written, not by the script's code; PNGs are checked for signature, header and
+size. Then edge cases: diverged runs (the trainer's "diverged" line, a null val loss), a run with only val lines,
+an empty metrics.jsonl, lines without the optional fields, a bad complete last line, damaged config.json and
+steps; bad arguments and output places must give a one-line error, a non-zero exit and no traceback. Failures
+are collected and reported together.
 """
 import json
 import os
@@ -95,7 +98,8 @@ def expected(train, val, planned, target):
     e = {
         "steps": f"{steps_done}/{planned}" if steps_done < planned else str(steps_done),
         "tokens": steps_done * 4096,
-        "train": statistics.fmean(t[1] for t in train[-LAST:] if t[1] is not None),
+        "train": next((f"diverged at step {t[0]}" for t in train if t[1] is None), None)
+        or statistics.fmean(t[1] for t in train[-LAST:]),
         "val": val[-1][1] if val else None,
         "mb": sum(t[4] for t in train) / 1e6,
         "mb_step": sum(t[4] for t in train) / 1e6 / len(train),
@@ -181,8 +185,11 @@ for name, e in EXPECTED.items():
     check(r[find("steps")] == e["steps"], f"{name}: steps {r[find('steps')]} == {e['steps']}")
     check(abs(parse_count(r[find("tokens")]) - e["tokens"]) <= 0.005 * e["tokens"],
           f"{name}: tokens {r[find('tokens')]} ~ {e['tokens']}")
-    check(close(r[find("train loss")], e["train"], 6e-5),
-          f"{name}: train loss (last {LAST}) {r[find('train loss')]} == {e['train']:.5f}")
+    if isinstance(e["train"], str):
+        check(r[find("train loss")] == e["train"], f"{name}: train loss '{r[find('train loss')]}' == '{e['train']}'")
+    else:
+        check(close(r[find("train loss")], e["train"], 6e-5),
+              f"{name}: train loss (last {LAST}) {r[find('train loss')]} == {e['train']:.5f}")
     if e["val"] is None:
         check(r[find("val loss")] == "—", f"{name}: no val loss shown as a dash")
     else:
@@ -227,7 +234,10 @@ p = run_script(just_started, adamw, "--out", os.path.join(TMP, "plots2"))
 _, rows = parse_table(p.stdout)
 check(p.returncode == 0 and rows.get("just_started", {}).get("steps") == "—"
       and os.path.isfile(os.path.join(TMP, "plots2", "loss_vs_time.png")),
-      f"a run with no lines yet gets a row of dashes and the plots still come ({p.returncode}: {p.stderr.strip()[-300:]})")
+      f"a run with no lines yet gets a row of dashes and the plots still come "
+      f"({p.returncode}: {p.stderr.strip()[-300:]})")
+check("just_started/metrics.jsonl: no train or val lines" in p.stderr,
+      f"... and a warning that its metrics.jsonl holds no lines ({p.stderr.strip()[:300]})")
 
 empty = os.path.join(TMP, "not_a_run")
 os.makedirs(empty)
@@ -237,6 +247,130 @@ for folder in (empty, os.path.join(TMP, "does_not_exist")):
     check(p.returncode == 1 and len(lines) == 1 and lines[0].startswith("compare_runs.py: error:")
           and folder in lines[0] and p.stdout == "",
           f"{os.path.basename(folder)}: one-line error, exit 1, no table ({p.returncode}: {p.stderr.strip()})")
+
+# ---- diverged runs, partial metrics, damaged lines and configs ------------------------------------------
+def write_run(name, lines, cfg=None, raw_config=None):
+    """A run folder from literal metrics lines (dicts are dumped, strings written as they are)."""
+    folder = os.path.join(TMP, name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        f.write(raw_config if raw_config is not None else json.dumps(cfg or config("adamw", 1, 20)))
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+        f.write("".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines))
+    return folder
+
+
+def one_row(folder, *extra):
+    p = run_script(folder, "--no-plots", *extra)
+    _, rows = parse_table(p.stdout) if p.stdout.startswith("|") else ([], {})
+    return p, rows.get(os.path.basename(folder), {})
+
+
+def cell(row, prefix):
+    """The row's text in the column whose header starts with prefix ("" when there is none)."""
+    return next((text for header, text in row.items() if header.startswith(prefix)), "")
+
+
+def no_traceback(p):
+    return "Traceback" not in p.stderr and "Error:" not in p.stderr.replace("error:", "")
+
+
+# The trainer's divergence: step 6's train line with a null loss, then a "diverged" line, exit 3. Steps 1-5 are
+# finite and low, so a mean of the finite last losses would look like a healthy run.
+lines = [train_line(s, 3.0, 10.0, 1.0, 100) for s in range(1, 6)]
+lines.insert(4, {"type": "val", "step": 4, "val_loss": 3.1, "tokens": 4 * 4096})
+lines += [dict(train_line(6, None, 10.0, 1.0, 100), grad_norm=None),
+          {"type": "diverged", "step": 6, "loss": None, "grad_norm": None, "why": "loss nan, grad_norm nan"}]
+p, r = one_row(write_run("diverged_trainer", lines), "--last", "10", "--target-val-loss", "3.05")
+check(p.returncode == 0 and cell(r, "train loss") == "diverged at step 6",
+      f"diverged run: train loss says 'diverged at step 6', not a mean ({p.returncode}: {cell(r, 'train loss')})")
+check("3.1000" in cell(r, "val loss") and "diverged" in cell(r, "val loss"),
+      f"diverged run: its last val loss is marked as from before the divergence ({cell(r, 'val loss')})")
+check(cell(r, "steps to val") == "not reached", "diverged run: a target its val never reached is not reached")
+lines = [train_line(s, 3.0, 10.0, 1.0, 100) for s in range(1, 4)] + [train_line(4, 2.9, 10.0, 1.0, 100)]
+lines[3]["grad_norm"] = None  # a norm of inf/NaN (written as null) diverges too, even with a finite loss
+p, r = one_row(write_run("diverged_norm", lines))
+check(cell(r, "train loss") == "diverged at step 4", f"a null grad_norm is a divergence ({cell(r, 'train loss')})")
+lines = [train_line(s, 3.0 - 0.1 * s, 10.0, 1.0, 100) for s in range(1, 5)]
+lines += [{"type": "val", "step": 4, "val_loss": None, "tokens": 4 * 4096}]
+p, r = one_row(write_run("diverged_val", lines))
+check(cell(r, "val loss") == "diverged" and cell(r, "train loss") == "diverged at step 4",
+      f"a null val loss: val 'diverged', run diverged at its step "
+      f"({cell(r, 'val loss')}, {cell(r, 'train loss')})")
+p = run_script(os.path.join(TMP, "diverged_trainer"), "--out", os.path.join(TMP, "plots_diverged"))
+check(p.returncode == 0 and os.path.isfile(os.path.join(TMP, "plots_diverged", "loss_vs_time.png")),
+      f"a diverged run still plots ({p.returncode}: {p.stderr.strip()[-300:]})")
+
+# Only val lines (e.g. an evaluation-only run): the val loss and its step show.
+p, r = one_row(write_run("val_only", [{"type": "val", "step": 10, "val_loss": 4.25, "tokens": 40960},
+                                      {"type": "val", "step": 20, "val_loss": 4.125}]))
+check(p.returncode == 0 and cell(r, "val loss") == "4.1250" and cell(r, "steps") == "20"
+      and abs(parse_count(cell(r, "tokens")) - 40960) < 100,
+      f"a run with only val lines shows its val loss, steps and tokens ({r})")
+
+# Train lines without the optional fields: unknown is "—", not 0.
+bare = [{"type": "train", "step": s, "loss": 5.0 - 0.1 * s} for s in range(1, 4)]
+p, r = one_row(write_run("bare_fields", bare))
+check(p.returncode == 0 and all(r.get(find(c)) == "—" for c in ("tokens", "MB sent", "MB/step", "payload MB/step",
+                                                                  "tok/s", "comm")),
+      f"missing tokens/bytes_sent/payload_bytes/tok_per_s/step_ms/comm_ms show as dashes ({r})")
+check(close(cell(r, "train loss"), 4.8, 6e-5),
+      f"... and its train loss is still the mean ({cell(r, 'train loss')})")
+p = run_script(os.path.join(TMP, "bare_fields"), adamw, "--out", os.path.join(TMP, "plots_bare"))
+check(p.returncode == 0 and os.path.isfile(os.path.join(TMP, "plots_bare", "loss_vs_bytes_sent.png")),
+      f"runs without byte or time fields still plot ({p.returncode}: {p.stderr.strip()[-300:]})")
+
+# A complete (newline-ended) bad last line is warned about like a bad middle line; a torn one is not.
+lines = [train_line(s, 3.0, 10.0, 1.0, 100) for s in range(1, 4)]
+p, r = one_row(write_run("bad_last_line", lines + ['{"type": "train", "step": 4, "loss"']))
+check(p.returncode == 0 and "bad_last_line/metrics.jsonl:4: not a JSON line" in p.stderr and cell(r, "steps"),
+      f"a complete but invalid last line gets a warning ({p.stderr.strip()})")
+p, r = one_row(write_run("array_line", lines + ["[1, 2]"]))
+check("array_line/metrics.jsonl:4: not a JSON object" in p.stderr,
+      f"a line that is not an object: warning ({p.stderr.strip()})")
+
+# Damaged config.json and steps: warnings, a row, exit 0, no traceback.
+for name, raw in (("config_null", "null"), ("config_array", "[1, 2]"),
+                  ("config_run_null", json.dumps(dict(config("demo", 2, 5), _run=None))),
+                  ("config_run_array", json.dumps(dict(config("demo", 2, 5), _run=[4])))):
+    p, r = one_row(write_run(name, lines, raw_config=raw))
+    check(p.returncode == 0 and no_traceback(p) and cell(r, "steps") in ("3", "3/5"),
+          f"config.json {raw[:40]}: a row, exit 0, no traceback ({p.returncode}: {p.stderr.strip()[-300:]})")
+for name, bad_step in (("step_infinity", "Infinity"), ("step_nan", "NaN"), ("step_huge", "1e999"),
+                       ("step_text", '"x"'), ("step_bool", "true"), ("step_null", "null")):
+    p, r = one_row(write_run(name, lines + ['{"type": "train", "step": %s, "loss": 2.0}' % bad_step]))
+    check(p.returncode == 0 and no_traceback(p) and cell(r, "steps") == "3/20"
+          and "a train line without a valid step" in p.stderr,
+          f'"step": {bad_step}: the line is skipped with a warning ({p.returncode}: {p.stderr.strip()[-300:]})')
+p, r = one_row(write_run("huge_fields", [dict(train_line(1, 3.0, 10.0, 1.0, 100), tokens=10 ** 400, bytes_sent="x")]))
+check(p.returncode == 0 and no_traceback(p) and cell(r, "MB sent") == "0.00",
+      f"an integer too big for a float and a text field: no traceback ({p.returncode}: {p.stderr.strip()[-300:]})")
+
+# ---- bad arguments and output places: one line, non-zero exit, nothing written ------------------------------
+a_file = os.path.join(TMP, "a_file")
+open(a_file, "w").close()
+os.makedirs(os.path.join(TMP, "a_dir"))
+for what, args, leftover in (
+        ("--out is an existing file", ["--out", a_file], None),
+        ("--out under a file", ["--out", os.path.join(a_file, "plots")], None),
+        ("--out in /proc", ["--out", "/proc/compare_runs_test/x"], "/proc/compare_runs_test"),
+        ("--table is a folder", ["--table", os.path.join(TMP, "a_dir"), "--no-plots"], None),
+        ("--table under a file", ["--table", os.path.join(a_file, "t.md"), "--no-plots"], None),
+        ("--table under a file, with plots", ["--table", os.path.join(a_file, "t.md"),
+                                              "--out", os.path.join(TMP, "new_plots")], os.path.join(TMP, "new_plots")),
+        ("--ylim nan 4", ["--ylim", "nan", "4", "--out", os.path.join(TMP, "ylim_plots")],
+         os.path.join(TMP, "ylim_plots")),
+        ("--ylim 4 3 (low above high)", ["--ylim", "4", "3", "--out", os.path.join(TMP, "ylim_plots")],
+         os.path.join(TMP, "ylim_plots")),
+        ("--target-val-loss nan", ["--target-val-loss", "nan", "--no-plots"], None),
+        ("--smooth 0", ["--smooth", "0", "--no-plots"], None)):
+    p = run_script(adamw, *args)
+    lines_err = p.stderr.strip().splitlines()
+    check(p.returncode != 0 and len(lines_err) == 1 and lines_err[0].startswith("compare_runs.py: error:")
+          and p.stdout == "" and (leftover is None or not os.path.exists(leftover)),
+          f"{what}: one-line error, exit {p.returncode}, no table" + (", no folder left" if leftover else "")
+          + f" ({p.stderr.strip()[-300:]})")
+check(os.path.isfile(a_file) and os.path.getsize(a_file) == 0, "the file given as --out is left as it was")
 
 print()
 if failures:

@@ -12,23 +12,169 @@
 #      the rate limit still holds through build/lab_delay_switch, the switch is gone after the lab, a bad value
 #      is refused, and an AdamW step of the trainer across 2 hosts waits at least 30 ms longer for its
 #      all-reduce with a 20 ms delay than without (its two phases add 40);
-#  (c) exits 77 with a first line "SKIP: ..." without root or network namespaces, and checks that the lab
-#      itself says "needs root and network namespaces" and exits 77 when not run as root.
-# Skips parts (b), (d) and (e) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 50 s.
+#  (c) exits 77 with a line "SKIP: ..." without root or network namespaces, and checks that the lab
+#      itself says "needs root and network namespaces" and exits 77 when not run as root; numbers with leading
+#      zeros are decimal;
+#  (f) (no root needed, runs first) bandwidth_study.py refuses what the lab would refuse and other bad arguments
+#      up front, with one line and exit 2, and its report of hand-written runs (through a stand-in lab) calls
+#      diverged runs diverged (exit 3 included), shows missing fields as "—" and writes strict JSON; as root,
+#      the study's and the lab's rate checks agree.
+# Skips parts (b), (d) and (e) (exit 77 after (a) passed) when ./train_gpt_cpu is not built. Takes about 55 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 lab=scripts/bandwidth_lab.sh
 
-# ---- (c) environment ----
-[[ "$(id -u)" -eq 0 ]] || { echo "SKIP: needs root and network namespaces (not root)"; exit 77; }
-command -v ip >/dev/null || { echo "SKIP: needs root and network namespaces (iproute2 not installed)"; exit 77; }
-probe_out=$("$lab" --quiet --hosts 1 --rate 10mbit -- true 2>&1); probe_rc=$?
-if [[ $probe_rc -eq 77 ]]; then echo "SKIP: $(tail -n1 <<<"$probe_out" | sed 's/^bandwidth_lab: //')"; exit 77; fi
-[[ $probe_rc -eq 0 ]] || { echo "FAIL: the lab does not start: $probe_out"; exit 1; }
-
 failures=0
 pass() { echo "ok   $*"; }
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+# ---- (f) bandwidth_study.py without the lab: its argument checks and its report of hand-written runs ----
+# Arguments the lab would refuse (exit 2) are refused up front, one line, exit 2, no traceback; so is what no
+# run could use. (--dry-run: nothing runs.)
+study_bad() {  # study_bad <description> <arguments...>
+  local what=$1 out rc
+  shift
+  out=$(/usr/bin/python3 scripts/bandwidth_study.py --dry-run --settings adamw_fp32 "$@" 2>&1 >/dev/null); rc=$?
+  if [[ $rc -eq 2 && $(wc -l <<<"$out") -eq 1 && "$out" == "bandwidth_study.py: error: "* ]]; then
+    pass "(f) bandwidth_study.py $what: one-line error, exit 2"
+  else
+    fail "(f) bandwidth_study.py $what: expected exit 2 and one 'error:' line, got $rc: $out"
+  fi
+}
+study_bad "--trainer-flags \"'x\"" --trainer-flags "'x"
+study_bad "--rates 100MBIT (the lab wants lower-case bit)" --rates 100MBIT
+study_bad "--rates NONE" --rates NONE
+study_bad "--rates 1kbit (below the lab's 8kbit)" --rates 1kbit
+study_bad "--rates 0.5kbit" --rates 0.5kbit
+study_bad "--link-delay 20s (above the lab's 10s)" --link-delay 20s
+study_bad "--link-delay 10.001s" --link-delay 10.001s
+study_bad "--hosts 300 (above the lab's 250)" --hosts 300
+study_bad "--hosts 0" --hosts 0
+study_bad "--timeout -1" --timeout -1
+study_bad "--timeout nan" --timeout nan
+study_bad "--warmup-steps -5" --warmup-steps -5
+study_bad "--model-config that does not exist" --model-config configs/no_such_model.json
+study_bad "--lr-demo 0" --lr-demo 0
+study_bad "--val-every 0" --val-every 0
+study_bad "--steps x (argparse)" --steps x
+out=$(/usr/bin/python3 scripts/bandwidth_study.py --dry-run --settings adamw_fp32 --rates 8kbit 100Mbit none \
+  --hosts 250 --link-delay 10s --trainer-flags "--grad_clip '1'" --timeout 5 --warmup-steps 0 2>&1); rc=$?
+if [[ $rc -eq 0 && $(grep -c "bandwidth_lab.sh" <<<"$out") -eq 3 && "$out" == *"--grad_clip 1"* ]]; then
+  pass "(f) bandwidth_study.py: the lab's limits themselves (8kbit, 100Mbit, none, 250 hosts, 10s) are accepted"
+else
+  fail "(f) bandwidth_study.py at the lab's limits: exit $rc: $(tail -n 3 <<<"$out")"
+fi
+
+# The report: a stand-in lab (bandwidth_study.LAB) copies hand-written metrics into each run folder and exits
+# as the trainer would have: a finished AdamW run, the trainer's divergence (null loss at step 3, a "diverged"
+# line, exit 3), an older run whose losses turn null from step 3 on (exit 0), a run whose lines lack the
+# optional fields, a run that failed without metrics (exit 1) and one that diverged before logging (exit 3).
+fwork=$(mktemp -d /tmp/test_bandwidth_study.XXXXXX)
+/usr/bin/python3 - "$fwork" <<'EOF'
+import importlib.util, json, math, os, subprocess, sys
+work = sys.argv[1]
+fixtures = os.path.join(work, "fixtures")
+failures = []
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+def line(step, loss, **extra):
+    r = {"type": "train", "step": step, "loss": loss, "grad_norm": 1.0, "tokens": step * 512,
+         "step_ms": 100.0, "comm_ms": 25.0, "bytes_sent": 1_000_000, "bytes_recv": 1_000_000, "payload_bytes": 500_000}
+    r.update(extra)
+    return r
+
+def val(step, loss):
+    return {"type": "val", "step": step, "val_loss": loss, "tokens": step * 512}
+
+runs = {
+    "adamw_fp32": (0, [line(1, 5.0), line(2, 4.5), val(2, 4.6), line(3, 4.2), line(4, 4.0), val(4, 4.12345)]),
+    "demo_k8_fp32": (3, [line(1, 5.0), line(2, 3.0), val(2, 3.5), line(3, None, grad_norm=None),
+                         {"type": "diverged", "step": 3, "loss": None, "grad_norm": None, "why": "loss nan"}]),
+    "demo_k32_fp32": (0, [line(1, 5.0), line(2, 3.0), line(3, None), line(4, None), val(4, None)]),
+    "demo_k1_bf16": (0, [{"type": "train", "step": s, "loss": 5.0 - s / 10, "step_ms": 50.0} for s in (1, 2, 3, 4)]
+                     + [{"type": "val", "step": 4, "val_loss": 4.5}]),
+    "demo_k4_sign": (1, None),
+    "demo_k2_sign": (3, None),
+}
+for name, (rc, lines) in runs.items():
+    os.makedirs(os.path.join(fixtures, name))
+    with open(os.path.join(fixtures, name, "rc"), "w") as f:
+        f.write(str(rc))
+    if lines is not None:
+        with open(os.path.join(fixtures, name, "metrics.jsonl"), "w") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in lines))
+fake_lab = os.path.join(work, "fake_lab.sh")
+with open(fake_lab, "w") as f:
+    f.write('#!/usr/bin/env bash\n# Stand-in for bandwidth_lab.sh: the run folder gets its fixture, the exit its '
+            'status.\nwhile [[ $# -gt 0 && $1 != --out_dir ]]; do shift; done\nout=$2 name=$(basename "$2")\n'
+            f'mkdir -p "$out"; cp {fixtures}/"$name"/metrics.jsonl "$out"/ 2>/dev/null\n'
+            f'exit "$(cat {fixtures}/"$name"/rc)"\n')
+open(os.path.join(work, "x_train_000001.bin"), "w").close()
+out = os.path.join(work, "study")
+code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("bandwidth_study", "scripts/bandwidth_study.py")
+study = importlib.util.module_from_spec(spec); spec.loader.exec_module(study); study.LAB = {fake_lab!r}
+sys.exit(study.main(sys.argv[1:]))
+"""
+p = subprocess.run(["/usr/bin/python3", "-c", code, "--rates", "100mbit", "--steps", "4", "--trainer", "/bin/true",
+                    "--settings", *runs, "--train-data", os.path.join(work, "x_train_*.bin"), "--out", out,
+                    "--timeout", "60"],
+                   capture_output=True, text=True, timeout=120)
+check(p.returncode == 1 and "Traceback" not in p.stderr,
+      f"(f) study with a failed run: exit 1, no traceback ({p.returncode}: {p.stderr.strip()[-400:]})")
+failed = [l for l in p.stderr.splitlines() if l.startswith("failed runs:")]
+check(failed == ["failed runs: 100mbit/demo_k4_sign"], f"(f) only the run that failed is called failed ({failed})")
+check("diverged runs: 100mbit/demo_k8_fp32, 100mbit/demo_k32_fp32, 100mbit/demo_k2_sign" in p.stderr,
+      "(f) the diverged runs are listed as diverged")
+def read(path):
+    return open(path).read() if os.path.isfile(path) else ""
+
+table = read(os.path.join(out, "100mbit", "table.md"))
+rows = {l.split("|")[1].strip().split(" (")[0]: [c.strip() for c in l.strip().strip("|").split("|")]
+        for l in table.splitlines() if l.startswith("| ") and not l.startswith("| setting")}
+k8, k32, k1 = rows.get("DeMo k=8 fp32", []), rows.get("DeMo k=32 fp32", []), rows.get("DeMo k=1 bf16", [])
+check(k8[:2] == ["DeMo k=8 fp32 (diverged at step 3, exit 3, 3/4 steps)", "diverged at step 3"],
+      f"(f) the trainer's divergence (exit 3): 'diverged at step 3', not failed ({k8[:2]})")
+check(k32[:2] == ["DeMo k=32 fp32 (diverged at step 3, exit 0, 4/4 steps)", "diverged at step 3"],
+      f"(f) null losses from step 3 on (exit 0): diverged at step 3 ({k32[:2]})")
+check(rows.get("DeMo k=2 sign", [])[:2] == ["DeMo k=2 sign", "diverged (exit 3)"],
+      f"(f) exit 3 without metrics: diverged, not failed ({rows.get('DeMo k=2 sign', [])[:2]})")
+check(rows.get("DeMo k=4 sign", [])[:2] == ["DeMo k=4 sign", "run failed (exit 1)"],
+      f"(f) exit 1 without metrics: run failed ({rows.get('DeMo k=4 sign', [])[:2]})")
+# Columns: 7 comm share, 8 MB/step/rank, 9 payload, 10 counter MB; the run that lacks those fields shows dashes.
+check(len(k1) == 15 and k1[1] == "4.5000" and k1[7:11] == ["—"] * 4 and k1[5] == "20.000",
+      f"(f) missing comm_ms/bytes_sent/payload_bytes: dashes, the rest as usual ({k1})")
+adamw = rows.get("AdamW-DDP fp32", [])
+check(adamw[1:4] == ["4.1235", "0.4", "4"] and adamw[7:10] == ["25.0%", "1.000", "0.500"],
+      f"(f) the finished run's numbers ({adamw[:10]})")
+check("Target val loss 4.5000" in table, "(f) the target is the worst final val loss of the runs that did not diverge")
+try:
+    json.load(open(os.path.join(out, "study.json")), parse_constant=lambda c: 1 / 0)
+    strict = True
+except (ValueError, ZeroDivisionError, OSError):
+    strict = False
+check(strict, "(f) study.json is strict JSON (null, not NaN)")
+cmp = read(os.path.join(out, "100mbit", "compare_table.md"))
+check("diverged at step 3" in cmp, "(f) compare_runs.py's table says diverged too")
+sys.exit(1 if failures else 0)
+EOF
+[[ $? -eq 0 ]] || failures=$((failures + 1))
+rm -rf "$fwork"
+
+# ---- (c) environment ----
+# (Part (f) above needs no root: its failures fail the test even where the rest is skipped.)
+skip_rest() { echo "SKIP: $*"; [[ $failures -eq 0 ]] && exit 77; echo "$failures check(s) failed"; exit 1; }
+[[ "$(id -u)" -eq 0 ]] || skip_rest "needs root and network namespaces (not root)"
+command -v ip >/dev/null || skip_rest "needs root and network namespaces (iproute2 not installed)"
+probe_out=$("$lab" --quiet --hosts 1 --rate 10mbit -- true 2>&1); probe_rc=$?
+if [[ $probe_rc -eq 77 ]]; then skip_rest "$(tail -n1 <<<"$probe_out" | sed 's/^bandwidth_lab: //')"; fi
+[[ $probe_rc -eq 0 ]] || { echo "FAIL: the lab does not start: $probe_out"; exit 1; }
+
 work=$(mktemp -d /tmp/test_bandwidth_lab.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -40,6 +186,30 @@ if command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
     fail "(c) not root: expected exit 77 and one line 'needs root and network namespaces', got $rc: $out"
   fi
 fi
+
+# Whole numbers are decimal: 010 is ten hosts (not octal 8), 08 and 09 are no bash arithmetic errors.
+out=$("$lab" --quiet --hosts 010 --rate none -- sh -c 'echo $LAB_HOSTS | wc -w' 2>&1); rc=$?
+[[ $rc -eq 0 && "$out" == 10 ]] && pass "(c) --hosts 010: ten hosts" ||
+  fail "(c) --hosts 010: expected 10 hosts, got $rc: $out"
+for args in "--hosts 08 --slots 0" "--hosts 1 --slots 09x" "--hosts 0 --slots 09" "--hosts 0251"; do
+  out=$("$lab" --quiet $args --rate none -- true 2>&1); rc=$?
+  if [[ $rc -eq 2 && "$out" != *"value too great"* && $(wc -l <<<"$out") -eq 2 && "$out" == *"got '0"* ]]; then
+    pass "(c) $args: a usage error on the value as given, no bash arithmetic error"
+  else
+    fail "(c) $args: expected exit 2 and a usage message only, got $rc: $out"
+  fi
+done
+# What bandwidth_study.py refuses up front the lab refuses too (exit 2), and the other way round.
+for rate in 100MBIT NONE 1kbit 0.5kbit 8kbit 100Mbit; do
+  /usr/bin/python3 scripts/bandwidth_study.py --dry-run --settings adamw_fp32 --rates "$rate" >/dev/null 2>&1
+  study_rc=$?
+  "$lab" --quiet --hosts 1 --rate "$rate" -- true >/dev/null 2>&1; lab_rc=$?
+  if [[ ($study_rc -eq 2 && $lab_rc -eq 2) || ($study_rc -eq 0 && $lab_rc -eq 0) ]]; then
+    pass "(f) --rate $rate: the study and the lab agree (exit $study_rc)"
+  else
+    fail "(f) --rate $rate: the study exits $study_rc, the lab $lab_rc"
+  fi
+done
 
 # ---- (a) lifecycle ----
 root_links_before=$(ip -o link show | awk -F': ' '{print $2}' | sort | tr '\n' ' ')

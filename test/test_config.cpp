@@ -108,6 +108,11 @@ TEST(bad_flags_are_named) {
     EXPECT_ERROR(parse({"--checkpoint_every", "-2"}, fresh2), "--checkpoint_every must be >= -1");
     EXPECT_ERROR(parse({"--num_heads", "5"}, cfg), "not divisible by num_heads");
     EXPECT_ERROR(parse({"--steps", "99999999999"}, cfg), "out of range");
+    EXPECT_ERROR(parse({"--lr", "1e39"}, cfg), "--lr: 1e39 is out of a float's range");  // finite as a double only
+    EXPECT_ERROR(parse({"--eps", "1e-50"}, cfg), "--eps: 1e-50 is out of a float's range");  // would become 0
+    EXPECT_ERROR(parse({"--config", "--dry_run"}, cfg), "--config: missing value");
+    EXPECT_ERROR(parse({"--config="}, cfg), "--config: empty file name");
+    EXPECT_ERROR(parse({"--out_dir", "out/\xff"}, cfg), "--out_dir: not valid UTF-8 text");
 }
 
 TEST(bad_config_files_are_named) {
@@ -123,6 +128,21 @@ TEST(bad_config_files_are_named) {
     EXPECT_ERROR(parse({"--config", "build/test-tmp/does_not_exist.json"}, cfg), "does_not_exist.json: cannot open");
     const std::string bad_choice = write_temp("choice.json", R"({"demo_values": "fp8"})");
     EXPECT_ERROR(parse({"--config", bad_choice}, cfg), "'fp8' is not one of: fp32, bf16, sign");
+    const std::string huge = write_temp("huge.json", R"({"lr": 1e400})");
+    EXPECT_ERROR(parse({"--config", huge}, cfg), huge + ": malformed JSON");
+    const std::string to_inf = write_temp("inf.json", R"({"lr": 1e39})");
+    EXPECT_ERROR(parse({"--config", to_inf}, cfg), to_inf + ": key 'lr': 1e+39 is out of a float's range");
+    const std::string wraps = write_temp("u64.json", R"({"checkpoint_every": 18446744073709551615})");
+    EXPECT_ERROR(parse({"--config", wraps}, cfg),
+                 wraps + ": key 'checkpoint_every': 18446744073709551615 is out of range");
+    const std::string twice = write_temp("dup.json", R"({"steps": 5, "_c": {"steps": 1}, "steps": 3})");
+    EXPECT_ERROR(parse({"--config", twice}, cfg), twice + ": key 'steps' appears twice");
+    const std::string deep =
+        write_temp("deep.json", "{\"_c\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+    EXPECT_ERROR(parse({"--config", deep}, cfg), deep + ": JSON nested deeper than 32 levels");
+    const std::string nested_ok = write_temp("nested.json", R"({"_c": {"steps": [1, {"a": 2}]}, "steps": 7})");
+    TrainConfig fine;
+    EXPECT(parse({"--config", nested_ok}, fine) && fine.steps == 7);  // repeated keys below the top level are fine
 }
 
 TEST(optimizer_config_maps_choices) {

@@ -97,6 +97,7 @@ TEST(validation_messages_match_cpu_optimizer) {
         [](llmc::OptimizerConfig& c) { c.demo.feedback_alpha = 0.0f; },
         [](llmc::OptimizerConfig& c) { c.demo.feedback_alpha = 1.5f; },
         [](llmc::OptimizerConfig& c) { c.weight_decay = -1e-3f; },
+        [](llmc::OptimizerConfig& c) { c.demo.chunk = 4097; },
     };
     for (auto& edit : edits) {
         llmc::OptimizerConfig cfg;

@@ -127,6 +127,32 @@ bad "missing model config" MODEL_CONFIG=configs/nope.json scripts/paper/300m_ada
 bad "missing hostfile" HOSTFILE=/nonexistent/hosts scripts/paper/300m_adamw.sh --dry-run
 bad "DRY_RUN not 0/1" DRY_RUN=yes scripts/paper/300m_adamw.sh
 bad "trainer not built" TRAINER="$TMP/no_such_trainer" RUNS_DIR="$TMP/runs" scripts/paper/300m_adamw.sh
+bad "RUN_NAME '..' (the run would land outside RUNS_DIR)" RUNS_DIR="$TMP/runs" \
+  scripts/paper/300m_adamw.sh --name .. --dry-run
+bad "RUN_NAME '.'" RUNS_DIR="$TMP/runs" RUN_NAME=. scripts/paper/300m_adamw.sh --dry-run
+bad "RUN_NAME with a slash" scripts/paper/300m_adamw.sh --name a/b --dry-run
+bad "--lr 0 (not positive)" scripts/paper/300m_adamw.sh --lr 0 --dry-run
+bad "LR=0.0e5 (not positive)" LR=0.0e5 scripts/paper/300m_adamw.sh --dry-run
+launch scripts/paper/300m_adamw.sh --lr 1e-9 --dry-run
+check "--lr 1e-9 is positive: accepted" test "$rc" -eq 0
+bad "--dry-run=1" scripts/paper/300m_adamw.sh --dry-run=1
+check "... says --dry-run takes no value" grep -q -- "--dry-run takes no value" <<<"$err"
+bad "RUNS_DIR under a file, dry run" RUNS_DIR=configs/tiny.json/x scripts/paper/300m_adamw.sh --dry-run
+bad "RUNS_DIR under a file, launch" RUNS_DIR=configs/tiny.json/x MPIRUN=none NP=1 BATCH=8 TRAINER=/bin/true \
+  scripts/paper/300m_adamw.sh
+launch RUNS_DIR=/proc/run_scripts_test MPIRUN=none NP=1 BATCH=8 TRAINER=/bin/true scripts/paper/300m_adamw.sh
+check "RUNS_DIR that cannot be created (after the plan is printed): one-line error, exit $rc" \
+  test "$rc" -eq 2 -a "$(wc -l <<<"$err")" -eq 1 -a \
+  -n "$(grep -x "run_experiment: error: cannot create the run folder '/proc/run_scripts_test/300m_adamw' .*" <<<"$err")"
+bad "2^32 x 2^32 x 2^32 batch geometry (no bash overflow)" MICRO_BATCH=4294967296 BATCH=4294967296 \
+  SEQ_LEN=4294967296 scripts/paper/300m_adamw.sh --dry-run
+bad "BATCH x SEQ_LEN over 2^62" BATCH=999999999999999 SEQ_LEN=999999 MICRO_BATCH=1 NP=1 \
+  scripts/paper/300m_adamw.sh --dry-run
+bad "STEPS x tokens per step over 2^62" STEPS=999999999999999 scripts/paper/300m_adamw.sh --dry-run
+printf 'nodeA slots=99999999999\n' >"$TMP/hosts_huge"
+bad "a hostfile's slots= too large" HOSTFILE="$TMP/hosts_huge" scripts/paper/300m_adamw.sh --dry-run
+launch MICRO_BATCH=1 BATCH=64 SEQ_LEN=1 NP=64 TOKENS=999999999999999 scripts/paper/300m_adamw.sh --dry-run
+check "large but representable settings still run (rc $rc)" test "$rc" -eq 0 -a -n "$(command_line)"
 
 # ---- a real launch, with a stand-in mpirun and trainer ----------------------------------------------------
 cat >"$TMP/fake_mpirun" <<'EOF'

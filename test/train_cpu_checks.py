@@ -12,6 +12,7 @@ with their checkpoint or other training shards refused naming the file). Failure
 together.
 """
 import json
+import math
 import os
 import shutil
 import signal
@@ -354,6 +355,28 @@ def out_dir_history_checks(source):
             "a resume on other training shards is refused")
 
 
+def divergence_check():
+    """A learning rate that makes the loss blow up: the run stops at the first step whose loss or norm is not finite,
+    with exit status 3 (diverged, not failed) and one error line, that step's lines and a "diverged" line in the
+    metrics, and no checkpoint of it (the one before stays, for --resume auto)."""
+    out = fresh("diverged")
+    p = run(BASE + ["--steps", "12", "--lr", "1e6", "--grad_clip", "0", "--checkpoint_every", "1", "--val_every", "0",
+                    "--out_dir", out], None, expect_ok=False, timeout=120)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    train = [r for r in rows if r["type"] == "train"]
+    last = train[-1]["step"] if train else 0
+    bad = lambda r: r["loss"] is None or r["grad_norm"] is None or not math.isfinite(r["loss"] * r["grad_norm"])
+    ckdir = os.path.join(out, "checkpoints")
+    saved = sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else []
+    check(p.returncode == 3 and len(lines) == 1 and f"step {last}: the loss is" in lines[0] and "diverged" in lines[0]
+          and 1 < last < 12 and bad(train[-1]) and not any(bad(r) for r in train[:-1])
+          and rows[-1] == {**rows[-1], "type": "diverged", "step": last}
+          and saved and saved[-1] == f"step_{last - 1:08d}",
+          f"a diverging run stops at its first non-finite step ({last}) with exit 3, a diverged line and no checkpoint "
+          f"of it (exit {p.returncode}, checkpoints {saved[-2:]}): {p.stderr.strip()[:200]}")
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
@@ -361,6 +384,7 @@ def main():
     adamw1 = resume_case("adamw", None)
     resume_case("demo", None)
     out_dir_history_checks(adamw1)
+    divergence_check()
     demo2 = None
     if have_mpi:
         demo2 = resume_case("demo", 2)
@@ -425,6 +449,10 @@ def main():
         (["--train_data", "no/such/*.bin"], "no/such/*.bin: no files match"),
         (["--train_data", os.path.join(shard_dir, "fifo_train_*.bin")], "fifo_train_000.bin: not a regular file"),
         (["--train_data", ""], "--train_data is empty"),
+        (["--total_batch_size", "4611686018427387904", "--batch_size", "1", "--seq_len", "1"],
+         "needs 4611686018427387904 micro-steps per step"),
+        (["--dry_run", "--optimizer", "demo", "--demo_topk", "0"], "--demo_topk must be >= 1"),  # as a run checks
+        (["--dry_run", "--beta1", "2"], "--beta1 must be in [0, 1)"),
         (["--sample_every", "1", "--tokenizer", small_tokenizer], "holds 1000 tokens, fewer than the 50257"),
         (["--init_from", "no_model.bin"], "no_model.bin: cannot open"),
         (["--resume", os.path.join(TMP, "nothing")], "checkpoint directory does not exist"),
