@@ -4,7 +4,6 @@
 #include <dirent.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
