@@ -396,7 +396,8 @@ std::string help_text(const std::string& program) {
     std::ostringstream out;
     out << "usage: " << program << " [--config FILE.json]... [--key value | --key=value]...\n\n"
         << "Every key below may appear in a JSON config file (a flat object) or as a flag; later sources\n"
-        << "override earlier ones. Booleans accept a bare --key for true. Dashes and underscores are equal.\n\n"
+        << "override earlier ones. Booleans accept a bare --key for true. In flags, dashes and underscores\n"
+        << "are equal (--total-batch-size); JSON keys take underscores only.\n\n"
         << "  --config FILE.json         load keys from a JSON file (repeatable)\n"
         << "  --help                     print this help and exit\n";
     for (const auto& [group, options] : schema()) {
