@@ -219,7 +219,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     state.config_json = config_json;
     Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
     std::vector<float> weights(layout.num_params);
-    const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, rank, world, weights, train_loader,
+    const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, transport, weights, train_loader,
                                              sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
     if (start.checkpoint && start.checkpoint->world_size == world) optimizer->set_steps_done(state.step);
     if (!start.weights_loaded) {
@@ -241,6 +241,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     const double peak_tflops = cfg.peak_tflops > 0.0f ? double(cfg.peak_tflops) : known_peak;
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
+        print_config_warnings(cfg);  // legal settings that probably do not do what was meant
         make_dirs(cfg.out_dir);
         write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap, argc, argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
@@ -323,9 +324,13 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         // (the world transport, MPI) beside the next step's device work and its collectives (NCCL on the device;
         // the MPI transport's helper threads on communicators of their own), and is finished at the next step's
         // report (StepReporter), so the host does not wait for it either.
-        const StepDuties due = step_duties(cfg, step);
+        StepDuties due = step_duties(cfg, step);
+        // A stop signal (on any rank; the ranks learn it together, at the last step's report): this step is the
+        // last, with a checkpoint and nothing queued after it (its own batches may have been read already).
+        const bool stopping = reporter.stop_requested() && step + 1 < cfg.steps;
+        if (stopping) due.checkpoint = cfg.checkpoint_every >= 0;
         const bool queue_next = step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
-                                step != profile_step && step + 1 != profile_step;
+                                !stopping && step != profile_step && step + 1 != profile_step;
         std::exception_ptr next_step_error;
         queued_ahead = loaded_ahead = false;
         if (queue_next) {
@@ -365,7 +370,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (a_rank_failed_to_load) reporter.flush(transport);  // the job ends: every rank writes this step first
         if (next_step_error) std::rethrow_exception(next_step_error);
         t0 = step_done;  // a step queued ahead starts on the GPU when this one ends
-        if (due.validate || due.sample || due.checkpoint) reporter.flush(transport);
+        if (due.validate || due.sample || due.checkpoint || stopping) reporter.flush(transport);
 
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),
@@ -376,6 +381,10 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
             // The checkpoint holds the fp32 master weights: the same llm.c file the CPU trainer writes.
             const std::vector<float> master = main_rank ? download_master(*optimizer, model.num_params()) : std::vector<float>();
             save_checkpoint(cfg, transport, master, [&](ByteWriter& w) { optimizer->save_state(w); }, state);
+        }
+        if (stopping) {
+            optimizer->finish_updates(model.params(), result);  // --demo_delay's round in flight: not left hanging
+            return finish_stopped_run(cfg, transport, state.step);
         }
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());

@@ -104,14 +104,16 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     state.rank = rank;
     state.config_json = config_json;
     Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
-    const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, rank, world, model.params(), train_loader,
-                                             sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
+    const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, transport, model.params(),
+                                             train_loader, sample_rng, state,
+                                             [&](ByteReader& r) { optimizer->load_state(r); });
     if (!start.weights_loaded) model.init_random(static_cast<uint64_t>(cfg.seed));
     optimizer->set_weights(model.params());  // eager delayed DeMo: a resumed round's own share goes back in
     model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
 
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
+        print_config_warnings(cfg);  // legal settings that probably do not do what was meant
         make_dirs(cfg.out_dir);
         nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt_cpu", argc, argv);
         if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
@@ -161,8 +163,11 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
         reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
-        const StepDuties due = step_duties(cfg, step);
-        if (due.validate || due.sample || due.checkpoint) reporter.flush(transport);
+        StepDuties due = step_duties(cfg, step);
+        // a stop signal (on any rank; the ranks learn it together): this step is the last, with a checkpoint
+        const bool stopping = reporter.stop_requested() && step + 1 < cfg.steps;
+        if (stopping) due.checkpoint = cfg.checkpoint_every >= 0;
+        if (due.validate || due.sample || due.checkpoint || stopping) reporter.flush(transport);
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });
@@ -172,6 +177,10 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
             // the shared weights: with eager delayed DeMo, params hold this rank's working weights
             save_checkpoint(cfg, transport, optimizer->master_weights(model.params()),
                             [&](ByteWriter& w) { optimizer->save_state(w); }, state);
+        }
+        if (stopping) {
+            optimizer->finish_updates(model.params(), result);  // --demo_delay's round in flight: not left hanging
+            return finish_stopped_run(cfg, transport, state.step);
         }
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());

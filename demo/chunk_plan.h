@@ -2,7 +2,7 @@
 // code (no OpenMP, no BLAS): the CPU optimizer, the CUDA kernels, the wire codec and the traffic report all
 // derive their sizes from this one plan, so they cannot disagree.
 //
-// Rules (see shared/reference/demo-algorithm.md):
+// Rules (those of the DeMo paper's reference implementation):
 // - Per dimension of size s, the chunk length is the largest divisor of s that is <= chunk; s itself when
 //   s <= chunk. A prime s > chunk gets length 1 (that dimension is not compressed).
 // - A 2-D tensor [R, C] is cut into (R/n1) x (C/n2) blocks of n1 x n2; chunk c = i * (C/n2) + j for block

@@ -595,6 +595,7 @@ inline constexpr uint32_t kErrIndexRange = 1u, kErrNotAscending = 2u;
 #include "demo/chunk_plan.h"
 #include "demo/codec.h"
 #include "demo/dct.h"
+#include "llmc/config.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/gpt2_layout.h"
@@ -602,19 +603,22 @@ inline constexpr uint32_t kErrIndexRange = 1u, kErrNotAscending = 2u;
 
 namespace demo::cm {
 
-// Same checks and messages as the CPU DemoOptimizer's constructor (test_demo_chunk_math compares them).
-inline void validate_options(const llmc::OptimizerConfig& c) {
+// Same checks and messages as the CPU DemoOptimizer's constructor (test_demo_chunk_math compares them), each
+// naming its key as `sources` does (by default: the flag; validate_config passes the parser's).
+inline void validate_options(const llmc::OptimizerConfig& c, const llmc::ConfigSources& sources = {}) {
     const llmc::DemoConfig& d = c.demo;
-    LLMC_CHECK(d.topk >= 1, "--demo_topk must be >= 1 (got " + std::to_string(d.topk) + ")");
-    LLMC_CHECK(d.chunk >= 1, "--demo_chunk must be >= 1 (got " + std::to_string(d.chunk) + ")");
+    const auto check = [&](bool ok, const char* key, const char* range, const std::string& value) {
+        LLMC_CHECK(ok, sources.name(key) + " must be " + range + " (got " + value + ")");
+    };
+    check(d.topk >= 1, "demo_topk", ">= 1", std::to_string(d.topk));
+    check(d.chunk >= 1, "demo_chunk", ">= 1", std::to_string(d.chunk));
     // A chunk side n holds n x n DCT basis floats per distinct side (4 GB at n = 32768): far above any useful chunk
-    LLMC_CHECK(d.chunk <= 4096, "--demo_chunk must be <= 4096 (got " + std::to_string(d.chunk) + ")");
-    LLMC_CHECK(d.decay >= 0.0f && d.decay < 1.0f, "--demo_decay must be in [0, 1) (got " +
-                                                      std::to_string(d.decay) + ")");
-    LLMC_CHECK(d.feedback_alpha > 0.0f && d.feedback_alpha <= 1.0f,
-               "--demo_alpha must be in (0, 1] (got " + std::to_string(d.feedback_alpha) + ")");
-    LLMC_CHECK(c.weight_decay >= 0.0f, "--weight_decay must be >= 0 (got " + std::to_string(c.weight_decay) + ")");
-    LLMC_CHECK(d.delay == 0 || d.delay == 1, "--demo_delay must be 0 or 1 (got " + std::to_string(d.delay) + ")");
+    check(d.chunk <= 4096, "demo_chunk", "<= 4096", std::to_string(d.chunk));
+    check(d.decay >= 0.0f && d.decay < 1.0f, "demo_decay", "in [0, 1)", llmc::format_float(d.decay));
+    check(d.feedback_alpha > 0.0f && d.feedback_alpha <= 1.0f, "demo_alpha", "in (0, 1]",
+          llmc::format_float(d.feedback_alpha));
+    check(c.weight_decay >= 0.0f, "weight_decay", ">= 0", llmc::format_float(c.weight_decay));
+    check(d.delay == 0 || d.delay == 1, "demo_delay", "0 or 1", std::to_string(d.delay));
 }
 
 // The plan the CPU optimizer builds for a layout, and its per-tensor weight-decay flags.

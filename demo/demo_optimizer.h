@@ -1,7 +1,8 @@
 // DeMo (Decoupled Momentum Optimization) on the CPU: each rank keeps its own momentum, sends only the top-k
 // DCT coefficients of every chunk of it in one bucket, and all ranks apply sign(decode(mean of what was
-// sent)). Follows shared/reference/demo-algorithm.md exactly in its default mode; the options (EMA momentum,
-// feedback strength alpha, bf16/sign values, 12-bit indices) are the later variants listed there.
+// sent)). Follows the DeMo paper's reference implementation exactly in its default mode (the torch oracle
+// dev/reference/demo_reference.py restates that step); the options (EMA momentum, feedback strength alpha,
+// bf16/sign values, 12-bit indices) are variants of it.
 //
 // The step is split into compress() (this rank: weight decay, momentum, encode, top-k, quantize, error
 // feedback, pack) and apply() (all ranks' buckets: scatter-mean, sparse inverse DCT, sign, update) so tests

@@ -1,7 +1,7 @@
 // Communication volume of one training step per rank: AdamW-DDP's gradient all-reduce versus DeMo's bucket
 // in the reference wire format (int64 index + fp32 value per coefficient) and in ours (every value and index
 // encoding of demo/codec.h, headers and padding included). Used by the demo_report tool and by the trainer's
-// --dry-run; the paper's OLMo shapes reproduce the numbers of shared/reference/demo-algorithm.md.
+// --dry-run; the paper's OLMo shapes reproduce the byte counts of the DeMo paper's configs.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -13,12 +13,15 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-void validate_adamw_options(const OptimizerConfig& config) {
+void validate_adamw_options(const OptimizerConfig& config, const ConfigSources& sources) {
     const AdamWConfig& a = config.adamw;
-    LLMC_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "--beta1 must be in [0, 1), got " + std::to_string(a.beta1));
-    LLMC_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "--beta2 must be in [0, 1), got " + std::to_string(a.beta2));
-    LLMC_CHECK(a.eps > 0.0f, "--eps must be > 0, got " + std::to_string(a.eps));
-    LLMC_CHECK(config.weight_decay >= 0.0f, "--weight_decay must be >= 0, got " + std::to_string(config.weight_decay));
+    const auto check = [&](bool ok, const char* key, const char* range, float value) {
+        LLMC_CHECK(ok, sources.name(key) + " must be " + range + " (got " + format_float(value) + ")");
+    };
+    check(a.beta1 >= 0.0f && a.beta1 < 1.0f, "beta1", "in [0, 1)", a.beta1);
+    check(a.beta2 >= 0.0f && a.beta2 < 1.0f, "beta2", "in [0, 1)", a.beta2);
+    check(a.eps > 0.0f, "eps", "> 0", a.eps);
+    check(config.weight_decay >= 0.0f, "weight_decay", ">= 0", config.weight_decay);
 }
 
 AdamW::AdamW(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport)

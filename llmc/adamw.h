@@ -5,13 +5,14 @@
 #pragma once
 #include <vector>
 
+#include "llmc/config.h"
 #include "llmc/optimizer.h"
 
 namespace llmc {
 
-// Throws naming the flag when --beta1, --beta2, --eps or --weight_decay is out of range: the checks of both
-// trainers' AdamW (CPU and CUDA) and of a dry run.
-void validate_adamw_options(const OptimizerConfig& config);
+// Throws when --beta1, --beta2, --eps or --weight_decay is out of range, naming the key as `sources` does (by
+// default: the flag): the checks of both trainers' AdamW (CPU and CUDA) and of validate_config.
+void validate_adamw_options(const OptimizerConfig& config, const ConfigSources& sources = {});
 
 class AdamW final : public Optimizer {
 public:

@@ -28,7 +28,7 @@ std::string checkpoint_dir(const std::string& out_dir, int64_t step) {
 std::string state_path(const std::string& dir, int rank) { return dir + "/state_rank" + std::to_string(rank) + ".bin"; }
 std::string model_path(const std::string& dir) { return dir + "/model.bin"; }
 
-void write_training_state(const std::string& path, const TrainingState& s) {
+FileDigest write_training_state(const std::string& path, const TrainingState& s) {
     ByteWriter w;
     w.put(kStateMagic);
     w.put(kStateVersion);
@@ -42,7 +42,7 @@ void write_training_state(const std::string& path, const TrainingState& s) {
     w.put(s.train_data);
     w.put_string(s.config_json);
     w.put_array(std::span<const std::byte>(s.optimizer_state));
-    write_file_atomic(path, w.bytes());
+    return write_file_atomic(path, w.bytes());
 }
 
 TrainingState read_training_state(const std::string& path) {
@@ -68,8 +68,12 @@ TrainingState read_training_state(const std::string& path) {
 }
 
 void mark_checkpoint_complete(const CheckpointInfo& info) {
+    json files = json::object();
+    for (const auto& [name, digest] : info.files) files[name] = {{"bytes", digest.bytes}, {"xxh64", digest.hex()}};
     const std::string text =
-        json{{"step", info.step}, {"world_size", info.world_size}, {"optimizer", info.optimizer}}.dump() + "\n";
+        json{{"step", info.step}, {"world_size", info.world_size}, {"optimizer", info.optimizer}, {"files", files}}
+            .dump() +
+        "\n";
     write_file_atomic(info.dir + "/COMPLETE", std::as_bytes(std::span(text.data(), text.size())));
 }
 
@@ -92,7 +96,39 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
                        j["world_size"].get<int64_t>() >= 1 && j["world_size"].get<int64_t>() <= INT32_MAX &&
                        j.contains("optimizer") && j["optimizer"].is_string();
     LLMC_CHECK(valid, marker + ": malformed checkpoint marker");
-    return {dir, j["step"].get<int64_t>(), j["world_size"].get<int>(), j["optimizer"].get<std::string>()};
+    CheckpointInfo info{dir, j["step"].get<int64_t>(), j["world_size"].get<int>(),
+                        j["optimizer"].get<std::string>(), {}};
+    if (j.contains("files")) {
+        LLMC_CHECK(j["files"].is_object(), marker + ": malformed checkpoint marker (files)");
+        for (const auto& [name, entry] : j["files"].items()) {
+            const std::string bad = marker + ": malformed checkpoint marker (files: " + name + ")";
+            LLMC_CHECK(entry.is_object() && entry.contains("bytes") && entry["bytes"].is_number_unsigned() &&
+                           entry.contains("xxh64") && entry["xxh64"].is_string(),
+                       bad);
+            const std::string hex = entry["xxh64"].get<std::string>();
+            LLMC_CHECK(hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, bad);
+            info.files[name] = {entry["bytes"].get<uint64_t>(), std::stoull(hex, nullptr, 16)};
+        }
+    }
+    return info;
+}
+
+void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path) {
+    if (ck.files.empty()) return;  // a marker written before checksums
+    const std::string name = path.substr(path.find_last_of('/') + 1);
+    const auto expected = ck.files.find(name);
+    LLMC_CHECK(expected != ck.files.end(), path + ": its checkpoint's marker " + ck.dir +
+                                               "/COMPLETE lists no such file (a file from another checkpoint?)");
+    const std::string older = "resume an older checkpoint with --resume " + ck.dir.substr(0, ck.dir.rfind('/')) +
+                              "/step_N, or retrain";
+    LLMC_CHECK(file_exists(path), path + ": missing, though its checkpoint's marker lists it; " + older);
+    const FileDigest found = digest_file(path);
+    LLMC_CHECK(found.bytes == expected->second.bytes,
+               path + ": " + std::to_string(found.bytes) + " bytes, but its checkpoint's marker records " +
+                   std::to_string(expected->second.bytes) + " (truncated or replaced); " + older);
+    LLMC_CHECK(found.xxh64 == expected->second.xxh64,
+               path + ": XXH64 " + found.hex() + ", but its checkpoint's marker records " + expected->second.hex() +
+                   " (the file is corrupt or from another checkpoint); " + older);
 }
 
 namespace {

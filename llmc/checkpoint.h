@@ -2,16 +2,20 @@
 // by llm.c), state_rank<r>.bin for every rank (step, data position, RNG, the run's resolved config, the training
 // shards' fingerprint and that rank's optimizer state: DeMo momentum differs per rank) and COMPLETE, a marker rank
 // 0 writes last, after every rank's files are in place, and removes first when it saves over a checkpoint of the
-// same step. Every file is written atomically; a directory without COMPLETE is ignored by --resume auto (and
-// deleted once a newer checkpoint is complete) and refused by an explicit --resume. A state file must agree with
-// its marker (step, world size) and its name (rank), or the resume stops naming it.
+// same step. The marker records each file's size and XXH64 (checksum.h), checked before a resume reads the file,
+// so a corrupt or swapped file stops the resume instead of training on. Every file is written atomically; a
+// directory without COMPLETE is ignored by --resume auto (and deleted once a newer checkpoint is complete) and
+// refused by an explicit --resume. A state file must agree with its marker (step, world size) and its name
+// (rank), or the resume stops naming it.
 #pragma once
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "llmc/checksum.h"
 #include "llmc/dataloader.h"
 
 namespace llmc {
@@ -34,19 +38,23 @@ struct CheckpointInfo {
     int64_t step = 0;
     int world_size = 0;
     std::string optimizer;
+    std::map<std::string, FileDigest> files;  // by file name; empty in markers written before checksums
 };
 
 std::string checkpoint_dir(const std::string& out_dir, int64_t step);
 std::string state_path(const std::string& dir, int rank);
 std::string model_path(const std::string& dir);
 
-void write_training_state(const std::string& path, const TrainingState& state);
+FileDigest write_training_state(const std::string& path, const TrainingState& state);
 TrainingState read_training_state(const std::string& path);
 
 void mark_checkpoint_complete(const CheckpointInfo& info);
 // Removes <dir>/COMPLETE, durably, before a checkpoint of the same step is written over it: until the new marker,
 // the directory is incomplete rather than a mix of two runs' files.
 void unmark_checkpoint(const std::string& dir);
+// Throws "<path>: ..." unless the file `path` of checkpoint `ck` has the size and XXH64 its marker records (a
+// marker from before checksums has none: nothing to check).
+void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path);
 // Reads <dir>/COMPLETE; throws "<dir>: ..." when dir is not a checkpoint directory or its marker is missing or
 // malformed.
 CheckpointInfo read_checkpoint_info(const std::string& dir);

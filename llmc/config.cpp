@@ -2,15 +2,17 @@
 #include "llmc/config.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 #include <variant>
 
+#include "demo/demo_chunk_math.h"
+#include "llmc/adamw.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 
@@ -126,10 +128,13 @@ const Option* find_option(const std::string& key) {
     return nullptr;
 }
 
-// Suggests the closest key (edit distance <= 3) for a misspelled one.
-std::string did_you_mean(const std::string& key) {
+// Suggests the closest key for a misspelled one: at most 3 edits away, and at most half the key's length (so
+// '--x' is no typo of 'lr'). Dashes count as underscores: JSON keys take underscores only, and 'total-batch-szie'
+// is one typo away from 'total_batch_size', not three.
+std::string did_you_mean(std::string key) {
+    std::replace(key.begin(), key.end(), '-', '_');
     std::string best;
-    size_t best_dist = 4;
+    size_t best_dist = std::min<size_t>(4, key.size() / 2 + 1);  // the first distance too far
     for (const std::string& candidate : config_keys()) {
         std::vector<size_t> row(candidate.size() + 1);
         for (size_t j = 0; j <= candidate.size(); j++) row[j] = j;
@@ -164,14 +169,42 @@ float to_float(double v, const std::string& what) {
     return f;
 }
 
+// Numbers in flags are plain decimals, as a user writes them (strtoll and strtod would also take leading blanks, a
+// '+', hex and, for floats, inf and nan): an integer is an optional '-' and digits; a float may add a fraction and
+// an exponent (6e-4, .5, 1., -0.1).
+bool is_decimal_integer(std::string_view s) {
+    const size_t start = s.starts_with('-') ? 1 : 0;
+    return s.size() > start && std::all_of(s.begin() + start, s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool is_decimal_float(std::string_view s) {
+    size_t i = s.starts_with('-') ? 1 : 0;
+    const auto digits = [&] {
+        const size_t from = i;
+        while (i < s.size() && s[i] >= '0' && s[i] <= '9') i++;
+        return i - from;
+    };
+    size_t mantissa_digits = digits();
+    if (i < s.size() && s[i] == '.') {
+        i++;
+        mantissa_digits += digits();
+    }
+    if (mantissa_digits == 0) return false;
+    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < s.size() && (s[i] == '+' || s[i] == '-')) i++;
+        if (digits() == 0) return false;
+    }
+    return i == s.size();
+}
+
 // Sets an option from command-line text. `where` names the flag for error messages.
 void set_from_text(TrainConfig& cfg, const Option& o, const std::string& text, const std::string& where) {
     auto parse_int = [&](long long lo, long long hi) {
-        char* end = nullptr;
-        errno = 0;
-        const long long v = std::strtoll(text.c_str(), &end, 10);
-        LLMC_CHECK(!text.empty() && *end == '\0' && errno == 0, where + ": expected an integer, got '" + text + "'");
-        LLMC_CHECK(v >= lo && v <= hi, where + ": " + text + " is out of range");
+        LLMC_CHECK(is_decimal_integer(text), where + ": expected an integer, got '" + text + "'");
+        long long v = 0;
+        const std::errc ec = std::from_chars(text.data(), text.data() + text.size(), v).ec;
+        LLMC_CHECK(ec == std::errc() && v >= lo && v <= hi, where + ": " + text + " is out of range");
         return v;
     };
     std::visit(
@@ -184,10 +217,10 @@ void set_from_text(TrainConfig& cfg, const Option& o, const std::string& text, c
             } else if constexpr (std::is_same_v<M, int64_t TrainConfig::*>) {
                 cfg.*member = parse_int(INT64_MIN, INT64_MAX);
             } else if constexpr (std::is_same_v<M, float TrainConfig::*>) {
-                char* end = nullptr;
-                const double v = std::strtod(text.c_str(), &end);
-                LLMC_CHECK(!text.empty() && *end == '\0' && std::isfinite(v),
-                           where + ": expected a number, got '" + text + "'");
+                LLMC_CHECK(is_decimal_float(text), where + ": expected a number, got '" + text + "'");
+                double v = 0.0;  // from_chars: the same in every locale
+                const std::errc ec = std::from_chars(text.data(), text.data() + text.size(), v).ec;
+                LLMC_CHECK(ec == std::errc(), where + ": " + text + " is out of a float's range");  // a double's, even
                 cfg.*member = to_float(v, where + ": " + text);
             } else if constexpr (std::is_same_v<M, bool TrainConfig::*>) {
                 if (text == "true" || text == "1") cfg.*member = true;
@@ -297,6 +330,7 @@ void load_config_file(const std::string& path, TrainConfig& cfg) {
         const Option* o = find_option(key);
         LLMC_CHECK(o != nullptr, path + ": unknown config key '" + key + "'" + did_you_mean(key));
         set_from_json(cfg, *o, value, path + ": key '" + key + "'");
+        cfg.sources.set_by_file(key, path);
     }
 }
 
@@ -330,38 +364,97 @@ bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, con
                 value = argv[++i];
             }
         }
-        if (key == "config") load_config_file(value, cfg);
-        else set_from_text(cfg, *o, value, flag);
+        if (key == "config") {
+            load_config_file(value, cfg);
+        } else {
+            set_from_text(cfg, *o, value, flag);
+            cfg.sources.set_by_flag(key);
+        }
     }
     validate_config(cfg);
     return true;
 }
 
 void validate_config(const TrainConfig& c) {
-    validate_model_config(c.model, "model config");
-    auto positive = [](long long v, const char* flag) {
-        LLMC_CHECK(v > 0, std::string("--") + flag + " must be > 0, got " + std::to_string(v));
+    const ConfigSources& s = c.sources;
+    // the shape checks relate several keys: they name every source that set one
+    const std::string model_sources =
+        s.list({"num_layers", "num_heads", "channels", "max_seq_len", "vocab_size", "padded_vocab_size"});
+    validate_model_config(c.model, model_sources.empty() ? "model config" : "model config (" + model_sources + ")");
+    const auto at_least = [&](const char* key, long long v, long long min, const std::string& note = "") {
+        LLMC_CHECK(v >= min, s.name(key) + (min == 1 ? " must be > 0" : " must be >= " + std::to_string(min)) +
+                                 " (got " + std::to_string(v) + (note.empty() ? "" : "; " + note) + ")");
     };
-    positive(c.batch_size, "batch_size");
-    positive(c.seq_len, "seq_len");
-    positive(c.steps, "steps");
-    LLMC_CHECK(c.seq_len <= c.model.max_seq_len, "--seq_len " + std::to_string(c.seq_len) +
-                                                     " exceeds max_seq_len " + std::to_string(c.model.max_seq_len));
-    LLMC_CHECK(c.total_batch_size >= 0, "--total_batch_size must be >= 0");
-    LLMC_CHECK(c.lr > 0.0f, "--lr must be > 0");
-    LLMC_CHECK(c.warmup_steps >= 0, "--warmup_steps must be >= 0");
-    LLMC_CHECK(c.final_lr_frac >= 0.0f && c.final_lr_frac <= 1.0f, "--final_lr_frac must be in [0, 1]");
-    LLMC_CHECK(c.warmup_start_frac >= 0.0f && c.warmup_start_frac <= 1.0f, "--warmup_start_frac must be in [0, 1]");
-    LLMC_CHECK(c.val_every >= 0 && c.val_batches >= 0 && c.sample_every >= 0 && c.sample_tokens >= 0 &&
-                   c.keep_checkpoints >= 0 && c.threads >= 0,
-               "--val_every, --val_batches, --sample_every, --sample_tokens, --keep_checkpoints and --threads must "
-               "be >= 0");
-    LLMC_CHECK(c.checkpoint_every >= -1, "--checkpoint_every must be >= -1 (0: only at the end, -1: never)");
-    positive(c.log_every, "log_every");
-    LLMC_CHECK(c.demo_delay == 0 || c.demo_delay == 1, "--demo_delay must be 0 or 1, got " + std::to_string(c.demo_delay));
-    LLMC_CHECK(c.comm_timeout >= 0.0f, "--comm_timeout must be >= 0 (seconds; 0 waits forever)");
-    LLMC_CHECK(c.peak_tflops >= 0.0f, "--peak_tflops must be >= 0 (0: looked up for a known GPU, else no MFU)");
-    LLMC_CHECK(!c.out_dir.empty(), "--out_dir must not be empty");
+    const auto in_unit_interval = [&](const char* key, float v) {
+        LLMC_CHECK(v >= 0.0f && v <= 1.0f, s.name(key) + " must be in [0, 1] (got " + format_float(v) + ")");
+    };
+    at_least("batch_size", c.batch_size, 1);
+    at_least("seq_len", c.seq_len, 1);
+    at_least("steps", c.steps, 1);
+    const std::string shape_file = s.file("max_seq_len");
+    LLMC_CHECK(c.seq_len <= c.model.max_seq_len,
+               s.name("seq_len") + " " + std::to_string(c.seq_len) + " exceeds max_seq_len " +
+                   std::to_string(c.model.max_seq_len) + (shape_file.empty() ? "" : " (" + shape_file + ")"));
+    at_least("total_batch_size", c.total_batch_size, 0);
+    LLMC_CHECK(c.lr > 0.0f, s.name("lr") + " must be > 0 (got " + format_float(c.lr) + ")");
+    at_least("warmup_steps", c.warmup_steps, 0);
+    in_unit_interval("final_lr_frac", c.final_lr_frac);
+    in_unit_interval("warmup_start_frac", c.warmup_start_frac);
+    at_least("val_every", c.val_every, 0);
+    at_least("val_batches", c.val_batches, 0);
+    at_least("sample_every", c.sample_every, 0);
+    at_least("sample_tokens", c.sample_tokens, 0);
+    at_least("keep_checkpoints", c.keep_checkpoints, 0);
+    at_least("threads", c.threads, 0);
+    at_least("checkpoint_every", c.checkpoint_every, -1, "0: only at the end, -1: never");
+    at_least("log_every", c.log_every, 1);
+    LLMC_CHECK(c.demo_delay == 0 || c.demo_delay == 1,
+               s.name("demo_delay") + " must be 0 or 1 (got " + std::to_string(c.demo_delay) + ")");
+    LLMC_CHECK(c.comm_timeout >= 0.0f, s.name("comm_timeout") + " must be >= 0 (got " + format_float(c.comm_timeout) +
+                                           "; seconds, 0 waits forever)");
+    LLMC_CHECK(c.peak_tflops >= 0.0f, s.name("peak_tflops") + " must be >= 0 (got " + format_float(c.peak_tflops) +
+                                          "; 0: looked up for a known GPU, else no MFU)");
+    LLMC_CHECK(!c.out_dir.empty(), s.name("out_dir") + " must not be empty");
+    // The optimizer's own checks (its constructor makes them again, naming flags: it sees no sources), here so
+    // that a dry run makes them too and a bad value fails before any rank starts work.
+    if (c.optimizer == "demo") demo::cm::validate_options(c.optimizer_config(), s);
+    else validate_adamw_options(c.optimizer_config(), s);
+}
+
+std::string ConfigSources::file(const std::string& key) const {
+    const auto it = set_by_.find(key);
+    return it == set_by_.end() ? "" : it->second;
+}
+
+std::string ConfigSources::name(const std::string& key) const {
+    const std::string path = file(key);
+    return path.empty() ? "--" + key : path + ": key '" + key + "'";
+}
+
+std::string ConfigSources::list(const std::vector<std::string>& keys) const {
+    std::vector<std::string> seen;
+    for (const std::string& key : keys) {
+        const auto it = set_by_.find(key);
+        if (it == set_by_.end()) continue;
+        const std::string source = it->second.empty() ? "--" + key : it->second;
+        if (std::find(seen.begin(), seen.end(), source) == seen.end()) seen.push_back(source);
+    }
+    std::string out;
+    for (const std::string& source : seen) out += (out.empty() ? "" : ", ") + source;
+    return out;
+}
+
+std::string format_float(float v) {
+    char buf[32];
+    std::string text(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+    // to_chars pads the exponent to two digits and signs it (1e-09, 1e+20); people write 1e-9 and 1e20
+    if (const size_t e = text.find('e'); e != std::string::npos) {
+        size_t digits = e + 1;
+        if (text[digits] == '+') text.erase(digits, 1);
+        else if (text[digits] == '-') digits++;
+        while (digits + 1 < text.size() && text[digits] == '0') text.erase(digits, 1);
+    }
+    return text;
 }
 
 OptimizerConfig TrainConfig::optimizer_config() const {

@@ -6,10 +6,13 @@
 // Sources apply in command-line order after the defaults: each `--config FILE.json` (flat JSON object of schema
 // keys; may be repeated, e.g. a model shape file then a run file) where it stands, and each flag, so a later
 // source wins.
-// Flags take `--key value` or `--key=value`; booleans also accept a bare `--key` (true). Unknown keys,
-// malformed values and out-of-range choices throw llmc::Error naming the flag or file and key.
+// Flags take `--key value` or `--key=value`; booleans also accept a bare `--key` (true). Numbers are plain
+// decimals (integers: -?digits; floats also with a fraction and an exponent, e.g. 6e-4, .5): no blanks, no leading
+// '+', no hex, inf or nan. Unknown keys, malformed values and out-of-range choices throw llmc::Error naming the
+// flag or file and key; so do the range checks, which name the source that set the value last.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,29 @@
 #include "llmc/optimizer.h"
 
 namespace llmc {
+
+// Where each key's current value came from, so that a message about it names what the user wrote: the last
+// source that set it (a JSON file, or a flag; a key no source set holds its default). The parser keeps it in
+// TrainConfig::sources; the checks that see only an OptimizerConfig take it as an argument.
+class ConfigSources {
+public:
+    void set_by_file(const std::string& key, const std::string& path) { set_by_[key] = path; }
+    void set_by_flag(const std::string& key) { set_by_[key] = ""; }
+    // The file that set `key` last; "" when a flag did or nothing did.
+    std::string file(const std::string& key) const;
+    // How a message names `key`: "configs/x.json: key 'lr'" when a file set it last, else "--lr".
+    std::string name(const std::string& key) const;
+    // The sources of `keys` that some source set, each once in first-seen order ("configs/tiny.json, --num_heads"),
+    // for a check that relates them; "" when all hold their defaults.
+    std::string list(const std::vector<std::string>& keys) const;
+
+private:
+    std::map<std::string, std::string> set_by_;  // key -> the file that set it last, or "" for a flag
+};
+
+// A float as a message shows it, recognisably what the user typed: the shortest text that reads back as the same
+// float, its exponent unpadded (-1e-9 and -0, where std::to_string prints -0.000000 for both).
+std::string format_float(float v);
 
 struct TrainConfig {
     ModelConfig model;
@@ -70,6 +96,8 @@ struct TrainConfig {
     float peak_tflops = 0.0f;            // each device's peak TFLOP/s for MFU; 0 = the GPU's from a table, else none
     bool dry_run = false;                // print the resolved config and traffic report, then exit
 
+    ConfigSources sources;               // where each key's value came from (for messages; not a key itself)
+
     OptimizerConfig optimizer_config() const;
 };
 
@@ -77,7 +105,8 @@ struct TrainConfig {
 // `program` names the binary in the usage text.
 bool parse_command_line(int argc, const char* const* argv, TrainConfig& config, const std::string& program);
 void load_config_file(const std::string& path, TrainConfig& config);
-// Checks cross-key constraints that do not depend on the world size (seq_len <= max_seq_len, choices...).
+// Checks every key's range and the cross-key constraints that do not depend on the world size (seq_len <=
+// max_seq_len, the chosen optimizer's options...), naming each key as config.sources does.
 void validate_config(const TrainConfig& config);
 std::string config_to_json(const TrainConfig& config, int indent = 2);
 std::string help_text(const std::string& program);

@@ -67,12 +67,13 @@ AtomicFile::~AtomicFile() {
     if (!committed_) std::remove(tmp_path_.c_str());
 }
 
-void AtomicFile::commit() {
+FileDigest AtomicFile::commit() {
     file_.flush_and_sync();
     file_.close();
     LLMC_CHECK(std::rename(tmp_path_.c_str(), path_.c_str()) == 0,
                path_ + ": cannot rename temporary file into place (" + reason() + ")");
     committed_ = true;
+    return {hash_.length(), hash_.digest()};
 }
 
 bool file_exists(const std::string& path) {
@@ -126,10 +127,10 @@ std::vector<std::byte> read_whole_file(const std::string& path, size_t max_bytes
     return bytes;
 }
 
-void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
+FileDigest write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
     AtomicFile f(path);
     f.write(bytes.data(), bytes.size());
-    f.commit();
+    return f.commit();
 }
 
 std::vector<std::string> glob_files(const std::string& pattern) {

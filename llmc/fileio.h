@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "llmc/checksum.h"
 #include "llmc/error.h"
 
 namespace llmc {
@@ -38,18 +39,23 @@ private:
     FILE* f_ = nullptr;
 };
 
-// Writes `path` atomically: write() goes to "<path>.tmp"; commit() syncs and renames over `path`.
-// Destroyed without commit() (an exception, a crash in the writer), the temporary file is removed.
+// Writes `path` atomically: write() goes to "<path>.tmp"; commit() syncs and renames over `path`, and returns
+// the digest of everything written (for a checkpoint's marker). Destroyed without commit() (an exception, a
+// crash in the writer), the temporary file is removed.
 class AtomicFile {
 public:
     explicit AtomicFile(const std::string& path);
     ~AtomicFile();
-    void write(const void* src, size_t n) { file_.write_all(src, n); }
-    void commit();
+    void write(const void* src, size_t n) {
+        file_.write_all(src, n);
+        hash_.update(src, n);
+    }
+    FileDigest commit();
 
 private:
     std::string path_, tmp_path_;
     File file_;
+    Xxh64 hash_;
     bool committed_ = false;
 };
 
@@ -62,7 +68,7 @@ void remove_file_durably(const std::string& path);
 void require_regular_file(const std::string& path);
 // A regular file, or a pipe read to its end (--file-list <(...)); more than max_bytes is refused.
 std::vector<std::byte> read_whole_file(const std::string& path, size_t max_bytes = SIZE_MAX);
-void write_file_atomic(const std::string& path, std::span<const std::byte> bytes);
+FileDigest write_file_atomic(const std::string& path, std::span<const std::byte> bytes);
 // Expands a glob pattern (sorted); throws "<pattern>: no files match" when empty.
 std::vector<std::string> glob_files(const std::string& pattern);
 void make_dirs(const std::string& path);  // mkdir -p; throws on failure

@@ -97,7 +97,7 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
     }
 }
 
-void save_model(const std::string& path, const ModelConfig& config, std::span<const float> params) {
+FileDigest save_model(const std::string& path, const ModelConfig& config, std::span<const float> params) {
     const size_t numel = ParamLayout::gpt2(config).num_params;
     LLMC_CHECK(params.size() == numel, path + ": cannot save " + std::to_string(params.size()) +
                                            " floats as a " + config.describe() + " model of " +
@@ -114,7 +114,7 @@ void save_model(const std::string& path, const ModelConfig& config, std::span<co
     AtomicFile file(path);
     file.write(h, sizeof(h));
     file.write(params.data(), params.size_bytes());
-    file.commit();
+    return file.commit();
 }
 
 }  // namespace llmc

@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 
+#include "llmc/checksum.h"
 #include "llmc/gpt2_layout.h"
 
 namespace llmc {
@@ -22,7 +23,8 @@ ModelConfig read_model_config(const std::string& path);
 // "<path>: checkpoint shape L=.. disagrees with config L=.." when the header is not `expected`.
 void load_model(const std::string& path, const ModelConfig& expected, std::span<float> params);
 
-// Writes an fp32 (version 3) file atomically: a crash leaves the previous file in place.
-void save_model(const std::string& path, const ModelConfig& config, std::span<const float> params);
+// Writes an fp32 (version 3) file atomically: a crash leaves the previous file in place. Returns the file's
+// digest.
+FileDigest save_model(const std::string& path, const ModelConfig& config, std::span<const float> params);
 
 }  // namespace llmc

@@ -7,12 +7,14 @@
 #include <iostream>
 #include <vector>
 
+#include "demo/chunk_plan.h"
 #include "demo/demo_chunk_math.h"
 #include "demo/traffic_report.h"
-#include "llmc/adamw.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/model_io.h"
+#include "llmc/schedule.h"
+#include "llmc/stop_signal.h"
 #include "llmc/transport_mpi.h"
 
 #ifndef LLMC_GIT_VERSION
@@ -22,9 +24,11 @@
 namespace llmc {
 
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
-                           int rank, int world, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
+                           Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
                            TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state) {
     RunStart start;
+    std::string resumed;  // rank 0 prints it once every rank has loaded its files
+    const int rank = transport.rank(), world = transport.world_size();
     const bool main_rank = rank == 0;
     const std::string checkpoints = cfg.out_dir + "/checkpoints";
     LLMC_CHECK(cfg.checkpoint_every < 0 || !file_exists(checkpoints) || is_directory(checkpoints),
@@ -49,6 +53,8 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
                  "the weights and step and start the optimizer state afresh");
         // with another world size every rank reads rank 0's state: the step, the tokens and the config
         const std::string path = state_path(ck.dir, same_world ? rank : 0);
+        verify_checkpoint_file(ck, path);
+        verify_checkpoint_file(ck, model_path(ck.dir));
         TrainingState saved = read_training_state(path);
         check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
         check_resume_compatible(path, saved.config_json, config_json,
@@ -69,6 +75,9 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
         start.weights_loaded = true;
         state.step = saved.step;
         state.tokens = saved.tokens;
+        // with another world size, rank 0's: its text samples and the logged byte count continue
+        sample_rng.set_state(saved.sample_rng);
+        state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
         if (!same_world) {
             const uint64_t groups_done = static_cast<uint64_t>(saved.tokens) / tokens_per_micro;
             DataPosition p;
@@ -76,20 +85,22 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
             train_loader.set_position(p);
             std::vector<int> skip_x(static_cast<size_t>(cfg.batch_size) * cfg.seq_len), skip_y(skip_x.size());
             for (uint64_t g = 0; g < groups_done % train_loader.groups_per_epoch(); g++) train_loader.next_batch(skip_x, skip_y);
-            if (main_rank) std::printf("resumed weights from %s (step %lld) with a fresh optimizer state\n",
-                                       ck.dir.c_str(), static_cast<long long>(state.step));
+            resumed = "resumed weights from " + ck.dir + " (step " + std::to_string(state.step) +
+                      ") with a fresh optimizer state";
         } else {
             ByteReader reader(saved.optimizer_state, path);
             load_optimizer_state(reader);
             train_loader.set_position(saved.data);
-            sample_rng.set_state(saved.sample_rng);
-            state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
-            if (main_rank) std::printf("resumed from %s at step %lld\n", ck.dir.c_str(), static_cast<long long>(state.step));
+            resumed = "resumed from " + ck.dir + " at step " + std::to_string(state.step);
         }
     } else if (!cfg.init_from.empty()) {
         load_model(cfg.init_from, cfg.model, weights);
         start.weights_loaded = true;
     }
+    // A rank that could not load its files has ended the job before this: no rank says "resumed" or deletes
+    // checkpoints for a start that failed.
+    transport.barrier();
+    if (main_rank && !resumed.empty()) std::printf("%s\n", resumed.c_str());
     // Checkpoints in out_dir beyond this run's start belong to another history (a fresh run's out_dir holding an
     // earlier run, a resume from an older step): saved among them, this run's checkpoints would be pruned before
     // theirs and --resume auto would continue theirs.
@@ -117,14 +128,27 @@ void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<con
         unmark_checkpoint(dir);  // saving over a checkpoint of this step: incomplete until the new marker
     }
     transport.barrier();
-    if (transport.rank() == 0) save_model(model_path(dir), cfg.model, weights);
+    FileDigest model_digest;
+    if (transport.rank() == 0) model_digest = save_model(model_path(dir), cfg.model, weights);
     ByteWriter opt_state;
     save_optimizer_state(opt_state);
     state.optimizer_state = std::move(opt_state.bytes());
-    write_training_state(state_path(dir, transport.rank()), state);
-    transport.barrier();  // every rank's files are in place before the marker says so
+    const FileDigest state_digest = write_training_state(state_path(dir, transport.rank()), state);
+    // Every rank's digest to rank 0; being a collective, this also means every rank's files are in place
+    // before the marker says so.
+    const int world = transport.world_size();
+    std::vector<uint64_t> digests(2 * static_cast<size_t>(world), 0);
+    digests[2 * transport.rank()] = state_digest.bytes;
+    digests[2 * transport.rank() + 1] = state_digest.xxh64;
+    transport.allreduce_or(digests);
     if (transport.rank() == 0) {
-        mark_checkpoint_complete({dir, state.step, transport.world_size(), cfg.optimizer});
+        CheckpointInfo info{dir, state.step, world, cfg.optimizer, {}};
+        info.files["model.bin"] = model_digest;
+        for (int r = 0; r < world; r++) {
+            const std::string name = state_path(dir, r).substr(dir.size() + 1);
+            info.files[name] = {digests[2 * static_cast<size_t>(r)], digests[2 * static_cast<size_t>(r) + 1]};
+        }
+        mark_checkpoint_complete(info);
         prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
         std::printf("saved checkpoint %s\n", dir.c_str());
     }
@@ -133,14 +157,14 @@ void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<con
 int resolve_batch_geometry(TrainConfig& cfg, int world) {
     const int64_t tokens_per_micro = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * world;
     if (cfg.total_batch_size == 0) cfg.total_batch_size = tokens_per_micro;
+    const std::string total = cfg.sources.name("total_batch_size") + " " + std::to_string(cfg.total_batch_size);
     LLMC_CHECK(cfg.total_batch_size % tokens_per_micro == 0,
-               "--total_batch_size " + std::to_string(cfg.total_batch_size) +
-                   " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) + "*" +
+               total + " is not a multiple of batch_size*seq_len*ranks = " + std::to_string(cfg.batch_size) + "*" +
                    std::to_string(cfg.seq_len) + "*" + std::to_string(world) + " = " + std::to_string(tokens_per_micro));
     const int64_t accumulation = cfg.total_batch_size / tokens_per_micro;
-    LLMC_CHECK(accumulation <= INT32_MAX, "--total_batch_size " + std::to_string(cfg.total_batch_size) + " needs " +
-                                              std::to_string(accumulation) + " micro-steps per step, more than " +
-                                              std::to_string(INT32_MAX) + " (raise --batch_size or lower it)");
+    LLMC_CHECK(accumulation <= INT32_MAX, total + " needs " + std::to_string(accumulation) +
+                                              " micro-steps per step, more than " + std::to_string(INT32_MAX) +
+                                              " (raise --batch_size or lower it)");
     return static_cast<int>(accumulation);
 }
 
@@ -164,9 +188,8 @@ void check_same_config_everywhere(Transport& transport, const std::string& confi
 }
 
 void print_dry_run_report(const TrainConfig& cfg, int world) {
-    // the optimizer's own checks, which a real run makes when it builds the optimizer (a dry run builds none)
-    if (cfg.optimizer == "demo") demo::cm::validate_options(cfg.optimizer_config());
-    else validate_adamw_options(cfg.optimizer_config());
+    // (the optimizer's own checks ran in validate_config)
+    print_config_warnings(cfg);
     std::printf("%s\n", config_to_json(cfg).c_str());
     std::fflush(stdout);
     // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
@@ -177,6 +200,50 @@ void print_dry_run_report(const TrainConfig& cfg, int world) {
                                "traffic per rank per step, " + cfg.model.describe() + ", " +
                                    std::to_string(traffic.world_size) + " ranks",
                                demo::gpt2_shapes(cfg.model), traffic);
+}
+
+std::vector<std::string> config_warnings(const TrainConfig& cfg) {
+    std::vector<std::string> warnings;
+    // the optimizers' decay factor, in their float arithmetic, at the peak learning rate
+    if (const float factor = 1.0f - cfg.lr * cfg.weight_decay; factor <= 0.0f)
+        warnings.push_back("lr " + format_float(cfg.lr) + " x weight_decay " + format_float(cfg.weight_decay) +
+                           " >= 1: decoupled weight decay multiplies the decayed weights by 1 - lr x weight_decay = " +
+                           format_float(factor) + " at the peak learning rate: " +
+                           (factor < 0.0f ? "it flips their sign" : "it zeroes them") + " instead of shrinking them");
+    if (cfg.warmup_steps > cfg.steps) {
+        const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
+        warnings.push_back("warmup_steps " + std::to_string(cfg.warmup_steps) + " > steps " +
+                           std::to_string(cfg.steps) + ": the learning rate is still warming up at the last step, " +
+                           "where it reaches " + format_float(schedule.at(cfg.steps - 1)) + ", not lr " +
+                           format_float(cfg.lr));
+    }
+    if (cfg.optimizer == "demo") {
+        // demo::plan_tensor clamps a tensor's k to its chunks' elements (a 1-D tensor's chunk is one row)
+        const ParamLayout layout = ParamLayout::gpt2(cfg.model);
+        size_t clamped = 0, fewest = SIZE_MAX;
+        std::string example;
+        for (const ParamTensor& t : layout.tensors) {
+            const demo::TensorPlan p = demo::plan_tensor(t.shape, static_cast<size_t>(cfg.demo_chunk),
+                                                         static_cast<size_t>(cfg.demo_topk));
+            if (p.k == static_cast<size_t>(cfg.demo_topk)) continue;
+            clamped++;
+            if (p.chunk_elems < fewest) {
+                fewest = p.chunk_elems;
+                example = std::to_string(p.n1) + " x " + std::to_string(p.n2) + " in " + t.name;
+            }
+        }
+        if (clamped > 0)
+            warnings.push_back("demo_topk " + std::to_string(cfg.demo_topk) + " exceeds the elements of the DeMo " +
+                               "chunks of " + std::to_string(clamped) + " of " + std::to_string(layout.tensors.size()) +
+                               " tensors (demo_chunk " + std::to_string(cfg.demo_chunk) + "; smallest: " + example +
+                               "): their k is clamped to a chunk's elements, so they send every coefficient");
+    }
+    return warnings;
+}
+
+void print_config_warnings(const TrainConfig& cfg) {
+    for (const std::string& warning : config_warnings(cfg)) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    std::fflush(stderr);
 }
 
 std::string demo_delay_phrase(const TrainConfig& cfg) {
@@ -222,7 +289,8 @@ BatchAgreement batch_agreement_finish(Transport& transport, const ParamLayout& l
 }
 
 RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
-    LLMC_CHECK(!cfg.train_data.empty(), "--train_data is empty (give a glob of llm.c token shards)");
+    LLMC_CHECK(!cfg.train_data.empty(),
+               cfg.sources.name("train_data") + " is empty (give a glob of llm.c token shards)");
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size),
                  nullptr, nullptr};
@@ -312,7 +380,8 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
         session_steps_++;
     }
     m.eta_seconds = session_steps_ ? session_seconds_ / session_steps_ * (cfg_.steps - step - 1) : 0.0;
-    const double local[2] = {m.loss, m.grad_norm};
+    // the third value: how many ranks were asked to stop (a signal that reached one rank stops every one)
+    const double local[3] = {m.loss, m.grad_norm, StopSignals::received() != 0 ? 1.0 : 0.0};
     transport.allreduce_sum_start(local);
     pending_ = m;
     if (step + 1 == cfg_.steps || transport.world_size() == 1) flush(transport);  // one rank: nothing to wait for
@@ -322,10 +391,11 @@ void StepReporter::flush(Transport& transport) {
     if (!pending_) return;
     StepMetrics m = *pending_;
     pending_.reset();
-    double sums[2];
+    double sums[3];
     transport.allreduce_sum_finish(sums);
     m.loss = sums[0] / transport.world_size();
     m.grad_norm = sums[1] / transport.world_size();
+    if (sums[2] > 0.0) stop_requested_ = true;
     const bool diverged = !std::isfinite(m.loss) || !std::isfinite(m.grad_norm);
     if (log_) {
         log_->log_step(m);
@@ -344,6 +414,22 @@ void StepReporter::flush(Transport& transport) {
                        "was written for it");
 }
 
+int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, int64_t step) {
+    if (transport.rank() == 0) {
+        const int signal = StopSignals::received();
+        const std::string why = signal == 0                  ? "a stop signal on another rank"
+                                : transport.world_size() > 1 ? std::string(signal_name(signal)) + " on rank 0"
+                                                             : std::string(signal_name(signal));
+        const std::string saved = cfg.checkpoint_every >= 0 ? "; checkpoint " + checkpoint_dir(cfg.out_dir, step) +
+                                                                  ": continue with --resume auto"
+                                                            : "; no checkpoint (--checkpoint_every -1)";
+        std::printf("stopped after step %lld of %d on %s%s\n", static_cast<long long>(step), cfg.steps, why.c_str(),
+                    saved.c_str());
+        std::fflush(stdout);
+    }
+    return kStoppedExitStatus;
+}
+
 int report_fatal_error(const std::exception& e, const Transport* transport) {
     const bool user_error = dynamic_cast<const Error*>(&e) != nullptr;
     const bool multi_rank = transport && transport->world_size() > 1;
@@ -359,9 +445,11 @@ int report_fatal_error(const std::exception& e, const Transport* transport) {
 int trainer_main(int argc, char** argv, const char* program, TrainFunction train) {
     std::unique_ptr<Transport> transport;
     try {
+        const bool launched_ranks = started_by_mpi_launcher();  // before MPI_Init sets Open MPI's variables
         transport = make_world_transport(&argc, &argv);
         TrainConfig cfg;
         if (!parse_command_line(argc - 1, argv + 1, cfg, program)) return 0;
+        const StopSignals stop_signals(!launched_ranks);  // a stop signal now ends the run at a step, with a checkpoint
         return train(cfg, *transport, argc, argv);
     } catch (const std::exception& e) {
         return report_fatal_error(e, transport.get());

@@ -31,15 +31,25 @@
 namespace llmc {
 
 // Resolves total_batch_size (0 -> B*T*world) and returns the gradient-accumulation steps; throws naming
-// --total_batch_size when it is not a multiple of batch_size*seq_len*world.
+// total_batch_size as cfg.sources does when it is not a multiple of batch_size*seq_len*world.
 int resolve_batch_geometry(TrainConfig& cfg, int world);
 
 // Every rank must run the same configuration: compares each rank's resolved config with rank 0's and throws
 // naming the first differing key. Resets the transport's counters afterwards.
 void check_same_config_everywhere(Transport& transport, const std::string& config_json);
 
-// --dry_run: the resolved config and the traffic report (for the paper's 64 ranks when run on one).
+// --dry_run: the config's warnings, the resolved config and the traffic report (for the paper's 64 ranks when run on
+// one).
 void print_dry_run_report(const TrainConfig& cfg, int world);
+
+// Settings a run accepts that probably do not do what was meant, one line each (without "warning: "):
+// lr * weight_decay >= 1 (decoupled weight decay then zeroes or flips the decayed weights each step), warmup_steps >
+// steps (the learning rate never reaches its peak) and, with DeMo, a demo_topk above the elements of some tensor's
+// chunks (the plan clamps k to them: those chunks send every coefficient).
+std::vector<std::string> config_warnings(const TrainConfig& cfg);
+// config_warnings on stderr, "warning: ..." each: the trainers' rank 0 prints them before training, after the
+// checks that could still stop the run, and a dry run with its report.
+void print_config_warnings(const TrainConfig& cfg);
 
 // For the trainers' banner: "applied a step late" (--demo_delay 1), with ", own share at once" when eager;
 // empty for every other setting.
@@ -93,18 +103,21 @@ void write_run_record(const std::string& out_dir, const nlohmann::ordered_json& 
 // Where a run starts, from --resume / --init_from (the CPU and the CUDA trainer alike):
 //  - a checkpoint written by as many ranks: weights, step, tokens, bytes sent, data position and sampling
 //    RNG are restored and `load_optimizer_state` gets this rank's optimizer blob;
-//  - a checkpoint of another world size: refused, unless --reset_momentum, which keeps the weights, step and
-//    tokens, continues the data stream after the window groups already consumed, and leaves the optimizer
-//    state fresh (it is per rank and cannot be re-dealt);
+//  - a checkpoint of another world size: refused, unless --reset_momentum, which keeps the weights, step,
+//    tokens, rank 0's sampling RNG and byte count, continues the data stream after the window groups already
+//    consumed, and leaves the optimizer state fresh (it is per rank and cannot be re-dealt);
 //  - --init_from: weights from an llm.c model file; otherwise nothing is loaded (a fresh run: the caller
 //    draws the seeded init).
+// Each rank checks the checkpoint files it reads against the marker's sizes and checksums first. The ranks
+// then meet, so rank 0 reports the resume, and --overwrite deletes later checkpoints, only when every rank
+// has loaded its files (a rank that failed has ended the job).
 // `weights` receives the fp32 parameters when something was loaded. Returns the checkpoint resumed from.
 struct RunStart {
     std::optional<CheckpointInfo> checkpoint;
     bool weights_loaded = false;
 };
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
-                           int rank, int world, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
+                           Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
                            TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state);
 
 // Writes checkpoint <out_dir>/checkpoints/step_N: rank 0 writes model.bin from `weights` (fp32; other ranks
@@ -186,6 +199,9 @@ public:
                 const CommCounters& comm, Transport& transport, TrainingState& state);
     // Waits for the reported step's averages, if one is waiting, and writes its lines.
     void flush(Transport& transport);
+    // Whether some rank had received a stop signal (stop_signal.h) when it reported a step flushed so far: the
+    // same answer on every rank at the same point of the loop, since every rank flushes the same steps there.
+    bool stop_requested() const { return stop_requested_; }
     // Flushes the reporter when the training loop is left by an error, so the last step's lines come before
     // the error's message (every rank that reported that step has sent its share: the wait ends).
     class FlushOnError {
@@ -216,7 +232,12 @@ private:
     double session_seconds_ = 0.0;
     int session_steps_ = 0;
     std::optional<StepMetrics> pending_;  // reported, its averages in flight
+    bool stop_requested_ = false;
 };
+
+// The end of a run that stopped on a stop signal after `step` (its checkpoint written, unless --checkpoint_every
+// -1): rank 0 says where it stopped and how to continue. Returns kStoppedExitStatus.
+int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, int64_t step);
 
 // A trainer's main(): the world transport (MPI under mpirun), the command line (--help prints and returns 0),
 // train(), and the one-line exit of report_fatal_error for any error on the way.

@@ -9,7 +9,7 @@
 # everything it created: namespaces (with their links and qdiscs), temp files (incl. Open MPI's session dirs)
 # and processes, on success, failure, Ctrl-C or SIGTERM.
 # Nothing is changed in the root namespace; namespace names carry a per-invocation prefix (bwl<PID>).
-# Recipe and measurements: /work/shared/reference/bandwidth-lab.md, docs/BANDWIDTH.md.
+# Recipe and measurements: docs/BANDWIDTH.md.
 #
 #   scripts/bandwidth_lab.sh --hosts 4 --rate 100mbit --measure-iface -- lab-mpirun -np 4 ./train_gpt_cpu ...
 #

@@ -44,7 +44,8 @@ PyTorch references first).
   collective's end inside the optimizer's step does; a batch that fails to load meanwhile (on 1 or 2 ranks) is
   reported after the step, as the CPU trainer reports it.
 - A rank killed mid-run ends the 2-rank job (then --resume auto finishes it); a stopped rank ends it after
-  --comm_timeout; a damaged bucket over NCCL stops it with the CPU decoder's message.
+  --comm_timeout; a damaged bucket over NCCL stops it with the CPU decoder's message; a stop signal to one rank
+  stops both at a step with a checkpoint, and the resumed run gives the straight run's bits.
 The commands run concurrently, as many at a time as the machine has cores (Pool), and the checks are evaluated
 once the runs they read have ended, then printed in order; failures are reported together at the end.
 """
@@ -339,6 +340,26 @@ def rank_dies_or_stops():
         check(code not in (None, 0) and not survivors and "did not complete within 5 s (--comm_timeout)" in err,
               f"GPU trainer, 2 ranks over NCCL: a stopped rank ends the job after --comm_timeout 5: mpirun exit "
               f"{code} after {took:.1f} s, surviving ranks {survivors}: {line}")
+    # A stop signal to one rank, with a --demo_delay round in flight and the next step queued ahead: both ranks
+    # stop at the same step with a checkpoint of it and exit 4, and --resume auto gives the straight run's bits.
+    args = ["--optimizer", "demo", "--demo_delay", "1", "--steps", "12"]
+    straight = run(EMU["fp32"], "stop-straight", args, ranks=2).get()
+    out = os.path.join(TMP, "stop-signal")
+    shutil.rmtree(out, ignore_errors=True)
+    p, ranks = cpu_checks.start_two_ranks(out, BASE + args, 3, trainer=EMU["fp32"])
+    if ranks is not None:
+        os.kill(ranks[-1], signal.SIGUSR1)
+        code, err, took, survivors = cpu_checks.wait_for_job_end(p, ranks, 60)
+        logged = metrics(out)
+        at = logged[-1]["step"] if logged else 0
+        complete = os.path.isfile(os.path.join(out, "checkpoints", f"step_{at:08d}", "COMPLETE"))
+        check(code == 4 and 3 <= at < 12 and complete and not survivors,
+              f"GPU trainer, 2 ranks: SIGUSR1 to one rank stops both after step {at} with a checkpoint "
+              f"(mpirun exit {code} after {took:.1f} s) {err.strip()[:160]}")
+        resumed = run(EMU["fp32"], "stop-signal", args + ["--resume", "auto"], ranks=2, fresh=False).get()
+        key = lambda rows: [(m["step"], m["loss"], m["grad_norm"]) for m in rows or []]
+        check(resumed is not None and straight is not None and key(metrics(out)) == key(straight),
+              "GPU trainer, 2 ranks: --resume auto after the stop gives the straight run's 12 steps bit for bit")
 
 
 def main():

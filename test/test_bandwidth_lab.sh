@@ -276,11 +276,15 @@ if command -v mpirun >/dev/null; then
 fi
 
 # Signals mid-run, with an MPI job (mpirun in host 0, orted + a rank in host 1) and a plain command.
-# Job control (set -m) so the background lab does not start with SIGINT ignored, as a terminal's would not.
+# Job control (set -m) so the background lab does not start with SIGINT ignored, as a terminal's would not; and
+# SIGINT reset to its default for it in case this script itself started with it ignored (a background job of a
+# non-interactive shell: bash cannot undo that).
 set -m
+reset='import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])'
+default_sigint=(/usr/bin/python3 -c "$reset")
 for sig in TERM INT; do
   rm -f "$work/prefix" "$work/pids"
-  "$lab" --quiet --hosts 2 --rate 20mbit -- sh -c 'echo "$LAB_PREFIX" > "$0/prefix"
+  "${default_sigint[@]}" "$lab" --quiet --hosts 2 --rate 20mbit -- sh -c 'echo "$LAB_PREFIX" > "$0/prefix"
     lab-mpirun -np 2 sh -c "echo \$\$ >> $0/pids; exec sleep 300"' "$work" &
   lab_pid=$!
   for _ in $(seq 100); do [[ -s "$work/pids" && $(wc -l <"$work/pids") -ge 2 ]] && break; sleep 0.1; done

@@ -1,5 +1,6 @@
 // Config schema tests: JSON files and flags set the same keys, later sources win, help documents exactly the
-// parser's keys, and every kind of bad input gets a one-line error naming the flag or file and key.
+// parser's keys, numbers in flags are plain decimals, and every kind of bad input gets a one-line error naming the
+// flag or file and key, range errors the source that set the value last, floats as the user wrote them.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -16,6 +17,17 @@ static bool parse(std::vector<std::string> args, TrainConfig& cfg) {
     std::vector<const char*> argv;
     for (const auto& a : args) argv.push_back(a.c_str());
     return parse_command_line(static_cast<int>(argv.size()), argv.data(), cfg, "test");
+}
+
+// The message a fresh config's parse of `args` throws, or "(no error)": for the tests of whole messages.
+static std::string parse_error(std::vector<std::string> args) {
+    TrainConfig cfg;
+    try {
+        parse(std::move(args), cfg);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
 }
 
 static std::string write_temp(const std::string& name, const std::string& text) {
@@ -156,11 +168,128 @@ TEST(optimizer_config_maps_choices) {
     EXPECT(parse({"--demo_delay", "1", "--demo_eager", "false"}, stale));
     EXPECT(!stale.optimizer_config().demo.eager);
     TrainConfig other;
-    EXPECT_ERROR(parse({"--demo_delay", "2"}, other), "--demo_delay must be 0 or 1, got 2");
+    EXPECT_ERROR(parse({"--demo_delay", "2"}, other), "--demo_delay must be 0 or 1 (got 2)");
     EXPECT(o.demo.values == DemoValueEncoding::sign);
     EXPECT(o.demo.momentum == DemoMomentum::ema);
     EXPECT(o.decay_groups == DecayGroups::all);
     EXPECT(o.demo.indices == DemoIndexEncoding::packed12);
+}
+
+// strtoll and strtod take leading blanks, a '+' and hex (and strtod inf and nan); a flag's number is a plain decimal.
+TEST(numbers_in_flags_are_plain_decimals) {
+    for (const auto& [flag, bad] : std::vector<std::pair<std::string, std::string>>{
+             {"--steps", " 5"}, {"--steps", "+5"}, {"--steps", "5 "}, {"--steps", "0x10"}, {"--steps", ""},
+             {"--steps", "-"}, {"--steps", "5e2"}, {"--seed", "\t7"}, {"--lr", "0x1p-10"}, {"--lr", " 0.1"},
+             {"--lr", "+0.1"}, {"--lr", "0.1 "}, {"--lr", "inf"}, {"--lr", "-inf"}, {"--lr", "nan"},
+             {"--lr", "infinity"}, {"--lr", "."}, {"--lr", "1e"}, {"--lr", "1e+"}, {"--lr", "e5"}, {"--lr", "1,5"}}) {
+        const std::string expected = std::string(flag == "--lr" ? "expected a number" : "expected an integer");
+        EXPECT_EQ(parse_error({flag, bad}), flag + ": " + expected + ", got '" + bad + "'");
+    }
+    TrainConfig cfg;
+    EXPECT(parse({"--lr", ".5", "--beta1", "0.", "--eps", "1E-6", "--final_lr_frac", "1e+0", "--steps", "-0",
+                  "--warmup_steps", "007", "--steps=12", "--seed", "-3"}, cfg));
+    EXPECT_EQ(cfg.lr, 0.5f);
+    EXPECT_EQ(cfg.beta1, 0.0f);
+    EXPECT_EQ(cfg.eps, 1e-6f);
+    EXPECT_EQ(cfg.final_lr_frac, 1.0f);
+    EXPECT_EQ(cfg.warmup_steps, 7);
+    EXPECT_EQ(cfg.steps, 12);
+    EXPECT_EQ(cfg.seed, int64_t{-3});
+    // out of range stays a range error; below a double's range is not silently 0
+    EXPECT_EQ(parse_error({"--steps", "-2147483649"}), "--steps: -2147483649 is out of range");
+    EXPECT_EQ(parse_error({"--seed", "9223372036854775808"}), "--seed: 9223372036854775808 is out of range");
+    EXPECT_EQ(parse_error({"--lr", "1e400"}), "--lr: 1e400 is out of a float's range");
+    EXPECT_EQ(parse_error({"--eps", "1e-400"}), "--eps: 1e-400 is out of a float's range");
+    // JSON numbers are JSON's (no '+', hex, inf or nan), and a string is no number
+    const std::string text = write_temp("text_number.json", R"({"lr": "0.1"})");
+    EXPECT_EQ(parse_error({"--config", text}), text + ": key 'lr': expected a number, got \"0.1\"");
+    const std::string plus = write_temp("plus_number.json", R"({"steps": +5})");
+    EXPECT_ERROR(parse({"--config", plus}, cfg), plus + ": malformed JSON");
+    const std::string nan = write_temp("nan_number.json", R"({"lr": NaN})");
+    EXPECT_ERROR(parse({"--config", nan}, cfg), nan + ": malformed JSON");
+}
+
+// A range error names the source that set the value last: the file and key, or the flag (not a flag nobody gave).
+TEST(range_errors_name_the_source_of_the_value) {
+    const std::string lr = write_temp("negative_zero_lr.json", R"({"lr": -0.0})");
+    EXPECT_EQ(parse_error({"--config", lr}), lr + ": key 'lr' must be > 0 (got -0)");
+    EXPECT_EQ(parse_error({"--config", lr, "--lr", "-1"}), "--lr must be > 0 (got -1)");  // the flag came later
+    EXPECT_EQ(parse_error({"--lr", "-1", "--config", lr}), lr + ": key 'lr' must be > 0 (got -0)");
+    EXPECT_EQ(parse_error({"--config", lr, "--lr", "0.1", "--config", lr}), lr + ": key 'lr' must be > 0 (got -0)");
+    EXPECT_EQ(parse_error({"--config", lr, "--eps", "0"}), lr + ": key 'lr' must be > 0 (got -0)");
+    EXPECT_EQ(parse_error({"--config", lr, "--lr", "0.1", "--eps", "0"}), "--eps must be > 0 (got 0)");
+    EXPECT_EQ(parse_error({"--steps", "0"}), "--steps must be > 0 (got 0)");
+
+    const auto file_error = [](const std::string& name, const std::string& json) {
+        const std::string path = write_temp(name, json);
+        return std::make_pair(path, parse_error({"--config", "configs/tiny.json", "--config", path}));
+    };
+    for (const auto& [json, message] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"steps": 0})", "key 'steps' must be > 0 (got 0)"},
+             {R"({"threads": -1})", "key 'threads' must be >= 0 (got -1)"},
+             {R"({"checkpoint_every": -2})",
+              "key 'checkpoint_every' must be >= -1 (got -2; 0: only at the end, -1: never)"},
+             {R"({"seq_len": 128})", "key 'seq_len' 128 exceeds max_seq_len 64 (configs/tiny.json)"},
+             {R"({"final_lr_frac": 1.5})", "key 'final_lr_frac' must be in [0, 1] (got 1.5)"},
+             {R"({"comm_timeout": -0.5})", "key 'comm_timeout' must be >= 0 (got -0.5; seconds, 0 waits forever)"},
+             {R"({"demo_delay": 2})", "key 'demo_delay' must be 0 or 1 (got 2)"},
+             {R"({"out_dir": ""})", "key 'out_dir' must not be empty"},
+             // the optimizer's checks (validate_adamw_options, demo::cm::validate_options)
+             {R"({"eps": -1e-9})", "key 'eps' must be > 0 (got -1e-9)"},
+             {R"({"beta2": 1})", "key 'beta2' must be in [0, 1) (got 1)"},
+             {R"({"weight_decay": -0.001})", "key 'weight_decay' must be >= 0 (got -0.001)"},
+             {R"({"optimizer": "demo", "demo_topk": 0})", "key 'demo_topk' must be >= 1 (got 0)"},
+             {R"({"optimizer": "demo", "demo_chunk": 5000})", "key 'demo_chunk' must be <= 4096 (got 5000)"},
+             {R"({"optimizer": "demo", "demo_decay": 1.0000001})",
+              "key 'demo_decay' must be in [0, 1) (got 1.0000001)"},
+             {R"({"optimizer": "demo", "demo_alpha": 0})", "key 'demo_alpha' must be in (0, 1] (got 0)"},
+             {R"({"optimizer": "demo", "weight_decay": -1e-30})", "key 'weight_decay' must be >= 0 (got -1e-30)"},
+         }) {
+        const auto [path, error] = file_error("range.json", json);
+        EXPECT_EQ(error, path + ": " + message);
+    }
+    // a check that relates several keys names every source of them
+    const std::string heads = write_temp("heads.json", R"({"num_heads": 5})");
+    EXPECT_EQ(parse_error({"--config", "configs/tiny.json", "--config", heads}),
+              "model config (configs/tiny.json, " + heads + "): channels 64 not divisible by num_heads 5");
+    EXPECT_EQ(parse_error({"--num_heads", "5"}),
+              "model config (--num_heads): channels 768 not divisible by num_heads 5");
+    // and after the world size is known: total_batch_size's divisibility
+    const std::string total = write_temp("total.json", R"({"total_batch_size": 100})");
+    TrainConfig cfg;
+    EXPECT(parse({"--config", total}, cfg));
+    EXPECT_ERROR(resolve_batch_geometry(cfg, 1), total + ": key 'total_batch_size' 100 is not a multiple of");
+    TrainConfig flagged;
+    EXPECT(parse({"--config", total, "--total_batch_size", "300"}, flagged));
+    EXPECT_ERROR(resolve_batch_geometry(flagged, 1), "--total_batch_size 300 is not a multiple of");
+}
+
+// Floats in messages read back as the value given, not std::to_string's six decimals (-1e-9 was "-0.000000").
+TEST(floats_in_errors_are_shown_as_given) {
+    EXPECT_EQ(parse_error({"--eps", "-1e-9"}), "--eps must be > 0 (got -1e-9)");
+    EXPECT_EQ(parse_error({"--lr", "-6e-4"}), "--lr must be > 0 (got -6e-4)");
+    EXPECT_EQ(parse_error({"--beta1", "1.0000001"}), "--beta1 must be in [0, 1) (got 1.0000001)");
+    EXPECT_EQ(parse_error({"--weight_decay", "-0.1"}), "--weight_decay must be >= 0 (got -0.1)");
+    EXPECT_EQ(parse_error({"--warmup_start_frac", "-1e20"}), "--warmup_start_frac must be in [0, 1] (got -1e20)");
+    EXPECT_EQ(parse_error({"--peak_tflops", "-989.4"}),
+              "--peak_tflops must be >= 0 (got -989.4; 0: looked up for a known GPU, else no MFU)");
+    EXPECT_EQ(parse_error({"--optimizer", "demo", "--demo_decay", "-0.5"}),
+              "--demo_decay must be in [0, 1) (got -0.5)");
+}
+
+// An unknown key gets the nearest known one; dashes count as underscores (JSON keys take underscores only).
+TEST(unknown_keys_suggest_the_nearest) {
+    const std::string dashed = write_temp("dashed.json", R"({"total-batch-size": 512})");
+    EXPECT_EQ(parse_error({"--config", dashed}),
+              dashed + ": unknown config key 'total-batch-size' (did you mean 'total_batch_size'?)");
+    const std::string typo = write_temp("dashed_typo.json", R"({"warmup-start-farc": 0.1})");
+    EXPECT_EQ(parse_error({"--config", typo}),
+              typo + ": unknown config key 'warmup-start-farc' (did you mean 'warmup_start_frac'?)");
+    EXPECT_EQ(parse_error({"--warmup-start-farc", "0.1"}),
+              "--warmup_start_farc: unknown flag (did you mean 'warmup_start_frac'?) (see --help)");
+    EXPECT_EQ(parse_error({"--zzzzzzzzzz", "1"}), "--zzzzzzzzzz: unknown flag (see --help)");
+    EXPECT_EQ(parse_error({"--x", "1"}), "--x: unknown flag (see --help)");  // 2 edits from 'lr': no typo of it
+    EXPECT_EQ(parse_error({"--lt", "1"}), "--lt: unknown flag (did you mean 'lr'?) (see --help)");
 }
 
 // Which steps checkpoint (of 6 steps, 0-based): every N-th and the last; 0 only the last; -1 none.

@@ -1,5 +1,5 @@
-// Tests of the DeMo traffic report: the paper's OLMo shapes must reproduce the numbers of
-// shared/reference/demo-algorithm.md exactly, and our encodings must come out at the expected fractions.
+// Tests of the DeMo traffic report: the paper's OLMo shapes must reproduce the DeMo paper's byte counts for its
+// configs exactly, and our encodings must come out at the expected fractions.
 #include <sstream>
 #include <string>
 

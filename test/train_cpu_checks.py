@@ -4,12 +4,16 @@ Each check runs ./train_gpt_cpu (under mpirun where it says so) on the tiny conf
 determinism run after run, bit-identical losses after a checkpoint/resume for both optimizers and for 1 and 2
 ranks (and DeMo with --demo_delay 1), AdamW-DDP with 2 ranks x batch B matching 1 rank x batch 2B, refusal of a
 resume with another world size (and --reset_momentum accepting it), AdamW-DDP's overlapped all-reduce giving the
-bits of the all-reduce after the backward, model TFLOP/s and MFU in the metrics against flops counted here, and
-one-line errors with a non-zero exit and no hang for bad input, a rank killed mid-run ending the whole job (then
-resumed), and a rank that stops without dying ending it after --comm_timeout; an out_dir's history kept whole (a
-run that would write among another history's checkpoints refused unless --overwrite, state files that disagree
-with their checkpoint or other training shards refused naming the file). Failures are collected and reported
-together.
+bits of the all-reduce after the backward, model TFLOP/s and MFU in the metrics against flops counted here,
+one-line errors with a non-zero exit and no hang for bad input (numbers that are not plain decimals, range errors
+naming the config file that set the value, floats shown as given), one warning line each for settings that run but
+probably do not do what was meant, a rank killed mid-run ending the whole job (then resumed), and a rank that
+stops without dying ending it after --comm_timeout; an out_dir's history kept whole (a run that would write among
+another history's checkpoints refused unless --overwrite, state files that disagree with their checkpoint or
+other training shards refused naming the file); checkpoint markers recording each file's XXH64 as xxhsum computes
+it, and a resume on a corrupt file refused before any rank reports it or deletes anything; a stop signal ending a
+run at a step with a checkpoint, from which --resume auto gives the uninterrupted losses.
+Failures are collected and reported together.
 """
 import json
 import math
@@ -339,8 +343,13 @@ def out_dir_history_checks(source):
     refused(["--out_dir", fresh("hist-x"), "--resume", hist], "an out_dir, not a checkpoint directory",
             "--resume given an out_dir says so")
     shutil.copy(os.path.join(ck(6), "state_rank0.bin"), os.path.join(ck(3), "state_rank0.bin"))
+    refused(["--out_dir", fresh("hist-y"), "--resume", ck(3)], "but its checkpoint's marker records",
+            "a state file of another checkpoint is refused by its checksum")
+    marker = json.load(open(os.path.join(ck(3), "COMPLETE")))
+    del marker["files"]  # as written before checksums: the state's own step is what tells
+    open(os.path.join(ck(3), "COMPLETE"), "w").write(json.dumps(marker) + "\n")
     refused(["--out_dir", fresh("hist-y"), "--resume", ck(3)], "state_rank0.bin: holds step 6 but its checkpoint's",
-            "a state file of another checkpoint is refused")
+            "a state file of another checkpoint is refused by its step (a marker without checksums)")
 
     # Other files behind the same glob: a shard fewer.
     data = fresh("hist-data")
@@ -355,21 +364,158 @@ def out_dir_history_checks(source):
             "a resume on other training shards is refused")
 
 
+def wait_for_step(out_dir, step, p, limit=120):
+    """Polls out_dir's metrics until `step` is logged or the process ends; the last step logged."""
+    deadline, last = time.time() + limit, 0
+    while time.time() < deadline and p.poll() is None:
+        try:
+            last = max([k for k in losses(out_dir) if isinstance(k, int)], default=0)
+        except (OSError, ValueError):
+            pass
+        if last >= step:
+            break
+        time.sleep(0.02)
+    return last
+
+
+def stop_signal_checks():
+    """A stop signal ends a run at a step, with a checkpoint of it and exit status 4, and --resume auto then gives
+    the uninterrupted run's losses bit for bit: SIGTERM to a single process; with 2 ranks and --demo_delay 1 (a
+    round in flight at the stop), SIGUSR1 to one rank only (the ranks agree on the step) and SIGUSR1 to mpirun
+    (which passes it on to the ranks)."""
+    steps = 80
+    common = BASE + ["--optimizer", "adamw", "--steps", str(steps), "--val_every", "0", "--checkpoint_every", "0"]
+    ref = fresh("stop-ref")
+    run(common + ["--out_dir", ref])
+    out = fresh("stop-1")
+    p = subprocess.Popen([TRAINER] + common + ["--threads", "2", "--out_dir", out], cwd=ROOT, env=MPI_ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(out, 3, p)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    at = max([k for k in losses(out) if isinstance(k, int)], default=0)
+    ck = os.path.join(out, "checkpoints", f"step_{at:08d}")
+    check(p.returncode == 4 and 3 <= at < steps and os.path.isfile(os.path.join(ck, "COMPLETE"))
+          and f"stopped after step {at} of {steps} on SIGTERM; checkpoint {ck}: continue with --resume auto" in stdout
+          and not stderr.strip(),
+          f"SIGTERM: the run stops after step {at} with exit {p.returncode}, a checkpoint of it and one line "
+          f"({stdout.strip().splitlines()[-1:] if stdout.strip() else stderr.strip()[:200]})")
+    run(common + ["--out_dir", out, "--resume", "auto"])
+    check(losses(out) == losses(ref), f"... and --resume auto gives the uninterrupted run's {steps} losses bit for bit")
+
+    demo = BASE + ["--optimizer", "demo", "--demo_delay", "1", "--steps", str(steps), "--val_every", "0",
+                   "--checkpoint_every", "0"]
+    ref2 = fresh("stop-ref2")
+    run(demo + ["--out_dir", ref2], 2)
+    for target in ("one rank", "mpirun"):
+        out = fresh("stop-2-" + target.replace(" ", "-"))
+        p, ranks = start_two_ranks(out, demo, 3)
+        if ranks is None:
+            continue
+        os.kill(ranks[-1] if target == "one rank" else p.pid, signal.SIGUSR1)
+        code, err, took, survivors = wait_for_job_end(p, ranks, 120)
+        at = max([k for k in losses(out) if isinstance(k, int)], default=0)
+        ck = os.path.join(out, "checkpoints", f"step_{at:08d}")
+        files = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+        check(code == 4 and 3 <= at < steps and not survivors
+              and files == ["COMPLETE", "model.bin", "state_rank0.bin", "state_rank1.bin"],
+              f"2 ranks, SIGUSR1 to {target}: both stop after step {at} (mpirun exit {code} after {took:.1f} s), "
+              f"checkpoint {files} {err.strip()[:160]}")
+        run(demo + ["--out_dir", out, "--resume", "auto"], 2)
+        check(losses(out) == losses(ref2), f"... and --resume auto gives the uninterrupted run's losses bit for bit")
+
+
+def flip_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def checksum_checks(source, two_rank):
+    """source: a finished 1-rank AdamW run of resume_case (checkpoints at steps 3 and 6); two_rank: a 2-rank DeMo
+    one, or None. A checkpoint's marker records every file's size and XXH64 as `xxhsum -H64` computes them; a
+    resume on a flipped bit or a truncated file stops with one line naming it and leaves the out_dir as it was;
+    with 2 ranks, a corrupt file of rank 1 ends the job before rank 0 says "resumed" or --overwrite deletes the
+    later checkpoint."""
+    ck = lambda d, step: os.path.join(d, "checkpoints", f"step_{step:08d}")
+    if shutil.which("xxhsum") is None:
+        check(False, "xxhsum (Debian's xxhash) is installed, to check the markers' checksums against")
+    else:
+        wrong = []
+        for step in (3, 6):
+            d = ck(source, step)
+            listed = json.load(open(os.path.join(d, "COMPLETE"))).get("files", {})
+            names = sorted(f for f in os.listdir(d) if f != "COMPLETE")
+            if sorted(listed) != names:
+                wrong.append(f"step {step} lists {sorted(listed)}, holds {names}")
+            for name in names:
+                path = os.path.join(d, name)
+                digest = subprocess.run(["xxhsum", "-H64", path], capture_output=True, text=True).stdout.split()[:1]
+                entry = listed.get(name, {})
+                if [entry.get("xxh64")] != digest or entry.get("bytes") != os.path.getsize(path):
+                    wrong.append(f"{name} at step {step}: marker {entry}, xxhsum {digest}")
+        check(not wrong, f"each marker lists its checkpoint's files with xxhsum's XXH64 and their sizes {wrong[:2]}")
+
+    common = BASE + ["--optimizer", "adamw", "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
+    sums = fresh("sums")
+    shutil.copytree(source, sums)
+    metrics = open(os.path.join(sums, "metrics.jsonl"), "rb").read()
+
+    def refused(args, path, needle, what, ranks=None):
+        p = run(args, ranks, expect_ok=False, timeout=120)
+        lines = [l for l in p.stderr.splitlines() if l.strip() and path in l]
+        check(p.returncode != 0 and lines and needle in lines[0] and "resume an older checkpoint" in lines[0]
+              and "resumed" not in p.stdout, f"{what}: {p.stderr.strip()[:240]}")
+        return p
+
+    model = os.path.join(ck(sums, 6), "model.bin")
+    flip_byte(model)
+    p = refused(common + ["--out_dir", sums, "--resume", "auto"], model, ": XXH64 ",
+                "a resume on a model.bin with one flipped bit stops naming it")
+    check(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
+          and open(os.path.join(sums, "metrics.jsonl"), "rb").read() == metrics,
+          "... with one line and exit 1, metrics.jsonl untouched")
+    flip_byte(model)
+    state = os.path.join(ck(sums, 3), "state_rank0.bin")
+    os.truncate(state, os.path.getsize(state) - 1)
+    refused(common + ["--out_dir", fresh("sums-b"), "--resume", ck(sums, 3)], state,
+            "bytes, but its checkpoint's marker records", "a resume on a truncated state file stops naming it")
+
+    if two_rank:
+        demo = BASE + ["--optimizer", "demo", "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
+        sums2 = fresh("sums2")
+        shutil.copytree(two_rank, sums2)
+        metrics = open(os.path.join(sums2, "metrics.jsonl"), "rb").read()
+        state1 = os.path.join(ck(sums2, 3), "state_rank1.bin")
+        flip_byte(state1)
+        refused(demo + ["--out_dir", sums2, "--resume", ck(sums2, 3), "--overwrite"], state1, ": XXH64 ",
+                "2 ranks: rank 1's corrupt state file ends the job before rank 0 says it resumed", 2)
+        check(os.path.isfile(os.path.join(ck(sums2, 6), "COMPLETE"))
+              and open(os.path.join(sums2, "metrics.jsonl"), "rb").read() == metrics,
+              "... and before --overwrite deletes step 6 or the metrics are cut back")
+
+
 def divergence_check():
     """A learning rate that makes the loss blow up: the run stops at the first step whose loss or norm is not finite,
     with exit status 3 (diverged, not failed) and one error line, that step's lines and a "diverged" line in the
-    metrics, and no checkpoint of it (the one before stays, for --resume auto)."""
+    metrics, and no checkpoint of it (the one before stays, for --resume auto). (Its lr x weight_decay >= 1 gets a
+    warning line before training.)"""
     out = fresh("diverged")
     p = run(BASE + ["--steps", "12", "--lr", "1e6", "--grad_clip", "0", "--checkpoint_every", "1", "--val_every", "0",
                     "--out_dir", out], None, expect_ok=False, timeout=120)
     lines = [l for l in p.stderr.splitlines() if l.strip()]
+    warned = lines[:1] if lines and lines[0].startswith("warning: lr 1e6 x weight_decay 0.1 >= 1: ") else []
+    lines = lines[len(warned):]
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     train = [r for r in rows if r["type"] == "train"]
     last = train[-1]["step"] if train else 0
     bad = lambda r: r["loss"] is None or r["grad_norm"] is None or not math.isfinite(r["loss"] * r["grad_norm"])
     ckdir = os.path.join(out, "checkpoints")
     saved = sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else []
-    check(p.returncode == 3 and len(lines) == 1 and f"step {last}: the loss is" in lines[0] and "diverged" in lines[0]
+    check(warned and p.returncode == 3 and len(lines) == 1 and f"step {last}: the loss is" in lines[0]
+          and "diverged" in lines[0]
           and 1 < last < 12 and bad(train[-1]) and not any(bad(r) for r in train[:-1])
           and rows[-1] == {**rows[-1], "type": "diverged", "step": last}
           and saved and saved[-1] == f"step_{last - 1:08d}",
@@ -377,8 +523,68 @@ def divergence_check():
           f"of it (exit {p.returncode}, checkpoints {saved[-2:]}): {p.stderr.strip()[:200]}")
 
 
+def config_checks():
+    """The command line's values as the trainer reports them: numbers that are not plain decimals refused, a range
+    error naming the file and key that set the value (or the flag, when one came later), floats shown as given; and
+    settings that run but probably do not do what was meant (lr x weight_decay >= 1, warmup_steps > steps, demo_topk
+    above a chunk's elements) each get one "warning:" line on stderr from rank 0, with --dry_run and before training,
+    and the run goes on."""
+    bad_lr = os.path.join(fresh("config-files"), "bad_lr.json")
+    os.makedirs(os.path.dirname(bad_lr))
+    with open(bad_lr, "w") as f:
+        f.write('{"lr": -0.0}')
+    for args, needle in [
+        (["--steps", " 5"], "--steps: expected an integer, got ' 5'"),
+        (["--steps", "+5"], "--steps: expected an integer, got '+5'"),
+        (["--lr", "0x1p-10"], "--lr: expected a number, got '0x1p-10'"),
+        (["--lr", "nan"], "--lr: expected a number, got 'nan'"),
+        (["--config", bad_lr], bad_lr + ": key 'lr' must be > 0 (got -0)"),
+        (["--lr", "1", "--config", bad_lr], bad_lr + ": key 'lr' must be > 0 (got -0)"),
+        (["--config", bad_lr, "--lr", "-2"], "--lr must be > 0 (got -2)"),
+        (["--eps", "-1e-9"], "--eps must be > 0 (got -1e-9)"),
+        (["--optimizer", "demo", "--demo_alpha", "1.0000001"], "--demo_alpha must be in (0, 1] (got 1.0000001)"),
+    ]:
+        p = run(BASE + args + ["--out_dir", fresh("bad-config")], None, expect_ok=False, timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        check(p.returncode == 1 and lines == ["error: " + needle],
+              f"{' '.join(args)}: one-line error {needle!r}: {p.stderr.strip()[:200]}")
+
+    def warnings(p):
+        return [l for l in p.stderr.splitlines() if l.startswith("warning: ")]
+    odd = ["--lr", "2", "--weight_decay", "0.75", "--steps", "3", "--warmup_steps", "4", "--optimizer", "demo",
+           "--demo_topk", "65"]
+    expected = [
+        "warning: lr 2 x weight_decay 0.75 >= 1: decoupled weight decay multiplies the decayed weights by "
+        "1 - lr x weight_decay = -0.5 at the peak learning rate: it flips their sign instead of shrinking them",
+        "warning: warmup_steps 4 > steps 3: the learning rate is still warming up at the last step, where it reaches "
+        "1.5, not lr 2",
+        # tiny.json: C = 64, so every 1-D tensor's chunk holds 64 elements (2 layers x 8 + ln_f's 2)
+        "warning: demo_topk 65 exceeds the elements of the DeMo chunks of 18 of 28 tensors (demo_chunk 64; smallest: "
+        "1 x 64 in h.0.ln_1.weight): their k is clamped to a chunk's elements, so they send every coefficient",
+    ]
+    p = run(BASE + odd + ["--dry_run", "--out_dir", fresh("odd-dry")], None, expect_ok=False, timeout=60)
+    check(p.returncode == 0 and warnings(p) == expected and p.stderr.strip().splitlines() == expected,
+          f"--dry_run: one warning line per odd setting, exit 0 (exit {p.returncode}): {p.stderr.strip()[:600]}")
+    if shutil.which("mpirun"):
+        p = run(BASE + odd + ["--dry_run", "--out_dir", fresh("odd-dry2")], 2, expect_ok=False, timeout=60)
+        check(p.returncode == 0 and warnings(p) == expected,
+              f"2 ranks, --dry_run: the warnings once, from rank 0 (exit {p.returncode}): {p.stderr.strip()[:600]}")
+    out = fresh("odd-run")
+    p = run(BASE + ["--steps", "2", "--warmup_steps", "3", "--val_every", "0", "--out_dir", out], None,
+            expect_ok=False, timeout=120)
+    warmup = ("warning: warmup_steps 3 > steps 2: the learning rate is still warming up at the last step, where it "
+              "reaches 0.0006666667, not lr 0.001")
+    steps = sorted(k for k in losses(out) if isinstance(k, int))
+    check(p.returncode == 0 and warnings(p) == [warmup] and steps == [1, 2],
+          f"a run with warmup_steps > steps warns once and trains (exit {p.returncode}): {p.stderr.strip()[:300]}")
+    p = run(BASE + ["--steps", "3", "--out_dir", fresh("plain-run")], None, expect_ok=False, timeout=120)
+    check(p.returncode == 0 and p.stderr.strip() == "",
+          f"a plain run prints nothing on stderr: {p.stderr.strip()[:300]}")
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
+    config_checks()
     have_mpi = shutil.which("mpirun") is not None
 
     adamw1 = resume_case("adamw", None)
@@ -401,6 +607,11 @@ def main():
         p = run(common + ["--out_dir", fresh("ws2"), "--resume", ck, "--reset_momentum"], None, expect_ok=False)
         check(p.returncode == 0 and sorted(k for k in losses(os.path.join(TMP, "ws2")) if isinstance(k, int)) == [4, 5],
               "world-size change with --reset_momentum continues at step 4")
+        sent = lambda d: {r["step"]: r["cum_bytes_sent"]
+                          for r in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if r.get("type") == "train"}
+        before, after = sent(demo2).get(3, 0), sent(os.path.join(TMP, "ws2")).get(4, -1)
+        check(before > 0 and after >= before,
+              f"... and its byte count goes on from rank 0's ({before} bytes at step 3, {after} at step 4)")
 
         # AdamW-DDP: 2 ranks x B=2 equals 1 rank x B=4 on the same data (no shuffling: both read the same rows).
         ddp = BASE + ["--optimizer", "adamw", "--steps", "5", "--shuffle=false", "--val_batches", "0"]
@@ -431,8 +642,10 @@ def main():
               "mismatched configs across ranks are refused: " + p.stderr.strip()[:160])
         rank_dies_mid_run()
         rank_hangs_mid_run()
+        stop_signal_checks()
 
     throughput_checks(demo2)
+    checksum_checks(adamw1, demo2)
 
     # Bad input, single process.
     shard_dir = fresh("badshards")

@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """Independent DeMo reference for testing the C++ optimizer (demo/demo_optimizer.cpp).
 
-Follows the reference step of shared/reference/demo-algorithm.md literally, with dense float32 torch tensors:
+Follows the step of the DeMo paper's reference implementation literally, with dense float32 torch tensors:
 explicit DCT-II basis matrices (built in float64, stored float32), top-k by a stable sort of -|E| (ties: lower
 index first, the C++ rule), an all-gather modelled as the list of every rank's (idx, val), the scatter-mean as
 a dense sum and a dense count (mean over the ranks that selected a coefficient, 0 where none did), and sign.
 N ranks are simulated in one process; every rank applies the same gathered update, so the parameters are
-kept once. Written from the document, sharing no code with the C++ side.
+kept once. Written from the algorithm's description, sharing no code with the C++ side.
 
 Delayed update ("delay": 1, --demo_delay 1): the round gathered at step s is applied at step s+1, with step s's
 lr. Step s first applies the pending round of step s-1 (scatter-mean, decode, sign, params -= lr[s-1] * sign),
