@@ -45,8 +45,15 @@ FileDigest write_training_state(const std::string& path, const TrainingState& s)
     return write_file_atomic(path, w.bytes());
 }
 
-TrainingState read_training_state(const std::string& path) {
-    const std::vector<std::byte> bytes = read_whole_file(path);
+TrainingState read_training_state(const std::string& path, const CheckpointInfo* marker) {
+    std::vector<std::byte> bytes;
+    bool read = false;
+    if (marker) verify_checkpoint_file(*marker, path, [&] {
+        bytes = read_whole_file(path);
+        read = true;
+        return digest_bytes(bytes);
+    });
+    if (!read) bytes = read_whole_file(path);  // no marker, or one from before checksums
     ByteReader r(bytes, path);
     LLMC_CHECK(r.get<uint32_t>("magic") == kStateMagic, path + ": bad magic (not a training-state file)");
     const uint32_t version = r.get<uint32_t>("version");
@@ -113,7 +120,8 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
     return info;
 }
 
-void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path) {
+void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path,
+                            const std::function<FileDigest()>& digest) {
     if (ck.files.empty()) return;  // a marker written before checksums
     const std::string name = path.substr(path.find_last_of('/') + 1);
     const auto expected = ck.files.find(name);
@@ -122,7 +130,7 @@ void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path) {
     const std::string older = "resume an older checkpoint with --resume " + ck.dir.substr(0, ck.dir.rfind('/')) +
                               "/step_N, or retrain";
     LLMC_CHECK(file_exists(path), path + ": missing, though its checkpoint's marker lists it; " + older);
-    const FileDigest found = digest_file(path);
+    const FileDigest found = digest ? digest() : digest_file(path);
     LLMC_CHECK(found.bytes == expected->second.bytes,
                path + ": " + std::to_string(found.bytes) + " bytes, but its checkpoint's marker records " +
                    std::to_string(expected->second.bytes) + " (truncated or replaced); " + older);

@@ -10,6 +10,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -46,15 +47,19 @@ std::string state_path(const std::string& dir, int rank);
 std::string model_path(const std::string& dir);
 
 FileDigest write_training_state(const std::string& path, const TrainingState& state);
-TrainingState read_training_state(const std::string& path);
+// With `marker`, the bytes are checked against its checksum (verify_checkpoint_file) before they are parsed: the
+// file is read once.
+TrainingState read_training_state(const std::string& path, const CheckpointInfo* marker = nullptr);
 
 void mark_checkpoint_complete(const CheckpointInfo& info);
 // Removes <dir>/COMPLETE, durably, before a checkpoint of the same step is written over it: until the new marker,
 // the directory is incomplete rather than a mix of two runs' files.
 void unmark_checkpoint(const std::string& dir);
 // Throws "<path>: ..." unless the file `path` of checkpoint `ck` has the size and XXH64 its marker records (a
-// marker from before checksums has none: nothing to check).
-void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path);
+// marker from before checksums has none: nothing to check). `digest` gives the file's digest where the caller reads
+// it anyway (default: digest_file).
+void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path,
+                            const std::function<FileDigest()>& digest = {});
 // Reads <dir>/COMPLETE; throws "<dir>: ..." when dir is not a checkpoint directory or its marker is missing or
 // malformed.
 CheckpointInfo read_checkpoint_info(const std::string& dir);

@@ -87,6 +87,12 @@ std::string FileDigest::hex() const {
     return text;
 }
 
+FileDigest digest_bytes(std::span<const std::byte> bytes) {
+    Xxh64 hash;
+    hash.update(bytes);
+    return {hash.length(), hash.digest()};
+}
+
 FileDigest digest_file(const std::string& path) {
     File f(path, "rb");
     std::vector<unsigned char> block(8 << 20);

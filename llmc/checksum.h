@@ -37,5 +37,7 @@ struct FileDigest {
 
 // Reads `path` to its end and returns its digest; throws "<path>: ..." when it cannot be read.
 FileDigest digest_file(const std::string& path);
+// The digest of bytes already in memory (a file read whole).
+FileDigest digest_bytes(std::span<const std::byte> bytes);
 
 }  // namespace llmc

@@ -53,9 +53,8 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
                  "the weights and step and start the optimizer state afresh");
         // with another world size every rank reads rank 0's state: the step, the tokens and the config
         const std::string path = state_path(ck.dir, same_world ? rank : 0);
-        verify_checkpoint_file(ck, path);
+        TrainingState saved = read_training_state(path, &ck);
         verify_checkpoint_file(ck, model_path(ck.dir));
-        TrainingState saved = read_training_state(path);
         check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
         check_resume_compatible(path, saved.config_json, config_json,
                                 same_world ? std::vector<std::string>{} : std::vector<std::string>{"total_batch_size"});

@@ -1,8 +1,9 @@
 // Checkpoint checksum tests: XXH64 agrees with `xxhsum -H64` (the xxHash project's own tool, an independent
 // implementation) on files of every length class (empty, under a 32-byte stripe, stripes plus 8-, 4- and 1-byte
 // tails, megabytes), whatever pieces the bytes are fed in; an atomic write's digest is its file's; a marker's
-// file list round-trips; and verify_checkpoint_file names a flipped bit, a truncated or swapped file, a file
-// the marker does not list, while a marker from before checksums checks nothing.
+// file list round-trips; verify_checkpoint_file names a flipped bit, a truncated or swapped file, a file the
+// marker does not list, while a marker from before checksums checks nothing; and a state file read with its
+// marker is checked on the bytes that are parsed.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -113,6 +114,27 @@ TEST(marker_records_files_and_resume_checks_them) {
     const CheckpointInfo old = read_checkpoint_info(dir);
     EXPECT(old.files.empty());
     verify_checkpoint_file(old, state);
+}
+
+TEST(state_files_are_checked_as_they_are_read) {
+    const std::string dir = checkpoint_dir(kOut, 9);
+    make_dirs(dir);
+    const std::string path = dir + "/state_rank0.bin";
+    TrainingState s;
+    s.step = 9;
+    s.config_json = "{}";
+    s.optimizer_state.assign(3000, std::byte{5});
+    CheckpointInfo marker{dir, 9, 1, "adamw", {}};
+    marker.files["state_rank0.bin"] = write_training_state(path, s);
+    EXPECT(marker.files["state_rank0.bin"] == digest_file(path));
+    EXPECT_EQ(read_training_state(path, &marker).optimizer_state.size(), size_t{3000});
+    std::vector<std::byte> bytes = read_whole_file(path);
+    bytes[bytes.size() - 10] ^= std::byte{0x40};  // inside the optimizer state: parses, but is not what was saved
+    write_file_atomic(path, bytes);
+    EXPECT_EQ(read_training_state(path).optimizer_state.size(), size_t{3000});
+    EXPECT_ERROR(read_training_state(path, &marker), path + ": XXH64 ");
+    const CheckpointInfo old_marker{dir, 9, 1, "adamw", {}};  // from before checksums: read, not checked
+    EXPECT_EQ(read_training_state(path, &old_marker).step, int64_t{9});
 }
 
 TEST(malformed_file_lists_are_refused) {
