@@ -164,7 +164,7 @@ std::vector<float> download_master(DeviceOptimizer& optimizer, size_t n) {
     return host;
 }
 
-int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
+int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     const int rank = world_transport.rank(), world = world_transport.world_size();
     const bool main_rank = rank == 0;
 
@@ -243,7 +243,7 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
     if (main_rank) {
         print_config_warnings(cfg);  // legal settings that probably do not do what was meant
         make_dirs(cfg.out_dir);
-        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap, argc, argv);
+        write_gpu_run_record(cfg, world, grad_accum, env, model, demo_kernels, overlap, launch.argc, launch.argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         const std::string optimizer =
             cfg.optimizer == "demo"
@@ -272,7 +272,8 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         for (int micro = 0; micro < grad_accum; micro++) train_loader.next_batch(inputs[micro], targets[micro]);
     };
     const int start_step = static_cast<int>(state.step);
-    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), peak_tflops});
+    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), peak_tflops},
+                          launch.started);
     const char* profile_env = std::getenv("LLMC_PROFILE_STEP");
     const int profile_step = profile_env ? std::atoi(profile_env) : -1;
     const GPT2Cuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
@@ -325,10 +326,11 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         // the MPI transport's helper threads on communicators of their own), and is finished at the next step's
         // report (StepReporter), so the host does not wait for it either.
         StepDuties due = step_duties(cfg, step);
-        // A stop signal (on any rank; the ranks learn it together, at the last step's report): this step is the
-        // last, with a checkpoint and nothing queued after it (its own batches may have been read already).
+        // A stop signal or the time limit (on any rank; the ranks learn it together, at the last step's report):
+        // this step is the last, with a checkpoint and nothing queued after it (its own batches may have been read
+        // already). --checkpoint_every_minutes's checkpoint comes the same way.
         const bool stopping = reporter.stop_requested() && step + 1 < cfg.steps;
-        if (stopping) due.checkpoint = cfg.checkpoint_every >= 0;
+        if (stopping || reporter.checkpoint_requested()) due.checkpoint = cfg.checkpoint_every >= 0;
         const bool queue_next = step + 1 < cfg.steps && !due.validate && !due.sample && !due.checkpoint &&
                                 !stopping && step != profile_step && step + 1 != profile_step;
         std::exception_ptr next_step_error;
@@ -378,13 +380,15 @@ int train(TrainConfig cfg, Transport& world_transport, int argc, char** argv) {
         if (due.checkpoint) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
+            const auto saving = StepReporter::Clock::now();
             // The checkpoint holds the fp32 master weights: the same llm.c file the CPU trainer writes.
             const std::vector<float> master = main_rank ? download_master(*optimizer, model.num_params()) : std::vector<float>();
             save_checkpoint(cfg, transport, master, [&](ByteWriter& w) { optimizer->save_state(w); }, state);
+            reporter.checkpoint_saved(saving, state.step);
         }
         if (stopping) {
             optimizer->finish_updates(model.params(), result);  // --demo_delay's round in flight: not left hanging
-            return finish_stopped_run(cfg, transport, state.step);
+            return finish_stopped_run(cfg, transport, log.get(), state.step, reporter.stop_reason());
         }
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());

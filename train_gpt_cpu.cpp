@@ -74,7 +74,7 @@ std::string sample_text(GPT2Cpu& model, const TrainConfig& cfg, const TokenizerD
     return text;
 }
 
-int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
+int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     const int rank = transport.rank(), world = transport.world_size();
     const bool main_rank = rank == 0;
     const int threads = cfg.threads > 0 ? cfg.threads : default_threads(world);
@@ -115,7 +115,7 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     if (main_rank) {
         print_config_warnings(cfg);  // legal settings that probably do not do what was meant
         make_dirs(cfg.out_dir);
-        nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt_cpu", argc, argv);
+        nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt_cpu", launch.argc, launch.argv);
         if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
         write_run_record(cfg.out_dir, record);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
@@ -131,7 +131,8 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> inputs(n), targets(n);
     const int start_step = static_cast<int>(state.step);
-    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), cfg.peak_tflops});
+    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), cfg.peak_tflops},
+                          launch.started);
     const GPT2Cpu::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
@@ -164,9 +165,10 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
         reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
         StepDuties due = step_duties(cfg, step);
-        // a stop signal (on any rank; the ranks learn it together): this step is the last, with a checkpoint
+        // a stop signal or the time limit (on any rank; the ranks learn it together): this step is the last, with a
+        // checkpoint; so is --checkpoint_every_minutes's
         const bool stopping = reporter.stop_requested() && step + 1 < cfg.steps;
-        if (stopping) due.checkpoint = cfg.checkpoint_every >= 0;
+        if (stopping || reporter.checkpoint_requested()) due.checkpoint = cfg.checkpoint_every >= 0;
         if (due.validate || due.sample || due.checkpoint || stopping) reporter.flush(transport);
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),
@@ -175,12 +177,14 @@ int train(TrainConfig cfg, Transport& transport, int argc, char** argv) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
             // the shared weights: with eager delayed DeMo, params hold this rank's working weights
+            const auto saving = StepReporter::Clock::now();
             save_checkpoint(cfg, transport, optimizer->master_weights(model.params()),
                             [&](ByteWriter& w) { optimizer->save_state(w); }, state);
+            reporter.checkpoint_saved(saving, state.step);
         }
         if (stopping) {
             optimizer->finish_updates(model.params(), result);  // --demo_delay's round in flight: not left hanging
-            return finish_stopped_run(cfg, transport, state.step);
+            return finish_stopped_run(cfg, transport, log.get(), state.step, reporter.stop_reason());
         }
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());

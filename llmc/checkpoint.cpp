@@ -225,6 +225,7 @@ void check_state_matches_checkpoint(const std::string& path, const TrainingState
 }
 
 void check_resume_compatible(const std::string& path, const std::string& saved_json, const std::string& current_json,
+                             const std::function<std::string(const std::string&)>& origin,
                              const std::vector<std::string>& may_differ) {
     const json saved = json::parse(saved_json, nullptr, false);
     const json current = json::parse(current_json, nullptr, false);
@@ -235,8 +236,10 @@ void check_resume_compatible(const std::string& path, const std::string& saved_j
         "train_data", "demo_chunk", "demo_topk",       "demo_values", "demo_indices", "demo_delay"};
     for (const char* key : kFixed) {
         if (!saved.contains(key) || std::find(may_differ.begin(), may_differ.end(), key) != may_differ.end()) continue;
-        LLMC_CHECK(saved[key] == current[key], path + ": --" + key + " is " + current[key].dump() + " here but " +
-                                                  saved[key].dump() + " in the checkpoint (resume with the same value)");
+        if (saved[key] == current[key]) continue;
+        const std::string from = origin ? origin(key) : "";
+        fail(path + ": " + key + " is " + current[key].dump() + " here (" + (from.empty() ? "the default" : from) +
+             ") but " + saved[key].dump() + " in the checkpoint (resume with the same value)");
     }
 }
 

@@ -78,11 +78,13 @@ void check_state_matches_checkpoint(const std::string& path, const TrainingState
                                     int rank);
 
 // Compares the keys of the checkpointed config that must not change across a resume (model shape, batch
-// geometry, optimizer, seed, data). Throws naming the first differing key, e.g.
-// "<path>: --batch_size is 8 here but 4 in the checkpoint".
+// geometry, optimizer, seed, data). Throws naming the first differing key and where this run's value came from,
+// `origin(key)` ("configs/x.json", "--batch-size"; "" for the default), e.g.
+// "<path>: batch_size is 8 here (--batch-size) but 4 in the checkpoint (resume with the same value)".
 // `may_differ` lists keys exempted (a resume with another world size changes the resolved total_batch_size).
 void check_resume_compatible(const std::string& path, const std::string& saved_config_json,
                              const std::string& current_config_json,
+                             const std::function<std::string(const std::string&)>& origin = {},
                              const std::vector<std::string>& may_differ = {});
 
 }  // namespace llmc

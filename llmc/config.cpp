@@ -100,6 +100,9 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"sample_tokens", &TrainConfig::sample_tokens, "tokens per sample"},
              {"out_dir", &TrainConfig::out_dir, "metrics.jsonl, config.json and checkpoints go here"},
              {"checkpoint_every", &TrainConfig::checkpoint_every, "checkpoint every N steps (0 = only at the end, -1 = never)"},
+             {"checkpoint_every_minutes", &TrainConfig::checkpoint_every_minutes,
+              "also checkpoint at the first step that ends this many minutes after the last checkpoint or the start "
+              "(0 = by steps only; nothing with --checkpoint_every -1)"},
              {"keep_checkpoints", &TrainConfig::keep_checkpoints, "complete checkpoints kept (0 = all)"},
              {"resume", &TrainConfig::resume, "'auto' (latest checkpoint in out_dir) or a checkpoint directory"},
              {"reset_momentum", &TrainConfig::reset_momentum,
@@ -111,6 +114,9 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"},
              {"comm_timeout", &TrainConfig::comm_timeout,
               "seconds a collective may wait for the other ranks before this rank exits (0 = forever)"},
+             {"time_limit_minutes", &TrainConfig::time_limit_minutes,
+              "minutes of wall time since the start: the run stops at the last step that leaves time for its "
+              "checkpoint, as on a stop signal (0 = no limit)"},
              {"log_every", &TrainConfig::log_every, "progress line every N steps"},
              {"peak_tflops", &TrainConfig::peak_tflops,
               "each rank's peak TFLOP/s, for MFU in the metrics (0: in train_gpt the GPU's dense bf16 peak if known, "
@@ -346,13 +352,13 @@ bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, con
             key = key.substr(0, eq);
             has_value = true;
         }
+        const std::string flag = "--" + key;  // as typed, for messages
         for (char& c : key)
             if (c == '-') c = '_';  // --total-batch-size == --total_batch_size
         if (key == "help" || key == "h") {
             std::printf("%s", help_text(program).c_str());
             return false;
         }
-        const std::string flag = "--" + key;
         const Option* o = key == "config" ? nullptr : find_option(key);
         LLMC_CHECK(key == "config" || o != nullptr, flag + ": unknown flag" + did_you_mean(key) + " (see --help)");
         if (!has_value) {
@@ -368,7 +374,7 @@ bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, con
             load_config_file(value, cfg);
         } else {
             set_from_text(cfg, *o, value, flag);
-            cfg.sources.set_by_flag(key);
+            cfg.sources.set_by_flag(key, flag);
         }
     }
     validate_config(cfg);
@@ -412,6 +418,10 @@ void validate_config(const TrainConfig& c) {
                s.name("demo_delay") + " must be 0 or 1 (got " + std::to_string(c.demo_delay) + ")");
     LLMC_CHECK(c.comm_timeout >= 0.0f, s.name("comm_timeout") + " must be >= 0 (got " + format_float(c.comm_timeout) +
                                            "; seconds, 0 waits forever)");
+    LLMC_CHECK(c.checkpoint_every_minutes >= 0.0f, s.name("checkpoint_every_minutes") + " must be >= 0 (got " +
+                                                       format_float(c.checkpoint_every_minutes) + "; 0: by steps only)");
+    LLMC_CHECK(c.time_limit_minutes >= 0.0f, s.name("time_limit_minutes") + " must be >= 0 (got " +
+                                                 format_float(c.time_limit_minutes) + "; 0: no limit)");
     LLMC_CHECK(c.peak_tflops >= 0.0f, s.name("peak_tflops") + " must be >= 0 (got " + format_float(c.peak_tflops) +
                                           "; 0: looked up for a known GPU, else no MFU)");
     LLMC_CHECK(!c.out_dir.empty(), s.name("out_dir") + " must not be empty");
@@ -423,20 +433,26 @@ void validate_config(const TrainConfig& c) {
 
 std::string ConfigSources::file(const std::string& key) const {
     const auto it = set_by_.find(key);
-    return it == set_by_.end() ? "" : it->second;
+    return it == set_by_.end() ? "" : it->second.file;
 }
 
 std::string ConfigSources::name(const std::string& key) const {
-    const std::string path = file(key);
-    return path.empty() ? "--" + key : path + ": key '" + key + "'";
+    const std::string source = origin(key);
+    if (source.empty()) return "--" + key;
+    return file(key).empty() ? source : source + ": key '" + key + "'";
+}
+
+std::string ConfigSources::origin(const std::string& key) const {
+    const auto it = set_by_.find(key);
+    if (it == set_by_.end()) return "";
+    return it->second.file.empty() ? it->second.flag : it->second.file;
 }
 
 std::string ConfigSources::list(const std::vector<std::string>& keys) const {
     std::vector<std::string> seen;
     for (const std::string& key : keys) {
-        const auto it = set_by_.find(key);
-        if (it == set_by_.end()) continue;
-        const std::string source = it->second.empty() ? "--" + key : it->second;
+        const std::string source = origin(key);
+        if (source.empty()) continue;
         if (std::find(seen.begin(), seen.end(), source) == seen.end()) seen.push_back(source);
     }
     std::string out;

@@ -26,18 +26,26 @@ namespace llmc {
 // TrainConfig::sources; the checks that see only an OptimizerConfig take it as an argument.
 class ConfigSources {
 public:
-    void set_by_file(const std::string& key, const std::string& path) { set_by_[key] = path; }
-    void set_by_flag(const std::string& key) { set_by_[key] = ""; }
+    void set_by_file(const std::string& key, const std::string& path) { set_by_[key] = {path, ""}; }
+    // `typed`: the flag as the user spelled it ("--warmup-steps" for warmup_steps)
+    void set_by_flag(const std::string& key, const std::string& typed) { set_by_[key] = {"", typed}; }
     // The file that set `key` last; "" when a flag did or nothing did.
     std::string file(const std::string& key) const;
-    // How a message names `key`: "configs/x.json: key 'lr'" when a file set it last, else "--lr".
+    // How a message names `key`: "configs/x.json: key 'lr'" when a file set it last, else the flag as typed
+    // ("--lr" when nothing set it).
     std::string name(const std::string& key) const;
+    // Where `key`'s value came from: the file or the flag as typed that set it last; "" for the default.
+    std::string origin(const std::string& key) const;
     // The sources of `keys` that some source set, each once in first-seen order ("configs/tiny.json, --num_heads"),
     // for a check that relates them; "" when all hold their defaults.
     std::string list(const std::vector<std::string>& keys) const;
 
 private:
-    std::map<std::string, std::string> set_by_;  // key -> the file that set it last, or "" for a flag
+    struct Source {
+        std::string file;  // the config file that set the key last, or "" for a flag
+        std::string flag;  // the flag that did, as typed
+    };
+    std::map<std::string, Source> set_by_;
 };
 
 // A float as a message shows it, recognisably what the user typed: the shortest text that reads back as the same
@@ -84,6 +92,7 @@ struct TrainConfig {
     int sample_tokens = 48;
     std::string out_dir = "out";
     int checkpoint_every = 0;
+    float checkpoint_every_minutes = 0.0f;  // also one when this much wall time has passed since the last (0 = off)
     int keep_checkpoints = 2;
     std::string resume;                  // "", "auto" (latest in out_dir) or a checkpoint directory
     bool reset_momentum = false;         // allow resuming with another world size by resetting optimizer state
@@ -92,6 +101,7 @@ struct TrainConfig {
     int64_t seed = 1337;
     int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host
     float comm_timeout = 1800.0f;        // seconds a collective may wait for the other ranks (0 = forever)
+    float time_limit_minutes = 0.0f;     // stop at a step, with a checkpoint, before this much wall time (0 = none)
     int log_every = 1;
     float peak_tflops = 0.0f;            // each device's peak TFLOP/s for MFU; 0 = the GPU's from a table, else none
     bool dry_run = false;                // print the resolved config and traffic report, then exit

@@ -101,6 +101,13 @@ void MetricsLog::log_diverged(int step, double loss, double grad_norm) {
         json{{"type", "diverged"}, {"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"why", why}}.dump());
 }
 
+void MetricsLog::log_stopped(int step, int total_steps, const std::string& why,
+                             const std::optional<std::string>& checkpoint) {
+    json j{{"type", "stopped"}, {"step", step}, {"steps", total_steps}, {"why", why}, {"checkpoint", nullptr}};
+    if (checkpoint) j["checkpoint"] = *checkpoint;
+    write_line(j.dump());
+}
+
 std::string format_value(double x) {
     if (std::isnan(x)) return "nan";  // not "-nan"
     char text[32];

@@ -47,6 +47,9 @@ public:
     // {"type":"diverged","step":N,"loss":...,"grad_norm":...,"why":"loss nan"}: the step whose averages were not
     // finite (JSON has no NaN or infinity: those values are null, "why" names them)
     void log_diverged(int step, double loss, double grad_norm);
+    // {"type":"stopped","step":N,"steps":M,"why":"SIGTERM","checkpoint":"<dir>" or null}: a stop signal or the
+    // time limit ended the run after step N of M (finish_stopped_run); a reader of the metrics sees why
+    void log_stopped(int step, int total_steps, const std::string& why, const std::optional<std::string>& checkpoint);
 
 private:
     void write_line(const std::string& line);

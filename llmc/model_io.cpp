@@ -29,13 +29,15 @@ struct ModelHeader {
     int version = 0;
 };
 
-ModelHeader read_header(File& file) {
+// `hash`, when given, gets the header's bytes.
+ModelHeader read_header(File& file, Xxh64* hash = nullptr) {
     const std::string& path = file.path();
     const size_t file_size = file.size();
     LLMC_CHECK(file_size >= kHeaderBytes, path + ": truncated: " + std::to_string(file_size) +
                                               " bytes is shorter than the 1024-byte model header");
     int32_t h[kHeaderInts];
     file.read_exact(h, sizeof(h), "model header");
+    if (hash) hash->update(h, sizeof(h));
     LLMC_CHECK(h[0] == kModelFileMagic, path + ": bad magic " + std::to_string(h[0]) + " (expected " +
                                             std::to_string(kModelFileMagic) + " for an llm.c model file)");
     LLMC_CHECK(h[1] == kModelVersionFp32 || h[1] == kModelVersionBf16,
@@ -70,10 +72,12 @@ ModelConfig read_model_config(const std::string& path) {
     return read_header(file).config;
 }
 
-void load_model(const std::string& path, const ModelConfig& expected, std::span<float> params) {
+void load_model(const std::string& path, const ModelConfig& expected, std::span<float> params, FileDigest* digest) {
     require_regular_file(path);
     File file(path, "rb");
-    const ModelHeader header = read_header(file);
+    Xxh64 hasher;
+    Xxh64* hash = digest ? &hasher : nullptr;  // only when asked: hashing a 1B model's 4 GB is not free
+    const ModelHeader header = read_header(file, hash);
     LLMC_CHECK(header.config == expected, path + ": checkpoint shape " + header.config.describe() +
                                               " disagrees with config " + expected.describe());
     const size_t numel = ParamLayout::gpt2(expected).num_params;
@@ -81,6 +85,10 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
                                            " floats, the model has " + std::to_string(numel));
     if (header.version == kModelVersionFp32) {
         file.read_exact(params.data(), numel * sizeof(float), "parameters");
+        if (hash) {
+            hash->update(params.data(), numel * sizeof(float));
+            *digest = {hash->length(), hash->digest()};
+        }
         return;
     }
     // bf16 is the top half of an fp32: widen by shifting into the high 16 bits. Chunked to bound memory.
@@ -89,12 +97,14 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
     for (size_t done = 0; done < numel;) {
         const size_t n = std::min(kChunk, numel - done);
         file.read_exact(buffer.data(), n * sizeof(uint16_t), "bf16 parameters");
+        if (hash) hash->update(buffer.data(), n * sizeof(uint16_t));
         for (size_t i = 0; i < n; i++) {
             const uint32_t bits = static_cast<uint32_t>(buffer[i]) << 16;
             std::memcpy(&params[done + i], &bits, sizeof(float));
         }
         done += n;
     }
+    if (hash) *digest = {hash->length(), hash->digest()};
 }
 
 FileDigest save_model(const std::string& path, const ModelConfig& config, std::span<const float> params) {

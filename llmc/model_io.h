@@ -20,8 +20,10 @@ inline constexpr int kModelVersionBf16 = 5;
 ModelConfig read_model_config(const std::string& path);
 
 // Loads the parameters into `params` (fp32; a bf16 file is widened). Throws
-// "<path>: checkpoint shape L=.. disagrees with config L=.." when the header is not `expected`.
-void load_model(const std::string& path, const ModelConfig& expected, std::span<float> params);
+// "<path>: checkpoint shape L=.. disagrees with config L=.." when the header is not `expected`. With `digest`,
+// also returns the file's size and XXH64, hashed as it is read (the header check makes it every byte).
+void load_model(const std::string& path, const ModelConfig& expected, std::span<float> params,
+                FileDigest* digest = nullptr);
 
 // Writes an fp32 (version 3) file atomically: a crash leaves the previous file in place. Returns the file's
 // digest.

@@ -23,6 +23,22 @@
 
 namespace llmc {
 
+namespace {
+// A checkpoint's model.bin, checked against its marker as it loads: one read of what can be gigabytes, by every
+// rank. A file that does not load and also fails its checksum is reported as corrupt, the likelier story.
+void load_checkpoint_model(const CheckpointInfo& ck, const ModelConfig& model, std::span<float> weights) {
+    const std::string path = model_path(ck.dir);
+    FileDigest digest;
+    try {
+        load_model(path, model, weights, &digest);
+    } catch (const Error&) {
+        verify_checkpoint_file(ck, path);
+        throw;
+    }
+    verify_checkpoint_file(ck, path, [&] { return digest; });
+}
+}  // namespace
+
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
                            Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
                            TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state) {
@@ -54,9 +70,9 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
         // with another world size every rank reads rank 0's state: the step, the tokens and the config
         const std::string path = state_path(ck.dir, same_world ? rank : 0);
         TrainingState saved = read_training_state(path, &ck);
-        verify_checkpoint_file(ck, model_path(ck.dir));
         check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
         check_resume_compatible(path, saved.config_json, config_json,
+                                [&](const std::string& key) { return cfg.sources.origin(key); },
                                 same_world ? std::vector<std::string>{} : std::vector<std::string>{"total_batch_size"});
         const DataFingerprint& was = saved.train_data;
         if (was.shards != 0 && !(was == state.train_data)) {
@@ -70,7 +86,7 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
                       : files(was) + " then, " + files(now) + " now") +
                  "); resume on the same files");
         }
-        load_model(model_path(ck.dir), cfg.model, weights);
+        load_checkpoint_model(ck, cfg.model, weights);
         start.weights_loaded = true;
         state.step = saved.step;
         state.tokens = saved.tokens;
@@ -350,6 +366,25 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
     return vocab_size - 1;
 }
 
+namespace {
+StepReporter::Clock::duration minutes(double n) {
+    return std::chrono::duration_cast<StepReporter::Clock::duration>(std::chrono::duration<double>(60.0 * n));
+}
+}  // namespace
+
+StepReporter::StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log, ModelFlops flops,
+                           Clock::time_point launched)
+    : cfg_(cfg), start_step_(start_step), log_(log), flops_(flops), last_checkpoint_(launched) {
+    if (cfg.time_limit_minutes > 0.0f) deadline_ = launched + minutes(cfg.time_limit_minutes);
+}
+
+void StepReporter::checkpoint_saved(Clock::time_point began, int64_t step) {
+    last_checkpoint_ = Clock::now();
+    checkpoint_seconds_ = std::chrono::duration<double>(last_checkpoint_ - began).count();
+    last_checkpoint_step_ = step;
+    checkpoint_requested_ = false;
+}
+
 void StepReporter::report(int step, Clock::time_point started, double local_loss, float lr, const StepResult& result,
                           const CommCounters& comm, Transport& transport, TrainingState& state) {
     flush(transport);  // the last step's averages travelled during this step
@@ -379,8 +414,15 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
         session_steps_++;
     }
     m.eta_seconds = session_steps_ ? session_seconds_ / session_steps_ * (cfg_.steps - step - 1) : 0.0;
-    // the third value: how many ranks were asked to stop (a signal that reached one rank stops every one)
-    const double local[3] = {m.loss, m.grad_norm, StopSignals::received() != 0 ? 1.0 : 0.0};
+    // the third value: how many ranks were asked to stop (a signal that reached one rank stops every one); the
+    // fourth: how many would pass the time limit in two more steps (see stop_requested) and a checkpoint; the
+    // fifth: how many found --checkpoint_every_minutes passed since the last checkpoint
+    const Clock::time_point now = Clock::now();
+    const bool out_of_time = deadline_ && now + minutes((2.0 * step_seconds + checkpoint_seconds_) / 60.0) >= *deadline_;
+    const bool checkpoint_due =
+        cfg_.checkpoint_every_minutes > 0.0f && now >= last_checkpoint_ + minutes(cfg_.checkpoint_every_minutes);
+    const double local[5] = {m.loss, m.grad_norm, StopSignals::received() != 0 ? 1.0 : 0.0, out_of_time ? 1.0 : 0.0,
+                             checkpoint_due ? 1.0 : 0.0};
     transport.allreduce_sum_start(local);
     pending_ = m;
     if (step + 1 == cfg_.steps || transport.world_size() == 1) flush(transport);  // one rank: nothing to wait for
@@ -390,11 +432,14 @@ void StepReporter::flush(Transport& transport) {
     if (!pending_) return;
     StepMetrics m = *pending_;
     pending_.reset();
-    double sums[3];
+    double sums[5];
     transport.allreduce_sum_finish(sums);
     m.loss = sums[0] / transport.world_size();
     m.grad_norm = sums[1] / transport.world_size();
-    if (sums[2] > 0.0) stop_requested_ = true;
+    if (sums[2] > 0.0) stop_reason_ = StopReason::signal;
+    else if (sums[3] > 0.0 && stop_reason_ == StopReason::none) stop_reason_ = StopReason::time_limit;
+    // a request sent before the last checkpoint was saved (its step's report travelled meanwhile) is spent
+    if (sums[4] > 0.0 && m.step > last_checkpoint_step_) checkpoint_requested_ = true;
     const bool diverged = !std::isfinite(m.loss) || !std::isfinite(m.grad_norm);
     if (log_) {
         log_->log_step(m);
@@ -413,17 +458,22 @@ void StepReporter::flush(Transport& transport) {
                        "was written for it");
 }
 
-int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, int64_t step) {
+int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, MetricsLog* log, int64_t step,
+                       StopReason reason) {
     if (transport.rank() == 0) {
         const int signal = StopSignals::received();
-        const std::string why = signal == 0                  ? "a stop signal on another rank"
-                                : transport.world_size() > 1 ? std::string(signal_name(signal)) + " on rank 0"
-                                                             : std::string(signal_name(signal));
-        const std::string saved = cfg.checkpoint_every >= 0 ? "; checkpoint " + checkpoint_dir(cfg.out_dir, step) +
-                                                                  ": continue with --resume auto"
-                                                            : "; no checkpoint (--checkpoint_every -1)";
-        std::printf("stopped after step %lld of %d on %s%s\n", static_cast<long long>(step), cfg.steps, why.c_str(),
-                    saved.c_str());
+        std::string why = "time limit of " + format_float(cfg.time_limit_minutes) + " minutes";
+        if (reason == StopReason::signal)
+            why = signal == 0                  ? "a stop signal on another rank"
+                  : transport.world_size() > 1 ? std::string(signal_name(signal)) + " on rank 0"
+                                               : std::string(signal_name(signal));
+        std::optional<std::string> checkpoint;
+        if (cfg.checkpoint_every >= 0) checkpoint = checkpoint_dir(cfg.out_dir, step);
+        if (log) log->log_stopped(static_cast<int>(step), cfg.steps, why, checkpoint);
+        const std::string saved = checkpoint ? "; checkpoint " + *checkpoint + ": continue with --resume auto"
+                                             : "; no checkpoint (--checkpoint_every -1)";
+        std::printf("stopped after step %lld of %d on %s%s%s\n", static_cast<long long>(step), cfg.steps,
+                    reason == StopReason::time_limit ? "the " : "", why.c_str(), saved.c_str());
         std::fflush(stdout);
     }
     return kStoppedExitStatus;
@@ -442,6 +492,7 @@ int report_fatal_error(const std::exception& e, const Transport* transport) {
 }
 
 int trainer_main(int argc, char** argv, const char* program, TrainFunction train) {
+    const StepReporter::Clock::time_point started = StepReporter::Clock::now();
     std::unique_ptr<Transport> transport;
     try {
         const bool launched_ranks = started_by_mpi_launcher();  // before MPI_Init sets Open MPI's variables
@@ -449,7 +500,7 @@ int trainer_main(int argc, char** argv, const char* program, TrainFunction train
         TrainConfig cfg;
         if (!parse_command_line(argc - 1, argv + 1, cfg, program)) return 0;
         const StopSignals stop_signals(!launched_ranks);  // a stop signal now ends the run at a step, with a checkpoint
-        return train(cfg, *transport, argc, argv);
+        return train(cfg, *transport, Launch{argc, argv, started});
     } catch (const std::exception& e) {
         return report_fatal_error(e, transport.get());
     }

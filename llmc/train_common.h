@@ -187,11 +187,14 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoa
 // link with a delay a blocking sum would cost each step a latency), so a step's lines are written when the
 // next step reports, or at flush(): the trainers flush before anything that prints or saves after a step
 // (evaluations, samples, checkpoints) and on an error, and the last step flushes itself.
+// Why the ranks agreed to stop a run early (finish_stopped_run).
+enum class StopReason { none, signal, time_limit };
+
 class StepReporter {
 public:
     using Clock = std::chrono::steady_clock;
-    StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log, ModelFlops flops)
-        : cfg_(cfg), start_step_(start_step), log_(log), flops_(flops) {}
+    // `launched`: when the process started, from which --time_limit_minutes counts
+    StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log, ModelFlops flops, Clock::time_point launched);
     // `step` is 0-based; `started` is when the step's first micro-batch began (or, where the step was queued
     // while the last one ran, when the last one ended); `comm` its traffic (transport's counters, reset at its
     // start); `transport` averages the loss and the norm over the ranks. The state advances at once.
@@ -199,9 +202,18 @@ public:
                 const CommCounters& comm, Transport& transport, TrainingState& state);
     // Waits for the reported step's averages, if one is waiting, and writes its lines.
     void flush(Transport& transport);
-    // Whether some rank had received a stop signal (stop_signal.h) when it reported a step flushed so far: the
-    // same answer on every rank at the same point of the loop, since every rank flushes the same steps there.
-    bool stop_requested() const { return stop_requested_; }
+    // Whether some rank had received a stop signal (stop_signal.h), or found at a step's report that two more
+    // steps and a checkpoint would take it past --time_limit_minutes, when it reported a step flushed so far:
+    // the same answer on every rank at the same point of the loop, since every rank flushes the same steps there.
+    // (Two steps: the request is known one step after it is made, the averages travelling during the next step.)
+    bool stop_requested() const { return stop_reason_ != StopReason::none; }
+    StopReason stop_reason() const { return stop_reason_; }  // a signal wins over the time limit
+    // Whether --checkpoint_every_minutes had passed on some rank since the last checkpoint (or the start) when it
+    // reported a step flushed so far and later than that checkpoint: the same answer on every rank, as above.
+    bool checkpoint_requested() const { return checkpoint_requested_; }
+    // The checkpoint of step `step`, begun at `began`, is saved: its time is part of the time limit's margin, and
+    // --checkpoint_every_minutes counts from now.
+    void checkpoint_saved(Clock::time_point began, int64_t step);
     // Flushes the reporter when the training loop is left by an error, so the last step's lines come before
     // the error's message (every rank that reported that step has sent its share: the wait ends).
     class FlushOnError {
@@ -232,16 +244,30 @@ private:
     double session_seconds_ = 0.0;
     int session_steps_ = 0;
     std::optional<StepMetrics> pending_;  // reported, its averages in flight
-    bool stop_requested_ = false;
+    std::optional<Clock::time_point> deadline_;  // launched + --time_limit_minutes
+    double checkpoint_seconds_ = 0.0;
+    StopReason stop_reason_ = StopReason::none;
+    Clock::time_point last_checkpoint_;  // or the launch
+    int64_t last_checkpoint_step_ = -1;
+    bool checkpoint_requested_ = false;
 };
 
-// The end of a run that stopped on a stop signal after `step` (its checkpoint written, unless --checkpoint_every
-// -1): rank 0 says where it stopped and how to continue. Returns kStoppedExitStatus.
-int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, int64_t step);
+// The end of a run that stopped early, on a stop signal or its time limit, after `step` (its checkpoint written,
+// unless --checkpoint_every -1): rank 0 says where it stopped, why and how to continue, on stdout and in `log` (a
+// "stopped" line; null on the other ranks). Returns kStoppedExitStatus.
+int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, MetricsLog* log, int64_t step,
+                       StopReason reason);
+
+// What trainer_main hands a trainer besides its config and transport.
+struct Launch {
+    int argc;
+    char** argv;
+    StepReporter::Clock::time_point started;  // when the process started (--time_limit_minutes counts from here)
+};
 
 // A trainer's main(): the world transport (MPI under mpirun), the command line (--help prints and returns 0),
 // train(), and the one-line exit of report_fatal_error for any error on the way.
-using TrainFunction = int (*)(TrainConfig cfg, Transport& world, int argc, char** argv);
+using TrainFunction = int (*)(TrainConfig cfg, Transport& world, const Launch& launch);
 int trainer_main(int argc, char** argv, const char* program, TrainFunction train);
 
 // Prints "error[ (rank r)]: <message>" and ends the process: with several ranks without MPI_Finalize (which

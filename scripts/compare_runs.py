@@ -7,8 +7,8 @@ loss against steps, tokens, bytes sent per rank (log x) and training time, and p
 final losses, bytes sent per rank, throughput and the share of step time spent in communication. Runs still
 in progress (or cut off mid-line by a crash) are read up to their last complete line. A run whose metrics hold
 a null or non-finite loss (or a "diverged" line: the trainer stops such a run with exit status 3) is reported
-as diverged at its first such step, never as the mean of its finite losses; a field a run's lines lack is
-shown as "—".
+as diverged at its first such step, never as the mean of its finite losses; one that a stop signal ended (a
+"stopped" line after its last step) says so in its steps column; a field a run's lines lack is shown as "—".
 
   /usr/bin/python3 scripts/compare_runs.py runs/300m_adamw runs/300m_demo_k8 --out runs/compare \\
       --table runs/compare/table.md --smooth 20 --target-val-loss 3.5
@@ -131,9 +131,10 @@ class Run:
         train, val = {}, {}
         self.diverged_step = None  # the first step with a non-finite loss, norm or val loss, or a "diverged" line
         diverged_at = []
+        stops = []  # (step, why) of "stopped" lines: a stop signal ended the run (or a part of it) there
         for r in records:
             kind = r.get("type")
-            if kind not in ("train", "val", "diverged"):
+            if kind not in ("train", "val", "diverged", "stopped"):
                 continue
             step = step_of(r)
             if step is None:
@@ -143,6 +144,8 @@ class Run:
                 train[step] = r
             elif kind == "val":
                 val[step] = r
+            elif kind == "stopped":
+                stops.append((step, r.get("why") if isinstance(r.get("why"), str) else "a stop signal"))
             else:
                 diverged_at.append(step)
         self.train = [train[s] for s in sorted(train)]
@@ -153,6 +156,9 @@ class Run:
             self.diverged_step = min(diverged_at)
         if not self.train and not self.val:
             self.warnings.append(f"{metrics_path}: no train or val lines (yet)")
+        # the run's last word, when it was a stop: no train or val line after it (a resumed run has them)
+        last_step = max(list(train) + list(val), default=0)
+        self.stopped = max(stops) if stops and max(stops)[0] >= last_step else None
 
         # Per train step: cumulative bytes this rank sent and cumulative step time (NaN when never logged).
         self.steps = sorted(train)
@@ -279,6 +285,8 @@ def summarize(run, last_n, target):
     done = max(run.steps[-1] if run.steps else 0, run.val_steps[-1] if run.val_steps else 0)
     planned_ok = isinstance(planned, int) and not isinstance(planned, bool)
     row["steps"] = f"{done}/{planned}" if planned_ok and done < planned else f"{done}"
+    if run.stopped is not None:
+        row["steps"] += f" (stopped: {run.stopped[1]})"
     tokens = finite(run.tokens + run.val_tokens)
     if tokens:
         row["tokens"] = human_count(max(tokens))
@@ -347,7 +355,8 @@ def markdown_table(runs, last_n, target):
         "traffic on a ring: about W-1 DeMo buckets, 2(W-1)/W of an AdamW gradient). payload MB/step: this "
         "rank's own bucket or gradient per step, the quantity the DeMo paper reports. comm share: total comm_ms / "
         "total step_ms. time: sum of step_ms (validation and checkpoints excluded). —: not in the run's metrics. "
-        "diverged at step N: the first step whose loss, gradient norm or val loss was not finite (null).",
+        "diverged at step N: the first step whose loss, gradient norm or val loss was not finite (null). "
+        "stopped: a stop signal ended the run there (its checkpoint continues it with --resume auto).",
     ]
     return "\n".join(lines + notes) + "\n"
 

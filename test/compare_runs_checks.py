@@ -291,6 +291,17 @@ lines = [train_line(s, 3.0, 10.0, 1.0, 100) for s in range(1, 4)] + [train_line(
 lines[3]["grad_norm"] = None  # a norm of inf/NaN (written as null) diverges too, even with a finite loss
 p, r = one_row(write_run("diverged_norm", lines))
 check(cell(r, "train loss") == "diverged at step 4", f"a null grad_norm is a divergence ({cell(r, 'train loss')})")
+# A stop signal's "stopped" line: the steps column says why the run ended early; once resumed past it, nothing.
+stop = {"type": "stopped", "step": 5, "steps": 20, "why": "SIGTERM", "checkpoint": "out/checkpoints/step_00000005"}
+lines = [train_line(s, 3.0, 10.0, 1.0, 100) for s in range(1, 6)] + [stop]
+p, r = one_row(write_run("stopped", lines), "--last", "2")
+check(p.returncode == 0 and cell(r, "steps") == "5/20 (stopped: SIGTERM)" and cell(r, "train loss") == "3.0000",
+      f"a stopped run: steps '5/20 (stopped: SIGTERM)', its losses as usual ({cell(r, 'steps')}, "
+      f"{cell(r, 'train loss')}) {p.stderr.strip()[:200]}")
+lines += [train_line(s, 3.0, 10.0, 1.0, 100) for s in range(6, 21)]
+p, r = one_row(write_run("stopped_resumed", lines))
+check(p.returncode == 0 and cell(r, "steps") == "20",
+      f"a stopped run resumed to its end: steps '20' ({cell(r, 'steps')})")
 lines = [train_line(s, 3.0 - 0.1 * s, 10.0, 1.0, 100) for s in range(1, 5)]
 lines += [{"type": "val", "step": 4, "val_loss": None, "tokens": 4 * 4096}]
 p, r = one_row(write_run("diverged_val", lines))

@@ -45,7 +45,8 @@ PyTorch references first).
   reported after the step, as the CPU trainer reports it.
 - A rank killed mid-run ends the 2-rank job (then --resume auto finishes it); a stopped rank ends it after
   --comm_timeout; a damaged bucket over NCCL stops it with the CPU decoder's message; a stop signal to one rank
-  stops both at a step with a checkpoint, and the resumed run gives the straight run's bits.
+  stops both at a step with a checkpoint, and the resumed run gives the straight run's bits; so does
+  --time_limit_minutes (one rank), and --checkpoint_every_minutes adds checkpoints.
 The commands run concurrently, as many at a time as the machine has cores (Pool), and the checks are evaluated
 once the runs they read have ended, then printed in order; failures are reported together at the end.
 """
@@ -340,6 +341,38 @@ def rank_dies_or_stops():
         check(code not in (None, 0) and not survivors and "did not complete within 5 s (--comm_timeout)" in err,
               f"GPU trainer, 2 ranks over NCCL: a stopped rank ends the job after --comm_timeout 5: mpirun exit "
               f"{code} after {took:.1f} s, surviving ranks {survivors}: {line}")
+    # --time_limit_minutes already past when the first step reports: the run stops after it (or the step queued
+    # ahead of the report) with a checkpoint, exit 4 and a stopped line, as the CPU trainer does.
+    limited = launch(EMU["fp32"], "time-limit",
+                     ["--optimizer", "adamw", "--steps", "12", "--time_limit_minutes", "1e-4"])
+
+    def time_limit_outcome():
+        out = os.path.join(TMP, "time-limit")
+        rows = [(r["step"], r["why"]) for r in metrics(out, "stopped")] if limited.get().returncode == 4 else []
+        at = rows[0][0] if rows else 0
+        complete = os.path.isfile(os.path.join(out, "checkpoints", f"step_{at:08d}", "COMPLETE"))
+        return limited.get().returncode, rows, complete
+
+    check(lambda: time_limit_outcome()[0] == 4 and time_limit_outcome()[2]
+          and time_limit_outcome()[1] in ([(1, "time limit of 1e-4 minutes")], [(2, "time limit of 1e-4 minutes")]),
+          lambda: f"GPU trainer, --time_limit_minutes 1e-4: stops after step 1 or 2 with a checkpoint and a "
+                  f"stopped line (exit, stopped lines, checkpoint complete: {time_limit_outcome()})")
+
+    # --checkpoint_every_minutes with a tiny interval: the request of a step's report reaches the step after the
+    # next (that one is decided before the report), so one rank checkpoints every second step, as 2 CPU ranks do.
+    every_minutes = launch(EMU["fp32"], "checkpoint-minutes", ["--optimizer", "adamw", "--steps", "6",
+                                                               "--checkpoint_every_minutes", "1e-5",
+                                                               "--keep_checkpoints", "0"])
+
+    def checkpoint_steps():
+        folder = os.path.join(TMP, "checkpoint-minutes", "checkpoints")
+        if every_minutes.get().returncode != 0 or not os.path.isdir(folder):
+            return None
+        return sorted(int(n[5:]) for n in os.listdir(folder) if n.startswith("step_"))
+
+    check(lambda: checkpoint_steps() == [2, 4, 6],
+          lambda: f"GPU trainer, --checkpoint_every_minutes 1e-5: checkpoints at steps {checkpoint_steps()}")
+
     # A stop signal to one rank, with a --demo_delay round in flight and the next step queued ahead: both ranks
     # stop at the same step with a checkpoint of it and exit 4, and --resume auto gives the straight run's bits.
     args = ["--optimizer", "demo", "--demo_delay", "1", "--steps", "12"]
@@ -352,10 +385,12 @@ def rank_dies_or_stops():
         code, err, took, survivors = cpu_checks.wait_for_job_end(p, ranks, 60)
         logged = metrics(out)
         at = logged[-1]["step"] if logged else 0
-        complete = os.path.isfile(os.path.join(out, "checkpoints", f"step_{at:08d}", "COMPLETE"))
-        check(code == 4 and 3 <= at < 12 and complete and not survivors,
-              f"GPU trainer, 2 ranks: SIGUSR1 to one rank stops both after step {at} with a checkpoint "
-              f"(mpirun exit {code} after {took:.1f} s) {err.strip()[:160]}")
+        ck = os.path.join(out, "checkpoints", f"step_{at:08d}")
+        complete = os.path.isfile(os.path.join(ck, "COMPLETE"))
+        stopped = [(r["step"], r["checkpoint"]) for r in metrics(out, "stopped")]
+        check(code == 4 and 3 <= at < 12 and complete and not survivors and stopped == [(at, ck)],
+              f"GPU trainer, 2 ranks: SIGUSR1 to one rank stops both after step {at} with a checkpoint and a "
+              f"stopped line {stopped} (mpirun exit {code} after {took:.1f} s) {err.strip()[:160]}")
         resumed = run(EMU["fp32"], "stop-signal", args + ["--resume", "auto"], ranks=2, fresh=False).get()
         key = lambda rows: [(m["step"], m["loss"], m["grad_norm"]) for m in rows or []]
         check(resumed is not None and straight is not None and key(metrics(out)) == key(straight),

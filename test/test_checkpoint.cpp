@@ -177,7 +177,15 @@ TEST(resume_refuses_changed_fixed_keys) {
     TrainConfig a, b;
     b.batch_size = 8;
     EXPECT_ERROR(check_resume_compatible("ck/state_rank0.bin", config_to_json(a), config_to_json(b)),
-                 "ck/state_rank0.bin: --batch_size is 8 here but 4 in the checkpoint");
+                 "ck/state_rank0.bin: batch_size is 8 here (the default) but 4 in the checkpoint");
+    // where this run's value came from
+    b.sources.set_by_flag("batch_size", "--batch-size");
+    const auto origin = [&](const std::string& key) { return b.sources.origin(key); };
+    EXPECT_ERROR(check_resume_compatible("ck/state_rank0.bin", config_to_json(a), config_to_json(b), origin),
+                 "ck/state_rank0.bin: batch_size is 8 here (--batch-size) but 4 in the checkpoint");
+    b.sources.set_by_file("batch_size", "configs/x.json");
+    EXPECT_ERROR(check_resume_compatible("ck/state_rank0.bin", config_to_json(a), config_to_json(b), origin),
+                 "ck/state_rank0.bin: batch_size is 8 here (configs/x.json) but 4 in the checkpoint");
     TrainConfig c;
     c.steps = 5000;  // extending a run is allowed
     c.lr = 1e-3f;

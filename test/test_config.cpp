@@ -271,6 +271,7 @@ TEST(floats_in_errors_are_shown_as_given) {
     EXPECT_EQ(parse_error({"--beta1", "1.0000001"}), "--beta1 must be in [0, 1) (got 1.0000001)");
     EXPECT_EQ(parse_error({"--weight_decay", "-0.1"}), "--weight_decay must be >= 0 (got -0.1)");
     EXPECT_EQ(parse_error({"--warmup_start_frac", "-1e20"}), "--warmup_start_frac must be in [0, 1] (got -1e20)");
+    EXPECT_EQ(parse_error({"--time_limit_minutes", "-5"}), "--time_limit_minutes must be >= 0 (got -5; 0: no limit)");
     EXPECT_EQ(parse_error({"--peak_tflops", "-989.4"}),
               "--peak_tflops must be >= 0 (got -989.4; 0: looked up for a known GPU, else no MFU)");
     EXPECT_EQ(parse_error({"--optimizer", "demo", "--demo_decay", "-0.5"}),
@@ -286,7 +287,10 @@ TEST(unknown_keys_suggest_the_nearest) {
     EXPECT_EQ(parse_error({"--config", typo}),
               typo + ": unknown config key 'warmup-start-farc' (did you mean 'warmup_start_frac'?)");
     EXPECT_EQ(parse_error({"--warmup-start-farc", "0.1"}),
-              "--warmup_start_farc: unknown flag (did you mean 'warmup_start_frac'?) (see --help)");
+              "--warmup-start-farc: unknown flag (did you mean 'warmup_start_frac'?) (see --help)");
+    // the flag as typed, also in a value's error
+    EXPECT_EQ(parse_error({"--total-batch-size", "x"}).substr(0, 20), "--total-batch-size: ");
+    EXPECT_EQ(parse_error({"--warmup-steps", "-1"}), "--warmup-steps must be >= 0 (got -1)");
     EXPECT_EQ(parse_error({"--zzzzzzzzzz", "1"}), "--zzzzzzzzzz: unknown flag (see --help)");
     EXPECT_EQ(parse_error({"--x", "1"}), "--x: unknown flag (see --help)");  // 2 edits from 'lr': no typo of it
     EXPECT_EQ(parse_error({"--lt", "1"}), "--lt: unknown flag (did you mean 'lr'?) (see --help)");

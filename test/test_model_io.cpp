@@ -74,13 +74,17 @@ TEST(save_load_round_trip_is_bit_exact) {
     llmc::GPT2Cpu model(config);
     model.init_random(7);
     const std::string path = scratch_file("roundtrip.bin");
-    llmc::save_model(path, config, model.params());
+    const llmc::FileDigest saved = llmc::save_model(path, config, model.params());
     EXPECT_EQ(read_bytes(path).size(), 1024 + 4 * model.layout().num_params);
     EXPECT(!llmc::file_exists(path + ".tmp"));
     EXPECT(llmc::read_model_config(path) == config);
     std::vector<float> loaded(model.layout().num_params, -1.0f);
-    llmc::load_model(path, config, loaded);
+    llmc::FileDigest digest;
+    llmc::load_model(path, config, loaded, &digest);
     EXPECT(std::memcmp(loaded.data(), model.params().data(), loaded.size() * sizeof(float)) == 0);
+    // the digests hashed while writing and while reading are the file's (a resume checks the second)
+    EXPECT(saved == llmc::digest_file(path));
+    EXPECT(digest == llmc::digest_file(path));
 }
 
 TEST(load_reads_bf16_files) {
@@ -106,8 +110,10 @@ TEST(load_reads_bf16_files) {
     }
     write_bytes(bf16_path, out);
     std::vector<float> loaded(expected.size());
-    llmc::load_model(bf16_path, config, loaded);
+    llmc::FileDigest digest;
+    llmc::load_model(bf16_path, config, loaded, &digest);
     EXPECT(std::memcmp(loaded.data(), expected.data(), loaded.size() * sizeof(float)) == 0);
+    EXPECT(digest == llmc::digest_bytes(out));
 }
 
 TEST(load_rejects_wrong_magic_and_version) {

@@ -241,7 +241,7 @@ def delay_checks():
     ck = os.path.join(delayed, "checkpoints", "step_00000003")
     common = BASE + ["--optimizer", "demo", "--steps", "6", "--out_dir", fresh("delay-mismatch"), "--resume", ck]
     p = run(common, 2, expect_ok=False, timeout=60)
-    check(p.returncode != 0 and "--demo_delay is 0 here but 1 in the checkpoint" in p.stderr,
+    check(p.returncode != 0 and "demo_delay is 0 here (the default) but 1 in the checkpoint" in p.stderr,
           "a --demo_delay 1 checkpoint resumed with --demo_delay 0 is refused: " + p.stderr.strip()[:200])
     p = run(BASE + ["--optimizer", "demo", "--demo_delay", "2", "--out_dir", fresh("bad")], None, expect_ok=False)
     check(p.returncode != 0 and "--demo_delay must be 0 or 1" in p.stderr, "--demo_delay 2 refused: " + p.stderr.strip()[:160])
@@ -382,11 +382,11 @@ def stop_signal_checks():
     """A stop signal ends a run at a step, with a checkpoint of it and exit status 4, and --resume auto then gives
     the uninterrupted run's losses bit for bit: SIGTERM to a single process; with 2 ranks and --demo_delay 1 (a
     round in flight at the stop), SIGUSR1 to one rank only (the ranks agree on the step) and SIGUSR1 to mpirun
-    (which passes it on to the ranks)."""
+    (which passes it on to the ranks). --time_limit_minutes stops a run the same way, with 1 and 2 ranks."""
     steps = 80
     common = BASE + ["--optimizer", "adamw", "--steps", str(steps), "--val_every", "0", "--checkpoint_every", "0"]
     ref = fresh("stop-ref")
-    run(common + ["--out_dir", ref])
+    run(common + ["--out_dir", ref, "--time_limit_minutes", "600"])  # a time limit far off changes nothing
     out = fresh("stop-1")
     p = subprocess.Popen([TRAINER] + common + ["--threads", "2", "--out_dir", out], cwd=ROOT, env=MPI_ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -400,8 +400,28 @@ def stop_signal_checks():
           and not stderr.strip(),
           f"SIGTERM: the run stops after step {at} with exit {p.returncode}, a checkpoint of it and one line "
           f"({stdout.strip().splitlines()[-1:] if stdout.strip() else stderr.strip()[:200]})")
+    stopped = lambda d: [r for r in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if r["type"] == "stopped"]
+    last = json.loads(open(os.path.join(out, "metrics.jsonl")).read().splitlines()[-1])
+    expected = {"type": "stopped", "step": at, "steps": steps, "why": "SIGTERM", "checkpoint": ck}
+    check(last == expected, f"... and metrics.jsonl ends with {expected} ({last})")
     run(common + ["--out_dir", out, "--resume", "auto"])
     check(losses(out) == losses(ref), f"... and --resume auto gives the uninterrupted run's {steps} losses bit for bit")
+    check(stopped(out) == [expected], "... keeping the stopped line in the resumed run's metrics.jsonl")
+
+    # --time_limit_minutes: a limit already past when step 1 reports stops the run after it (1 rank: the request
+    # needs no wait), with a checkpoint, exit 4 and a stopped line; --resume auto then gives the same losses
+    out = fresh("time-limit-1")
+    p = run(common + ["--out_dir", out, "--time_limit_minutes", "0.0001"], expect_ok=False, timeout=120)
+    ck = os.path.join(out, "checkpoints", "step_00000001")
+    why = "time limit of 1e-4 minutes"
+    check(p.returncode == 4 and os.path.isfile(os.path.join(ck, "COMPLETE"))
+          and f"stopped after step 1 of {steps} on the {why}; checkpoint {ck}" in p.stdout
+          and stopped(out) == [{"type": "stopped", "step": 1, "steps": steps, "why": why, "checkpoint": ck}],
+          f"--time_limit_minutes 0.0001: the run stops after step 1 with exit {p.returncode}, a checkpoint and a "
+          f"stopped line {stopped(out) if os.path.isfile(os.path.join(out, 'metrics.jsonl')) else None} "
+          f"{p.stderr.strip()[:200]}")
+    run(common + ["--out_dir", out, "--resume", "auto"])
+    check(losses(out) == losses(ref), "... and --resume auto gives the uninterrupted run's losses bit for bit")
 
     demo = BASE + ["--optimizer", "demo", "--demo_delay", "1", "--steps", str(steps), "--val_every", "0",
                    "--checkpoint_every", "0"]
@@ -421,8 +441,41 @@ def stop_signal_checks():
               and files == ["COMPLETE", "model.bin", "state_rank0.bin", "state_rank1.bin"],
               f"2 ranks, SIGUSR1 to {target}: both stop after step {at} (mpirun exit {code} after {took:.1f} s), "
               f"checkpoint {files} {err.strip()[:160]}")
+        why = ["SIGUSR1 on rank 0"] + (["a stop signal on another rank"] if target == "one rank" else [])
+        rows = stopped(out)
+        check(len(rows) == 1 and rows[0]["step"] == at and rows[0]["why"] in why and rows[0]["checkpoint"] == ck,
+              f"... and rank 0 writes one stopped line naming the step, the signal and the checkpoint {rows}")
         run(demo + ["--out_dir", out, "--resume", "auto"], 2)
         check(losses(out) == losses(ref2), f"... and --resume auto gives the uninterrupted run's losses bit for bit")
+
+    # the time limit with 2 ranks: the ranks agree on the step as for a signal (one past, the request travelling
+    # during the next step)
+    out = fresh("time-limit-2")
+    p = run(demo + ["--out_dir", out, "--time_limit_minutes", "0.0001"], 2, expect_ok=False, timeout=120)
+    at = max([k for k in losses(out) if isinstance(k, int)], default=0)
+    ck = os.path.join(out, "checkpoints", f"step_{at:08d}")
+    files = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+    rows = stopped(out)
+    check(p.returncode == 4 and at in (1, 2)
+          and files == ["COMPLETE", "model.bin", "state_rank0.bin", "state_rank1.bin"]
+          and [(r["step"], r["why"]) for r in rows] == [(at, "time limit of 1e-4 minutes")],
+          f"2 ranks, --time_limit_minutes 0.0001: both stop after step {at} (exit {p.returncode}) with a checkpoint "
+          f"{files} and a stopped line {rows} {p.stderr.strip()[:160]}")
+    run(demo + ["--out_dir", out, "--resume", "auto"], 2)
+    check(losses(out) == losses(ref2), "... and --resume auto gives the uninterrupted run's losses bit for bit")
+
+
+def checkpoint_minutes_checks():
+    """--checkpoint_every_minutes adds a checkpoint at the first step that ends that long after the last one (or the
+    start): a tiny interval gives one at every step on 1 rank, every second step on 2 ranks (the ranks learn of it
+    one step later, and a request sent before a checkpoint was saved is spent by it); a long one adds none."""
+    common = BASE + ["--steps", "6", "--val_every", "0", "--keep_checkpoints", "0"]
+    saved = lambda d: sorted(int(n[5:]) for n in os.listdir(os.path.join(d, "checkpoints")) if n.startswith("step_"))
+    for ranks, minutes, expected in ((None, "1e-5", [1, 2, 3, 4, 5, 6]), (2, "1e-5", [2, 4, 6]), (None, "600", [6])):
+        out = fresh(f"ck-minutes-{ranks or 1}-{minutes}")
+        run(common + ["--out_dir", out, "--checkpoint_every_minutes", minutes], ranks)
+        got = saved(out)
+        check(got == expected, f"--checkpoint_every_minutes {minutes} on {ranks or 1} rank(s): checkpoints at {got}")
 
 
 def flip_byte(path):
@@ -478,6 +531,15 @@ def checksum_checks(source, two_rank):
           and open(os.path.join(sums, "metrics.jsonl"), "rb").read() == metrics,
           "... with one line and exit 1, metrics.jsonl untouched")
     flip_byte(model)
+    # model.bin is checked as it loads; one that fails to load (short, bad magic) is reported by its checksum
+    whole = open(model, "rb").read()
+    os.truncate(model, len(whole) - 4)
+    refused(common + ["--out_dir", sums, "--resume", "auto"], model, "bytes, but its checkpoint's marker records",
+            "a resume on a truncated model.bin stops naming it by the size its marker records")
+    open(model, "wb").write(b"\0" + whole[1:])
+    refused(common + ["--out_dir", sums, "--resume", "auto"], model, ": XXH64 ",
+            "a resume on a model.bin with a damaged header stops naming it by its checksum")
+    open(model, "wb").write(whole)
     state = os.path.join(ck(sums, 3), "state_rank0.bin")
     os.truncate(state, os.path.getsize(state) - 1)
     refused(common + ["--out_dir", fresh("sums-b"), "--resume", ck(sums, 3)], state,
@@ -643,6 +705,7 @@ def main():
         rank_dies_mid_run()
         rank_hangs_mid_run()
         stop_signal_checks()
+        checkpoint_minutes_checks()
 
     throughput_checks(demo2)
     checksum_checks(adamw1, demo2)
