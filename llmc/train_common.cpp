@@ -253,6 +253,12 @@ std::vector<std::string> config_warnings(const TrainConfig& cfg) {
                                " tensors (demo_chunk " + std::to_string(cfg.demo_chunk) + "; smallest: " + example +
                                "): their k is clamped to a chunk's elements, so they send every coefficient");
     }
+    if (cfg.checkpoint_every < 0 && cfg.time_limit_minutes > 0.0f)
+        warnings.push_back("time_limit_minutes " + format_float(cfg.time_limit_minutes) +
+                           " with checkpoint_every -1: the run stops at its limit without a checkpoint to continue from");
+    if (cfg.checkpoint_every < 0 && cfg.checkpoint_every_minutes > 0.0f)
+        warnings.push_back("checkpoint_every_minutes " + format_float(cfg.checkpoint_every_minutes) +
+                           " with checkpoint_every -1: no checkpoint is written");
     return warnings;
 }
 
@@ -418,7 +424,8 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     // fourth: how many would pass the time limit in two more steps (see stop_requested) and a checkpoint; the
     // fifth: how many found --checkpoint_every_minutes passed since the last checkpoint
     const Clock::time_point now = Clock::now();
-    const bool out_of_time = deadline_ && now + minutes((2.0 * step_seconds + checkpoint_seconds_) / 60.0) >= *deadline_;
+    const double margin_minutes = (2.0 * step_seconds + checkpoint_seconds_) / 60.0;
+    const bool out_of_time = deadline_ && now + minutes(margin_minutes) >= *deadline_;
     const bool checkpoint_due =
         cfg_.checkpoint_every_minutes > 0.0f && now >= last_checkpoint_ + minutes(cfg_.checkpoint_every_minutes);
     const double local[5] = {m.loss, m.grad_norm, StopSignals::received() != 0 ? 1.0 : 0.0, out_of_time ? 1.0 : 0.0,

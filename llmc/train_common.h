@@ -45,7 +45,8 @@ void print_dry_run_report(const TrainConfig& cfg, int world);
 // Settings a run accepts that probably do not do what was meant, one line each (without "warning: "):
 // lr * weight_decay >= 1 (decoupled weight decay then zeroes or flips the decayed weights each step), warmup_steps >
 // steps (the learning rate never reaches its peak) and, with DeMo, a demo_topk above the elements of some tensor's
-// chunks (the plan clamps k to them: those chunks send every coefficient).
+// chunks (the plan clamps k to them: those chunks send every coefficient), and a time limit or time-based
+// checkpoints with --checkpoint_every -1 (no checkpoint is ever written).
 std::vector<std::string> config_warnings(const TrainConfig& cfg);
 // config_warnings on stderr, "warning: ..." each: the trainers' rank 0 prints them before training, after the
 // checks that could still stop the run, and a dry run with its report.

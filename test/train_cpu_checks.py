@@ -614,7 +614,8 @@ def config_checks():
     def warnings(p):
         return [l for l in p.stderr.splitlines() if l.startswith("warning: ")]
     odd = ["--lr", "2", "--weight_decay", "0.75", "--steps", "3", "--warmup_steps", "4", "--optimizer", "demo",
-           "--demo_topk", "65"]
+           "--demo_topk", "65", "--checkpoint_every", "-1", "--time_limit_minutes", "230",
+           "--checkpoint_every_minutes", "30"]
     expected = [
         "warning: lr 2 x weight_decay 0.75 >= 1: decoupled weight decay multiplies the decayed weights by "
         "1 - lr x weight_decay = -0.5 at the peak learning rate: it flips their sign instead of shrinking them",
@@ -623,6 +624,9 @@ def config_checks():
         # tiny.json: C = 64, so every 1-D tensor's chunk holds 64 elements (2 layers x 8 + ln_f's 2)
         "warning: demo_topk 65 exceeds the elements of the DeMo chunks of 18 of 28 tensors (demo_chunk 64; smallest: "
         "1 x 64 in h.0.ln_1.weight): their k is clamped to a chunk's elements, so they send every coefficient",
+        "warning: time_limit_minutes 230 with checkpoint_every -1: the run stops at its limit without a checkpoint "
+        "to continue from",
+        "warning: checkpoint_every_minutes 30 with checkpoint_every -1: no checkpoint is written",
     ]
     p = run(BASE + odd + ["--dry_run", "--out_dir", fresh("odd-dry")], None, expect_ok=False, timeout=60)
     check(p.returncode == 0 and warnings(p) == expected and p.stderr.strip().splitlines() == expected,
