@@ -7,8 +7,9 @@ loss against steps, tokens, bytes sent per rank (log x) and training time, and p
 final losses, bytes sent per rank, throughput and the share of step time spent in communication. Runs still
 in progress (or cut off mid-line by a crash) are read up to their last complete line. A run whose metrics hold
 a null or non-finite loss (or a "diverged" line: the trainer stops such a run with exit status 3) is reported
-as diverged at its first such step, never as the mean of its finite losses; one that a stop signal ended (a
-"stopped" line after its last step) says so in its steps column; a field a run's lines lack is shown as "—".
+as diverged at its first such step, never as the mean of its finite losses; one that a stop signal or its time
+limit ended (a "stopped" line after its last step) says so in its steps column; a field a run's lines lack is shown
+as "—".
 
   /usr/bin/python3 scripts/compare_runs.py runs/300m_adamw runs/300m_demo_k8 --out runs/compare \\
       --table runs/compare/table.md --smooth 20 --target-val-loss 3.5
@@ -131,7 +132,7 @@ class Run:
         train, val = {}, {}
         self.diverged_step = None  # the first step with a non-finite loss, norm or val loss, or a "diverged" line
         diverged_at = []
-        stops = []  # (step, why) of "stopped" lines: a stop signal ended the run (or a part of it) there
+        stops = []  # (step, why) of "stopped" lines: a stop signal or the time limit ended the run (or a part) there
         for r in records:
             kind = r.get("type")
             if kind not in ("train", "val", "diverged", "stopped"):
@@ -145,7 +146,7 @@ class Run:
             elif kind == "val":
                 val[step] = r
             elif kind == "stopped":
-                stops.append((step, r.get("why") if isinstance(r.get("why"), str) else "a stop signal"))
+                stops.append((step, r.get("why") if isinstance(r.get("why"), str) else "no reason given"))
             else:
                 diverged_at.append(step)
         self.train = [train[s] for s in sorted(train)]
@@ -356,7 +357,7 @@ def markdown_table(runs, last_n, target):
         "rank's own bucket or gradient per step, the quantity the DeMo paper reports. comm share: total comm_ms / "
         "total step_ms. time: sum of step_ms (validation and checkpoints excluded). —: not in the run's metrics. "
         "diverged at step N: the first step whose loss, gradient norm or val loss was not finite (null). "
-        "stopped: a stop signal ended the run there (its checkpoint continues it with --resume auto).",
+        "stopped: a stop signal or the time limit ended the run there (--resume auto continues it).",
     ]
     return "\n".join(lines + notes) + "\n"
 
