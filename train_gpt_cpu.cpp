@@ -176,8 +176,8 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         if (due.checkpoint) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
-            // the shared weights: with eager delayed DeMo, params hold this rank's working weights
             const auto saving = StepReporter::Clock::now();
+            // the shared weights: with eager delayed DeMo, params hold this rank's working weights
             save_checkpoint(cfg, transport, optimizer->master_weights(model.params()),
                             [&](ByteWriter& w) { optimizer->save_state(w); }, state);
             reporter.checkpoint_saved(saving, state.step);

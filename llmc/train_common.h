@@ -180,6 +180,9 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoa
     }
 }
 
+// Why the ranks agreed to stop a run early (finish_stopped_run).
+enum class StopReason { none, signal, time_limit };
+
 // Turns one finished optimizer step into metrics, identically in both trainers: averages loss and gradient
 // norm over the ranks, advances the training state's step, token and byte counts, estimates the ETA (the
 // first step of a session, which pays for allocation, is left out), writes the JSONL line and prints the
@@ -188,9 +191,6 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoa
 // link with a delay a blocking sum would cost each step a latency), so a step's lines are written when the
 // next step reports, or at flush(): the trainers flush before anything that prints or saves after a step
 // (evaluations, samples, checkpoints) and on an error, and the last step flushes itself.
-// Why the ranks agreed to stop a run early (finish_stopped_run).
-enum class StopReason { none, signal, time_limit };
-
 class StepReporter {
 public:
     using Clock = std::chrono::steady_clock;
