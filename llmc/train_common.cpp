@@ -373,15 +373,15 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
 }
 
 namespace {
-StepReporter::Clock::duration minutes(double n) {
-    return std::chrono::duration_cast<StepReporter::Clock::duration>(std::chrono::duration<double>(60.0 * n));
+StepReporter::Clock::duration seconds(double n) {
+    return std::chrono::duration_cast<StepReporter::Clock::duration>(std::chrono::duration<double>(n));
 }
 }  // namespace
 
 StepReporter::StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* log, ModelFlops flops,
                            Clock::time_point launched)
     : cfg_(cfg), start_step_(start_step), log_(log), flops_(flops), last_checkpoint_(launched) {
-    if (cfg.time_limit_minutes > 0.0f) deadline_ = launched + minutes(cfg.time_limit_minutes);
+    if (cfg.time_limit_minutes > 0.0f) deadline_ = launched + seconds(60.0 * cfg.time_limit_minutes);
 }
 
 void StepReporter::checkpoint_saved(Clock::time_point began, int64_t step) {
@@ -424,10 +424,9 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     // fourth: how many would pass the time limit in two more steps (see stop_requested) and a checkpoint; the
     // fifth: how many found --checkpoint_every_minutes passed since the last checkpoint
     const Clock::time_point now = Clock::now();
-    const double margin_minutes = (2.0 * step_seconds + checkpoint_seconds_) / 60.0;
-    const bool out_of_time = deadline_ && now + minutes(margin_minutes) >= *deadline_;
-    const bool checkpoint_due =
-        cfg_.checkpoint_every_minutes > 0.0f && now >= last_checkpoint_ + minutes(cfg_.checkpoint_every_minutes);
+    const bool out_of_time = deadline_ && now + seconds(2.0 * step_seconds + checkpoint_seconds_) >= *deadline_;
+    const bool checkpoint_due = cfg_.checkpoint_every_minutes > 0.0f &&
+                                now >= last_checkpoint_ + seconds(60.0 * cfg_.checkpoint_every_minutes);
     const double local[5] = {m.loss, m.grad_norm, StopSignals::received() != 0 ? 1.0 : 0.0, out_of_time ? 1.0 : 0.0,
                              checkpoint_due ? 1.0 : 0.0};
     transport.allreduce_sum_start(local);
@@ -469,11 +468,11 @@ int finish_stopped_run(const TrainConfig& cfg, const Transport& transport, Metri
                        StopReason reason) {
     if (transport.rank() == 0) {
         const int signal = StopSignals::received();
-        std::string why = "time limit of " + format_float(cfg.time_limit_minutes) + " minutes";
-        if (reason == StopReason::signal)
-            why = signal == 0                  ? "a stop signal on another rank"
-                  : transport.world_size() > 1 ? std::string(signal_name(signal)) + " on rank 0"
-                                               : std::string(signal_name(signal));
+        const std::string why = reason == StopReason::time_limit
+                                    ? "time limit of " + format_float(cfg.time_limit_minutes) + " minutes"
+                                : signal == 0                ? "a stop signal on another rank"
+                                : transport.world_size() > 1 ? std::string(signal_name(signal)) + " on rank 0"
+                                                             : std::string(signal_name(signal));
         std::optional<std::string> checkpoint;
         if (cfg.checkpoint_every >= 0) checkpoint = checkpoint_dir(cfg.out_dir, step);
         if (log) log->log_stopped(static_cast<int>(step), cfg.steps, why, checkpoint);
