@@ -1,10 +1,13 @@
-// prepro_gpt2: turns a corpus of text documents (one file each) into llm.c token shards with the GPT-2 BPE, plus
-// the tokenizer decode file the trainer uses to print samples. EOT (50256) goes before every document; shard 0 is
+// prepro_gpt2: turns a corpus of text documents (a text file each, or a line each of a JSON Lines file, the form
+// most public pretraining corpora come in) into llm.c token shards with the GPT-2 BPE, plus the tokenizer decode
+// file the trainer uses to print samples. EOT (50256) goes before every document; shard 0 is
 // the validation split, the rest are training shards. Documents are encoded in parallel, but their tokens are
 // written strictly in command-line order, so the output is identical for any --threads. Everything is written
 // into a staging directory first and moved into --out-dir only once the whole corpus is encoded and checked, so
 // a failed or killed run leaves the earlier dataset of that name as it was (never a mix of old and new shards).
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -30,7 +34,9 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: prepro_gpt2 --encoder encoder.json --vocab vocab.bpe --out-dir DIR --name NAME [options] FILE...
 
-Tokenizes each FILE as one document with the GPT-2 BPE (EOT 50256 before each document) and writes
+Tokenizes each FILE as one document with the GPT-2 BPE (EOT 50256 before each document), except that a
+FILE named *.jsonl or *.ndjson holds one document per line: each non-blank line is a JSON object whose
+string field "text" (see --text-key) is the document. Documents keep command-line order. Writes
   DIR/NAME_val_000000.bin       validation split (shard 0)
   DIR/NAME_train_000001.bin ... training shards of --shard-tokens tokens (the last one may be shorter)
   DIR/tokenizer.bin             llm.c tokenizer decode file
@@ -45,6 +51,7 @@ options:
                      (at least one document, and at least one document is left for training).
   --threads N        encoding threads (default: number of CPUs)
   --file-list PATH   also read document paths from PATH, one per line (for corpora too big for a command line)
+  --text-key KEY     the field of a JSON Lines object that holds the document (default "text")
   --help             print this help
 )";
 
@@ -53,8 +60,11 @@ struct Options {
     size_t shard_tokens = 100'000'000;
     long long val_tokens = -1;  // -1: whole-document default split
     int threads = 0;
+    std::string text_key = "text";
     std::vector<std::string> files;
 };
+
+bool is_json_lines(const std::string& path) { return path.ends_with(".jsonl") || path.ends_with(".ndjson"); }
 
 long long parse_count(const std::string& flag, const std::string& text, long long min, long long max) {
     size_t used = 0;
@@ -108,6 +118,7 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--val-tokens") options.val_tokens = parse_count(arg, value, 1, INT32_MAX);
         else if (arg == "--threads") options.threads = static_cast<int>(parse_count(arg, value, 1, 1024));
         else if (arg == "--file-list") read_file_list(value, options.files);
+        else if (arg == "--text-key") options.text_key = value;
         else llmc::fail("unknown flag " + arg + " (see --help)");
     }
     LLMC_CHECK(!options.encoder_json.empty(), "--encoder is required (see --help)");
@@ -250,12 +261,121 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// One document: a whole text file, or the bytes of one line of a JSON Lines file.
+struct Document {
+    uint32_t file;    // index into Options::files
+    uint32_t bytes;   // of the file, or of the line's JSON
+    uint64_t offset;  // of the line in its file (0 for a text file)
+    uint64_t line;    // 1-based line number in a JSON Lines file (0 for a text file)
+};
+
+// Appends one Document per non-blank line of a JSON Lines file. Only the line breaks are read here; the JSON is
+// parsed by the encoding threads.
+void index_json_lines(const std::string& path, uint32_t file, std::vector<Document>& documents) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    LLMC_CHECK(f != nullptr, path + ": cannot open (" + std::strerror(errno) + ")");
+    std::vector<char> buffer(1u << 20);
+    uint64_t position = 0, line_start = 0, line = 1;
+    bool blank = true;
+    const auto end_line = [&](uint64_t end) {
+        LLMC_CHECK(end - line_start <= UINT32_MAX, path + ":" + std::to_string(line) + ": a line of 4 GiB or more");
+        if (!blank) documents.push_back({file, static_cast<uint32_t>(end - line_start), line_start, line});
+    };
+    for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0; position += n) {
+        for (size_t i = 0; i < n; i++) {
+            const char c = buffer[i];
+            if (c == '\n') {
+                end_line(position + i);
+                line_start = position + i + 1;
+                line++;
+                blank = true;
+            } else if (blank && c != ' ' && c != '\t' && c != '\r') {
+                blank = false;
+            }
+        }
+    }
+    const bool read_error = std::ferror(f) != 0;
+    std::fclose(f);
+    LLMC_CHECK(!read_error, path + ": read error");
+    end_line(position);
+}
+
+// Reads documents' text for one encoding thread; keeps the last JSON Lines file open, since its lines come in order.
+class DocumentReader {
+public:
+    explicit DocumentReader(const Options& options) : options_(options) {}
+    DocumentReader(const DocumentReader&) = delete;
+    DocumentReader& operator=(const DocumentReader&) = delete;
+    ~DocumentReader() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+
+    // The document's text, valid until the next call.
+    std::string_view read(const Document& document) {
+        const std::string& path = options_.files[document.file];
+        if (document.line == 0) {
+            raw_ = llmc::read_whole_file(path);
+            return {reinterpret_cast<const char*>(raw_.data()), raw_.size()};
+        }
+        const std::string where = path + ":" + std::to_string(document.line);
+        read_span(path, document.offset, document.bytes);
+        nlohmann::json object;
+        try {
+            object = nlohmann::json::parse(line_.begin(), line_.end());
+        } catch (const nlohmann::json::exception& e) {
+            llmc::fail(where + ": malformed JSON (" + e.what() + ")");
+        }
+        LLMC_CHECK(object.is_object(), where + ": expected a JSON object, got " + std::string(object.type_name()));
+        const auto field = object.find(options_.text_key);
+        LLMC_CHECK(field != object.end() && field->is_string(),
+                   where + ": no string field '" + options_.text_key + "' (see --text-key)");
+        text_ = std::move(field->get_ref<std::string&>());
+        return text_;
+    }
+
+private:
+    void read_span(const std::string& path, uint64_t offset, uint32_t bytes) {
+        if (fd_file_ != path) {
+            if (fd_ >= 0) ::close(fd_);
+            fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            LLMC_CHECK(fd_ >= 0, path + ": cannot open (" + std::strerror(errno) + ")");
+            fd_file_ = path;
+        }
+        line_.resize(bytes);
+        for (size_t done = 0; done < bytes;) {
+            const ssize_t n = ::pread(fd_, line_.data() + done, bytes - done, static_cast<off_t>(offset + done));
+            LLMC_CHECK(n > 0, path + ": " + (n == 0 ? std::string("the file shrank while being read")
+                                                     : "read error (" + std::string(std::strerror(errno)) + ")"));
+            done += static_cast<size_t>(n);
+        }
+    }
+
+    const Options& options_;
+    int fd_ = -1;
+    std::string fd_file_;
+    std::vector<std::byte> raw_;
+    std::string line_, text_;
+};
+
 int run(const Options& options) {
     const auto start = std::chrono::steady_clock::now();
-    const size_t n_docs = options.files.size();
-    std::vector<size_t> sizes(n_docs);
+    LLMC_CHECK(options.files.size() <= UINT32_MAX, "more than 2^32 input files");
+    std::vector<Document> documents;
+    for (uint32_t file = 0; file < options.files.size(); file++) {
+        const std::string& path = options.files[file];
+        const size_t size = regular_file_size(path);
+        if (is_json_lines(path)) {
+            const size_t before = documents.size();
+            index_json_lines(path, file, documents);
+            LLMC_CHECK(documents.size() > before, path + ": no documents (every line is blank)");
+        } else {
+            LLMC_CHECK(size <= UINT32_MAX, path + ": a document of 4 GiB or more");
+            documents.push_back({file, static_cast<uint32_t>(size), 0, 0});
+        }
+    }
+    const size_t n_docs = documents.size();
     size_t total_bytes = 0;
-    for (size_t i = 0; i < n_docs; i++) total_bytes += sizes[i] = regular_file_size(options.files[i]);
+    for (const Document& d : documents) total_bytes += d.bytes;
 
     size_t val_documents = 0;
     if (options.val_tokens < 0) {
@@ -263,7 +383,7 @@ int run(const Options& options) {
                                 "pass --val-tokens N to split a single document");
         size_t covered = 0;
         while (val_documents < n_docs - 1 && (val_documents == 0 || covered * 20 < total_bytes))
-            covered += sizes[val_documents++];
+            covered += documents[val_documents++].bytes;
     }
 
     llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(options.encoder_json, options.vocab_bpe);
@@ -287,19 +407,20 @@ int run(const Options& options) {
     size_t total_tokens = 0;
     for (size_t batch_begin = 0; batch_begin < n_docs;) {
         size_t batch_end = batch_begin, batch_bytes = 0;
-        while (batch_end < n_docs && (batch_end == batch_begin || batch_bytes + sizes[batch_end] <= kBatchBytes))
-            batch_bytes += sizes[batch_end++];
+        while (batch_end < n_docs &&
+               (batch_end == batch_begin || batch_bytes + documents[batch_end].bytes <= kBatchBytes))
+            batch_bytes += documents[batch_end++].bytes;
         std::vector<std::vector<uint16_t>> encoded(batch_end - batch_begin);
         std::atomic<size_t> next_doc{batch_begin};
         std::exception_ptr first_error;
         std::mutex error_mutex;
         auto worker = [&](llmc::Gpt2Bpe& encoder) {
             std::vector<int> ids;
+            DocumentReader reader(options);
             try {
                 for (size_t doc = next_doc++; doc < batch_end; doc = next_doc++) {
-                    const std::vector<std::byte> raw = llmc::read_whole_file(options.files[doc]);
                     ids.clear();
-                    encoder.encode(std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), ids);
+                    encoder.encode(reader.read(documents[doc]), ids);
                     std::vector<uint16_t>& out = encoded[doc - batch_begin];
                     out.reserve(ids.size() + 1);
                     out.push_back(eot);

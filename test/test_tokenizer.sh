@@ -11,7 +11,10 @@
 #   (d) bad input (missing or corrupt encoder.json, wrong-magic or truncated tokenizer file, bad flags, missing
 #       documents) gives exit status 1 and a one-line "error: ..." naming the file;
 #   (e) a rerun into the same --out-dir: one that fails (or is killed) leaves the earlier dataset byte for byte,
-#       one that succeeds with fewer shards leaves no stale shard, and --file-list may be a pipe.
+#       one that succeeds with fewer shards leaves no stale shard, and --file-list may be a pipe;
+#   (f) the same documents as JSON Lines (written by Python's json module: \u escapes with surrogate pairs, and raw
+#       UTF-8; CRLF and blank lines; other fields around the text; mixed with text files) give the same shards as
+#       (a) checks against js-tiktoken, and malformed lines are refused naming FILE:LINE.
 # Prepares the default corpus first if needed (data/prepare_default.sh is idempotent). Skips (77) without node.
 # Expects build/prepro_gpt2 and build/test/test_bpe from `make` (builds them if missing).
 set -uo pipefail
@@ -236,6 +239,53 @@ if prepro_keep --shard-tokens 500 --val-tokens 100 "$edge"/*.txt >/dev/null; the
 else
   fail "prepro into $keep"
 fi
+
+# ---- (f) JSON Lines input ---------------------------------------------------------------------------------------
+# to_jsonl OUT KEY ESCAPED FILE...: each FILE's text (invalid UTF-8 read as U+FFFD, as prepro_gpt2 reads a text
+# file) as the field KEY of one line of OUT, between other fields; ESCAPED=1 writes non-ASCII as \u escapes
+to_jsonl() {
+  "$python" - "$@" <<'PY'
+import json, sys
+out, key, escaped, paths = sys.argv[1], sys.argv[2], sys.argv[3] == '1', sys.argv[4:]
+with open(out, 'w', encoding='utf-8', newline='') as f:
+    for i, path in enumerate(paths):
+        text = open(path, 'rb').read().decode('utf-8', errors='replace')
+        line = json.dumps({'id': i, key: text, 'meta': {'source': path, 'tags': ['a', 'b']}}, ensure_ascii=escaped)
+        f.write(line + ('\r\n' if i % 3 == 1 else '\n') + ('\n  \t\n' if i % 4 == 2 else ''))
+PY
+}
+mapfile -t corpus_docs <"$docs"
+half=$(( ${#corpus_docs[@]} / 2 ))
+if to_jsonl "$tmp/corpus_a.jsonl" text 1 "${corpus_docs[@]:0:half}" &&
+   to_jsonl "$tmp/corpus_b.jsonl" text 0 "${corpus_docs[@]:half}" &&
+   build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$tmp/jsonl_corpus" --name j \
+     --shard-tokens 900000 "$tmp/corpus_a.jsonl" "$tmp/corpus_b.jsonl" >/dev/null &&
+   compare_with_oracle "$tmp/jsonl_corpus" j "$tmp/corpus.bin" "$tmp/corpus.tsv" >/dev/null; then
+  pass "default corpus as two JSON Lines files (escaped and raw UTF-8) agrees with js-tiktoken"
+else
+  fail "default corpus as JSON Lines vs js-tiktoken"
+fi
+edge_docs=("$edge"/*.txt)
+if to_jsonl "$tmp/edge_a.jsonl" body 1 "${edge_docs[@]:0:2}" && to_jsonl "$tmp/edge_c.ndjson" body 0 "${edge_docs[@]:3}" &&
+   build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$tmp/jsonl_edge" --name e \
+     --shard-tokens 500 --val-tokens 100 --text-key body "$tmp/edge_a.jsonl" "${edge_docs[2]}" "$tmp/edge_c.ndjson" \
+     >/dev/null && compare_with_oracle "$tmp/jsonl_edge" e "$tmp/edge.bin" "$tmp/edge.tsv" >/dev/null; then
+  pass "edge cases as JSON Lines (--text-key body, .jsonl and .ndjson, mixed with a text file) agree with js-tiktoken"
+else
+  fail "edge cases as JSON Lines vs js-tiktoken"
+fi
+printf '{"text": "one"}\n{"text": 5}\n' >"$tmp/number.jsonl"
+expect_error "$tmp/number.jsonl:2: no string field 'text'" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/number.jsonl"
+printf '{"text": "one"}\n\n{"body": "two"}\n' >"$tmp/other_key.jsonl"
+expect_error "$tmp/other_key.jsonl:3: no string field 'text'" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/other_key.jsonl"
+printf '{"text": "one"}\r\n["two"]\r\n' >"$tmp/array.jsonl"
+expect_error "$tmp/array.jsonl:2: expected a JSON object" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/array.jsonl"
+printf '{"text": "one"}\n{"text": "tw' >"$tmp/cut.jsonl"
+expect_error "$tmp/cut.jsonl:2: malformed JSON" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/cut.jsonl"
+printf '{"text": "one \xff"}\n{"text": "two"}\n' >"$tmp/bad_utf8.jsonl"
+expect_error "$tmp/bad_utf8.jsonl:1: malformed JSON" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/bad_utf8.jsonl"
+printf '\n  \n' >"$tmp/blank.jsonl"
+expect_error "$tmp/blank.jsonl: no documents" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$doc" "$tmp/blank.jsonl"
 
 echo
 if [[ $failures -eq 0 ]]; then echo "all tokenizer tests passed"; else echo "$failures tokenizer test(s) failed"; fi
