@@ -330,6 +330,36 @@ void attention_forward(float* out, float* att, const float* qkv, size_t B, size_
     }
 }
 
+// One query (q: C floats, heads side by side) against T cached keys and values ((T, C) rows each), for
+// append(): attention_forward's arithmetic for the last row of a sequence. att holds one T-float row per head.
+void attention_forward_cached(float* out, float* att, const float* q, const float* keys, const float* values,
+                              size_t T, size_t C, size_t H) {
+    const size_t hs = C / H;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel for schedule(static)
+    for (size_t h = 0; h < H; h++) {
+        float* row = att + h * T;
+        float maxval = -INFINITY;
+        for (size_t t2 = 0; t2 < T; t2++) {
+            row[t2] = dot_lanes(q + h * hs, keys + t2 * C + h * hs, hs) * scale;
+            maxval = std::max(maxval, row[t2]);
+        }
+        float sum = 0.0f;
+        for (size_t t2 = 0; t2 < T; t2++) {
+            row[t2] = exp_nonpositive(row[t2] - maxval);
+            sum += row[t2];
+        }
+        const float inv_sum = 1.0f / sum;
+        for (size_t t2 = 0; t2 < T; t2++) row[t2] *= inv_sum;
+        float* o = out + h * hs;
+        for (size_t i = 0; i < hs; i++) o[i] = 0.0f;
+        for (size_t t2 = 0; t2 < T; t2++) {
+            const float* v = values + t2 * C + h * hs;
+            for (size_t i = 0; i < hs; i++) o[i] += row[t2] * v[i];
+        }
+    }
+}
+
 // dqkv = gradient of the attention output dout (N, C) w.r.t. qkv. One task per (batch, head): it owns that
 // head's q/k/v columns of dqkv and walks the queries in order, so the key/value gradients that many queries
 // add to are summed in a fixed order. datt_row is one T-float scratch row per task.
@@ -604,6 +634,86 @@ float GPT2Cpu::forward(const int* inputs, const int* targets, int B, int T) {
     if (!have_targets_) return 0.0f;
     return static_cast<float>(
         crossentropy_forward(a.losses, a.logsumexp, a.logits, targets_.data(), N, config_.vocab_size, Vp));
+}
+
+void GPT2Cpu::prepare_token_cache() {
+    if (cache_memory_) return;
+    const size_t L = config_.num_layers, C = config_.channels, H = config_.num_heads,
+                 T = config_.max_seq_len, Vp = config_.padded_vocab_size;
+    float* TokenCache::*const members[] = {
+        &TokenCache::keys, &TokenCache::values,  &TokenCache::x,        &TokenCache::residual2, &TokenCache::ln,
+        &TokenCache::ln_mean, &TokenCache::ln_rstd, &TokenCache::qkv,   &TokenCache::atty,      &TokenCache::fch,
+        &TokenCache::fch_gelu, &TokenCache::att,   &TokenCache::logits,
+    };
+    const size_t sizes[] = {L * T * C, L * T * C, C, C, C, 1, 1, 3 * C, C, 4 * C, 4 * C, H * T, Vp};
+    static_assert(std::size(members) == std::size(sizes));
+    size_t total = 0;
+    for (size_t n : sizes) total += round_up16(n);
+    float* block = static_cast<float*>(std::aligned_alloc(64, total * sizeof(float)));
+    LLMC_CHECK(block != nullptr, "GPT2Cpu: cannot allocate " + std::to_string(total * sizeof(float) >> 20) +
+                                     " MiB for the key/value cache");
+    cache_memory_.reset(block);
+    for (size_t i = 0; i < std::size(members); i++) {
+        cache_.*members[i] = block;
+        block += round_up16(sizes[i]);
+    }
+}
+
+std::span<const float> GPT2Cpu::start_sequence(std::span<const int> tokens) {
+    LLMC_CHECK(!tokens.empty(), "GPT2Cpu::start_sequence: no tokens");
+    const int T = static_cast<int>(tokens.size());
+    forward(tokens.data(), nullptr, 1, T);  // checks T and the token ids
+    prepare_token_cache();
+    const size_t C = config_.channels, N = static_cast<size_t>(T), max_T = config_.max_seq_len;
+    for (size_t l = 0; l < static_cast<size_t>(config_.num_layers); l++) {
+        for (size_t t = 0; t < N; t++) {
+            const float* qkv_row = acts_.qkv + l * 3 * N * C + t * 3 * C;
+            std::memcpy(cache_.keys + (l * max_T + t) * C, qkv_row + C, C * sizeof(float));
+            std::memcpy(cache_.values + (l * max_T + t) * C, qkv_row + 2 * C, C * sizeof(float));
+        }
+    }
+    cached_tokens_ = T;
+    const size_t Vp = config_.padded_vocab_size;
+    return logits().subspan((N - 1) * Vp, Vp);
+}
+
+void GPT2Cpu::truncate_sequence(int n) {
+    LLMC_CHECK(n >= 1 && n <= cached_tokens_, "GPT2Cpu::truncate_sequence: " + std::to_string(n) +
+                                                  " is not in [1, " + std::to_string(cached_tokens_) + "]");
+    cached_tokens_ = n;
+}
+
+std::span<const float> GPT2Cpu::append(int token) {
+    LLMC_CHECK(cached_tokens_ > 0, "GPT2Cpu::append: needs a start_sequence() first");
+    LLMC_CHECK(cached_tokens_ < config_.max_seq_len, "GPT2Cpu::append: the sequence already holds max_seq_len " +
+                                                         std::to_string(config_.max_seq_len) + " tokens");
+    LLMC_CHECK(token >= 0 && token < config_.vocab_size,
+               "GPT2Cpu::append: token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                   std::to_string(config_.vocab_size) + ")");
+    const SingleThreadedBlas single_threaded_blas;
+    const size_t L = config_.num_layers, C = config_.channels, H = config_.num_heads,
+                 max_T = config_.max_seq_len, Vp = config_.padded_vocab_size, position = cached_tokens_;
+    const Weights& w = weights_;
+    const TokenCache& c = cache_;
+    encoder_forward(c.x, &token, w.wte, w.wpe + position * C, 1, 1, C);
+    for (size_t l = 0; l < L; l++) {
+        float* keys = c.keys + l * max_T * C;
+        float* values = c.values + l * max_T * C;
+        layernorm_forward(c.ln, c.ln_mean, c.ln_rstd, c.x, w.ln1w + l * C, w.ln1b + l * C, 1, C);
+        matmul_forward(c.qkv, c.ln, w.qkvw + l * 3 * C * C, w.qkvb + l * 3 * C, nullptr, 1, C, 3 * C);
+        std::memcpy(keys + position * C, c.qkv + C, C * sizeof(float));
+        std::memcpy(values + position * C, c.qkv + 2 * C, C * sizeof(float));
+        attention_forward_cached(c.atty, c.att, c.qkv, keys, values, position + 1, C, H);
+        matmul_forward(c.residual2, c.atty, w.attprojw + l * C * C, w.attprojb + l * C, c.x, 1, C, C);
+        layernorm_forward(c.ln, c.ln_mean, c.ln_rstd, c.residual2, w.ln2w + l * C, w.ln2b + l * C, 1, C);
+        matmul_forward(c.fch, c.ln, w.fcw + l * 4 * C * C, w.fcb + l * 4 * C, nullptr, 1, C, 4 * C);
+        gelu_forward(c.fch_gelu, c.fch, 4 * C);
+        matmul_forward(c.x, c.fch_gelu, w.fcprojw + l * 4 * C * C, w.fcprojb + l * C, c.residual2, 1, 4 * C, C);
+    }
+    layernorm_forward(c.ln, c.ln_mean, c.ln_rstd, c.x, w.lnfw, w.lnfb, 1, C);
+    matmul_forward(c.logits, c.ln, w.wte, nullptr, nullptr, 1, C, Vp);
+    cached_tokens_++;
+    return {c.logits, Vp};
 }
 
 void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final, std::span<const ParamRange> wte_early) {

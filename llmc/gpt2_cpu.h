@@ -52,6 +52,20 @@ public:
     // (B, T, padded_vocab_size) logits of the last forward.
     std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }
 
+    // Inference with a key/value cache, for sampling. start_sequence runs the model on `tokens` (1 to max_seq_len
+    // of them, at positions 0..) and keeps every layer's keys and values; append runs it on one more token at the
+    // next position from them, instead of on the whole context again (about T times less work at context T). Both
+    // return the padded logits of the sequence's last position, valid until the next call of either or of
+    // forward(). The cache is an allocation of its own (2 * L * max_seq_len * C floats and one token's
+    // activations), made by the first start_sequence. Logits equal forward()'s on the same tokens to float
+    // rounding: the matmuls of one row sum in another order than those of T rows.
+    std::span<const float> start_sequence(std::span<const int> tokens);
+    std::span<const float> append(int token);  // throws when the sequence already holds max_seq_len tokens
+    int sequence_length() const { return cached_tokens_; }
+    // Keeps the sequence's first n tokens (1 <= n <= sequence_length()): the next append goes to position n. For
+    // several continuations of one prompt.
+    void truncate_sequence(int n);
+
     // The wte rows past vocab_size back to 0 in the parameters and, when it is another buffer of the same
     // layout (an optimizer's shared weights, Optimizer::master_weights), in `shared` too.
     void zero_padded_vocab_rows(std::span<float> shared = {});
@@ -86,12 +100,21 @@ private:
         float *dfch;                                 // (N, 4C)
         float *datt_row;                             // (B, H, T) one softmax-gradient row per (b, h) task
     };
+    // Views into the key/value cache's allocation: the cache, then one token's activations for append().
+    struct TokenCache {
+        float *keys, *values;                        // (L, max_seq_len, C)
+        float *x, *residual2, *ln, *ln_mean, *ln_rstd;  // (C), (C), (C), (1), (1)
+        float *qkv, *atty, *fch, *fch_gelu;          // (3C), (C), (4C), (4C)
+        float *att;                                  // (H, max_seq_len) one softmax row per head
+        float *logits;                               // (Vp)
+    };
     struct FreeDeleter {
         void operator()(float* p) const { std::free(p); }
     };
 
     static Weights point_weights(const ParamLayout& layout, float* base);
     void prepare_activations(int B, int T);
+    void prepare_token_cache();
 
     ModelConfig config_;
     ParamLayout layout_;
@@ -105,6 +128,10 @@ private:
     size_t num_tokens_ = 0;  // batch_ * seq_len_
     std::vector<int> inputs_, targets_;
     bool have_targets_ = false;
+
+    std::unique_ptr<float[], FreeDeleter> cache_memory_;
+    TokenCache cache_{};
+    int cached_tokens_ = 0;
 };
 
 }  // namespace llmc

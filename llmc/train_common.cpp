@@ -358,20 +358,6 @@ void write_run_record(const std::string& out_dir, const nlohmann::ordered_json& 
     write_file_atomic(out_dir + "/config.json", std::as_bytes(std::span(text.data(), text.size())));
 }
 
-int sample_token(std::span<const float> logits, int vocab_size, Rng& rng) {
-    float max_logit = logits[0];
-    for (int v = 1; v < vocab_size; v++) max_logit = std::max(max_logit, logits[v]);
-    double total = 0.0;
-    for (int v = 0; v < vocab_size; v++) total += std::exp(logits[v] - max_logit);
-    const double coin = rng.uniform() * total;
-    double cdf = 0.0;
-    for (int v = 0; v < vocab_size; v++) {
-        cdf += std::exp(logits[v] - max_logit);
-        if (coin < cdf) return v;
-    }
-    return vocab_size - 1;
-}
-
 namespace {
 StepReporter::Clock::duration seconds(double n) {
     return std::chrono::duration_cast<StepReporter::Clock::duration>(std::chrono::duration<double>(n));

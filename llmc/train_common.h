@@ -25,6 +25,7 @@
 #include "llmc/metrics.h"
 #include "llmc/optimizer.h"
 #include "llmc/rng.h"
+#include "llmc/sampling.h"
 #include "llmc/tokenizer.h"
 #include "llmc/transport.h"
 
@@ -142,9 +143,6 @@ double evaluate_loss(Model& model, DataLoader& loader, const TrainConfig& cfg, T
     transport.allreduce_sum(sum);
     return sum[0] / (static_cast<double>(cfg.val_batches) * transport.world_size());
 }
-
-// Draws the next token from the first vocab_size logits at temperature 1 (softmax sampled by inverse CDF).
-int sample_token(std::span<const float> logits, int vocab_size, Rng& rng);
 
 // What the end of optimizer step `step` (0-based) owes, from the config's cadences: the last step always
 // validates, samples (when sampling is on) and checkpoints (unless --checkpoint_every -1: benchmarks).

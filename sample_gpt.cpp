@@ -1,0 +1,255 @@
+// sample_gpt: text from a trained GPT-2 on the CPU. Loads an llm.c model file (ours, a checkpoint's, or llm.c's
+// own, fp32 or bf16), encodes a prompt with the GPT-2 BPE after an end-of-text token (as every training document
+// starts in prepro_gpt2's shards), and extends it token by token with temperature, top-k and top-p sampling from
+// a seed (llmc/sampling.h), so the same command prints the same text on any machine. Each token reruns the
+// model on the whole context (no KV cache; at most max_seq_len tokens, sliding), which is what the trainers'
+// samples do too.
+#include <omp.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/bpe.h"
+#include "llmc/checkpoint.h"
+#include "llmc/error.h"
+#include "llmc/fileio.h"
+#include "llmc/gpt2_cpu.h"
+#include "llmc/model_io.h"
+#include "llmc/rng.h"
+#include "llmc/sampling.h"
+
+namespace {
+
+using llmc::fail;
+
+constexpr const char* kUsage = R"(usage: sample_gpt --model PATH [options]
+
+Prints text sampled from a GPT-2 model on the CPU: the prompt (after an end-of-text token), then --tokens more.
+
+  --model PATH        an llm.c model file (fp32 or bf16), a checkpoint directory (its model.bin, checked against
+                      the checkpoint's checksum), or a run's --out_dir (its latest complete checkpoint)
+  --prompt TEXT       text to continue (default: none, so the model starts a new document)
+  --prompt_file PATH  read the prompt from a file instead
+  --tokens N          tokens to generate per sample (default 64)
+  --num_samples N     independent samples, one after the other from the same random stream (default 1)
+  --temperature T     softmax temperature; 0 picks the most likely token every time (default 1.0)
+  --top_k K           sample among the K most likely tokens only (default 0: all)
+  --top_p P           then among the fewest most likely tokens whose probability reaches P (default 1.0: all)
+  --seed N            random seed (default 1337)
+  --stop_at_eot       end a sample at the first generated end-of-text token
+  --encoder PATH      GPT-2 encoder.json (default data/cache/gpt2/encoder.json, written by data/prepare_default.sh)
+  --vocab PATH        GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
+  --threads N         OpenMP threads (default 0: all cores)
+  --json              one JSON line per sample instead of text: sample, prompt_tokens, tokens, text
+  --help              print this help
+
+Flags take --key value or --key=value; dashes and underscores are equal (--top-k). The model sees at most its
+max_seq_len last tokens (past that, each token reruns the whole window: slower). A summary with the speed goes
+to stderr.
+)";
+
+struct Options {
+    std::string model, prompt, encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
+    std::optional<std::string> prompt_file;
+    long long tokens = 64, num_samples = 1, seed = 1337, threads = 0;
+    llmc::SamplingParams sampling;
+    bool stop_at_eot = false, json = false;
+};
+
+long long parse_integer(const std::string& flag, const std::string& text, long long min, long long max) {
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    LLMC_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= min && value <= max,
+               flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
+                   text + "'");
+    return value;
+}
+
+float parse_number(const std::string& flag, const std::string& text) {
+    float value = 0.0f;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    LLMC_CHECK(ec == std::errc() && end == text.data() + text.size() && std::isfinite(value),
+               flag + ": expected a number, got '" + text + "'");
+    return value;
+}
+
+Options parse_args(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,
+                   "unexpected argument '" + arg + "': flags look like --key value (see --help)");
+        std::string key = arg.substr(2), value;
+        bool has_value = false;
+        if (const size_t eq = key.find('='); eq != std::string::npos) {
+            value = key.substr(eq + 1), key = key.substr(0, eq), has_value = true;
+        }
+        const std::string flag = "--" + key;  // as typed, for messages
+        for (char& c : key)
+            if (c == '-') c = '_';
+        if (key == "help" || key == "h") {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        }
+        if (key == "stop_at_eot" || key == "json") {
+            LLMC_CHECK(!has_value || value == "true" || value == "false", flag + ": takes no value or true/false");
+            (key == "json" ? o.json : o.stop_at_eot) = !has_value || value == "true";
+            continue;
+        }
+        if (!has_value) {
+            LLMC_CHECK(i + 1 < argc, flag + ": missing value (see --help)");
+            value = argv[++i];
+        }
+        if (key == "model") o.model = value;
+        else if (key == "prompt") o.prompt = value;
+        else if (key == "prompt_file") o.prompt_file = value;
+        else if (key == "tokens") o.tokens = parse_integer(flag, value, 0, 1'000'000);
+        else if (key == "num_samples") o.num_samples = parse_integer(flag, value, 1, 1'000'000);
+        else if (key == "temperature") o.sampling.temperature = parse_number(flag, value);
+        else if (key == "top_k") o.sampling.top_k = static_cast<int>(parse_integer(flag, value, 0, INT32_MAX));
+        else if (key == "top_p") o.sampling.top_p = parse_number(flag, value);
+        else if (key == "seed") o.seed = parse_integer(flag, value, 0, INT64_MAX);
+        else if (key == "encoder") o.encoder = value;
+        else if (key == "vocab") o.vocab = value;
+        else if (key == "threads") o.threads = parse_integer(flag, value, 0, 4096);
+        else fail(flag + ": unknown flag (see --help)");
+    }
+    LLMC_CHECK(!o.model.empty(), "--model is required (see --help)");
+    LLMC_CHECK(o.prompt.empty() || !o.prompt_file, "--prompt and --prompt_file exclude each other");
+    llmc::validate_sampling(o.sampling);
+    return o;
+}
+
+// The model file that --model names, and the checkpoint it belongs to, if any (its marker has the file's checksum).
+struct ModelSource {
+    std::string file;
+    std::optional<llmc::CheckpointInfo> checkpoint;
+};
+
+ModelSource resolve_model(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    LLMC_CHECK(!ec && fs::exists(status), path + ": no such file or directory");
+    if (!fs::is_directory(status)) return {path, std::nullopt};
+    std::string dir = path;
+    if (!fs::exists(llmc::model_path(dir))) {
+        LLMC_CHECK(fs::is_directory(dir + "/checkpoints"),
+                   path + ": neither a model file, a checkpoint directory (with model.bin) nor a run directory "
+                          "(with checkpoints/)");
+        const std::optional<llmc::CheckpointInfo> latest = llmc::find_latest_checkpoint(dir);
+        LLMC_CHECK(latest.has_value(), path + ": no complete checkpoint under checkpoints/");
+        dir = latest->dir;
+    }
+    if (!fs::exists(dir + "/COMPLETE")) return {llmc::model_path(dir), std::nullopt};
+    return {llmc::model_path(dir), llmc::read_checkpoint_info(dir)};
+}
+
+int run(const Options& o) {
+    const ModelSource source = resolve_model(o.model);
+    const std::string& model_file = source.file;
+    const llmc::ModelConfig config = llmc::read_model_config(model_file);
+    llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(o.encoder, o.vocab);
+    LLMC_CHECK(config.vocab_size == bpe.vocab_size(),
+               model_file + ": a vocabulary of " + std::to_string(config.vocab_size) + " tokens, but " + o.encoder +
+                   " has " + std::to_string(bpe.vocab_size()) + " (the model was not trained with this tokenizer)");
+    if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
+    llmc::GPT2Cpu model(config);
+    llmc::FileDigest digest;
+    llmc::load_model(model_file, config, model.params(), &digest);
+    if (source.checkpoint) {
+        const auto recorded = source.checkpoint->files.find("model.bin");  // none in markers from before checksums
+        LLMC_CHECK(recorded == source.checkpoint->files.end() || recorded->second == digest,
+                   model_file + ": XXH64 " + digest.hex() + " (" + std::to_string(digest.bytes) +
+                       " bytes), but its checkpoint's marker records " + recorded->second.hex() + " (" +
+                       std::to_string(recorded->second.bytes) + " bytes): the file is corrupt or from another "
+                       "checkpoint; sample an older one");
+    }
+
+    std::string prompt = o.prompt;
+    if (o.prompt_file) {
+        const std::vector<std::byte> bytes = llmc::read_whole_file(*o.prompt_file);
+        prompt.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+    std::vector<int> prompt_tokens = {bpe.eot_token()};
+    bpe.encode(prompt, prompt_tokens);
+    std::fprintf(stderr, "sample_gpt: %s (%s), prompt of %zu tokens after end-of-text\n", model_file.c_str(),
+                 config.describe().c_str(), prompt_tokens.size() - 1);
+
+    // The prompt runs once: each sample continues from its cached keys and values and a copy of its logits (unless
+    // a sample outgrew max_seq_len, which leaves another window in the cache).
+    const auto window_of = [&](const std::vector<int>& tokens) {
+        return std::span<const int>(tokens).last(std::min(tokens.size(), static_cast<size_t>(config.max_seq_len)));
+    };
+    const std::span<const float> first_logits = model.start_sequence(window_of(prompt_tokens));
+    const std::vector<float> prompt_logits(first_logits.begin(), first_logits.end());
+    const int prompt_window = model.sequence_length();
+    bool cache_holds_prompt = true;
+
+    llmc::Rng rng(static_cast<uint64_t>(o.seed));
+    const auto start = std::chrono::steady_clock::now();
+    long long generated = 0;
+    std::vector<int> context;
+    for (long long sample = 0; sample < o.num_samples; sample++) {
+        if (!o.json) {
+            if (o.num_samples > 1) std::printf("%s--- sample %lld ---\n", sample > 0 ? "\n" : "", sample + 1);
+            std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+            std::fflush(stdout);
+        }
+        context = prompt_tokens;
+        if (!cache_holds_prompt) model.start_sequence(window_of(prompt_tokens));
+        model.truncate_sequence(prompt_window);
+        cache_holds_prompt = true;
+        std::vector<int> tokens;
+        for (long long i = 0; i < o.tokens; i++) {
+            // The cache holds the context but its newest token, at positions from 0, until the context outgrows
+            // max_seq_len; from then on every position of the window moves by one each token, so the window is
+            // run again whole.
+            std::span<const float> logits = prompt_logits;
+            if (i > 0 && model.sequence_length() < config.max_seq_len) {
+                logits = model.append(context.back());
+            } else if (i > 0) {
+                logits = model.start_sequence(window_of(context));
+                cache_holds_prompt = false;
+            }
+            const int next = llmc::sample_token(logits, config.vocab_size, rng, o.sampling);
+            context.push_back(next);
+            tokens.push_back(next);
+            generated++;
+            if (!o.json) {
+                const std::string& bytes = bpe.token_bytes(next);
+                std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+                std::fflush(stdout);
+            }
+            if (o.stop_at_eot && next == bpe.eot_token()) break;
+        }
+        if (o.json) {
+            const nlohmann::json line = {{"sample", sample + 1},
+                                         {"prompt_tokens", std::vector<int>(prompt_tokens.begin() + 1,
+                                                                            prompt_tokens.end())},
+                                         {"tokens", tokens},
+                                         {"text", bpe.decode(tokens)}};
+            // a sample may end inside a UTF-8 sequence that its next token would have finished
+            std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        }
+    }
+    if (!o.json) std::printf("\n");
+    std::fflush(stdout);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "sample_gpt: %lld tokens in %.2f s (%.1f tokens/s, %d threads)\n", generated, seconds,
+                 seconds > 0 ? generated / seconds : 0.0, omp_get_max_threads());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return llmc::main_reporting_errors(argc, argv, [](int n, char** args) { return run(parse_args(n, args)); });
+}

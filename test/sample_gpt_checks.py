@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""Oracle checks of ./sample_gpt against PyTorch: the model file is loaded into the independent reference GPT-2
+(dev/reference/gpt2_reference.py), which gives each step's logits for the tokens sample_gpt printed.
+
+  greedy MODEL PROMPT      --temperature 0, 100 tokens past max_seq_len: every token is the reference's most
+                           likely one for the same (sliding) context, to float tolerance
+  distribution MODEL PROMPT  5 settings of temperature / top-k / top-p, 2,000 one-token samples each: every token
+                           lies in the reference's kept set, and the counts pass a chi-square test against the
+                           reference's renormalized probabilities (p > 1e-4)
+
+sample_gpt's --json lines give the tokens. Exit status 1 on the first failure, with what differed.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "dev", "reference"))
+from gpt2_reference import GPT, llmc_order  # noqa: E402
+
+EOT = 50256
+
+
+def fail(message):
+    print("FAIL  " + message)
+    sys.exit(1)
+
+
+def load_model(path):
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype=np.int32)
+        params = np.frombuffer(f.read(), dtype=np.float32)
+    if header[0] != 20240326 or header[1] != 3:
+        fail(f"{path}: not an llm.c fp32 model file")
+    max_seq_len, vocab, layers, heads, channels, padded = (int(v) for v in header[2:8])
+    model = GPT(layers, heads, channels, max_seq_len, vocab, padded)
+    offset = 0
+    with torch.no_grad():
+        for tensor in llmc_order(model):
+            n = tensor.numel()
+            tensor.copy_(torch.from_numpy(params[offset:offset + n].copy()).view_as(tensor))
+            offset += n
+    if offset != params.size:
+        fail(f"{path}: {params.size} parameters in the file, {offset} in the reference model")
+    model.eval()
+    return model, max_seq_len, vocab
+
+
+def next_logits(model, context, max_seq_len, vocab):
+    window = torch.tensor([context[-max_seq_len:]], dtype=torch.long)
+    with torch.no_grad():
+        logits, _ = model(window, torch.zeros_like(window))
+    return logits[0, -1, :vocab].double()
+
+
+def sample(model_path, prompt, *flags):
+    command = ["./sample_gpt", "--model", model_path, "--prompt", prompt, "--json", *flags]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        fail(f"{' '.join(command)}: exit {result.returncode}: {result.stderr.strip()}")
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def greedy(model_path, prompt):
+    model, max_seq_len, vocab = load_model(model_path)
+    tokens_wanted = max_seq_len + 36
+    [line] = sample(model_path, prompt, "--temperature", "0", "--tokens", str(tokens_wanted))
+    context = [EOT] + line["prompt_tokens"]
+    if len(line["tokens"]) != tokens_wanted:
+        fail(f"greedy: {len(line['tokens'])} tokens, wanted {tokens_wanted}")
+    for i, token in enumerate(line["tokens"]):
+        logits = next_logits(model, context, max_seq_len, vocab)
+        best = logits.max().item()
+        # fp32 sums in another order: a near-tie may go either way, anything else may not
+        if logits[token].item() < best - 1e-4 * max(1.0, abs(best)):
+            fail(f"greedy: token {i} is {token} (reference logit {logits[token].item():.6f}), the reference's most "
+                 f"likely is {int(logits.argmax())} ({best:.6f}); context of {len(context)} tokens")
+        context.append(token)
+    print(f"ok    greedy: {tokens_wanted} tokens (context up to {len(context)}, window {max_seq_len}) are the "
+          f"reference's most likely")
+
+
+def kept_probabilities(logits, temperature, top_k, top_p):
+    """The reference's sampling distribution: softmax(logits / T), top-k, then top-p, renormalized."""
+    p = torch.softmax(logits / temperature, dim=0)
+    if top_k > 0:
+        threshold = torch.topk(p, top_k).values[-1]
+        p = torch.where(p >= threshold, p, torch.zeros_like(p))
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(p, descending=True)
+        before = torch.cumsum(sorted_p, 0) - sorted_p  # probability of the more likely tokens
+        keep = before < top_p * sorted_p.sum()
+        mask = torch.zeros_like(p, dtype=torch.bool)
+        mask[order[keep]] = True
+        p = torch.where(mask, p, torch.zeros_like(p))
+    return p / p.sum()
+
+
+def chi_square_z(counts, expected):
+    """Wilson-Hilferty z of the chi-square statistic over bins with >= 5 expected (the rest pooled)."""
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] < 5:  # too little left over for a bin of its own: fold it into the largest
+        largest = int(np.argmax(exp[:-1]))
+        obs[largest] += obs[-1]
+        exp[largest] += exp[-1]
+        obs, exp = obs[:-1], exp[:-1]
+    k = len(exp) - 1
+    if k < 1:
+        return 0.0, 0
+    statistic = float(((obs - exp) ** 2 / exp).sum())
+    z = ((statistic / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return z, k
+
+
+def distribution(model_path, prompt):
+    model, max_seq_len, vocab = load_model(model_path)
+    draws = 2000
+    # a top-p that the third most likely token crosses halfway: it must be kept, and it is drawn often enough
+    # for the counts to show it if it were not
+    context = [EOT] + sample(model_path, prompt, "--tokens", "0")[0]["prompt_tokens"]
+    likeliest = torch.sort(torch.softmax(next_logits(model, context, max_seq_len, vocab), dim=0), descending=True)[0]
+    third_halfway = float(likeliest[:2].sum() + 0.5 * likeliest[2])
+    settings = [(0.8, 0, 1.0), (1.0, 10, 1.0), (1.2, 0, 0.6), (1.0, 50, 0.9), (1.0, 0, round(third_halfway, 6))]
+    for temperature, top_k, top_p in settings:
+        lines = sample(model_path, prompt, "--tokens", "1", "--num_samples", str(draws), "--seed", "7",
+                       "--temperature", str(temperature), "--top_k", str(top_k), "--top_p", str(top_p))
+        context = [EOT] + lines[0]["prompt_tokens"]
+        expected_p = kept_probabilities(next_logits(model, context, max_seq_len, vocab), temperature, top_k, top_p)
+        counts = np.zeros(vocab)
+        for line in lines:
+            counts[line["tokens"][0]] += 1
+        setting = f"temperature {temperature}, top_k {top_k}, top_p {top_p}"
+        kept = int((expected_p > 0).sum())
+        outside = [t for t in np.nonzero(counts)[0] if expected_p[t] == 0]
+        if outside:
+            # a token at the very edge of the kept set may fall on either side with float rounding
+            full = torch.softmax(next_logits(model, context, max_seq_len, vocab) / temperature, dim=0)
+            edge = full[expected_p > 0].min().item()
+            if any(full[t].item() < edge * (1 - 1e-4) for t in outside):
+                fail(f"distribution ({setting}): tokens {outside[:5]} were drawn but the reference keeps only "
+                     f"{kept} tokens")
+        z, dof = chi_square_z(counts, expected_p.numpy() * draws)
+        if z > 3.72:  # p < 1e-4
+            fail(f"distribution ({setting}): chi-square z = {z:.2f} over {dof} degrees of freedom; the counts do "
+                 f"not follow the reference's probabilities")
+        print(f"ok    distribution ({setting}): {draws} draws over {kept} kept tokens, chi-square z = {z:.2f} "
+              f"({dof} degrees of freedom)")
+
+
+if __name__ == "__main__":
+    {"greedy": greedy, "distribution": distribution}[sys.argv[1]](*sys.argv[2:])

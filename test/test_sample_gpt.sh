@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Tests of ./sample_gpt (text from a model file or checkpoint) against independent oracles:
+#   - greedy decoding picks PyTorch's most likely token at every step, past max_seq_len (sliding window), on a
+#     random model written by the PyTorch reference and on one trained here (test/sample_gpt_checks.py);
+#   - temperature, top-k and top-p draws follow PyTorch's renormalized probabilities (chi-square, 5 settings);
+#   - the prompt is encoded as js-tiktoken encodes it (when node is installed);
+#   - a run directory means its latest complete checkpoint; a damaged model.bin in a checkpoint is refused by
+#     its checksum; the same seed gives the same text; --stop_at_eot ends a sample at end-of-text;
+#   - bad flags and files give exit status 1 and one "error:" line naming them.
+# Skips (77) without torch in /usr/bin/python3. Builds ./sample_gpt and ./train_gpt_cpu if missing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LC_ALL=C.UTF-8
+python=/usr/bin/python3
+"$python" -c "import torch" 2>/dev/null || { echo "SKIP: $python cannot import torch"; exit 77; }
+for target in sample_gpt train_gpt_cpu; do
+  [[ -x $target ]] || make "$target" >/dev/null || { echo "FAIL  make $target"; exit 1; }
+done
+bash data/prepare_default.sh >/dev/null || { echo "FAIL  data/prepare_default.sh"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+pass() { echo "ok    $*"; }
+fail() { echo "FAIL  $*"; failures=$((failures + 1)); }
+prompt="The President said that the Union"
+
+# a random model (PyTorch's init) and one trained for 60 steps on the default corpus, checkpointed at 30 and 60
+"$python" dev/reference/gpt2_reference.py --config tiny --steps 1 --out-dir "$tmp/random" >/dev/null ||
+  { echo "FAIL  dev/reference/gpt2_reference.py"; exit 1; }
+./train_gpt_cpu --config configs/tiny.json --steps 60 --lr 3e-3 --warmup_steps 5 --val_every 0 --checkpoint_every 30 \
+  --keep_checkpoints 0 --out_dir "$tmp/run" >"$tmp/train.log" 2>&1 || { tail -3 "$tmp/train.log"; echo "FAIL  training"; exit 1; }
+trained=$tmp/run/checkpoints/step_00000060/model.bin
+
+for model in "$tmp/random/model.bin" "$trained"; do
+  "$python" test/sample_gpt_checks.py greedy "$model" "$prompt" || failures=$((failures + 1))
+done
+"$python" test/sample_gpt_checks.py distribution "$trained" "$prompt" || failures=$((failures + 1))
+
+if command -v node >/dev/null; then
+  printf '%s' $'Unicode: café naïve 中文 😀 — "quotes" it\'s  spaced\n\tand 1234567 numbers' >"$tmp/prompt.txt"
+  if node dev/reference/tiktoken_encode.js --out "$tmp/prompt.bin" "$tmp/prompt.txt" &&
+     ./sample_gpt --model "$trained" --prompt_file "$tmp/prompt.txt" --tokens 0 --json 2>/dev/null >"$tmp/prompt.json" &&
+     "$python" -c '
+import json, sys
+from array import array
+oracle = array("H"); oracle.frombytes(open(sys.argv[1], "rb").read())
+ours = json.load(open(sys.argv[2]))["prompt_tokens"]
+sys.exit(0 if ours == list(oracle) and len(ours) > 10 else f"ours {ours} vs js-tiktoken {list(oracle)}")
+' "$tmp/prompt.bin" "$tmp/prompt.json"; then
+    pass "the prompt (unicode, emoji, contractions, spaces) is encoded as js-tiktoken encodes it"
+  else
+    fail "prompt encoding vs js-tiktoken"
+  fi
+fi
+
+# --model: a run directory means its latest complete checkpoint; the same seed gives the same text
+run_sample() { ./sample_gpt --prompt "$prompt" --tokens 20 --json --seed "${2:-5}" --model "$1" 2>/dev/null; }
+if [[ -n $(run_sample "$tmp/run") && $(run_sample "$tmp/run") == "$(run_sample "$trained")" &&
+      $(run_sample "$tmp/run/checkpoints/step_00000060") == "$(run_sample "$trained")" &&
+      $(run_sample "$tmp/run") != "$(run_sample "$tmp/run/checkpoints/step_00000030")" &&
+      $(run_sample "$trained" 5) != "$(run_sample "$trained" 6)" ]]; then
+  pass "a run directory samples its latest checkpoint (step 60, not 30); one seed, one text; another, another"
+else
+  fail "--model as a run or checkpoint directory, or the seed"
+fi
+# the text output is the prompt, then the tokens' bytes
+./sample_gpt --model "$trained" --prompt "$prompt" --tokens 20 --seed 5 2>/dev/null >"$tmp/text.out"
+if "$python" -c '
+import json, sys
+line = json.loads(sys.argv[2])
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+expected = sys.argv[3] + line["text"] + "\n"
+sys.exit(0 if text == expected else f"{text!r} vs {expected!r}")
+' "$tmp/text.out" "$(run_sample "$trained")" "$prompt"; then
+  pass "the text output is the prompt and the sampled tokens' text"
+else
+  fail "text output vs --json"
+fi
+
+# --stop_at_eot, on a model built so that end-of-text is always the most likely token: the final LayerNorm's
+# output is a constant vector, and only EOT's embedding row points along it
+"$python" - "$trained" "$tmp/eot_model.bin" <<'PY'
+import sys
+import numpy as np
+data = bytearray(open(sys.argv[1], "rb").read())
+header = np.frombuffer(bytes(data[:1024]), dtype=np.int32)
+channels, padded = int(header[6]), int(header[7])
+params = np.frombuffer(bytes(data[1024:]), dtype=np.float32).copy()
+params[50256 * channels:50257 * channels] = 1.0   # wte[EOT]
+params[-2 * channels:-channels] = 0.0              # ln_f weight
+params[-channels:] = 0.1                           # ln_f bias
+open(sys.argv[2], "wb").write(bytes(data[:1024]) + params.tobytes())
+PY
+eot_tokens() { ./sample_gpt --model "$tmp/eot_model.bin" --tokens 4 --json --temperature 0 "$@" 2>/dev/null |
+               "$python" -c 'import json, sys; print(json.load(sys.stdin)["tokens"])'; }
+if [[ $(eot_tokens --stop_at_eot) == "[50256]" && $(eot_tokens) == "[50256, 50256, 50256, 50256]" ]]; then
+  pass "--stop_at_eot ends a sample at the first end-of-text token (without it: 4 of them)"
+else
+  fail "--stop_at_eot: $(eot_tokens --stop_at_eot) / $(eot_tokens)"
+fi
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+expect_error() {  # NEEDLE COMMAND...
+  local needle=$1
+  shift
+  "$@" >/dev/null 2>"$tmp/stderr"
+  local rc=$?
+  if [[ $rc -eq 1 && $(grep -c . "$tmp/stderr") -eq 1 ]] && grep -qF "error: " "$tmp/stderr" &&
+     grep -qF -- "$needle" "$tmp/stderr"; then
+    pass "rejects: $(cat "$tmp/stderr")"
+  else
+    fail "expected exit 1 and one error line naming '$needle' from: $* (exit $rc, stderr: $(head -c 300 "$tmp/stderr"))"
+  fi
+}
+cp -r "$tmp/run/checkpoints/step_00000060" "$tmp/damaged"
+printf '\x01' | dd of="$tmp/damaged/model.bin" bs=1 seek=5000 conv=notrunc status=none
+expect_error "$tmp/damaged/model.bin" ./sample_gpt --model "$tmp/damaged"
+head -c 5000 "$trained" >"$tmp/short.bin"
+expect_error "$tmp/short.bin" ./sample_gpt --model "$tmp/short.bin"
+expect_error "$tmp/nope" ./sample_gpt --model "$tmp/nope"
+mkdir -p "$tmp/empty_dir"
+expect_error "$tmp/empty_dir: neither a model file" ./sample_gpt --model "$tmp/empty_dir"
+expect_error "--model is required" ./sample_gpt --tokens 3
+expect_error "--top_p must be in (0, 1]" ./sample_gpt --model "$trained" --top_p 0
+expect_error "--temperature must be >= 0" ./sample_gpt --model "$trained" --temperature -1
+expect_error "--tokens: expected an integer" ./sample_gpt --model "$trained" --tokens 12x
+expect_error "--top-k: expected an integer" ./sample_gpt --model "$trained" --top-k -3
+expect_error "--bogus: unknown flag" ./sample_gpt --model "$trained" --bogus 1
+expect_error "$tmp/nope/encoder.json" ./sample_gpt --model "$trained" --encoder "$tmp/nope/encoder.json"
+if ./sample_gpt --help | grep -q '^usage: sample_gpt'; then pass "--help"; else fail "--help"; fi
+
+echo
+if [[ $failures -eq 0 ]]; then echo "all sample_gpt tests passed"; else echo "$failures sample_gpt test(s) failed"; fi
+[[ $failures -eq 0 ]]
