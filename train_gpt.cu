@@ -263,7 +263,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
                         kFloatXName);
     }
 
-    const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
+    const LrSchedule schedule = cfg.schedule();
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     // A step's batches, one per micro-step, all read before any is queued: a batch that fails to load (a token id
     // out of range) stops the run before the step's device work starts.

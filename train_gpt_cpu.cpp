@@ -127,7 +127,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         if (cfg.peak_tflops > 0.0f) std::printf("MFU against %g TFLOP/s per rank (--peak_tflops)\n", cfg.peak_tflops);
     }
 
-    const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
+    const LrSchedule schedule = cfg.schedule();
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> inputs(n), targets(n);
     const int start_step = static_cast<int>(state.step);

@@ -62,7 +62,12 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
              {"lr", &TrainConfig::lr, "peak learning rate"},
              {"warmup_steps", &TrainConfig::warmup_steps, "linear warmup steps"},
              {"warmup_start_frac", &TrainConfig::warmup_start_frac, "warmup starts at this fraction of lr"},
-             {"final_lr_frac", &TrainConfig::final_lr_frac, "cosine decay ends at this fraction of lr"},
+             {"lr_schedule", &TrainConfig::lr_schedule,
+              "after warmup: cosine or linear decay to the floor, wsd (lr, then a linear decay over the last "
+              "lr_decay_frac of the steps) or constant",
+              {"cosine", "linear", "wsd", "constant"}},
+             {"final_lr_frac", &TrainConfig::final_lr_frac, "the decay ends at this fraction of lr (the floor)"},
+             {"lr_decay_frac", &TrainConfig::lr_decay_frac, "wsd: the share of the steps that decay"},
          }},
         {"optimizer",
          {
@@ -406,6 +411,7 @@ void validate_config(const TrainConfig& c) {
     at_least("warmup_steps", c.warmup_steps, 0);
     in_unit_interval("final_lr_frac", c.final_lr_frac);
     in_unit_interval("warmup_start_frac", c.warmup_start_frac);
+    in_unit_interval("lr_decay_frac", c.lr_decay_frac);
     at_least("val_every", c.val_every, 0);
     at_least("val_batches", c.val_batches, 0);
     at_least("sample_every", c.sample_every, 0);
@@ -471,6 +477,14 @@ std::string format_float(float v) {
         while (digits + 1 < text.size() && text[digits] == '0') text.erase(digits, 1);
     }
     return text;
+}
+
+LrSchedule TrainConfig::schedule() const {
+    const LrShape shape = lr_schedule == "linear" ? LrShape::linear
+                          : lr_schedule == "wsd"  ? LrShape::wsd
+                          : lr_schedule == "constant" ? LrShape::constant
+                                                      : LrShape::cosine;
+    return {lr, warmup_steps, steps, warmup_start_frac, final_lr_frac, shape, lr_decay_frac};
 }
 
 OptimizerConfig TrainConfig::optimizer_config() const {

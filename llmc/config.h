@@ -18,6 +18,7 @@
 
 #include "llmc/gpt2_layout.h"
 #include "llmc/optimizer.h"
+#include "llmc/schedule.h"
 
 namespace llmc {
 
@@ -68,7 +69,9 @@ struct TrainConfig {
     float lr = 6e-4f;
     int warmup_steps = 10;
     float warmup_start_frac = 0.0f;  // warmup rises linearly from warmup_start_frac * lr
-    float final_lr_frac = 0.1f;      // cosine decays to final_lr_frac * lr at the last step
+    std::string lr_schedule = "cosine";  // cosine | linear | wsd | constant (schedule.h)
+    float final_lr_frac = 0.1f;      // the decay ends at final_lr_frac * lr at the last step
+    float lr_decay_frac = 0.2f;      // wsd: the share of the steps that decay
     // optimizer
     std::string optimizer = "adamw";     // adamw | demo
     float weight_decay = 0.1f;
@@ -109,6 +112,7 @@ struct TrainConfig {
     ConfigSources sources;               // where each key's value came from (for messages; not a key itself)
 
     OptimizerConfig optimizer_config() const;
+    LrSchedule schedule() const;
 };
 
 // Parses argv (without argv[0]). Returns false when --help was given (help already printed to stdout).

@@ -226,12 +226,18 @@ std::vector<std::string> config_warnings(const TrainConfig& cfg) {
                            format_float(factor) + " at the peak learning rate: " +
                            (factor < 0.0f ? "it flips their sign" : "it zeroes them") + " instead of shrinking them");
     if (cfg.warmup_steps > cfg.steps) {
-        const LrSchedule schedule{cfg.lr, cfg.warmup_steps, cfg.steps, cfg.warmup_start_frac, cfg.final_lr_frac};
+        const LrSchedule schedule = cfg.schedule();
         warnings.push_back("warmup_steps " + std::to_string(cfg.warmup_steps) + " > steps " +
                            std::to_string(cfg.steps) + ": the learning rate is still warming up at the last step, " +
                            "where it reaches " + format_float(schedule.at(cfg.steps - 1)) + ", not lr " +
                            format_float(cfg.lr));
     }
+    if (const LrSchedule schedule = cfg.schedule();
+        schedule.shape == LrShape::wsd && cfg.warmup_steps <= cfg.steps && schedule.decay_start() < cfg.warmup_steps)
+        warnings.push_back("lr_schedule wsd: the decay over the last lr_decay_frac " + format_float(cfg.lr_decay_frac) +
+                           " of the steps starts at step " + std::to_string(schedule.decay_start()) +
+                           ", before warmup ends at step " + std::to_string(cfg.warmup_steps) +
+                           ": the learning rate never stays at lr");
     if (cfg.optimizer == "demo") {
         // demo::plan_tensor clamps a tensor's k to its chunks' elements (a 1-D tensor's chunk is one row)
         const ParamLayout layout = ParamLayout::gpt2(cfg.model);

@@ -326,4 +326,49 @@ TEST(lr_schedule_warmup_and_cosine) {
     EXPECT_NEAR(s.at(60), mid, 1e-5);
 }
 
+TEST(lr_schedule_shapes) {
+    // Independent oracle: each shape's formula written out in double, over every step of a 100-step run with 10
+    // steps of warmup from 0.1 and a floor of 0.1.
+    const auto expected = [](const std::string& shape, int step, double decay_frac) -> double {
+        if (step < 10) return 0.1 + 0.9 * (step + 1) / 10.0;
+        const double progress = std::min(1.0, (step - 10) / 89.0);  // 0 after warmup, 1 at step 99
+        if (shape == "cosine") return 0.1 + 0.9 * 0.5 * (1 + std::cos(3.141592653589793 * progress));
+        if (shape == "linear") return 0.1 + 0.9 * (1 - progress);
+        if (shape == "constant") return 1.0;
+        const int decay_steps = static_cast<int>(std::lround(decay_frac * 100)), start = 100 - decay_steps;
+        return step < start ? 1.0 : 1.0 - 0.9 * (step - start + 1) / static_cast<double>(decay_steps);
+    };
+    for (const std::string shape : {"cosine", "linear", "wsd", "constant"}) {
+        for (const float decay_frac : {0.2f, 0.05f, 0.5f}) {
+            TrainConfig cfg;
+            EXPECT(parse({"--steps", "100", "--lr", "1", "--warmup_steps", "10", "--warmup_start_frac", "0.1",
+                          "--final_lr_frac", "0.1", "--lr_schedule", shape.c_str(), "--lr_decay_frac",
+                          std::to_string(decay_frac).c_str()},
+                         cfg));
+            const LrSchedule s = cfg.schedule();
+            double worst = 0.0;
+            for (int step = 0; step < 100; step++)
+                worst = std::max(worst, std::fabs(s.at(step) - expected(shape, step, decay_frac)));
+            if (worst > 1e-5) std::printf("  %s, decay_frac %g: off by %g\n", shape.c_str(), decay_frac, worst);
+            EXPECT(worst <= 1e-5);
+        }
+    }
+    // wsd's decay: 20 steps at the default fraction, the first one already below lr, the floor at the last step
+    TrainConfig cfg;
+    EXPECT(parse({"--steps", "100", "--lr", "1", "--warmup_steps", "0", "--lr_schedule", "wsd"}, cfg));
+    const LrSchedule wsd = cfg.schedule();
+    EXPECT_EQ(wsd.decay_start(), 80);
+    EXPECT_EQ(wsd.at(79), 1.0f);
+    EXPECT(wsd.at(80) < 1.0f);
+    EXPECT_NEAR(wsd.at(99), 0.1, 1e-6);
+    EXPECT(config_warnings(cfg).empty());
+    // a decay that would begin during warmup gets a warning
+    EXPECT(parse({"--steps", "100", "--warmup_steps", "90", "--lr_schedule", "wsd"}, cfg));
+    const std::vector<std::string> warnings = config_warnings(cfg);
+    EXPECT(warnings.size() == 1 && warnings[0].find("starts at step 80, before warmup ends at step 90") !=
+                                       std::string::npos);
+    EXPECT_ERROR(parse({"--lr_schedule", "step"}, cfg), "--lr_schedule: 'step' is not one of: cosine, linear, wsd, constant");
+    EXPECT_ERROR(parse({"--lr_decay_frac", "1.5"}, cfg), "lr_decay_frac must be in [0, 1] (got 1.5)");
+}
+
 TEST_MAIN()

@@ -12,7 +12,8 @@ stops without dying ending it after --comm_timeout; an out_dir's history kept wh
 another history's checkpoints refused unless --overwrite, state files that disagree with their checkpoint or
 other training shards refused naming the file); checkpoint markers recording each file's XXH64 as xxhsum computes
 it, and a resume on a corrupt file refused before any rank reports it or deletes anything; a stop signal ending a
-run at a step with a checkpoint, from which --resume auto gives the uninterrupted losses.
+run at a step with a checkpoint, from which --resume auto gives the uninterrupted losses; a resume that changes the
+learning-rate schedule (a wsd cool-down) following the new one.
 Failures are collected and reported together.
 """
 import json
@@ -90,6 +91,21 @@ def resume_case(optimizer, ranks, extra=(), suffix=""):
     run(common + ["--out_dir", a, "--resume", "auto"], ranks)
     check(losses(a) == la, f"{tag}: --resume auto in the same directory rewrites identical history")
     return a
+
+
+def cooldown_resume_check(source):
+    """A run resumed from a checkpoint with another schedule (the warmup-stable-decay way: train at lr, cool down
+    later): accepted, and its learning rates follow the new shape from the next step."""
+    out = fresh("cooldown")
+    common = BASE + ["--optimizer", "adamw", "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
+    run(common + ["--out_dir", out, "--resume", os.path.join(source, "checkpoints", "step_00000003"),
+                  "--lr_schedule", "wsd", "--lr_decay_frac", "0.5"])
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
+           if r.get("type") == "train"}
+    # 0-based steps 3..5 decay from lr 1e-3 to the floor 1e-4 in three equal parts
+    expected = {4: 1e-3 - 0.9e-3 / 3, 5: 1e-3 - 0.9e-3 * 2 / 3, 6: 1e-4}
+    check(sorted(lrs) == [4, 5, 6] and all(abs(lrs[k] - v) < 1e-9 for k, v in expected.items()),
+          f"a resume may change the schedule: cosine run cooled down by wsd from step 3 (lr {lrs})")
 
 
 def children(pid):
@@ -654,6 +670,7 @@ def main():
     have_mpi = shutil.which("mpirun") is not None
 
     adamw1 = resume_case("adamw", None)
+    cooldown_resume_check(adamw1)
     resume_case("demo", None)
     out_dir_history_checks(adamw1)
     divergence_check()
