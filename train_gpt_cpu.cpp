@@ -55,18 +55,18 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const ParamLay
     return std::make_unique<AdamW>(cfg.optimizer_config(), layout, t);
 }
 
-// Autoregressive sample from the end-of-text token, at temperature 1.
+// Autoregressive sample from the end-of-text token, at temperature 1, on the model's key/value cache: the context
+// runs once, then one position per token, until it outgrows seq_len and the window slides (run whole per token).
 std::string sample_text(GPT2Cpu& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
     std::vector<int> tokens = {tok.eot()};
     std::string text;
-    const int max_len = std::min(cfg.seq_len, cfg.model.max_seq_len);
+    const size_t window = static_cast<size_t>(std::min(cfg.seq_len, cfg.model.max_seq_len));
+    std::span<const float> logits = model.start_sequence(tokens);
     for (int i = 0; i < cfg.sample_tokens; i++) {
-        // Slide a window so the context never exceeds the model's positions.
-        const size_t start = tokens.size() > static_cast<size_t>(max_len) ? tokens.size() - max_len : 0;
-        const int T = static_cast<int>(tokens.size() - start);
-        model.forward(tokens.data() + start, nullptr, 1, T);
-        const auto logits = model.logits().subspan(static_cast<size_t>(T - 1) * cfg.model.padded_vocab_size,
-                                                   cfg.model.vocab_size);
+        if (i > 0) {
+            logits = tokens.size() <= window ? model.append(tokens.back())
+                                             : model.start_sequence(std::span<const int>(tokens).last(window));
+        }
         const int next = sample_token(logits, cfg.model.vocab_size, rng);
         tokens.push_back(next);
         text += tok.decode(next);
