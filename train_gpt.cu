@@ -374,9 +374,11 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         t0 = step_done;  // a step queued ahead starts on the GPU when this one ends
         if (due.validate || due.sample || due.checkpoint || stopping) reporter.flush(transport);
 
+        const auto evaluating = StepReporter::Clock::now();
         run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
                              data.tokenizer.get(),
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });
+        if (due.validate || due.sample) reporter.evaluations_done(evaluating);
         if (due.checkpoint) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();

@@ -374,6 +374,24 @@ StepReporter::StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* l
                            Clock::time_point launched)
     : cfg_(cfg), start_step_(start_step), log_(log), flops_(flops), last_checkpoint_(launched) {
     if (cfg.time_limit_minutes > 0.0f) deadline_ = launched + seconds(60.0 * cfg.time_limit_minutes);
+    // Until a save is timed: the weights and two fp32 moments per parameter (AdamW's state; DeMo's is smaller)
+    // written at 200 MB/s, a slow shared file system's pace.
+    checkpoint_seconds_ = static_cast<double>(ParamLayout::gpt2(cfg.model).num_params) * 12.0 / 200e6;
+}
+
+double StepReporter::time_to_next_stop(int step, double step_seconds) const {
+    // A stop asked for at this report happens after step + 1 (the ranks learn of it at that step's report) and its
+    // evaluations; one asked for at the next report, after step + 2. Each step's evaluations come after its report.
+    int evaluations = 0;
+    for (int s = step; s <= step + 2 && s < cfg_.steps; s++) {
+        const StepDuties due = step_duties(cfg_, s);
+        evaluations += due.validate || due.sample;
+    }
+    return 2.0 * step_seconds + evaluations * evaluation_seconds_ + checkpoint_seconds_;
+}
+
+void StepReporter::evaluations_done(Clock::time_point began) {
+    evaluation_seconds_ = std::chrono::duration<double>(Clock::now() - began).count();
 }
 
 void StepReporter::checkpoint_saved(Clock::time_point began, int64_t step) {
@@ -413,10 +431,10 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     }
     m.eta_seconds = session_steps_ ? session_seconds_ / session_steps_ * (cfg_.steps - step - 1) : 0.0;
     // the third value: how many ranks were asked to stop (a signal that reached one rank stops every one); the
-    // fourth: how many would pass the time limit in two more steps (see stop_requested) and a checkpoint; the
-    // fifth: how many found --checkpoint_every_minutes passed since the last checkpoint
+    // fourth: how many would pass the time limit if they did not ask now (see stop_requested); the fifth: how
+    // many found --checkpoint_every_minutes passed since the last checkpoint
     const Clock::time_point now = Clock::now();
-    const bool out_of_time = deadline_ && now + seconds(2.0 * step_seconds + checkpoint_seconds_) >= *deadline_;
+    const bool out_of_time = deadline_ && now + seconds(time_to_next_stop(step, step_seconds)) >= *deadline_;
     const bool checkpoint_due = cfg_.checkpoint_every_minutes > 0.0f &&
                                 now >= last_checkpoint_ + seconds(60.0 * cfg_.checkpoint_every_minutes);
     const double local[5] = {m.loss, m.grad_norm, StopSignals::received() != 0 ? 1.0 : 0.0, out_of_time ? 1.0 : 0.0,

@@ -201,18 +201,25 @@ public:
                 const CommCounters& comm, Transport& transport, TrainingState& state);
     // Waits for the reported step's averages, if one is waiting, and writes its lines.
     void flush(Transport& transport);
-    // Whether some rank had received a stop signal (stop_signal.h), or found at a step's report that two more
-    // steps and a checkpoint would take it past --time_limit_minutes, when it reported a step flushed so far:
-    // the same answer on every rank at the same point of the loop, since every rank flushes the same steps there.
-    // (Two steps: the request is known one step after it is made, the averages travelling during the next step.)
+    // Whether some rank had received a stop signal (stop_signal.h), or found at a step's report that waiting one
+    // more step to ask would take it past --time_limit_minutes (time_to_next_stop), when it reported a step
+    // flushed so far: the same answer on every rank at the same point of the loop, since every rank flushes the
+    // same steps there.
     bool stop_requested() const { return stop_reason_ != StopReason::none; }
     StopReason stop_reason() const { return stop_reason_; }  // a signal wins over the time limit
     // Whether --checkpoint_every_minutes had passed on some rank since the last checkpoint (or the start) when it
     // reported a step flushed so far and later than that checkpoint: the same answer on every rank, as above.
     bool checkpoint_requested() const { return checkpoint_requested_; }
-    // The checkpoint of step `step`, begun at `began`, is saved: its time is part of the time limit's margin, and
-    // --checkpoint_every_minutes counts from now.
+    // The checkpoint of step `step`, begun at `began`, is saved: its time is part of the time limit's margin (until
+    // then, an estimate from the model's size), and --checkpoint_every_minutes counts from now.
     void checkpoint_saved(Clock::time_point began, int64_t step);
+    // A step's evaluations (validation, sample), begun at `began`, are done: their time is part of the time limit's
+    // margin when the step being reported or the next one owes evaluations.
+    void evaluations_done(Clock::time_point began);
+    // Seconds from the report of 0-based `step` (which took step_seconds) to the end of the checkpoint of a stop
+    // asked for at the next report: two more steps, the evaluations that this step and those two owe (each at the
+    // last evaluations' time), and a checkpoint (the last one's save time, or the estimate).
+    double time_to_next_stop(int step, double step_seconds) const;
     // Flushes the reporter when the training loop is left by an error, so the last step's lines come before
     // the error's message (every rank that reported that step has sent its share: the wait ends).
     class FlushOnError {
@@ -244,7 +251,7 @@ private:
     int session_steps_ = 0;
     std::optional<StepMetrics> pending_;  // reported, its averages in flight
     std::optional<Clock::time_point> deadline_;  // launched + --time_limit_minutes
-    double checkpoint_seconds_ = 0.0;
+    double checkpoint_seconds_ = 0.0, evaluation_seconds_ = 0.0;
     StopReason stop_reason_ = StopReason::none;
     Clock::time_point last_checkpoint_;  // or the launch
     int64_t last_checkpoint_step_ = -1;
