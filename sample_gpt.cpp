@@ -165,7 +165,7 @@ int run(const Options& o) {
     llmc::FileDigest digest;
     llmc::load_model(model_file, config, model.params(), &digest);
     if (source.checkpoint) {
-        const auto recorded = source.checkpoint->files.find("model.bin");  // none in markers from before checksums
+        const auto recorded = source.checkpoint->files.find(llmc::kModelFileName);  // none in markers from before checksums
         LLMC_CHECK(recorded == source.checkpoint->files.end() || recorded->second == digest,
                    model_file + ": XXH64 " + digest.hex() + " (" + std::to_string(digest.bytes) +
                        " bytes), but its checkpoint's marker records " + recorded->second.hex() + " (" +

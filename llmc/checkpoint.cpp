@@ -26,7 +26,7 @@ std::string checkpoint_dir(const std::string& out_dir, int64_t step) {
 }
 
 std::string state_path(const std::string& dir, int rank) { return dir + "/state_rank" + std::to_string(rank) + ".bin"; }
-std::string model_path(const std::string& dir) { return dir + "/model.bin"; }
+std::string model_path(const std::string& dir) { return dir + "/" + kModelFileName; }
 
 FileDigest write_training_state(const std::string& path, const TrainingState& s) {
     ByteWriter w;

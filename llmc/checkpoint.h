@@ -45,6 +45,7 @@ struct CheckpointInfo {
 std::string checkpoint_dir(const std::string& out_dir, int64_t step);
 std::string state_path(const std::string& dir, int rank);
 std::string model_path(const std::string& dir);
+inline constexpr const char* kModelFileName = "model.bin";  // model_path's file, as the marker names it
 
 FileDigest write_training_state(const std::string& path, const TrainingState& state);
 // With `marker`, the bytes are checked against its checksum (verify_checkpoint_file) before they are parsed: the

@@ -158,7 +158,7 @@ void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<con
     transport.allreduce_or(digests);
     if (transport.rank() == 0) {
         CheckpointInfo info{dir, state.step, world, cfg.optimizer, {}};
-        info.files["model.bin"] = model_digest;
+        info.files[kModelFileName] = model_digest;
         for (int r = 0; r < world; r++) {
             const std::string name = state_path(dir, r).substr(dir.size() + 1);
             info.files[name] = {digests[2 * static_cast<size_t>(r)], digests[2 * static_cast<size_t>(r) + 1]};
