@@ -61,7 +61,7 @@ EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGR
 EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o $(BUILD)/emu/obj/emu_nccl.o
 
 .PHONY: all test bench gpu-check clean cuda emu
-all: train_gpt_cpu sample_gpt $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
+all: train_gpt_cpu sample_gpt eval_gpt $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
 
 # The compilers and flags of the last build ($(BUILD)/build_flags): every object and CUDA program depends on them,
 # so a build started before MPI was installed, or with another USE_MPI or OPT, is redone rather than linked from
@@ -94,6 +94,9 @@ train_gpt_cpu: $(BUILD)/train_gpt_cpu.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
 sample_gpt: $(BUILD)/sample_gpt.o $(LIB)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+eval_gpt: $(BUILD)/eval_gpt.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB)
@@ -177,6 +180,6 @@ gpu-check: cuda
 	dev/cuda/gpu_check.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt_cpu sample_gpt train_gpt train_gpt_fp32
+	rm -rf $(BUILD) train_gpt_cpu sample_gpt eval_gpt train_gpt train_gpt_fp32
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -6,10 +6,8 @@
 // samples do too.
 #include <omp.h>
 
-#include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +22,7 @@
 #include "llmc/model_io.h"
 #include "llmc/rng.h"
 #include "llmc/sampling.h"
+#include "llmc/tool_flags.h"
 
 namespace {
 
@@ -63,97 +62,36 @@ struct Options {
     bool stop_at_eot = false, json = false;
 };
 
-long long parse_integer(const std::string& flag, const std::string& text, long long min, long long max) {
-    long long value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    LLMC_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= min && value <= max,
-               flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
-                   text + "'");
-    return value;
-}
-
-float parse_number(const std::string& flag, const std::string& text) {
-    float value = 0.0f;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    LLMC_CHECK(ec == std::errc() && end == text.data() + text.size() && std::isfinite(value),
-               flag + ": expected a number, got '" + text + "'");
-    return value;
-}
-
 Options parse_args(int argc, char** argv) {
+    using llmc::flag_integer, llmc::flag_number;
     Options o;
-    for (int i = 1; i < argc; i++) {
-        const std::string arg = argv[i];
-        LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,
-                   "unexpected argument '" + arg + "': flags look like --key value (see --help)");
-        std::string key = arg.substr(2), value;
-        bool has_value = false;
-        if (const size_t eq = key.find('='); eq != std::string::npos) {
-            value = key.substr(eq + 1), key = key.substr(0, eq), has_value = true;
-        }
-        const std::string flag = "--" + key;  // as typed, for messages
-        for (char& c : key)
-            if (c == '-') c = '_';
-        if (key == "help" || key == "h") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        }
-        if (key == "stop_at_eot" || key == "json") {
-            LLMC_CHECK(!has_value || value == "true" || value == "false", flag + ": takes no value or true/false");
-            (key == "json" ? o.json : o.stop_at_eot) = !has_value || value == "true";
-            continue;
-        }
-        if (!has_value) {
-            LLMC_CHECK(i + 1 < argc, flag + ": missing value (see --help)");
-            value = argv[++i];
-        }
+    llmc::for_each_flag(argc, argv, kUsage, {"stop_at_eot", "json"}, [&](const std::string& key,
+                                                                         const std::string& flag,
+                                                                         const std::string& value) {
         if (key == "model") o.model = value;
         else if (key == "prompt") o.prompt = value;
         else if (key == "prompt_file") o.prompt_file = value;
-        else if (key == "tokens") o.tokens = parse_integer(flag, value, 0, 1'000'000);
-        else if (key == "num_samples") o.num_samples = parse_integer(flag, value, 1, 1'000'000);
-        else if (key == "temperature") o.sampling.temperature = parse_number(flag, value);
-        else if (key == "top_k") o.sampling.top_k = static_cast<int>(parse_integer(flag, value, 0, INT32_MAX));
-        else if (key == "top_p") o.sampling.top_p = parse_number(flag, value);
-        else if (key == "seed") o.seed = parse_integer(flag, value, 0, INT64_MAX);
+        else if (key == "tokens") o.tokens = flag_integer(flag, value, 0, 1'000'000);
+        else if (key == "num_samples") o.num_samples = flag_integer(flag, value, 1, 1'000'000);
+        else if (key == "temperature") o.sampling.temperature = flag_number(flag, value);
+        else if (key == "top_k") o.sampling.top_k = static_cast<int>(flag_integer(flag, value, 0, INT32_MAX));
+        else if (key == "top_p") o.sampling.top_p = flag_number(flag, value);
+        else if (key == "seed") o.seed = flag_integer(flag, value, 0, INT64_MAX);
         else if (key == "encoder") o.encoder = value;
         else if (key == "vocab") o.vocab = value;
-        else if (key == "threads") o.threads = parse_integer(flag, value, 0, 4096);
+        else if (key == "threads") o.threads = flag_integer(flag, value, 0, 4096);
+        else if (key == "stop_at_eot") o.stop_at_eot = value == "true";
+        else if (key == "json") o.json = value == "true";
         else fail(flag + ": unknown flag (see --help)");
-    }
+    });
     LLMC_CHECK(!o.model.empty(), "--model is required (see --help)");
     LLMC_CHECK(o.prompt.empty() || !o.prompt_file, "--prompt and --prompt_file exclude each other");
     llmc::validate_sampling(o.sampling);
     return o;
 }
 
-// The model file that --model names, and the checkpoint it belongs to, if any (its marker has the file's checksum).
-struct ModelSource {
-    std::string file;
-    std::optional<llmc::CheckpointInfo> checkpoint;
-};
-
-ModelSource resolve_model(const std::string& path) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::file_status status = fs::status(path, ec);
-    LLMC_CHECK(!ec && fs::exists(status), path + ": no such file or directory");
-    if (!fs::is_directory(status)) return {path, std::nullopt};
-    std::string dir = path;
-    if (!fs::exists(llmc::model_path(dir))) {
-        LLMC_CHECK(fs::is_directory(dir + "/checkpoints"),
-                   path + ": neither a model file, a checkpoint directory (with model.bin) nor a run directory "
-                          "(with checkpoints/)");
-        const std::optional<llmc::CheckpointInfo> latest = llmc::find_latest_checkpoint(dir);
-        LLMC_CHECK(latest.has_value(), path + ": no complete checkpoint under checkpoints/");
-        dir = latest->dir;
-    }
-    if (!fs::exists(dir + "/COMPLETE")) return {llmc::model_path(dir), std::nullopt};
-    return {llmc::model_path(dir), llmc::read_checkpoint_info(dir)};
-}
-
 int run(const Options& o) {
-    const ModelSource source = resolve_model(o.model);
+    const llmc::ModelSource source = llmc::resolve_model_source(o.model);
     const std::string& model_file = source.file;
     const llmc::ModelConfig config = llmc::read_model_config(model_file);
     llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(o.encoder, o.vocab);
@@ -162,16 +100,7 @@ int run(const Options& o) {
                    " has " + std::to_string(bpe.vocab_size()) + " (the model was not trained with this tokenizer)");
     if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
     llmc::GPT2Cpu model(config);
-    llmc::FileDigest digest;
-    llmc::load_model(model_file, config, model.params(), &digest);
-    if (source.checkpoint) {
-        const auto recorded = source.checkpoint->files.find(llmc::kModelFileName);  // none in markers from before checksums
-        LLMC_CHECK(recorded == source.checkpoint->files.end() || recorded->second == digest,
-                   model_file + ": XXH64 " + digest.hex() + " (" + std::to_string(digest.bytes) +
-                       " bytes), but its checkpoint's marker records " + recorded->second.hex() + " (" +
-                       std::to_string(recorded->second.bytes) + " bytes): the file is corrupt or from another "
-                       "checkpoint; sample an older one");
-    }
+    llmc::load_model_source(source, config, model.params());
 
     std::string prompt = o.prompt;
     if (o.prompt_file) {

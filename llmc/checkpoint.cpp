@@ -10,6 +10,7 @@
 
 #include "llmc/error.h"
 #include "llmc/fileio.h"
+#include "llmc/model_io.h"
 
 namespace llmc {
 
@@ -241,6 +242,37 @@ void check_resume_compatible(const std::string& path, const std::string& saved_j
         fail(path + ": " + key + " is " + current[key].dump() + " here (" + (from.empty() ? "the default" : from) +
              ") but " + saved[key].dump() + " in the checkpoint (resume with the same value)");
     }
+}
+
+ModelSource resolve_model_source(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    LLMC_CHECK(!ec && fs::exists(status), path + ": no such file or directory");
+    if (!fs::is_directory(status)) return {path, std::nullopt};
+    std::string dir = path;
+    if (!fs::exists(model_path(dir))) {
+        LLMC_CHECK(fs::is_directory(dir + "/checkpoints"),
+                   path + ": neither a model file, a checkpoint directory (with " + kModelFileName +
+                       ") nor a run directory (with checkpoints/)");
+        const std::optional<CheckpointInfo> latest = find_latest_checkpoint(dir);
+        LLMC_CHECK(latest.has_value(), path + ": no complete checkpoint under checkpoints/");
+        dir = latest->dir;
+    }
+    if (!fs::exists(dir + "/COMPLETE")) return {model_path(dir), std::nullopt};
+    return {model_path(dir), read_checkpoint_info(dir)};
+}
+
+void load_model_source(const ModelSource& source, const ModelConfig& config, std::span<float> params) {
+    FileDigest digest;
+    load_model(source.file, config, params, &digest);
+    if (!source.checkpoint) return;
+    const auto recorded = source.checkpoint->files.find(kModelFileName);  // none in markers from before checksums
+    LLMC_CHECK(recorded == source.checkpoint->files.end() || recorded->second == digest,
+               source.file + ": XXH64 " + digest.hex() + " (" + std::to_string(digest.bytes) +
+                   " bytes), but its checkpoint's marker records " + recorded->second.hex() + " (" +
+                   std::to_string(recorded->second.bytes) +
+                   " bytes): the file is corrupt or from another checkpoint; use an older one");
 }
 
 }  // namespace llmc

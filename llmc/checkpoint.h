@@ -18,6 +18,7 @@
 
 #include "llmc/checksum.h"
 #include "llmc/dataloader.h"
+#include "llmc/gpt2_layout.h"
 
 namespace llmc {
 
@@ -87,5 +88,17 @@ void check_resume_compatible(const std::string& path, const std::string& saved_c
                              const std::string& current_config_json,
                              const std::function<std::string(const std::string&)>& origin = {},
                              const std::vector<std::string>& may_differ = {});
+
+// A model as the tools that read one (sample_gpt, eval_gpt) take it: an llm.c model file, a checkpoint directory
+// (its model.bin), or a run's out_dir (its latest complete checkpoint); `checkpoint` is set when the file belongs to
+// a complete checkpoint, whose marker has its checksum. Throws "<path>: ..." when it is none of these.
+struct ModelSource {
+    std::string file;
+    std::optional<CheckpointInfo> checkpoint;
+};
+ModelSource resolve_model_source(const std::string& path);
+// Loads the source's file into `params` (its header must describe `config`) and, for a checkpoint's file, checks
+// the bytes read against the marker's size and XXH64.
+void load_model_source(const ModelSource& source, const ModelConfig& config, std::span<float> params);
 
 }  // namespace llmc

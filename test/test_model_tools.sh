@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Tests of ./sample_gpt (text from a model file or checkpoint) against independent oracles:
+# Tests of the tools that read a trained model, against independent oracles. ./eval_gpt (the loss on token
+# shards): its loss over every window, and over a few, equals PyTorch's on the same windows (two small shards
+# crossed); on a checkpoint with the run's batch settings it is the val loss the run logged. ./sample_gpt (text
+# from a model file or checkpoint):
 #   - greedy decoding picks PyTorch's most likely token at every step, past max_seq_len (sliding window), on a
-#     random model written by the PyTorch reference and on one trained here (test/sample_gpt_checks.py);
+#     random model written by the PyTorch reference and on one trained here (test/model_tools_checks.py);
 #   - temperature, top-k and top-p draws follow PyTorch's renormalized probabilities (chi-square, 5 settings);
 #   - the prompt is encoded as js-tiktoken encodes it (when node is installed);
 #   - a run directory means its latest complete checkpoint; a damaged model.bin in a checkpoint is refused by
 #     its checksum; the same seed gives the same text; --stop_at_eot ends a sample at end-of-text;
 #   - bad flags and files give exit status 1 and one "error:" line naming them.
-# Skips (77) without torch in /usr/bin/python3. Builds ./sample_gpt and ./train_gpt_cpu if missing.
+# Skips (77) without torch in /usr/bin/python3. Builds ./sample_gpt, ./eval_gpt and ./train_gpt_cpu if missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LC_ALL=C.UTF-8
 python=/usr/bin/python3
 "$python" -c "import torch" 2>/dev/null || { echo "SKIP: $python cannot import torch"; exit 77; }
-for target in sample_gpt train_gpt_cpu; do
+for target in sample_gpt eval_gpt train_gpt_cpu; do
   [[ -x $target ]] || make "$target" >/dev/null || { echo "FAIL  make $target"; exit 1; }
 done
 bash data/prepare_default.sh >/dev/null || { echo "FAIL  data/prepare_default.sh"; exit 1; }
@@ -32,9 +35,33 @@ prompt="The President said that the Union"
 trained=$tmp/run/checkpoints/step_00000060/model.bin
 
 for model in "$tmp/random/model.bin" "$trained"; do
-  "$python" test/sample_gpt_checks.py greedy "$model" "$prompt" || failures=$((failures + 1))
+  "$python" test/model_tools_checks.py greedy "$model" "$prompt" || failures=$((failures + 1))
 done
-"$python" test/sample_gpt_checks.py distribution "$trained" "$prompt" || failures=$((failures + 1))
+"$python" test/model_tools_checks.py distribution "$trained" "$prompt" || failures=$((failures + 1))
+
+# ---- eval_gpt ----------------------------------------------------------------------------------------------
+"$python" - "$tmp" <<'PY'
+import sys
+import numpy as np
+tokens = np.fromfile("data/default/default_val_000000.bin", dtype=np.uint16, offset=1024)
+for name, part in (("small_val_000000.bin", tokens[:1000]), ("small_val_000001.bin", tokens[1000:1700])):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [20240520, 1, len(part)]
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(header.tobytes() + part.astype(np.uint16).tobytes())
+PY
+"$python" test/model_tools_checks.py loss "$trained" 'data/default/default_val_*.bin' 2 64 7 || failures=$((failures + 1))
+# two shards of 15 and 10 windows of 2 x 32 + 1 tokens: all 25, across the boundary
+"$python" test/model_tools_checks.py loss "$tmp/random/model.bin" "$tmp/small_val_*.bin" 2 32 0 || failures=$((failures + 1))
+logged=$("$python" -c 'import json, sys
+print([json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "\"val\"" in l][-1])' "$tmp/run/metrics.jsonl")
+evaluated=$(./eval_gpt --model "$tmp/run" --batch_size 4 --seq_len 64 --batches 8 --json |
+            "$python" -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
+if [[ -n $logged && $logged == "$evaluated" ]]; then
+  pass "eval_gpt on the run's last checkpoint, with its B, T and val_batches, gives the val loss it logged ($logged)"
+else
+  fail "eval_gpt $evaluated vs the logged val loss $logged"
+fi
 
 if command -v node >/dev/null; then
   printf '%s' $'Unicode: café naïve 中文 😀 — "quotes" it\'s  spaced\n\tand 1234567 numbers' >"$tmp/prompt.txt"
@@ -128,7 +155,14 @@ expect_error "--top-k: expected an integer" ./sample_gpt --model "$trained" --to
 expect_error "--bogus: unknown flag" ./sample_gpt --model "$trained" --bogus 1
 expect_error "$tmp/nope/encoder.json" ./sample_gpt --model "$trained" --encoder "$tmp/nope/encoder.json"
 if ./sample_gpt --help | grep -q '^usage: sample_gpt'; then pass "--help"; else fail "--help"; fi
+expect_error "--seq_len 65 exceeds the model's max_seq_len 64" ./eval_gpt --model "$trained" --seq_len 65
+expect_error "--batches 26: $tmp/small_val_*.bin holds only 25 batches" \
+  ./eval_gpt --model "$trained" --data "$tmp/small_val_*.bin" --batch_size 2 --seq_len 32 --batches 26
+expect_error "$tmp/none_*.bin: no files match" ./eval_gpt --model "$trained" --data "$tmp/none_*.bin"
+expect_error "--batch_size: expected an integer in [1," ./eval_gpt --model "$trained" --batch_size 0
+expect_error "$tmp/damaged/model.bin" ./eval_gpt --model "$tmp/damaged"
+if ./eval_gpt --help | grep -q '^usage: eval_gpt'; then pass "eval_gpt --help"; else fail "eval_gpt --help"; fi
 
 echo
-if [[ $failures -eq 0 ]]; then echo "all sample_gpt tests passed"; else echo "$failures sample_gpt test(s) failed"; fi
+if [[ $failures -eq 0 ]]; then echo "all model tool tests passed"; else echo "$failures model tool test(s) failed"; fi
 [[ $failures -eq 0 ]]

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Oracle checks of ./sample_gpt against PyTorch: the model file is loaded into the independent reference GPT-2
-(dev/reference/gpt2_reference.py), which gives each step's logits for the tokens sample_gpt printed.
+"""Oracle checks of ./sample_gpt and ./eval_gpt against PyTorch: the model file is loaded into the independent
+reference GPT-2 (dev/reference/gpt2_reference.py), which gives each step's logits for the tokens sample_gpt
+printed, and the loss of the windows eval_gpt reads.
 
   greedy MODEL PROMPT      --temperature 0, 100 tokens past max_seq_len: every token is the reference's most
                            likely one for the same (sliding) context, to float tolerance
@@ -8,8 +9,12 @@
                            lies in the reference's kept set, and the counts pass a chi-square test against the
                            reference's renormalized probabilities (p > 1e-4)
 
-sample_gpt's --json lines give the tokens. Exit status 1 on the first failure, with what differed.
+  loss MODEL GLOB B T N     eval_gpt's loss over N batches (0: all) of B x T tokens equals the reference's mean
+                           cross-entropy over the same windows (B*T+1 tokens every B*T, shard after shard)
+
+The tools' --json lines give their results. Exit status 1 on the first failure, with what differed.
 """
+import glob
 import json
 import math
 import os
@@ -153,5 +158,34 @@ def distribution(model_path, prompt):
               f"({dof} degrees of freedom)")
 
 
+def loss(model_path, pattern, batch, seq, batches):
+    batch, seq, batches = int(batch), int(seq), int(batches)
+    model, max_seq_len, vocab = load_model(model_path)
+    command = ["./eval_gpt", "--model", model_path, "--data", pattern, "--batch_size", str(batch), "--seq_len",
+               str(seq), "--batches", str(batches), "--json"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        fail(f"{' '.join(command)}: exit {result.returncode}: {result.stderr.strip()}")
+    ours = json.loads(result.stdout)
+    stride = batch * seq
+    losses = []
+    for path in sorted(glob.glob(pattern)):
+        tokens = np.fromfile(path, dtype=np.uint16, offset=1024).astype(np.int64)
+        for w in range((len(tokens) - 1) // stride if len(tokens) > stride else 0):
+            if batches and len(losses) == batches:
+                break
+            window = torch.from_numpy(tokens[w * stride:w * stride + stride + 1])
+            with torch.no_grad():
+                _, value = model(window[:-1].view(batch, seq), window[1:].view(batch, seq))
+            losses.append(float(value))
+    expected = sum(losses) / len(losses)
+    if ours["batches"] != len(losses) or ours["tokens"] != len(losses) * stride:
+        fail(f"loss: eval_gpt read {ours['batches']} batches ({ours['tokens']} tokens), the reference {len(losses)}")
+    if abs(ours["loss"] - expected) > 1e-5 * abs(expected):
+        fail(f"loss: eval_gpt {ours['loss']:.7f}, the reference {expected:.7f} over {len(losses)} batches")
+    print(f"ok    loss over {len(losses)} batches of B={batch} T={seq}: {ours['loss']:.6f}, the reference's "
+          f"{expected:.6f}")
+
+
 if __name__ == "__main__":
-    {"greedy": greedy, "distribution": distribution}[sys.argv[1]](*sys.argv[2:])
+    {"greedy": greedy, "distribution": distribution, "loss": loss}[sys.argv[1]](*sys.argv[2:])
