@@ -22,9 +22,7 @@ done
 bash data/prepare_default.sh >/dev/null || { echo "FAIL  data/prepare_default.sh"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-pass() { echo "ok    $*"; }
-fail() { echo "FAIL  $*"; failures=$((failures + 1)); }
+source test/checks.sh
 prompt="The President said that the Union"
 
 # a random model (PyTorch's init) and one trained for 60 steps on the default corpus, checkpointed at 30 and 60
@@ -127,18 +125,6 @@ else
 fi
 
 # ---- bad input -------------------------------------------------------------------------------------------------
-expect_error() {  # NEEDLE COMMAND...
-  local needle=$1
-  shift
-  "$@" >/dev/null 2>"$tmp/stderr"
-  local rc=$?
-  if [[ $rc -eq 1 && $(grep -c . "$tmp/stderr") -eq 1 ]] && grep -qF "error: " "$tmp/stderr" &&
-     grep -qF -- "$needle" "$tmp/stderr"; then
-    pass "rejects: $(cat "$tmp/stderr")"
-  else
-    fail "expected exit 1 and one error line naming '$needle' from: $* (exit $rc, stderr: $(head -c 300 "$tmp/stderr"))"
-  fi
-}
 cp -r "$tmp/run/checkpoints/step_00000060" "$tmp/damaged"
 printf '\x01' | dd of="$tmp/damaged/model.bin" bs=1 seek=5000 conv=notrunc status=none
 expect_error "$tmp/damaged/model.bin" ./sample_gpt --model "$tmp/damaged"

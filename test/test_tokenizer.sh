@@ -25,9 +25,7 @@ command -v node >/dev/null || { echo "SKIP: node is not installed"; exit 77; }
 python=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-pass() { echo "ok    $*"; }
-fail() { echo "FAIL  $*"; failures=$((failures + 1)); }
+source test/checks.sh
 
 bash data/prepare_default.sh || { echo "FAIL  data/prepare_default.sh"; exit 1; }
 for target in build/prepro_gpt2 build/test/test_bpe; do
@@ -173,18 +171,6 @@ else
 fi
 
 # ---- (d) bad input ---------------------------------------------------------------------------------------------
-# Runs a command that must fail with exit 1 and exactly one stderr line "error: ...NEEDLE...".
-expect_error() {  # NEEDLE COMMAND...
-  local needle=$1
-  shift
-  "$@" >/dev/null 2>"$tmp/stderr"
-  local rc=$?
-  if [[ $rc -eq 1 && $(wc -l <"$tmp/stderr") -eq 1 ]] && grep -qF "error: " "$tmp/stderr" && grep -qF -- "$needle" "$tmp/stderr"; then
-    pass "rejects: $(cat "$tmp/stderr")"
-  else
-    fail "expected exit 1 and one error line naming '$needle' from: $* (exit $rc, stderr: $(head -c 300 "$tmp/stderr"))"
-  fi
-}
 doc=$edge/01_mixed.txt
 prepro() { build/prepro_gpt2 --out-dir "$tmp/bad_out" --name b "$@"; }
 expect_error "$tmp/nope/encoder.json" prepro --encoder "$tmp/nope/encoder.json" --vocab $gpt2/vocab.bpe "$doc" "$doc"
