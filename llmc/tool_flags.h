@@ -16,8 +16,9 @@ namespace llmc {
 
 // Calls on_flag(key, flag, value) for each flag in argv[1..]: key with underscores, flag as typed (for messages).
 // The keys in `booleans` take no value ("true" when bare). --help and -h print `usage` and exit 0.
+using FlagHandler = std::function<void(const std::string& key, const std::string& flag, const std::string& value)>;
 inline void for_each_flag(int argc, char** argv, const char* usage, std::initializer_list<const char*> booleans,
-                          const std::function<void(const std::string&, const std::string&, const std::string&)>& on_flag) {
+                          const FlagHandler& on_flag) {
     for (int i = 1; i < argc; i++) {
         const std::string arg = argv[i];
         LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,

@@ -367,7 +367,8 @@ TEST(lr_schedule_shapes) {
     const std::vector<std::string> warnings = config_warnings(cfg);
     EXPECT(warnings.size() == 1 && warnings[0].find("starts at step 80, before warmup ends at step 90") !=
                                        std::string::npos);
-    EXPECT_ERROR(parse({"--lr_schedule", "step"}, cfg), "--lr_schedule: 'step' is not one of: cosine, linear, wsd, constant");
+    EXPECT_ERROR(parse({"--lr_schedule", "step"}, cfg),
+                 "--lr_schedule: 'step' is not one of: cosine, linear, wsd, constant");
     EXPECT_ERROR(parse({"--lr_decay_frac", "1.5"}, cfg), "lr_decay_frac must be in [0, 1] (got 1.5)");
 }
 

@@ -29,13 +29,13 @@ prompt="The President said that the Union"
 "$python" dev/reference/gpt2_reference.py --config tiny --steps 1 --out-dir "$tmp/random" >/dev/null ||
   { echo "FAIL  dev/reference/gpt2_reference.py"; exit 1; }
 ./train_gpt_cpu --config configs/tiny.json --steps 60 --lr 3e-3 --warmup_steps 5 --val_every 0 --checkpoint_every 30 \
-  --keep_checkpoints 0 --out_dir "$tmp/run" >"$tmp/train.log" 2>&1 || { tail -3 "$tmp/train.log"; echo "FAIL  training"; exit 1; }
+  --keep_checkpoints 0 --out_dir "$tmp/run" >"$tmp/train.log" 2>&1 ||
+  { tail -3 "$tmp/train.log"; echo "FAIL  training"; exit 1; }
 trained=$tmp/run/checkpoints/step_00000060/model.bin
 
-for model in "$tmp/random/model.bin" "$trained"; do
-  "$python" test/model_tools_checks.py greedy "$model" "$prompt" || failures=$((failures + 1))
-done
-"$python" test/model_tools_checks.py distribution "$trained" "$prompt" || failures=$((failures + 1))
+checks() { "$python" test/model_tools_checks.py "$@" || failures=$((failures + 1)); }
+for model in "$tmp/random/model.bin" "$trained"; do checks greedy "$model" "$prompt"; done
+checks distribution "$trained" "$prompt"
 
 # ---- eval_gpt ----------------------------------------------------------------------------------------------
 "$python" - "$tmp" <<'PY'
@@ -48,9 +48,9 @@ for name, part in (("small_val_000000.bin", tokens[:1000]), ("small_val_000001.b
     with open(f"{sys.argv[1]}/{name}", "wb") as f:
         f.write(header.tobytes() + part.astype(np.uint16).tobytes())
 PY
-"$python" test/model_tools_checks.py loss "$trained" 'data/default/default_val_*.bin' 2 64 7 || failures=$((failures + 1))
+checks loss "$trained" 'data/default/default_val_*.bin' 2 64 7
 # two shards of 15 and 10 windows of 2 x 32 + 1 tokens: all 25, across the boundary
-"$python" test/model_tools_checks.py loss "$tmp/random/model.bin" "$tmp/small_val_*.bin" 2 32 0 || failures=$((failures + 1))
+checks loss "$tmp/random/model.bin" "$tmp/small_val_*.bin" 2 32 0
 logged=$("$python" -c 'import json, sys
 print([json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "\"val\"" in l][-1])' "$tmp/run/metrics.jsonl")
 evaluated=$(./eval_gpt --model "$tmp/run" --batch_size 4 --seq_len 64 --batches 8 --json |
@@ -64,7 +64,8 @@ fi
 if command -v node >/dev/null; then
   printf '%s' $'Unicode: café naïve 中文 😀 — "quotes" it\'s  spaced\n\tand 1234567 numbers' >"$tmp/prompt.txt"
   if node dev/reference/tiktoken_encode.js --out "$tmp/prompt.bin" "$tmp/prompt.txt" &&
-     ./sample_gpt --model "$trained" --prompt_file "$tmp/prompt.txt" --tokens 0 --json 2>/dev/null >"$tmp/prompt.json" &&
+     ./sample_gpt --model "$trained" --prompt_file "$tmp/prompt.txt" --tokens 0 --json \
+       >"$tmp/prompt.json" 2>/dev/null &&
      "$python" -c '
 import json, sys
 from array import array

@@ -252,7 +252,8 @@ else
   fail "default corpus as JSON Lines vs js-tiktoken"
 fi
 edge_docs=("$edge"/*.txt)
-if to_jsonl "$tmp/edge_a.jsonl" body 1 "${edge_docs[@]:0:2}" && to_jsonl "$tmp/edge_c.ndjson" body 0 "${edge_docs[@]:3}" &&
+if to_jsonl "$tmp/edge_a.jsonl" body 1 "${edge_docs[@]:0:2}" &&
+   to_jsonl "$tmp/edge_c.ndjson" body 0 "${edge_docs[@]:3}" &&
    build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$tmp/jsonl_edge" --name e \
      --shard-tokens 500 --val-tokens 100 --text-key body "$tmp/edge_a.jsonl" "${edge_docs[2]}" "$tmp/edge_c.ndjson" \
      >/dev/null && compare_with_oracle "$tmp/jsonl_edge" e "$tmp/edge.bin" "$tmp/edge.tsv" >/dev/null; then
@@ -260,18 +261,19 @@ if to_jsonl "$tmp/edge_a.jsonl" body 1 "${edge_docs[@]:0:2}" && to_jsonl "$tmp/e
 else
   fail "edge cases as JSON Lines vs js-tiktoken"
 fi
+prepro_bpe() { prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$@"; }
 printf '{"text": "one"}\n{"text": 5}\n' >"$tmp/number.jsonl"
-expect_error "$tmp/number.jsonl:2: no string field 'text'" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/number.jsonl"
+expect_error "$tmp/number.jsonl:2: no string field 'text'" prepro_bpe "$tmp/number.jsonl"
 printf '{"text": "one"}\n\n{"body": "two"}\n' >"$tmp/other_key.jsonl"
-expect_error "$tmp/other_key.jsonl:3: no string field 'text'" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/other_key.jsonl"
+expect_error "$tmp/other_key.jsonl:3: no string field 'text'" prepro_bpe "$tmp/other_key.jsonl"
 printf '{"text": "one"}\r\n["two"]\r\n' >"$tmp/array.jsonl"
-expect_error "$tmp/array.jsonl:2: expected a JSON object" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/array.jsonl"
+expect_error "$tmp/array.jsonl:2: expected a JSON object" prepro_bpe "$tmp/array.jsonl"
 printf '{"text": "one"}\n{"text": "tw' >"$tmp/cut.jsonl"
-expect_error "$tmp/cut.jsonl:2: malformed JSON" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/cut.jsonl"
+expect_error "$tmp/cut.jsonl:2: malformed JSON" prepro_bpe "$tmp/cut.jsonl"
 printf '{"text": "one \xff"}\n{"text": "two"}\n' >"$tmp/bad_utf8.jsonl"
-expect_error "$tmp/bad_utf8.jsonl:1: malformed JSON" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$tmp/bad_utf8.jsonl"
+expect_error "$tmp/bad_utf8.jsonl:1: malformed JSON" prepro_bpe "$tmp/bad_utf8.jsonl"
 printf '\n  \n' >"$tmp/blank.jsonl"
-expect_error "$tmp/blank.jsonl: no documents" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$doc" "$tmp/blank.jsonl"
+expect_error "$tmp/blank.jsonl: no documents" prepro_bpe "$doc" "$tmp/blank.jsonl"
 
 echo
 if [[ $failures -eq 0 ]]; then echo "all tokenizer tests passed"; else echo "$failures tokenizer test(s) failed"; fi
