@@ -1,9 +1,9 @@
 // sample_gpt: text from a trained GPT-2 on the CPU. Loads an llm.c model file (ours, a checkpoint's, or llm.c's
 // own, fp32 or bf16), encodes a prompt with the GPT-2 BPE after an end-of-text token (as every training document
 // starts in prepro_gpt2's shards), and extends it token by token with temperature, top-k and top-p sampling from
-// a seed (llmc/sampling.h), so the same command prints the same text on any machine. Each token reruns the
-// model on the whole context (no KV cache; at most max_seq_len tokens, sliding), which is what the trainers'
-// samples do too.
+// a seed (llmc/sampling.h), so the same command prints the same text on any machine. The model keeps each
+// layer's keys and values (GPT2Cpu::start_sequence / append), so a token costs one position's work until the
+// context outgrows max_seq_len; past that the window slides and is run whole for every token.
 #include <omp.h>
 
 #include <chrono>
