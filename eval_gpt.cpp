@@ -26,13 +26,15 @@ constexpr const char* kUsage = R"(usage: eval_gpt --model PATH [options]
 Prints a GPT-2 model's mean cross-entropy loss (and perplexity) on llm.c token shards, on the CPU.
 
   --model PATH       an llm.c model file (fp32 or bf16), a checkpoint directory (its model.bin, checked against
-                     the checkpoint's checksum), or a run's --out_dir (its latest complete checkpoint)
+                     the checkpoint's checksum), or a run's --out_dir (its latest complete checkpoint); repeat it
+                     to compare models on the same batches (a line each)
   --data GLOB        token shards (default "data/default/default_val_*.bin")
   --batch_size B     sequences per batch (default 4)
   --seq_len T        tokens per sequence (default 0: the model's max_seq_len)
   --batches N        batches to average (default 0: every window of B*T+1 tokens in the shards, once)
   --threads N        OpenMP threads (default 0: all cores)
-  --json             one JSON line: model, data, batches, tokens, loss, perplexity, seconds
+  --json             a JSON line per model: model, data, batch_size, seq_len, batches, tokens, loss, perplexity,
+                     seconds
   --help             print this help
 
 The shards are read in order, without shuffling, as the trainers read their validation shards; the loss of a
@@ -41,7 +43,8 @@ rounding). Flags take --key value or --key=value; dashes and underscores are equ
 )";
 
 struct Options {
-    std::string model, data = "data/default/default_val_*.bin";
+    std::vector<std::string> models;
+    std::string data = "data/default/default_val_*.bin";
     long long batch_size = 4, seq_len = 0, batches = 0, threads = 0;
     bool json = false;
 };
@@ -51,7 +54,7 @@ Options parse_args(int argc, char** argv) {
     Options o;
     llmc::for_each_flag(argc, argv, kUsage, {"json"}, [&](const std::string& key, const std::string& flag,
                                                           const std::string& value) {
-        if (key == "model") o.model = value;
+        if (key == "model") o.models.push_back(value);
         else if (key == "data") o.data = value;
         else if (key == "batch_size") o.batch_size = flag_integer(flag, value, 1, 1 << 20);
         else if (key == "seq_len") o.seq_len = flag_integer(flag, value, 0, 1 << 20);
@@ -60,19 +63,18 @@ Options parse_args(int argc, char** argv) {
         else if (key == "json") o.json = value == "true";
         else llmc::fail(flag + ": unknown flag (see --help)");
     });
-    LLMC_CHECK(!o.model.empty(), "--model is required (see --help)");
+    LLMC_CHECK(!o.models.empty(), "--model is required (see --help)");
     LLMC_CHECK(!o.data.empty(), "--data is empty");
     return o;
 }
 
-int run(const Options& o) {
-    const llmc::ModelSource source = llmc::resolve_model_source(o.model);
+// One model's line: its loss over the same batches as every other model's.
+void evaluate(const llmc::ModelSource& source, const Options& o) {
     const llmc::ModelConfig config = llmc::read_model_config(source.file);
     const int T = o.seq_len > 0 ? static_cast<int>(o.seq_len) : config.max_seq_len;
     const int B = static_cast<int>(o.batch_size);
     LLMC_CHECK(T <= config.max_seq_len, "--seq_len " + std::to_string(T) + " exceeds the model's max_seq_len " +
                                             std::to_string(config.max_seq_len) + " (" + source.file + ")");
-    if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
     llmc::GPT2Cpu model(config);
     llmc::load_model_source(source, config, model.params());
     llmc::DataLoader loader(o.data, B, T, 0, 1, /*shuffle=*/false, 0, config.vocab_size);
@@ -104,6 +106,18 @@ int run(const Options& o) {
                     static_cast<unsigned long long>(tokens), static_cast<unsigned long long>(batches), B, T, seconds,
                     tokens / seconds);
     }
+    std::fflush(stdout);
+}
+
+int run(const Options& o) {
+    if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
+    // every --model found and its header read before the first is evaluated: a typo in the last one costs nothing
+    std::vector<llmc::ModelSource> sources;
+    for (const std::string& model : o.models) {
+        sources.push_back(llmc::resolve_model_source(model));
+        (void)llmc::read_model_config(sources.back().file);
+    }
+    for (const llmc::ModelSource& source : sources) evaluate(source, o);
     return 0;
 }
 

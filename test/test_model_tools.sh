@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests of the tools that read a trained model, against independent oracles. ./eval_gpt (the loss on token
 # shards): its loss over every window, and over a few, equals PyTorch's on the same windows (two small shards
-# crossed); on a checkpoint with the run's batch settings it is the val loss the run logged. ./sample_gpt (text
+# crossed); on a checkpoint with the run's batch settings it is the val loss the run logged; several models give a
+# line each. ./sample_gpt (text
 # from a model file or checkpoint):
 #   - greedy decoding picks PyTorch's most likely token at every step, past max_seq_len (sliding window), on a
 #     random model written by the PyTorch reference and on one trained here (test/model_tools_checks.py);
@@ -59,6 +60,17 @@ if [[ -n $logged && $logged == "$evaluated" ]]; then
   pass "eval_gpt on the run's last checkpoint, with its B, T and val_batches, gives the val loss it logged ($logged)"
 else
   fail "eval_gpt $evaluated vs the logged val loss $logged"
+fi
+
+# several models: a line each, each the loss it has alone; a missing one stops the tool before any evaluation
+eval_loss() { ./eval_gpt --batches 5 --seq_len 32 --json "$@" | "$python" -c '
+import json, sys; print(" ".join(str(json.loads(l)["loss"]) for l in sys.stdin))'; }
+both=$(eval_loss --model "$trained" --model "$tmp/run/checkpoints/step_00000030")
+if [[ $both == "$(eval_loss --model "$trained") $(eval_loss --model "$tmp/run/checkpoints/step_00000030")" &&
+      $(./eval_gpt --model "$trained" --model "$tmp/nope" 2>/dev/null | wc -c) -eq 0 ]]; then
+  pass "eval_gpt with two models prints each one's loss ($both); a missing second stops it before any"
+else
+  fail "eval_gpt with several models: $both"
 fi
 
 if command -v node >/dev/null; then
