@@ -75,7 +75,7 @@ void evaluate(const llmc::ModelSource& source, const Options& o) {
     const int B = static_cast<int>(o.batch_size);
     LLMC_CHECK(T <= config.max_seq_len, "--seq_len " + std::to_string(T) + " exceeds the model's max_seq_len " +
                                             std::to_string(config.max_seq_len) + " (" + source.file + ")");
-    llmc::GPT2Cpu model(config);
+    llmc::GPT2Cpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
     llmc::DataLoader loader(o.data, B, T, 0, 1, /*shuffle=*/false, 0, config.vocab_size);
     const uint64_t windows = loader.groups_per_epoch();  // > 0, or the loader would have refused the shards

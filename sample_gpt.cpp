@@ -99,7 +99,7 @@ int run(const Options& o) {
                model_file + ": a vocabulary of " + std::to_string(config.vocab_size) + " tokens, but " + o.encoder +
                    " has " + std::to_string(bpe.vocab_size()) + " (the model was not trained with this tokenizer)");
     if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
-    llmc::GPT2Cpu model(config);
+    llmc::GPT2Cpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
 
     std::string prompt = o.prompt;

@@ -473,11 +473,11 @@ uint64_t mix64(uint64_t z) {  // splitmix64 finalizer: decorrelates seeds built 
 
 }  // namespace
 
-GPT2Cpu::GPT2Cpu(const ModelConfig& config)
-    : config_(config), layout_(ParamLayout::gpt2(config)), params_(layout_.num_params, 0.0f),
-      grads_(layout_.num_params, 0.0f) {
+GPT2Cpu::GPT2Cpu(const ModelConfig& config, ModelUse use)
+    : config_(config), use_(use), layout_(ParamLayout::gpt2(config)), params_(layout_.num_params, 0.0f),
+      grads_(use == ModelUse::training ? layout_.num_params : 0, 0.0f) {
     weights_ = point_weights(layout_, params_.data());
-    weight_grads_ = point_weights(layout_, grads_.data());
+    if (use == ModelUse::training) weight_grads_ = point_weights(layout_, grads_.data());
 }
 
 GPT2Cpu::Weights GPT2Cpu::point_weights(const ParamLayout& layout, float* base) {
@@ -531,6 +531,7 @@ void GPT2Cpu::zero_padded_vocab_rows(std::span<float> shared) {
 }
 
 void GPT2Cpu::zero_grad() {
+    LLMC_CHECK(use_ == ModelUse::training, "GPT2Cpu::zero_grad: an inference model has no gradients");
     float* g = grads_.data();
     const size_t n = grads_.size();
 #pragma omp parallel for schedule(static)
@@ -541,6 +542,7 @@ void GPT2Cpu::prepare_activations(int B, int T) {
     const size_t N = static_cast<size_t>(B) * T, L = config_.num_layers, C = config_.channels,
                  H = config_.num_heads, Vp = config_.padded_vocab_size;
     const size_t att = static_cast<size_t>(B) * H * T * T;
+    const size_t backward = use_ == ModelUse::training ? 1 : 0;  // an inference model's d* views are empty
     // Order and sizes of the views in Activations; laid out twice: once to count, once to point.
     float* Activations::*const members[] = {
         &Activations::encoded,  &Activations::ln1,       &Activations::ln1_mean,  &Activations::ln1_rstd,
@@ -554,8 +556,9 @@ void GPT2Cpu::prepare_activations(int B, int T) {
     const size_t sizes[] = {
         N * C,  L * N * C, L * N,     L * N,     L * N * 3 * C, L * att,   L * N * C,
         L * N * C, L * N * C, L * N,  L * N,     L * N * 4 * C, L * N * 4 * C, L * N * C,
-        N * C,  N,         N,         N * Vp,    N,             N,         N * Vp,
-        N * C,  N * C,     N * C,     N * 3 * C, N * 4 * C,     static_cast<size_t>(B) * H * T,
+        N * C,  N,         N,         N * Vp,    N,             N,         backward * N * Vp,
+        backward * N * C, backward * N * C, backward * N * C, backward * N * 3 * C, backward * N * 4 * C,
+        backward * B * H * T,
     };
     static_assert(std::size(members) == std::size(sizes));
     size_t total = 0;
@@ -717,6 +720,7 @@ std::span<const float> GPT2Cpu::append(int token) {
 }
 
 void GPT2Cpu::backward(float loss_scale, const GradsFinal& on_final, std::span<const ParamRange> wte_early) {
+    LLMC_CHECK(use_ == ModelUse::training, "GPT2Cpu::backward: an inference model has no gradients");
     LLMC_CHECK(have_targets_, "GPT2Cpu::backward: needs a preceding forward() with targets");
     const size_t B = batch_, T = seq_len_, N = num_tokens_, L = config_.num_layers, C = config_.channels,
                  H = config_.num_heads, V = config_.vocab_size, Vp = config_.padded_vocab_size;

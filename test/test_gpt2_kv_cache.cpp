@@ -1,7 +1,8 @@
 // GPT2Cpu's key/value cache (start_sequence / append / truncate_sequence), checked against the model's own full
 // forward() on the same tokens, which test_gpt2_vs_torch checks against PyTorch: at every position of a sequence
 // up to max_seq_len, the logits of the cached path equal the full forward's last row to float rounding. Then the
-// cache's edges: a full sequence, bad token ids, truncation and restarts giving the same bits again.
+// cache's edges: a full sequence, bad token ids, truncation and restarts giving the same bits again. And an
+// inference model (ModelUse::inference: no gradients, no backward scratch) gives a training model's bits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -34,8 +35,8 @@ std::vector<int> random_tokens(size_t n, int vocab, uint64_t seed) {
 
 // Random init with every weight doubled, so that the logits are less uniform (a wrong position, key or value shows
 // more). Larger factors amplify rounding along the way: 8 gives 3e-5 between the paths, 2 gives 9e-7.
-llmc::GPT2Cpu make_model(const llmc::ModelConfig& config) {
-    llmc::GPT2Cpu model(config);
+llmc::GPT2Cpu make_model(const llmc::ModelConfig& config, llmc::ModelUse use = llmc::ModelUse::training) {
+    llmc::GPT2Cpu model(config, use);
     model.init_random(11);
     for (float& w : model.params()) w *= 2.0f;
     return model;
@@ -121,6 +122,27 @@ TEST(bad_calls_are_refused) {
     EXPECT_ERROR(model.truncate_sequence(41), "is not in [1, 40]");
     model.truncate_sequence(39);
     EXPECT_EQ(model.sequence_length(), 39);
+}
+
+TEST(an_inference_model_gives_the_training_models_bits) {
+    const llmc::ModelConfig config = test_config();
+    llmc::GPT2Cpu training = make_model(config), inference = make_model(config, llmc::ModelUse::inference);
+    EXPECT(inference.grads().empty());
+    EXPECT_EQ(training.grads().size(), training.params().size());
+    const std::vector<int> tokens = random_tokens(3 * 17 + 1, config.vocab_size, 9);
+    const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+    const float loss_training = training.forward(inputs.data(), targets.data(), 3, 17);
+    const float loss_inference = inference.forward(inputs.data(), targets.data(), 3, 17);
+    EXPECT_EQ(loss_inference, loss_training);
+    const std::span<const float> a = training.logits(), b = inference.logits();
+    EXPECT(a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin()));
+    // the key/value cache too
+    training.start_sequence(std::span<const int>(inputs).first(17));
+    inference.start_sequence(std::span<const int>(inputs).first(17));
+    const std::span<const float> next = inference.append(inputs[17]), expected = training.append(inputs[17]);
+    EXPECT(std::equal(next.begin(), next.end(), expected.begin()));
+    EXPECT_ERROR(inference.backward(), "an inference model has no gradients");
+    EXPECT_ERROR(inference.zero_grad(), "an inference model has no gradients");
 }
 
 TEST_MAIN()
