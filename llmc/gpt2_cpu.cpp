@@ -539,7 +539,7 @@ void GPT2Cpu::zero_grad() {
 }
 
 void GPT2Cpu::prepare_activations(int B, int T) {
-    const size_t N = static_cast<size_t>(B) * T, L = config_.num_layers, C = config_.channels,
+    const size_t N = static_cast<size_t>(B) * T, L = kept_layers(), C = config_.channels,
                  H = config_.num_heads, Vp = config_.padded_vocab_size;
     const size_t att = static_cast<size_t>(B) * H * T * T;
     const size_t backward = use_ == ModelUse::training ? 1 : 0;  // an inference model's d* views are empty
@@ -583,6 +583,10 @@ void GPT2Cpu::prepare_activations(int B, int T) {
 }
 
 float GPT2Cpu::forward(const int* inputs, const int* targets, int B, int T) {
+    return run_forward(inputs, targets, B, T, false);
+}
+
+float GPT2Cpu::run_forward(const int* inputs, const int* targets, int B, int T, bool fill_cache) {
     LLMC_CHECK(B > 0 && T > 0, "GPT2Cpu::forward: batch size and sequence length must be positive (B=" +
                                    std::to_string(B) + " T=" + std::to_string(T) + ")");
     LLMC_CHECK(T <= config_.max_seq_len, "GPT2Cpu::forward: sequence length T=" + std::to_string(T) +
@@ -610,29 +614,34 @@ float GPT2Cpu::forward(const int* inputs, const int* targets, int B, int T) {
     const Activations& a = acts_;
     const size_t NC = N * C, att_per_layer = static_cast<size_t>(B) * H * T * T;
 
+    // Layer l's activations go to slot s: its own in a training model, the one slot in an inference model (the
+    // residual3 a layer reads is overwritten only by that layer's last matmul, which no longer needs it).
+    const size_t slots = kept_layers();
     encoder_forward(a.encoded, inputs_.data(), w.wte, w.wpe, B, T, C);
     for (size_t l = 0; l < L; l++) {
-        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
-        float* ln1 = a.ln1 + l * NC;
-        float* qkv = a.qkv + l * 3 * NC;
-        float* atty = a.atty + l * NC;
-        float* residual2 = a.residual2 + l * NC;
-        float* ln2 = a.ln2 + l * NC;
-        float* fch = a.fch + l * 4 * NC;
-        float* fch_gelu = a.fch_gelu + l * 4 * NC;
-        layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, w.ln1w + l * C, w.ln1b + l * C,
+        const size_t s = l % slots;
+        const float* residual = l == 0 ? a.encoded : a.residual3 + ((l - 1) % slots) * NC;
+        float* ln1 = a.ln1 + s * NC;
+        float* qkv = a.qkv + s * 3 * NC;
+        float* atty = a.atty + s * NC;
+        float* residual2 = a.residual2 + s * NC;
+        float* ln2 = a.ln2 + s * NC;
+        float* fch = a.fch + s * 4 * NC;
+        float* fch_gelu = a.fch_gelu + s * 4 * NC;
+        layernorm_forward(ln1, a.ln1_mean + s * N, a.ln1_rstd + s * N, residual, w.ln1w + l * C, w.ln1b + l * C,
                           N, C);
         matmul_forward(qkv, ln1, w.qkvw + l * 3 * C * C, w.qkvb + l * 3 * C, nullptr, N, C, 3 * C);
-        attention_forward(atty, a.att + l * att_per_layer, qkv, B, T, C, H);
+        if (fill_cache) cache_keys_values(l, qkv, N);
+        attention_forward(atty, a.att + s * att_per_layer, qkv, B, T, C, H);
         matmul_forward(residual2, atty, w.attprojw + l * C * C, w.attprojb + l * C, residual, N, C, C);
-        layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, w.ln2w + l * C, w.ln2b + l * C,
+        layernorm_forward(ln2, a.ln2_mean + s * N, a.ln2_rstd + s * N, residual2, w.ln2w + l * C, w.ln2b + l * C,
                           N, C);
         matmul_forward(fch, ln2, w.fcw + l * 4 * C * C, w.fcb + l * 4 * C, nullptr, N, C, 4 * C);
         gelu_forward(fch_gelu, fch, 4 * NC);
-        matmul_forward(a.residual3 + l * NC, fch_gelu, w.fcprojw + l * 4 * C * C, w.fcprojb + l * C, residual2,
+        matmul_forward(a.residual3 + s * NC, fch_gelu, w.fcprojw + l * 4 * C * C, w.fcprojb + l * C, residual2,
                        N, 4 * C, C);
     }
-    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * NC, w.lnfw, w.lnfb, N, C);
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + ((L - 1) % slots) * NC, w.lnfw, w.lnfb, N, C);
     matmul_forward(a.logits, a.lnf, w.wte, nullptr, nullptr, N, C, Vp);
     if (!have_targets_) return 0.0f;
     return static_cast<float>(
@@ -665,19 +674,21 @@ void GPT2Cpu::prepare_token_cache() {
 std::span<const float> GPT2Cpu::start_sequence(std::span<const int> tokens) {
     LLMC_CHECK(!tokens.empty(), "GPT2Cpu::start_sequence: no tokens");
     const int T = static_cast<int>(tokens.size());
-    forward(tokens.data(), nullptr, 1, T);  // checks T and the token ids
     prepare_token_cache();
-    const size_t C = config_.channels, N = static_cast<size_t>(T), max_T = config_.max_seq_len;
-    for (size_t l = 0; l < static_cast<size_t>(config_.num_layers); l++) {
-        for (size_t t = 0; t < N; t++) {
-            const float* qkv_row = acts_.qkv + l * 3 * N * C + t * 3 * C;
-            std::memcpy(cache_.keys + (l * max_T + t) * C, qkv_row + C, C * sizeof(float));
-            std::memcpy(cache_.values + (l * max_T + t) * C, qkv_row + 2 * C, C * sizeof(float));
-        }
-    }
+    cached_tokens_ = 0;  // until the forward has filled the cache
+    run_forward(tokens.data(), nullptr, 1, T, true);  // checks T and the token ids
     cached_tokens_ = T;
     const size_t Vp = config_.padded_vocab_size;
-    return logits().subspan((N - 1) * Vp, Vp);
+    return logits().subspan((T - 1) * Vp, Vp);
+}
+
+void GPT2Cpu::cache_keys_values(size_t layer, const float* qkv, size_t tokens) {
+    const size_t C = config_.channels, max_T = config_.max_seq_len;
+    for (size_t t = 0; t < tokens; t++) {
+        const float* qkv_row = qkv + t * 3 * C;
+        std::memcpy(cache_.keys + (layer * max_T + t) * C, qkv_row + C, C * sizeof(float));
+        std::memcpy(cache_.values + (layer * max_T + t) * C, qkv_row + 2 * C, C * sizeof(float));
+    }
 }
 
 void GPT2Cpu::truncate_sequence(int n) {
