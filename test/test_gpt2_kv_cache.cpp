@@ -2,7 +2,8 @@
 // forward() on the same tokens, which test_gpt2_vs_torch checks against PyTorch: at every position of a sequence
 // up to max_seq_len, the logits of the cached path equal the full forward's last row to float rounding. Then the
 // cache's edges: a full sequence, bad token ids, truncation and restarts giving the same bits again. And an
-// inference model (ModelUse::inference: no gradients, no backward scratch, one layer of activations) gives a training model's bits.
+// inference model (ModelUse::inference: no gradients, no backward scratch, one layer of activations) gives a
+// training model's bits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
