@@ -111,6 +111,8 @@ $(BUILD)/$(basename $(notdir $(1))): $(BUILD)/$(basename $(1)).o $(LIB)
 	$$(CXX) $$^ -o $$@ $$(LDLIBS)
 endef
 $(foreach s,$(TOOL_SRCS),$(eval $(call tool_rule,$(s))))
+# gzip and Zstandard input (llmc/byte_stream.cpp)
+$(BUILD)/prepro_gpt2: LDLIBS += -lz -lzstd
 
 # ---- CUDA ----
 CUDA_HEADERS := $(wildcard llmc/*.cuh demo/*.cuh llmc/*.h demo/*.h)

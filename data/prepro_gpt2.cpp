@@ -1,7 +1,7 @@
 // prepro_gpt2: turns a corpus of text documents (a text file each, or a line each of a JSON Lines file, the form
-// most public pretraining corpora come in) into llm.c token shards with the GPT-2 BPE, plus the tokenizer decode
-// file the trainer uses to print samples. EOT (50256) goes before every document; shard 0 is
-// the validation split, the rest are training shards. Documents are encoded in parallel, but their tokens are
+// most public pretraining corpora come in, either of them plain, gzip or Zstandard) into llm.c token shards with
+// the GPT-2 BPE, plus the tokenizer decode file the trainer uses to print samples. EOT (50256) goes before every
+// document; shard 0 is the validation split, the rest are training shards. Documents are encoded in parallel, but their tokens are
 // written strictly in command-line order, so the output is identical for any --threads. Everything is written
 // into a staging directory first and moved into --out-dir only once the whole corpus is encoded and checked, so
 // a failed or killed run leaves the earlier dataset of that name as it was (never a mix of old and new shards).
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <mutex>
 #include <string>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "llmc/bpe.h"
+#include "llmc/byte_stream.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/token_shard.h"
@@ -36,7 +38,9 @@ constexpr const char* kUsage = R"(usage: prepro_gpt2 --encoder encoder.json --vo
 
 Tokenizes each FILE as one document with the GPT-2 BPE (EOT 50256 before each document), except that a
 FILE named *.jsonl or *.ndjson holds one document per line: each non-blank line is a JSON object whose
-string field "text" (see --text-key) is the document. Documents keep command-line order. Writes
+string field "text" (see --text-key) is the document. A FILE named *.gz (gzip) or *.zst (Zstandard) is
+read decompressed, as what the rest of its name says (a.jsonl.zst: JSON Lines; a.txt.gz: one document);
+concatenated members or frames read as one. Documents keep command-line order. Writes
   DIR/NAME_val_000000.bin       validation split (shard 0)
   DIR/NAME_train_000001.bin ... training shards of --shard-tokens tokens (the last one may be shorter)
   DIR/tokenizer.bin             llm.c tokenizer decode file
@@ -64,7 +68,12 @@ struct Options {
     std::vector<std::string> files;
 };
 
-bool is_json_lines(const std::string& path) { return path.ends_with(".jsonl") || path.ends_with(".ndjson"); }
+bool is_json_lines(const std::string& path) {
+    const std::string_view content = llmc::content_name(path);
+    return content.ends_with(".jsonl") || content.ends_with(".ndjson");
+}
+
+bool is_compressed(const std::string& path) { return llmc::compression_of(path) != llmc::Compression::none; }
 
 long long parse_count(const std::string& flag, const std::string& text, long long min, long long max) {
     size_t used = 0;
@@ -257,11 +266,20 @@ size_t regular_file_size(const std::string& path) {
     return static_cast<size_t>(st.st_size);
 }
 
+// A compressed file's decompressed size (read through once; gzip's own size field is modulo 4 GiB).
+size_t content_size(const std::string& path) {
+    llmc::ByteStream stream(path);
+    std::vector<char> buffer(1u << 20);
+    while (stream.read(buffer.data(), buffer.size()) > 0) {}
+    return static_cast<size_t>(stream.position());
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// One document: a whole text file, or the bytes of one line of a JSON Lines file.
+// One document: a whole text file, or the bytes of one line of a JSON Lines file. Sizes and offsets are of the
+// decompressed content.
 struct Document {
     uint32_t file;    // index into Options::files
     uint32_t bytes;   // of the file, or of the line's JSON
@@ -272,8 +290,7 @@ struct Document {
 // Appends one Document per non-blank line of a JSON Lines file. Only the line breaks are read here; the JSON is
 // parsed by the encoding threads.
 void index_json_lines(const std::string& path, uint32_t file, std::vector<Document>& documents) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    LLMC_CHECK(f != nullptr, path + ": cannot open (" + std::strerror(errno) + ")");
+    llmc::ByteStream stream(path);
     std::vector<char> buffer(1u << 20);
     uint64_t position = 0, line_start = 0, line = 1;
     bool blank = true;
@@ -281,7 +298,7 @@ void index_json_lines(const std::string& path, uint32_t file, std::vector<Docume
         LLMC_CHECK(end - line_start <= UINT32_MAX, path + ":" + std::to_string(line) + ": a line of 4 GiB or more");
         if (!blank) documents.push_back({file, static_cast<uint32_t>(end - line_start), line_start, line});
     };
-    for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0; position += n) {
+    for (size_t n; (n = stream.read(buffer.data(), buffer.size())) > 0; position += n) {
         for (size_t i = 0; i < n; i++) {
             const char c = buffer[i];
             if (c == '\n') {
@@ -294,11 +311,37 @@ void index_json_lines(const std::string& path, uint32_t file, std::vector<Docume
             }
         }
     }
-    const bool read_error = std::ferror(f) != 0;
-    std::fclose(f);
-    LLMC_CHECK(!read_error, path + ": read error");
     end_line(position);
 }
+
+// The bytes of a compressed file's content, read in order: the lines of compressed JSON Lines files, which cannot be
+// read at an offset as plain ones are. The main thread reads each batch's lines with it before the encoding threads
+// start on them (decompressing is 4-10x faster than encoding).
+class CompressedLines {
+public:
+    explicit CompressedLines(const Options& options) : options_(options) {}
+
+    void read(const Document& document, std::string& line) {
+        if (!stream_ || file_ != document.file) {
+            stream_ = std::make_unique<llmc::ByteStream>(options_.files[document.file]);
+            file_ = document.file;
+        }
+        LLMC_CHECK(document.offset >= stream_->position(), "prepro_gpt2: documents out of order (a bug)");
+        stream_->skip(document.offset - stream_->position());
+        line.resize(document.bytes);
+        for (size_t done = 0; done < document.bytes;) {
+            const size_t n = stream_->read(line.data() + done, document.bytes - done);
+            LLMC_CHECK(n > 0, stream_->path() + ": the content ends inside line " + std::to_string(document.line) +
+                                  " (did the file change while being read?)");
+            done += n;
+        }
+    }
+
+private:
+    const Options& options_;
+    std::unique_ptr<llmc::ByteStream> stream_;
+    uint32_t file_ = 0;
+};
 
 // Reads documents' text for one encoding thread; keeps the last JSON Lines file open, since its lines come in order.
 class DocumentReader {
@@ -310,18 +353,23 @@ public:
         if (fd_ >= 0) ::close(fd_);
     }
 
-    // The document's text, valid until the next call.
-    std::string_view read(const Document& document) {
+    // The document's text, valid until the next call. A compressed JSON Lines file's line comes read already.
+    std::string_view read(const Document& document, const std::string& compressed_line) {
         const std::string& path = options_.files[document.file];
+        if (document.line == 0 && is_compressed(path)) {
+            text_ = llmc::read_all_content(path);
+            return text_;
+        }
         if (document.line == 0) {
             raw_ = llmc::read_whole_file(path);
             return {reinterpret_cast<const char*>(raw_.data()), raw_.size()};
         }
         const std::string where = path + ":" + std::to_string(document.line);
-        read_span(path, document.offset, document.bytes);
+        if (!is_compressed(path)) read_span(path, document.offset, document.bytes);
+        const std::string& line = is_compressed(path) ? compressed_line : line_;
         nlohmann::json object;
         try {
-            object = nlohmann::json::parse(line_.begin(), line_.end());
+            object = nlohmann::json::parse(line.begin(), line.end());
         } catch (const nlohmann::json::exception& e) {
             llmc::fail(where + ": malformed JSON (" + e.what() + ")");
         }
@@ -369,8 +417,9 @@ int run(const Options& options) {
             index_json_lines(path, file, documents);
             LLMC_CHECK(documents.size() > before, path + ": no documents (every line is blank)");
         } else {
-            LLMC_CHECK(size <= UINT32_MAX, path + ": a document of 4 GiB or more");
-            documents.push_back({file, static_cast<uint32_t>(size), 0, 0});
+            const size_t bytes = is_compressed(path) ? content_size(path) : size;
+            LLMC_CHECK(bytes <= UINT32_MAX, path + ": a document of 4 GiB or more");
+            documents.push_back({file, static_cast<uint32_t>(bytes), 0, 0});
         }
     }
     const size_t n_docs = documents.size();
@@ -405,11 +454,18 @@ int run(const Options& options) {
     // Batches bound the memory held by encoded-but-unwritten documents on large corpora.
     constexpr size_t kBatchBytes = 64u << 20;
     size_t total_tokens = 0;
+    CompressedLines compressed_lines(options);
     for (size_t batch_begin = 0; batch_begin < n_docs;) {
         size_t batch_end = batch_begin, batch_bytes = 0;
         while (batch_end < n_docs &&
                (batch_end == batch_begin || batch_bytes + documents[batch_end].bytes <= kBatchBytes))
             batch_bytes += documents[batch_end++].bytes;
+        std::vector<std::string> lines(batch_end - batch_begin);
+        for (size_t doc = batch_begin; doc < batch_end; doc++) {
+            const Document& document = documents[doc];
+            if (document.line > 0 && is_compressed(options.files[document.file]))
+                compressed_lines.read(document, lines[doc - batch_begin]);
+        }
         std::vector<std::vector<uint16_t>> encoded(batch_end - batch_begin);
         std::atomic<size_t> next_doc{batch_begin};
         std::exception_ptr first_error;
@@ -420,7 +476,7 @@ int run(const Options& options) {
             try {
                 for (size_t doc = next_doc++; doc < batch_end; doc = next_doc++) {
                     ids.clear();
-                    encoder.encode(reader.read(documents[doc]), ids);
+                    encoder.encode(reader.read(documents[doc], lines[doc - batch_begin]), ids);
                     std::vector<uint16_t>& out = encoded[doc - batch_begin];
                     out.reserve(ids.size() + 1);
                     out.push_back(eot);

@@ -14,7 +14,9 @@
 #       one that succeeds with fewer shards leaves no stale shard, and --file-list may be a pipe;
 #   (f) the same documents as JSON Lines (written by Python's json module: \u escapes with surrogate pairs, and raw
 #       UTF-8; CRLF and blank lines; other fields around the text; mixed with text files) give the same shards as
-#       (a) checks against js-tiktoken, and malformed lines are refused naming FILE:LINE.
+#       (a) checks against js-tiktoken, and malformed lines are refused naming FILE:LINE;
+#   (g) the same JSON Lines and text files compressed by the gzip and zstd tools (several members or frames, split
+#       mid-line) give those shards again, and cut, corrupt or mislabelled compressed files are refused.
 # Prepares the default corpus first if needed (data/prepare_default.sh is idempotent). Skips (77) without node.
 # Expects build/prepro_gpt2 and build/test/test_bpe from `make` (builds them if missing).
 set -uo pipefail
@@ -274,6 +276,51 @@ printf '{"text": "one \xff"}\n{"text": "two"}\n' >"$tmp/bad_utf8.jsonl"
 expect_error "$tmp/bad_utf8.jsonl:1: malformed JSON" prepro_bpe "$tmp/bad_utf8.jsonl"
 printf '\n  \n' >"$tmp/blank.jsonl"
 expect_error "$tmp/blank.jsonl: no documents" prepro_bpe "$doc" "$tmp/blank.jsonl"
+
+# ---- (g) compressed input --------------------------------------------------------------------------------------
+# split_compress TOOL IN OUT: IN compressed by TOOL (gzip or zstd) as two members / frames, split mid-file
+split_compress() {
+  local bytes half
+  bytes=$(stat -c %s "$2")
+  half=$((bytes / 2 + 7))  # not at a line break
+  { head -c "$half" "$2" | "$1" -q -c; tail -c +$((half + 1)) "$2" | "$1" -q -c; } >"$3"
+}
+if split_compress gzip "$tmp/corpus_a.jsonl" "$tmp/corpus_a.jsonl.gz" &&
+   split_compress zstd "$tmp/corpus_b.jsonl" "$tmp/corpus_b.jsonl.zst" &&
+   build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$tmp/compressed_corpus" \
+     --name z --shard-tokens 900000 "$tmp/corpus_a.jsonl.gz" "$tmp/corpus_b.jsonl.zst" >/dev/null &&
+   compare_with_oracle "$tmp/compressed_corpus" z "$tmp/corpus.bin" "$tmp/corpus.tsv" >/dev/null; then
+  pass "default corpus as .jsonl.gz and .jsonl.zst (two members / frames each, split mid-line) agrees with js-tiktoken"
+else
+  fail "default corpus as compressed JSON Lines vs js-tiktoken"
+fi
+if gzip -q -c "$tmp/edge_a.jsonl" >"$tmp/edge_a.jsonl.gz" && zstd -q -c "${edge_docs[2]}" >"$tmp/edge_2.txt.zst" &&
+   zstd -q -c "$tmp/edge_c.ndjson" >"$tmp/edge_c.ndjson.zst" &&
+   build/prepro_gpt2 --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --out-dir "$tmp/compressed_edge" --name e \
+     --shard-tokens 500 --val-tokens 100 --text-key body "$tmp/edge_a.jsonl.gz" "$tmp/edge_2.txt.zst" \
+     "$tmp/edge_c.ndjson.zst" >/dev/null &&
+   compare_with_oracle "$tmp/compressed_edge" e "$tmp/edge.bin" "$tmp/edge.tsv" >/dev/null; then
+  pass "edge cases as .jsonl.gz, .txt.zst and .ndjson.zst agree with js-tiktoken"
+else
+  fail "edge cases compressed vs js-tiktoken"
+fi
+gzip -q -c "$tmp/corpus_b.jsonl" | head -c 100000 >"$tmp/cut.jsonl.gz"
+expect_error "$tmp/cut.jsonl.gz: truncated gzip data" prepro_bpe "$tmp/cut.jsonl.gz"
+zstd -q -c "$tmp/corpus_b.jsonl" | head -c 100000 >"$tmp/cut.txt.zst"
+expect_error "$tmp/cut.txt.zst: truncated Zstandard data" prepro_bpe "$doc" "$tmp/cut.txt.zst"
+: >"$tmp/empty.jsonl.zst"
+expect_error "$tmp/empty.jsonl.zst: truncated Zstandard data" prepro_bpe "$tmp/empty.jsonl.zst"
+gzip -q -c "$tmp/corpus_b.jsonl" >"$tmp/flipped.jsonl.gz"
+printf '\x55' | dd of="$tmp/flipped.jsonl.gz" bs=1 seek=50000 conv=notrunc status=none
+expect_error "$tmp/flipped.jsonl.gz: corrupt gzip data" prepro_bpe "$tmp/flipped.jsonl.gz"
+{ gzip -q -c "$doc"; printf 'trailing text'; } >"$tmp/trailing.txt.gz"
+expect_error "$tmp/trailing.txt.gz: corrupt gzip data" prepro_bpe "$doc" "$tmp/trailing.txt.gz"
+cp "$doc" "$tmp/not_gzip.txt.gz"
+expect_error "$tmp/not_gzip.txt.gz: corrupt gzip data (zlib: incorrect header check)" prepro_bpe "$doc" \
+  "$tmp/not_gzip.txt.gz"
+zstd -q -c "$tmp/corpus_b.jsonl" >"$tmp/flipped.jsonl.zst"
+printf '\x55' | dd of="$tmp/flipped.jsonl.zst" bs=1 seek=50000 conv=notrunc status=none
+expect_error "$tmp/flipped.jsonl.zst: corrupt Zstandard data" prepro_bpe "$tmp/flipped.jsonl.zst"
 
 echo
 if [[ $failures -eq 0 ]]; then echo "all tokenizer tests passed"; else echo "$failures tokenizer test(s) failed"; fi
