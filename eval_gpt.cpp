@@ -69,8 +69,7 @@ Options parse_args(int argc, char** argv) {
 }
 
 // One model's line: its loss over the same batches as every other model's.
-void evaluate(const llmc::ModelSource& source, const Options& o) {
-    const llmc::ModelConfig config = llmc::read_model_config(source.file);
+void evaluate(const llmc::ModelSource& source, const llmc::ModelConfig& config, const Options& o) {
     const int T = o.seq_len > 0 ? static_cast<int>(o.seq_len) : config.max_seq_len;
     const int B = static_cast<int>(o.batch_size);
     LLMC_CHECK(T <= config.max_seq_len, "--seq_len " + std::to_string(T) + " exceeds the model's max_seq_len " +
@@ -113,11 +112,12 @@ int run(const Options& o) {
     if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
     // every --model found and its header read before the first is evaluated: a typo in the last one costs nothing
     std::vector<llmc::ModelSource> sources;
+    std::vector<llmc::ModelConfig> configs;
     for (const std::string& model : o.models) {
         sources.push_back(llmc::resolve_model_source(model));
-        (void)llmc::read_model_config(sources.back().file);
+        configs.push_back(llmc::read_model_config(sources.back().file));
     }
-    for (const llmc::ModelSource& source : sources) evaluate(source, o);
+    for (size_t i = 0; i < sources.size(); i++) evaluate(sources[i], configs[i], o);
     return 0;
 }
 

@@ -26,8 +26,9 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng, const 
     LLMC_CHECK(vocab_size > 0 && logits.size() >= static_cast<size_t>(vocab_size),
                "sample_token: fewer logits than vocab_size");
     const auto first = logits.begin(), last = logits.begin() + vocab_size;
-    const float max_logit = *std::max_element(first, last);
-    if (params.temperature == 0.0f) return static_cast<int>(std::max_element(first, last) - first);
+    const auto most_likely = std::max_element(first, last);
+    if (params.temperature == 0.0f) return static_cast<int>(most_likely - first);
+    const float max_logit = *most_likely;
 
     std::vector<float> weight(static_cast<size_t>(vocab_size));
     for (int v = 0; v < vocab_size; v++) weight[v] = std::exp((logits[v] - max_logit) / params.temperature);
