@@ -97,7 +97,7 @@ sample_gpt: $(BUILD)/sample_gpt.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
 eval_gpt: $(BUILD)/eval_gpt.o $(LIB)
-	$(CXX) $^ -o $@ $(LDLIBS)
+	$(CXX) $^ -o $@ $(LDLIBS) -lz -lzstd
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
@@ -111,7 +111,7 @@ $(BUILD)/$(basename $(notdir $(1))): $(BUILD)/$(basename $(1)).o $(LIB)
 	$$(CXX) $$^ -o $$@ $$(LDLIBS)
 endef
 $(foreach s,$(TOOL_SRCS),$(eval $(call tool_rule,$(s))))
-# gzip and Zstandard input (llmc/byte_stream.cpp)
+# gzip and Zstandard input (llmc/byte_stream.cpp; eval_gpt's link line adds them too)
 $(BUILD)/prepro_gpt2: LDLIBS += -lz -lzstd
 
 # ---- CUDA ----

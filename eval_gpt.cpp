@@ -2,21 +2,29 @@
 // runs' checkpoints (DeMo and AdamW, say) against the same data after the fact. Reads the shards as the trainers'
 // validation does (llmc::DataLoader, one rank, no shuffling: windows of B*T+1 tokens every B*T tokens, shard after
 // shard) and averages the cross-entropy over --batches batches, or over every window of the shards.
+// With --choices, the accuracy on a multiple-choice set instead (HellaSwag, as llm.c scores it: the completion of
+// least summed or mean loss after the context; llmc/multiple_choice.h reads the examples).
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/bpe.h"
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
 #include "llmc/error.h"
 #include "llmc/gpt2_cpu.h"
 #include "llmc/model_io.h"
+#include "llmc/multiple_choice.h"
 #include "llmc/tool_flags.h"
 
 namespace {
@@ -34,8 +42,20 @@ Prints a GPT-2 model's mean cross-entropy loss (and perplexity) on llm.c token s
   --batches N        batches to average (default 0: every window of B*T+1 tokens in the shards, once)
   --threads N        OpenMP threads (default 0: all cores)
   --json             a JSON line per model: model, data, batch_size, seq_len, batches, tokens, loss, perplexity,
-                     seconds
+                     seconds (with --choices: model, choices, examples, acc, acc_norm, cropped, seconds)
   --help             print this help
+
+Multiple choice (instead of --data, --batch_size, --seq_len and --batches):
+  --choices FILE     the accuracy on multiple-choice examples: llm.c's eval file (*.bin, as its
+                     dev/data/hellaswag.py writes hellaswag_val.bin) or JSON Lines in HellaSwag's schema ("ctx",
+                     "endings", "label" a line, as hellaswag_val.jsonl; .gz or .zst too), tokenized as llm.c does
+                     (the context, then each ending with a space before it). acc picks the completion of least
+                     summed loss, acc_norm of least mean loss per token (llm.c's headline figure). A context too
+                     long for max_seq_len loses its first tokens (counted as cropped).
+  --examples N       examples to score (default 0: all)
+  --per_example      also a line per example: its label, predictions and each completion's summed and mean loss
+  --encoder PATH     GPT-2 encoder.json for JSON Lines (default data/cache/gpt2/encoder.json)
+  --vocab PATH       GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
 
 The shards are read in order, without shuffling, as the trainers read their validation shards; the loss of a
 checkpoint with the trainer's --batch_size, --seq_len and --val_batches is the val loss its run logged (to
@@ -47,13 +67,20 @@ struct Options {
     std::string data = "data/default/default_val_*.bin";
     long long batch_size = 4, seq_len = 0, batches = 0, threads = 0;
     bool json = false;
+    std::string choices, encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
+    long long examples = 0;
+    bool per_example = false;
 };
 
 Options parse_args(int argc, char** argv) {
     using llmc::flag_integer;
     Options o;
-    llmc::for_each_flag(argc, argv, kUsage, {"json"}, [&](const std::string& key, const std::string& flag,
-                                                          const std::string& value) {
+    std::set<std::string> shard_flags, choice_flags;
+    llmc::for_each_flag(argc, argv, kUsage, {"json", "per_example"}, [&](const std::string& key,
+                                                                         const std::string& flag,
+                                                                         const std::string& value) {
+        if (key == "data" || key == "batch_size" || key == "seq_len" || key == "batches") shard_flags.insert(flag);
+        if (key == "examples" || key == "per_example" || key == "encoder" || key == "vocab") choice_flags.insert(flag);
         if (key == "model") o.models.push_back(value);
         else if (key == "data") o.data = value;
         else if (key == "batch_size") o.batch_size = flag_integer(flag, value, 1, 1 << 20);
@@ -61,9 +88,19 @@ Options parse_args(int argc, char** argv) {
         else if (key == "batches") o.batches = flag_integer(flag, value, 0, INT64_MAX);
         else if (key == "threads") o.threads = flag_integer(flag, value, 0, 4096);
         else if (key == "json") o.json = value == "true";
+        else if (key == "choices") o.choices = value;
+        else if (key == "examples") o.examples = flag_integer(flag, value, 0, INT64_MAX);
+        else if (key == "per_example") o.per_example = value == "true";
+        else if (key == "encoder") o.encoder = value;
+        else if (key == "vocab") o.vocab = value;
         else llmc::fail(flag + ": unknown flag (see --help)");
     });
     LLMC_CHECK(!o.models.empty(), "--model is required (see --help)");
+    if (!o.choices.empty()) {
+        LLMC_CHECK(shard_flags.empty(), *shard_flags.begin() + " does not apply to --choices (see --help)");
+    } else {
+        LLMC_CHECK(choice_flags.empty(), *choice_flags.begin() + " applies only with --choices (see --help)");
+    }
     LLMC_CHECK(!o.data.empty(), "--data is empty");
     return o;
 }
@@ -108,6 +145,96 @@ void evaluate(const llmc::ModelSource& source, const llmc::ModelConfig& config, 
     std::fflush(stdout);
 }
 
+// One example's completions as B = completions rows of context + completion, in one forward: the context (cropped
+// from the left where a row would not fit max_seq_len) predicts each completion's tokens.
+struct ChoiceScore {
+    std::vector<double> sum, mean;  // per completion: the summed and the mean cross-entropy of its tokens
+    int prediction = 0, prediction_norm = 0;
+    size_t cropped = 0;             // context tokens dropped
+};
+
+ChoiceScore score_example(llmc::GPT2Cpu& model, const llmc::ModelConfig& config, const llmc::ChoiceExample& example,
+                          size_t index, const std::string& path) {
+    size_t longest = 0;
+    for (const std::vector<int>& ending : example.endings) longest = std::max(longest, ending.size());
+    const size_t row_limit = static_cast<size_t>(config.max_seq_len) + 1;  // a row's last token is only a target
+    LLMC_CHECK(!example.context.empty(), path + ": example " + std::to_string(index) + ": an empty context");
+    LLMC_CHECK(longest + 1 <= row_limit, path + ": example " + std::to_string(index) + ": a completion of " +
+                                             std::to_string(longest) + " tokens, too long for max_seq_len " +
+                                             std::to_string(config.max_seq_len));
+    ChoiceScore score;
+    score.cropped = example.context.size() + longest > row_limit ? example.context.size() + longest - row_limit : 0;
+    const std::span<const int> context = std::span<const int>(example.context).subspan(score.cropped);
+    const int B = static_cast<int>(example.endings.size());
+    const int T = static_cast<int>(context.size() + longest - 1);
+    std::vector<int> inputs(static_cast<size_t>(B) * T, 0), targets(inputs.size(), 0);  // 0 pads the short rows
+    for (int b = 0; b < B; b++) {
+        std::vector<int> row(context.begin(), context.end());
+        row.insert(row.end(), example.endings[b].begin(), example.endings[b].end());
+        for (size_t t = 0; t + 1 < row.size(); t++) {
+            inputs[b * T + t] = row[t];
+            targets[b * T + t] = row[t + 1];
+        }
+    }
+    model.forward(inputs.data(), targets.data(), B, T);
+    const std::span<const float> losses = model.losses();
+    for (int b = 0; b < B; b++) {
+        const size_t n = example.endings[b].size();
+        double sum = 0.0;
+        for (size_t t = context.size() - 1; t < context.size() - 1 + n; t++) sum += losses[b * T + t];
+        score.sum.push_back(sum);
+        score.mean.push_back(sum / static_cast<double>(n));
+    }
+    score.prediction = static_cast<int>(std::min_element(score.sum.begin(), score.sum.end()) - score.sum.begin());
+    score.prediction_norm =
+        static_cast<int>(std::min_element(score.mean.begin(), score.mean.end()) - score.mean.begin());
+    return score;
+}
+
+void evaluate_choices(const llmc::ModelSource& source, const llmc::ModelConfig& config,
+                      const std::vector<llmc::ChoiceExample>& examples, const Options& o) {
+    llmc::GPT2Cpu model(config, llmc::ModelUse::inference);
+    llmc::load_model_source(source, config, model.params());
+    const auto start = std::chrono::steady_clock::now();
+    size_t correct = 0, correct_norm = 0, cropped = 0;
+    for (size_t i = 0; i < examples.size(); i++) {
+        const ChoiceScore score = score_example(model, config, examples[i], i, o.choices);
+        correct += score.prediction == examples[i].label;
+        correct_norm += score.prediction_norm == examples[i].label;
+        cropped += score.cropped > 0;
+        if (o.per_example && o.json) {
+            const nlohmann::json line = {{"example", i},
+                                         {"label", examples[i].label},
+                                         {"prediction", score.prediction},
+                                         {"prediction_norm", score.prediction_norm},
+                                         {"sum_losses", score.sum},
+                                         {"mean_losses", score.mean},
+                                         {"cropped", score.cropped}};
+            std::printf("%s\n", line.dump().c_str());
+        } else if (o.per_example) {
+            std::printf("example %zu: label %d, predicted %d (summed loss) %d (mean loss); mean losses", i,
+                        examples[i].label, score.prediction, score.prediction_norm);
+            for (const double m : score.mean) std::printf(" %.4f", m);
+            std::printf("\n");
+        }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double n = static_cast<double>(examples.size());
+    if (o.json) {
+        const nlohmann::json line = {{"model", source.file},           {"choices", o.choices},
+                                     {"examples", examples.size()},    {"acc", correct / n},
+                                     {"acc_norm", correct_norm / n},   {"cropped", cropped},
+                                     {"seconds", seconds}};
+        std::printf("%s\n", line.dump().c_str());
+    } else {
+        std::printf("%s on %s: acc_norm %.4f (least mean loss), acc %.4f (least summed loss), over %zu examples "
+                    "(%zu with the context cropped to max_seq_len); %.1f s, %.1f examples/s\n",
+                    source.file.c_str(), o.choices.c_str(), correct_norm / n, correct / n, examples.size(), cropped,
+                    seconds, n / seconds);
+    }
+    std::fflush(stdout);
+}
+
 int run(const Options& o) {
     if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
     // every --model found and its header read before the first is evaluated: a typo in the last one costs nothing
@@ -117,7 +244,29 @@ int run(const Options& o) {
         sources.push_back(llmc::resolve_model_source(model));
         configs.push_back(llmc::read_model_config(sources.back().file));
     }
-    for (size_t i = 0; i < sources.size(); i++) evaluate(sources[i], configs[i], o);
+    if (o.choices.empty()) {
+        for (size_t i = 0; i < sources.size(); i++) evaluate(sources[i], configs[i], o);
+        return 0;
+    }
+    // the examples are read once, for the smallest vocabulary among the models (each model's ids must fit it)
+    int vocab_size = configs[0].vocab_size;
+    for (const llmc::ModelConfig& c : configs) vocab_size = std::min(vocab_size, c.vocab_size);
+    std::optional<llmc::Gpt2Bpe> bpe;
+    if (!llmc::is_eval_file(o.choices)) {
+        bpe = llmc::Gpt2Bpe::load(o.encoder, o.vocab);
+        for (size_t i = 0; i < sources.size(); i++) {
+            LLMC_CHECK(configs[i].vocab_size == bpe->vocab_size(),
+                       sources[i].file + ": a vocabulary of " + std::to_string(configs[i].vocab_size) +
+                           " tokens, but " + o.encoder + " has " + std::to_string(bpe->vocab_size()) +
+                           " (the model was not trained with this tokenizer)");
+        }
+    }
+    const std::vector<llmc::ChoiceExample> examples = llmc::read_choice_examples(
+        o.choices, bpe ? &*bpe : nullptr, vocab_size, static_cast<size_t>(o.examples));
+    LLMC_CHECK(o.examples == 0 || examples.size() == static_cast<size_t>(o.examples),
+               "--examples " + std::to_string(o.examples) + ": " + o.choices + " holds only " +
+                   std::to_string(examples.size()));
+    for (size_t i = 0; i < sources.size(); i++) evaluate_choices(sources[i], configs[i], examples, o);
     return 0;
 }
 

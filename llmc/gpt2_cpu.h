@@ -61,6 +61,8 @@ public:
 
     // (B, T, padded_vocab_size) logits of the last forward.
     std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }
+    // (B, T) cross-entropy at each position of the last forward with targets (forward's loss is their mean).
+    std::span<const float> losses() const { return {acts_.losses, have_targets_ ? num_tokens_ : 0}; }
 
     // Inference with a key/value cache, for sampling. start_sequence runs the model on `tokens` (1 to max_seq_len
     // of them, at positions 0..) and keeps every layer's keys and values; append runs it on one more token at the

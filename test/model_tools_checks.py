@@ -11,6 +11,11 @@ printed, and the loss of the windows eval_gpt reads.
 
   loss MODEL GLOB B T N     eval_gpt's loss over N batches (0: all) of B x T tokens equals the reference's mean
                            cross-entropy over the same windows (B*T+1 tokens every B*T, shard after shard)
+  choices MODEL JSONL BIN TOKENS  eval_gpt --choices on HellaSwag-style JSON Lines and on the same examples in
+                           llm.c's eval file (BIN, written from js-tiktoken's tokens in TOKENS) agree line for line;
+                           each completion's summed and mean loss equals the reference's, on each row run alone with
+                           the context cropped from the left to fit, and so do the predictions (but near ties), the
+                           crop counts, acc and acc_norm
 
 The tools' --json lines give their results. Exit status 1 on the first failure, with what differed.
 """
@@ -187,5 +192,69 @@ def loss(model_path, pattern, batch, seq, batches):
           f"{expected:.6f}")
 
 
+def eval_choices(model_path, choices_path):
+    command = ["./eval_gpt", "--model", model_path, "--choices", choices_path, "--per_example", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        fail(f"{' '.join(command)}: exit {result.returncode}: {result.stderr.strip()}")
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    return lines[:-1], lines[-1]
+
+
+def choices(model_path, jsonl_path, bin_path, tokens_path):
+    model, max_seq_len, vocab = load_model(model_path)
+    examples = json.load(open(tokens_path))  # [{"label", "context": [...], "endings": [[...], ...]}, ...]
+    from_jsonl, summary = eval_choices(model_path, jsonl_path)
+    from_bin, summary_bin = eval_choices(model_path, bin_path)
+    if from_jsonl != from_bin:
+        differ = next(i for i, (a, b) in enumerate(zip(from_jsonl, from_bin)) if a != b) \
+            if len(from_jsonl) == len(from_bin) else "count"
+        fail(f"choices: the JSON Lines file (our tokenizer) and the eval file (js-tiktoken's tokens) differ at "
+             f"example {differ}")
+    if len(from_jsonl) != len(examples):
+        fail(f"choices: {len(from_jsonl)} examples scored, {len(examples)} written")
+    correct = correct_norm = cropped = ties = 0
+    worst = 0.0
+    for i, (ours, example) in enumerate(zip(from_jsonl, examples)):
+        longest = max(len(e) for e in example["endings"])
+        crop = max(0, len(example["context"]) + longest - (max_seq_len + 1))
+        context = example["context"][crop:]
+        sums, means = [], []
+        for ending in example["endings"]:
+            row = torch.tensor([context + ending], dtype=torch.long)
+            with torch.no_grad():
+                logits, _ = model(row[:, :-1], torch.zeros_like(row[:, :-1]))
+            logp = torch.log_softmax(logits[0, :, :vocab].double(), dim=-1)
+            targets = row[0, 1:]
+            token_losses = -logp[torch.arange(len(targets)), targets][len(context) - 1:]
+            sums.append(float(token_losses.sum()))
+            means.append(sums[-1] / len(ending))
+        for name, expected in (("sum_losses", sums), ("mean_losses", means)):
+            for a, b in zip(ours[name], expected):
+                worst = max(worst, abs(a - b) / max(1.0, abs(b)))
+                if abs(a - b) > 1e-4 * max(1.0, abs(b)):
+                    fail(f"choices: example {i}: {name} {ours[name]}, the reference's {expected}")
+        for name, values in (("prediction", sums), ("prediction_norm", means)):
+            best = min(range(len(values)), key=lambda c: values[c])
+            near_tie = sorted(values)[1] - values[best] < 1e-4
+            ties += near_tie
+            if ours[name] != best and not near_tie:
+                fail(f"choices: example {i}: {name} {ours[name]}, the reference's {best} ({values})")
+        if ours["label"] != example["label"] or ours["cropped"] != crop:
+            fail(f"choices: example {i}: label {ours['label']} / cropped {ours['cropped']}, written "
+                 f"{example['label']} / {crop}")
+        correct += ours["prediction"] == example["label"]
+        correct_norm += ours["prediction_norm"] == example["label"]
+        cropped += crop > 0
+    n = len(examples)
+    if (summary["examples"], summary["acc"], summary["acc_norm"], summary["cropped"]) != \
+            (n, correct / n, correct_norm / n, cropped) or summary_bin["acc_norm"] != summary["acc_norm"]:
+        fail(f"choices: summary {summary}, expected {n} examples, acc {correct / n}, acc_norm {correct_norm / n}, "
+             f"{cropped} cropped")
+    print(f"ok    choices: {n} examples ({cropped} cropped) from JSON Lines and from an llm.c eval file agree, and "
+          f"with the reference (largest relative loss difference {worst:.1e}, {ties} near ties): acc "
+          f"{summary['acc']:.3f}, acc_norm {summary['acc_norm']:.3f}")
+
+
 if __name__ == "__main__":
-    {"greedy": greedy, "distribution": distribution, "loss": loss}[sys.argv[1]](*sys.argv[2:])
+    {"greedy": greedy, "distribution": distribution, "loss": loss, "choices": choices}[sys.argv[1]](*sys.argv[2:])

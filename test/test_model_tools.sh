@@ -2,7 +2,8 @@
 # Tests of the tools that read a trained model, against independent oracles. ./eval_gpt (the loss on token
 # shards): its loss over every window, and over a few, equals PyTorch's on the same windows (two small shards
 # crossed); on a checkpoint with the run's batch settings it is the val loss the run logged; several models give a
-# line each. ./sample_gpt (text
+# line each; with --choices, each completion's summed and mean loss and the picks equal PyTorch's on HellaSwag-style
+# examples, read as JSON Lines (tokenized here) and as llm.c's eval file (js-tiktoken's tokens). ./sample_gpt (text
 # from a model file or checkpoint):
 #   - greedy decoding picks PyTorch's most likely token at every step, past max_seq_len (sliding window), on a
 #     random model written by the PyTorch reference and on one trained here (test/model_tools_checks.py);
@@ -91,6 +92,80 @@ sys.exit(0 if ours == list(oracle) and len(ours) > 10 else f"ours {ours} vs js-t
   fi
 fi
 
+# eval_gpt --choices: HellaSwag-style examples made from the corpus (the true rest of a sentence among other
+# sentences' rests; a few with 2 or 5 completions, some contexts too long for max_seq_len 64), as JSON Lines and as
+# llm.c's eval file written here from js-tiktoken's tokens, against PyTorch
+if command -v node >/dev/null; then
+  "$python" - "$tmp" <<'PY'
+import json, random, re, sys
+random.seed(11)
+paths = [l.strip() for l in open("data/cache/docs/documents.txt") if l.strip()]
+sentences = []
+for path in paths[:40]:
+    text = " ".join(open(path, encoding="utf-8", errors="replace").read().split())
+    sentences += [s for s in re.split(r"(?<=[.!?]) ", text) if 12 <= len(s.split()) <= 40]
+random.shuffle(sentences)
+examples = []
+for i in range(36):
+    words = sentences[i].split()
+    cut = len(words) * 3 // 5
+    ctx = " ".join(words[:cut])
+    if i % 6 == 5:  # a context longer than max_seq_len: cropped
+        ctx = " ".join(sentences[100 + i].split() + sentences[200 + i].split() + sentences[300 + i].split()) + " " + ctx
+    count = 2 if i == 3 else 5 if i == 4 else 4
+    others = [" ".join(sentences[400 + 4 * i + k].split()[cut:]) or "and so on" for k in range(count - 1)]
+    if i == 7:
+        others[0] = "caf\u00e9 \u2014 na\u00efve \U0001F600 it's"
+    label = random.randrange(count)
+    endings = others[:label] + [" ".join(words[cut:])] + others[label:]
+    examples.append({"ind": i, "ctx": ctx, "split": "val", "label": label, "endings": endings})
+with open(f"{sys.argv[1]}/choices.jsonl", "w") as f:
+    for e in examples:
+        f.write(json.dumps(e) + "\n")
+json.dump(examples, open(f"{sys.argv[1]}/choices_text.json", "w"))
+PY
+  node -e '
+const tiktoken = require(process.argv[1] + "/js-tiktoken");
+const fs = require("fs");
+const gpt2 = tiktoken.getEncoding("gpt2");
+const encode = (text) => gpt2.encode(text, [], []);
+const examples = JSON.parse(fs.readFileSync(process.argv[2]));
+fs.writeFileSync(process.argv[3], JSON.stringify(examples.map((e) => ({
+  label: e.label, context: encode(e.ctx), endings: e.endings.map((ending) => encode(" " + ending))}))));
+' "$PWD/data/cache/node/node_modules" "$tmp/choices_text.json" "$tmp/choices_tokens.json"
+  # llm.c's eval file format (dev/data/data_common.py: write_evalfile), written from js-tiktoken's tokens
+  "$python" - "$tmp" <<'PY'
+import json, sys
+import numpy as np
+examples = json.load(open(f"{sys.argv[1]}/choices_tokens.json"))
+stream, longest = [], 0
+for i, e in enumerate(examples):
+    words = [65535, 0, i, e["label"], len(e["endings"]), len(e["context"])] + e["context"]
+    for ending in e["endings"]:
+        words += [len(ending)] + ending
+    words[1] = 2 * len(words)
+    longest = max(longest, words[1])
+    stream += words
+header = np.zeros(256, dtype=np.int32)
+header[:4] = [20240522, 1, len(examples), longest]
+with open(f"{sys.argv[1]}/choices.bin", "wb") as f:
+    f.write(header.tobytes() + np.array(stream, dtype=np.uint16).tobytes())
+PY
+  for model in "$tmp/random/model.bin" "$trained"; do
+    checks choices "$model" "$tmp/choices.jsonl" "$tmp/choices.bin" "$tmp/choices_tokens.json"
+  done
+  zstd -q -c "$tmp/choices.jsonl" >"$tmp/choices.jsonl.zst"
+  choice_line() { ./eval_gpt --model "$trained" --json "$@" | "$python" -c 'import json, sys
+line = json.load(sys.stdin)
+print(",".join(f"\"{k}\":{line[k]}" for k in ("examples", "acc", "acc_norm", "cropped")))'; }
+  if [[ $(choice_line --choices "$tmp/choices.jsonl.zst") == "$(choice_line --choices "$tmp/choices.jsonl")" &&
+        $(choice_line --choices "$tmp/choices.bin" --examples 10) == *'"examples":10,'* ]]; then
+    pass "eval_gpt --choices reads .jsonl.zst as .jsonl; --examples 10 scores 10"
+  else
+    fail "eval_gpt --choices on .jsonl.zst or with --examples"
+  fi
+fi
+
 # --model: a run directory means its latest complete checkpoint; the same seed gives the same text
 run_sample() { ./sample_gpt --prompt "$prompt" --tokens 20 --json --seed "${2:-5}" --model "$1" 2>/dev/null; }
 if [[ -n $(run_sample "$tmp/run") && $(run_sample "$tmp/run") == "$(run_sample "$trained")" &&
@@ -161,6 +236,43 @@ expect_error "$tmp/none_*.bin: no files match" ./eval_gpt --model "$trained" --d
 expect_error "--batch_size: expected an integer in [1," ./eval_gpt --model "$trained" --batch_size 0
 expect_error "$tmp/damaged/model.bin" ./eval_gpt --model "$tmp/damaged"
 if ./eval_gpt --help | grep -q '^usage: eval_gpt'; then pass "eval_gpt --help"; else fail "eval_gpt --help"; fi
+if [[ -f $tmp/choices.bin ]]; then
+  # damaged eval files: each refused naming the file and the example
+  "$python" - "$tmp" <<'PY'
+import sys
+import numpy as np
+tmp = sys.argv[1]
+raw = open(f"{tmp}/choices.bin", "rb").read()
+header, words = np.frombuffer(raw[:1024], dtype=np.int32).copy(), np.frombuffer(raw[1024:], dtype=np.uint16).copy()
+def write(name, h, w):
+    open(f"{tmp}/{name}", "wb").write(h.astype(np.int32).tobytes() + w.astype(np.uint16).tobytes())
+bad = header.copy(); bad[0] = 20240520; write("magic.bin", bad, words)
+write("cut.bin", header, words[:len(words) - 3])
+second = int(words[1]) // 2  # where example 1 starts
+w = words.copy(); w[second + 3] = w[second + 4]; write("label.bin", header, w)
+w = words.copy(); w[second + 6] = 60000; write("token.bin", header, w)
+w = words.copy(); w[second] = 7; write("marker.bin", header, w)
+w = words.copy(); w[second + 1] += 2; write("size.bin", header, w)
+bad = header.copy(); bad[2] -= 1; write("extra.bin", bad, words)
+PY
+  expect_error "$tmp/magic.bin: bad magic 20240520" ./eval_gpt --model "$trained" --choices "$tmp/magic.bin"
+  expect_error "$tmp/cut.bin: example 35: truncated" ./eval_gpt --model "$trained" --choices "$tmp/cut.bin"
+  expect_error "$tmp/label.bin: example 1: label 4 is not one of its 4 completions" \
+    ./eval_gpt --model "$trained" --choices "$tmp/label.bin"
+  expect_error "$tmp/token.bin: example 1: token id 60000" ./eval_gpt --model "$trained" --choices "$tmp/token.bin"
+  expect_error "$tmp/marker.bin: example 1: no start-of-example marker" \
+    ./eval_gpt --model "$trained" --choices "$tmp/marker.bin"
+  expect_error "$tmp/size.bin: example 1: its size field says" ./eval_gpt --model "$trained" --choices "$tmp/size.bin"
+  expect_error "$tmp/extra.bin: " ./eval_gpt --model "$trained" --choices "$tmp/extra.bin"
+  printf '{"ctx": "a", "endings": ["b", "c"], "label": 1}\n{"ctx": "a", "endings": ["b", "c"]}\n' >"$tmp/nolabel.jsonl"
+  expect_error "$tmp/nolabel.jsonl:2: no integer field 'label'" \
+    ./eval_gpt --model "$trained" --choices "$tmp/nolabel.jsonl"
+  expect_error "--examples 37: $tmp/choices.bin holds only 36" \
+    ./eval_gpt --model "$trained" --choices "$tmp/choices.bin" --examples 37
+  expect_error "--batches does not apply to --choices" \
+    ./eval_gpt --model "$trained" --choices "$tmp/choices.bin" --batches 3
+  expect_error "--per_example applies only with --choices" ./eval_gpt --model "$trained" --per_example
+fi
 
 echo
 if [[ $failures -eq 0 ]]; then echo "all model tool tests passed"; else echo "$failures model tool test(s) failed"; fi
