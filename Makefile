@@ -21,7 +21,9 @@ endif
 OPT ?= -O3 -march=native
 GIT_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP
-LDLIBS := -lopenblas -licuuc -fopenmp -lm
+# zlib and zstd: compressed corpora and eval files (llmc/byte_stream.cpp)
+HOST_LIBS := -lopenblas -licuuc -lz -lzstd
+LDLIBS := $(HOST_LIBS) -fopenmp -lm
 
 NVCC ?= /usr/local/cuda/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
@@ -97,7 +99,7 @@ sample_gpt: $(BUILD)/sample_gpt.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
 eval_gpt: $(BUILD)/eval_gpt.o $(LIB)
-	$(CXX) $^ -o $@ $(LDLIBS) -lz -lzstd
+	$(CXX) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/test/%: $(BUILD)/test/%.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
@@ -111,18 +113,16 @@ $(BUILD)/$(basename $(notdir $(1))): $(BUILD)/$(basename $(1)).o $(LIB)
 	$$(CXX) $$^ -o $$@ $$(LDLIBS)
 endef
 $(foreach s,$(TOOL_SRCS),$(eval $(call tool_rule,$(s))))
-# gzip and Zstandard input (llmc/byte_stream.cpp; eval_gpt's link line adds them too)
-$(BUILD)/prepro_gpt2: LDLIBS += -lz -lzstd
 
 # ---- CUDA ----
 CUDA_HEADERS := $(wildcard llmc/*.cuh demo/*.cuh llmc/*.h demo/*.h)
 train_gpt: train_gpt.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
-	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
+	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ $(NVCC_LDLIBS) $(HOST_LIBS)
 
 define cuda_rule
 $(BUILD)/cuda/$(basename $(notdir $(1))): $(1) $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(BUILD)/cuda
-	$$(NVCC) $$(NVCCFLAGS) $$< $(LIB) -o $$@ $$(NVCC_LDLIBS) -licuuc -lopenblas
+	$$(NVCC) $$(NVCCFLAGS) $$< $(LIB) -o $$@ $$(NVCC_LDLIBS) $(HOST_LIBS)
 endef
 $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
@@ -131,10 +131,10 @@ $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 FP32_TEST_SRCS := $(wildcard test/gpu_*.cu)
 FP32_BINS := $(if $(wildcard train_gpt.cu),train_gpt_fp32) $(FP32_TEST_SRCS:test/%.cu=$(BUILD)/cuda-fp32/%)
 train_gpt_fp32: train_gpt.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
-	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) $(HOST_LIBS)
 $(BUILD)/cuda-fp32/%: test/%.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(BUILD)/cuda-fp32
-	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) -licuuc -lopenblas
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) $(HOST_LIBS)
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS) $(FP32_BINS)
 

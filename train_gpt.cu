@@ -375,8 +375,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         if (due.validate || due.sample || due.checkpoint || stopping) reporter.flush(transport);
 
         const auto evaluating = StepReporter::Clock::now();
-        run_step_evaluations(due, step, model, data.val.get(), cfg, transport, log.get(), state.tokens,
-                             data.tokenizer.get(),
+        run_step_evaluations(due, step, model, data, cfg, transport, log.get(), state.tokens,
                              [&](const TokenizerDecoder& tok) { return sample_text(model, cfg, tok, sample_rng); });
         if (due.validate || due.sample) reporter.evaluations_done(evaluating);
         if (due.checkpoint) {

@@ -101,6 +101,10 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
          {
              {"val_every", &TrainConfig::val_every, "validation loss every N steps (0 = only at the end)"},
              {"val_batches", &TrainConfig::val_batches, "validation batches per rank"},
+             {"choices", &TrainConfig::choices,
+              "llm.c eval file (*.bin: HellaSwag as llm.c's dev/data/hellaswag.py writes it) whose multiple-choice "
+              "accuracy each validation also logs ('' = none; eval_gpt --choices scores checkpoints)"},
+             {"choices_examples", &TrainConfig::choices_examples, "score the first N examples of --choices (0 = all)"},
              {"sample_every", &TrainConfig::sample_every, "print a text sample every N steps (0 = never)"},
              {"sample_tokens", &TrainConfig::sample_tokens, "tokens per sample"},
              {"out_dir", &TrainConfig::out_dir, "metrics.jsonl, config.json and checkpoints go here"},
@@ -414,6 +418,10 @@ void validate_config(const TrainConfig& c) {
     in_unit_interval("lr_decay_frac", c.lr_decay_frac);
     at_least("val_every", c.val_every, 0);
     at_least("val_batches", c.val_batches, 0);
+    at_least("choices_examples", c.choices_examples, 0);
+    LLMC_CHECK(c.choices.empty() || c.choices.ends_with(".bin"),
+               s.name("choices") + " '" + c.choices + "' is not an llm.c eval file (*.bin); eval_gpt --choices "
+               "reads JSON Lines, and --write_eval_file makes one");
     at_least("sample_every", c.sample_every, 0);
     at_least("sample_tokens", c.sample_tokens, 0);
     at_least("keep_checkpoints", c.keep_checkpoints, 0);

@@ -91,6 +91,8 @@ struct TrainConfig {
     // evaluation and output
     int val_every = 25;
     int val_batches = 8;
+    std::string choices;                 // llm.c eval file (HellaSwag) scored at each validation ("" = none)
+    int choices_examples = 0;            // its first N examples (0 = all)
     int sample_every = 0;
     int sample_tokens = 48;
     std::string out_dir = "out";

@@ -225,6 +225,9 @@ public:
         return take_losses().back();
     }
 
+    // The per-position cross-entropies of the last forward() with targets, on the host.
+    std::span<const float> losses() const { return host_losses_; }
+
     // Logits of the last forward() for row (b * T + t), fp32, padded_vocab_size values.
     std::vector<float> logits_row(size_t row) const {
         std::vector<floatX> x(config_.padded_vocab_size);

@@ -1,6 +1,7 @@
 // Readers of multiple-choice examples (see multiple_choice.h).
 #include "llmc/multiple_choice.h"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -127,6 +128,128 @@ std::vector<ChoiceExample> read_json_lines(const std::string& path, Gpt2Bpe& bpe
 }  // namespace
 
 bool is_eval_file(const std::string& path) { return path.ends_with(".bin"); }
+
+void write_eval_file(const std::string& path, std::span<const ChoiceExample> examples) {
+    LLMC_CHECK(!examples.empty() && examples.size() < 65536,
+               path + ": the eval file format holds 1 to 65,535 examples, not " + std::to_string(examples.size()));
+    std::vector<uint16_t> words;
+    size_t longest = 0;
+    for (size_t i = 0; i < examples.size(); i++) {
+        const ChoiceExample& e = examples[i];
+        const size_t begin = words.size();
+        const auto put_tokens = [&](const std::vector<int>& tokens) {
+            words.push_back(static_cast<uint16_t>(tokens.size()));
+            for (const int t : tokens) {
+                LLMC_CHECK(t >= 0 && t < kStartOfExample, path + ": example " + std::to_string(i) + ": token id " +
+                                                              std::to_string(t) + " does not fit the format");
+                words.push_back(static_cast<uint16_t>(t));
+            }
+        };
+        words.insert(words.end(), {kStartOfExample, 0, static_cast<uint16_t>(i), static_cast<uint16_t>(e.label),
+                                   static_cast<uint16_t>(e.endings.size())});
+        put_tokens(e.context);
+        for (const std::vector<int>& ending : e.endings) put_tokens(ending);
+        const size_t bytes = 2 * (words.size() - begin);
+        LLMC_CHECK(bytes < 65536, path + ": example " + std::to_string(i) + " takes " + std::to_string(bytes) +
+                                      " bytes, more than the format's 65,535");
+        words[begin + 1] = static_cast<uint16_t>(bytes);
+        longest = std::max(longest, bytes);
+    }
+    int32_t header[256] = {};
+    header[0] = kEvalFileMagic;
+    header[1] = kEvalFileVersion;
+    header[2] = static_cast<int32_t>(examples.size());
+    header[3] = static_cast<int32_t>(longest);
+    std::vector<std::byte> bytes(sizeof(header) + 2 * words.size());
+    std::memcpy(bytes.data(), header, sizeof(header));
+    std::memcpy(bytes.data() + sizeof(header), words.data(), 2 * words.size());
+    write_file_atomic(path, bytes);
+}
+
+void check_choices_fit(std::span<const ChoiceExample> examples, size_t row_tokens, const std::string& path) {
+    for (size_t i = 0; i < examples.size(); i++) {
+        const std::string where = path + ": example " + std::to_string(i);
+        LLMC_CHECK(!examples[i].context.empty(), where + ": an empty context (nothing predicts the completions)");
+        for (const std::vector<int>& ending : examples[i].endings) {
+            LLMC_CHECK(ending.size() < row_tokens, where + ": a completion of " + std::to_string(ending.size()) +
+                                                       " tokens does not fit rows of " +
+                                                       std::to_string(row_tokens - 1) + " positions");
+        }
+    }
+}
+
+std::vector<ChoiceScore> score_choices(std::span<const ChoiceExample> examples, size_t first, size_t stride,
+                                       const ChoiceBatching& batching, const PositionLosses& forward) {
+    struct Row {
+        size_t slot;                       // into scores
+        int completion;
+        std::span<const int> context;      // cropped
+    };
+    std::vector<ChoiceScore> scores;
+    std::vector<Row> rows;
+    std::vector<size_t> indices;
+    for (size_t i = first; i < examples.size(); i += stride) {
+        const ChoiceExample& example = examples[i];
+        size_t longest = 0;
+        for (const std::vector<int>& ending : example.endings) longest = std::max(longest, ending.size());
+        ChoiceScore& score = scores.emplace_back();
+        const size_t length = example.context.size() + longest;
+        score.cropped = length > batching.row_tokens ? length - batching.row_tokens : 0;
+        score.sum.assign(example.endings.size(), 0.0);
+        const std::span<const int> context = std::span<const int>(example.context).subspan(score.cropped);
+        for (size_t c = 0; c < example.endings.size(); c++) rows.push_back({scores.size() - 1, int(c), context});
+        indices.push_back(i);
+    }
+    std::vector<int> inputs, targets;
+    for (size_t begin = 0, end = 0; begin < rows.size(); begin = end) {
+        if (batching.pad_rows) {
+            end = std::min(rows.size(), begin + batching.rows);
+        } else {  // whole examples (at least one), so that a forward's rows are alike in length
+            while (end < rows.size()) {
+                size_t next = end;
+                while (next < rows.size() && rows[next].slot == rows[end].slot) next++;
+                if (end > begin && next - begin > static_cast<size_t>(batching.rows)) break;
+                end = next;
+            }
+        }
+        const auto ending_of = [&](const Row& row) -> const std::vector<int>& {
+            return examples[indices[row.slot]].endings[row.completion];
+        };
+        int T = batching.T;
+        for (size_t r = begin; batching.T == 0 && r < end; r++)
+            T = std::max(T, static_cast<int>(rows[r].context.size() + ending_of(rows[r]).size() - 1));
+        const int B = batching.pad_rows ? batching.rows : static_cast<int>(end - begin);
+        inputs.assign(static_cast<size_t>(B) * T, 0);
+        targets.assign(inputs.size(), 0);
+        std::vector<int> tokens;
+        for (size_t r = begin; r < end; r++) {
+            tokens.assign(rows[r].context.begin(), rows[r].context.end());
+            tokens.insert(tokens.end(), ending_of(rows[r]).begin(), ending_of(rows[r]).end());
+            const size_t offset = (r - begin) * static_cast<size_t>(T);
+            for (size_t t = 0; t + 1 < tokens.size(); t++) {
+                inputs[offset + t] = tokens[t];
+                targets[offset + t] = tokens[t + 1];
+            }
+        }
+        const std::span<const float> losses = forward(inputs.data(), targets.data(), B, T);
+        for (size_t r = begin; r < end; r++) {
+            const size_t offset = (r - begin) * static_cast<size_t>(T), from = rows[r].context.size() - 1;
+            double sum = 0.0;
+            for (size_t t = from; t < from + ending_of(rows[r]).size(); t++) sum += losses[offset + t];
+            scores[rows[r].slot].sum[rows[r].completion] = sum;
+        }
+    }
+    for (size_t slot = 0; slot < scores.size(); slot++) {
+        ChoiceScore& score = scores[slot];
+        const ChoiceExample& example = examples[indices[slot]];
+        for (size_t c = 0; c < score.sum.size(); c++)
+            score.mean.push_back(score.sum[c] / static_cast<double>(example.endings[c].size()));
+        score.prediction = static_cast<int>(std::min_element(score.sum.begin(), score.sum.end()) - score.sum.begin());
+        score.prediction_norm =
+            static_cast<int>(std::min_element(score.mean.begin(), score.mean.end()) - score.mean.begin());
+    }
+    return scores;
+}
 
 std::vector<ChoiceExample> read_choice_examples(const std::string& path, Gpt2Bpe* bpe, int vocab_size,
                                                 size_t limit) {

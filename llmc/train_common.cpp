@@ -320,7 +320,7 @@ RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
                cfg.sources.name("train_data") + " is empty (give a glob of llm.c token shards)");
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size),
-                 nullptr, nullptr};
+                 nullptr, nullptr, {}};
     if (!cfg.val_data.empty() && cfg.val_batches > 0)
         data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
                                                 cfg.seed, cfg.model.vocab_size);
@@ -330,6 +330,14 @@ RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
         LLMC_CHECK(data.tokenizer->size() >= static_cast<size_t>(cfg.model.vocab_size),
                    cfg.tokenizer + ": holds " + std::to_string(data.tokenizer->size()) + " tokens, fewer than the " +
                        std::to_string(cfg.model.vocab_size) + " of the model's vocabulary (another tokenizer?)");
+    }
+    if (!cfg.choices.empty()) {
+        const size_t wanted = static_cast<size_t>(cfg.choices_examples);
+        data.choices = read_choice_examples(cfg.choices, nullptr, cfg.model.vocab_size, wanted);
+        LLMC_CHECK(wanted == 0 || data.choices.size() == wanted,
+                   cfg.sources.name("choices_examples") + " " + std::to_string(wanted) + ": " + cfg.choices +
+                       " holds only " + std::to_string(data.choices.size()) + " examples");
+        check_choices_fit(data.choices, static_cast<size_t>(cfg.seq_len) + 1, cfg.choices);
     }
     return data;
 }

@@ -23,6 +23,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/fileio.h"
 #include "llmc/metrics.h"
+#include "llmc/multiple_choice.h"
 #include "llmc/optimizer.h"
 #include "llmc/rng.h"
 #include "llmc/sampling.h"
@@ -83,12 +84,14 @@ void batch_agreement_start(Transport& transport, const ParamLayout& layout, bool
 BatchAgreement batch_agreement_finish(Transport& transport, const ParamLayout& layout, bool rows, size_t max_runs);
 
 // What a run reads besides its weights: this rank's training stream, the validation stream (null without
-// --val_data or with --val_batches 0) and the tokenizer's decoder on the rank that prints samples (rank 0 with
-// --sample_every > 0; null elsewhere). Opening them validates every shard header and the tokenizer file.
+// --val_data or with --val_batches 0), the tokenizer's decoder on the rank that prints samples (rank 0 with
+// --sample_every > 0; null elsewhere) and the --choices examples (every rank). Opening them validates every shard
+// header, the tokenizer file and the examples (each must fit rows of seq_len + 1 tokens).
 struct RunData {
     DataLoader train;
     std::unique_ptr<DataLoader> val;
     std::unique_ptr<TokenizerDecoder> tokenizer;
+    std::vector<ChoiceExample> choices;
 };
 RunData open_run_data(const TrainConfig& cfg, int rank, int world);
 
@@ -144,6 +147,36 @@ double evaluate_loss(Model& model, DataLoader& loader, const TrainConfig& cfg, T
     return sum[0] / (static_cast<double>(cfg.val_batches) * transport.world_size());
 }
 
+// Multiple-choice accuracy (--choices) over every rank: rank r scores examples r, r + world, ..., each completion a
+// row of the training shape (B rows of T = seq_len positions a forward, the context cropped to seq_len + 1
+// tokens), as eval_gpt --choices does with rows of max_seq_len + 1.
+// Model: also std::span<const float> losses(), the last forward's per-position cross-entropies on the host.
+struct ChoiceAccuracy {
+    double acc = 0.0, acc_norm = 0.0;
+    long long examples = 0, cropped = 0;
+};
+template <class Model>
+ChoiceAccuracy evaluate_choices(Model& model, std::span<const ChoiceExample> examples, const TrainConfig& cfg,
+                                Transport& transport) {
+    const size_t rank = transport.rank(), world = transport.world_size();
+    const ChoiceBatching batching{static_cast<size_t>(cfg.seq_len) + 1, cfg.batch_size, cfg.seq_len, true};
+    const std::vector<ChoiceScore> scores =
+        score_choices(examples, rank, world, batching, [&](const int* inputs, const int* targets, int B, int T) {
+            model.forward(inputs, targets, B, T);
+            return model.losses();
+        });
+    double counts[3] = {0.0, 0.0, 0.0};  // right by summed loss, by mean loss, cropped
+    for (size_t k = 0; k < scores.size(); k++) {
+        const int label = examples[rank + k * world].label;
+        counts[0] += scores[k].prediction == label;
+        counts[1] += scores[k].prediction_norm == label;
+        counts[2] += scores[k].cropped > 0;
+    }
+    transport.allreduce_sum(counts);
+    const double n = static_cast<double>(examples.size());
+    return {counts[0] / n, counts[1] / n, static_cast<long long>(examples.size()), static_cast<long long>(counts[2])};
+}
+
 // What the end of optimizer step `step` (0-based) owes, from the config's cadences: the last step always
 // validates, samples (when sampling is on) and checkpoints (unless --checkpoint_every -1: benchmarks).
 struct StepDuties {
@@ -156,21 +189,30 @@ inline StepDuties step_duties(const TrainConfig& cfg, int step) {
             cfg.checkpoint_every >= 0 && (last || every(cfg.checkpoint_every))};
 }
 
-// The validation pass (every rank; val_loader may be null: no validation data) and the text sample
-// (sample_text(*tokenizer); tokenizer null where the rank does not sample) that a step owes, logged to `log`
-// (rank 0; null elsewhere) and printed. Both trainers end their steps with this; the checkpoint, which differs
-// between them, follows it.
+// The validation pass (every rank; no val loader: no validation data), the --choices accuracy with it (every rank,
+// when there are examples) and the text sample (sample_text(*tokenizer); no tokenizer where the rank does not
+// sample) that a step owes, logged to `log` (rank 0; null elsewhere) and printed. Both trainers end their steps
+// with this; the checkpoint, which differs between them, follows it.
 template <class Model, class SampleText>
-void run_step_evaluations(const StepDuties& due, int step, Model& model, DataLoader* val_loader,
+void run_step_evaluations(const StepDuties& due, int step, Model& model, const RunData& data,
                           const TrainConfig& cfg, Transport& transport, MetricsLog* log, int64_t tokens,
-                          const TokenizerDecoder* tokenizer, SampleText&& sample_text) {
-    if (due.validate && val_loader) {
-        const double val_loss = evaluate_loss(model, *val_loader, cfg, transport);
+                          SampleText&& sample_text) {
+    if (due.validate && data.val) {
+        const double val_loss = evaluate_loss(model, *data.val, cfg, transport);
         if (log) {
             log->log_val(step + 1, val_loss, tokens);
             std::printf("step %d: val loss %.4f\n", step + 1, val_loss);
         }
     }
+    if (due.validate && !data.choices.empty()) {
+        const ChoiceAccuracy a = evaluate_choices(model, data.choices, cfg, transport);
+        if (log) {
+            log->log_choices(step + 1, a.acc, a.acc_norm, a.examples, tokens);
+            std::printf("step %d: %s: acc_norm %.4f, acc %.4f over %lld examples\n", step + 1, cfg.choices.c_str(),
+                        a.acc_norm, a.acc, a.examples);
+        }
+    }
+    const TokenizerDecoder* tokenizer = data.tokenizer.get();
     if (due.sample && log && tokenizer) {
         const std::string text = sample_text(*tokenizer);
         log->log_sample(step + 1, text);

@@ -10,9 +10,10 @@ PyTorch references first).
   all-reduce overlapped with the backward (the default) gives the bits of the one after it, with and without
   gradient accumulation; --grad_wire bf16 gives the CPU trainer's losses and bytes on every path; so do
   DeMo's 1-bit and bf16 values, 12-bit indices, EMA momentum and non-64 chunk shapes (2 ranks), and, with
-  gradient accumulation, the validation losses and the text samples; LLMC_TRANSPORT=mpi (buckets and
-  gradients through pinned host memory) gives the NCCL path's losses, and its overlapped all-reduce (through
-  the host, on MPI's reducer thread) the bits and bytes of the one after the backward.
+  gradient accumulation, the validation losses, the --choices accuracies and the text samples;
+  LLMC_TRANSPORT=mpi (buckets and gradients through pinned host memory) gives the NCCL path's losses, and its
+  overlapped all-reduce (through the host, on MPI's reducer thread) the bits and bytes of the one after the
+  backward.
 - bf16 build: losses match the CPU trainer to bf16 precision for both attentions (flash needs head size 64:
   one head of width 64) and every GELU fusion level; matmul.cuh's fallbacks, driven by the emulated cuBLASLt
   refusing every epilogue or every problem, train as closely and agree with each other bit for bit; with
@@ -59,6 +60,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import numpy as np
 
 import train_cpu_checks as cpu_checks
 
@@ -397,6 +400,34 @@ def rank_dies_or_stops():
               "GPU trainer, 2 ranks: --resume auto after the stop gives the straight run's 12 steps bit for bit")
 
 
+def write_choices():
+    """llm.c's eval file of 14 multiple-choice examples cut from the validation shard: a 20-token context, then its
+    true next 4-11 tokens among 3 other spans (rows fit --seq_len 32 + 1); returns its path."""
+    tokens = np.fromfile(os.path.join(ROOT, "data", "default", "default_val_000000.bin"), dtype=np.uint16,
+                         offset=1024).astype(int)
+    rng = np.random.default_rng(5)
+    words = []
+    for i in range(14):
+        at = int(rng.integers(0, len(tokens) - 100))
+        endings = [list(tokens[at + 20:at + 20 + int(rng.integers(4, 12))])]
+        for _ in range(3):
+            other = int(rng.integers(0, len(tokens) - 20))
+            endings.append(list(tokens[other:other + int(rng.integers(4, 12))]))
+        label = int(rng.integers(0, 4))
+        endings[0], endings[label] = endings[label], endings[0]
+        example = [65535, 0, i, label, 4, 20] + list(tokens[at:at + 20])
+        for ending in endings:
+            example += [len(ending)] + ending
+        example[1] = 2 * len(example)
+        words += example
+    header = np.zeros(256, dtype=np.int32)
+    header[:4] = [20240522, 1, 14, 0]
+    path = os.path.join(TMP, "choices.bin")
+    with open(path, "wb") as f:
+        f.write(header.tobytes() + np.array(words, dtype=np.uint16).tobytes())
+    return path
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     print(f"running the checks' commands {POOL.slots} at a time (LLMC_TEST_JOBS); their checks follow them",
@@ -588,15 +619,20 @@ def main():
             same(f"{name}: LLMC_EMU_STREAMS={order} gives the default stream order's bits and bytes", other, reference,
                  keys=("loss", "grad_norm", "bytes_sent", "bytes_recv", "payload_bytes"))
 
-    # Gradient accumulation (2 micro-steps), validation and text samples: the fp32 GPU trainer's validation
-    # losses and samples (same logits to rounding, same sampling RNG) are the CPU trainer's.
+    # Gradient accumulation (2 micro-steps), validation, multiple-choice accuracy and text samples: the fp32 GPU
+    # trainer's validation losses, accuracies and samples (same logits to rounding, same sampling RNG) are the CPU
+    # trainer's.
     extras = steps + ["--total_batch_size", "256", "--val_every", "2", "--val_batches", "2", "--sample_every", "2",
-                      "--sample_tokens", "12"]
+                      "--sample_tokens", "12", "--choices", write_choices(), "--choices_examples", "10"]
     cpu = run(CPU, "cpu-extras", extras)
     emu = run(EMU["fp32"], "fp32-extras", extras)
     compare("fp32, 2 micro-steps per step, vs CPU trainer", emu, cpu, "loss", 2e-5)
     compare("fp32 validation losses vs CPU trainer", Lazy(lambda r=emu: r.metrics("val")),
             Lazy(lambda r=cpu: r.metrics("val")), "val_loss", 2e-5)
+    accuracies = [Lazy(lambda r=r: [(x["acc"], x["acc_norm"], x["examples"]) for x in r.metrics("choices")]
+                       if r.get() else None) for r in (emu, cpu)]
+    check(lambda a=accuracies: a[0].get() is not None and len(a[0].get()) == 2 and a[0].get() == a[1].get(),
+          lambda a=accuracies: f"fp32 --choices accuracies at steps 2 and 4 are the CPU trainer's ({a[0].get()})")
     texts = [Lazy(lambda r=r: [x["text"] for x in r.metrics("sample")] if r.get() else None) for r in (emu, cpu)]
     check(lambda t=texts: t[0].get() is not None and len(t[0].get()) == 2 and t[0].get() == t[1].get(),
           lambda t=texts: f"fp32 text samples at steps 2 and 4 are the CPU trainer's ({t[0].get()!r})")

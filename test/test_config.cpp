@@ -278,6 +278,13 @@ TEST(floats_in_errors_are_shown_as_given) {
               "--demo_decay must be in [0, 1) (got -0.5)");
 }
 
+TEST(choices_take_an_eval_file) {
+    EXPECT_EQ(parse_error({"--choices", "hellaswag_val.jsonl"}),
+              "--choices 'hellaswag_val.jsonl' is not an llm.c eval file (*.bin); eval_gpt --choices reads JSON Lines, "
+              "and --write_eval_file makes one");
+    EXPECT_EQ(parse_error({"--choices_examples", "-1"}), "--choices_examples must be >= 0 (got -1)");
+}
+
 // An unknown key gets the nearest known one; dashes count as underscores (JSON keys take underscores only).
 TEST(unknown_keys_suggest_the_nearest) {
     const std::string dashed = write_temp("dashed.json", R"({"total-batch-size": 512})");

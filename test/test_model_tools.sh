@@ -113,7 +113,7 @@ for i in range(36):
     if i % 6 == 5:  # a context longer than max_seq_len: cropped
         ctx = " ".join(sentences[100 + i].split() + sentences[200 + i].split() + sentences[300 + i].split()) + " " + ctx
     count = 2 if i == 3 else 5 if i == 4 else 4
-    others = [" ".join(sentences[400 + 4 * i + k].split()[cut:]) or "and so on" for k in range(count - 1)]
+    others = [" ".join(sentences[400 + 4 * i + k].split()[cut:]) or f"and so on, {i} {k}" for k in range(count - 1)]
     if i == 7:
         others[0] = "caf\u00e9 \u2014 na\u00efve \U0001F600 it's"
     label = random.randrange(count)
@@ -163,6 +163,26 @@ print(",".join(f"\"{k}\":{line[k]}" for k in ("examples", "acc", "acc_norm", "cr
     pass "eval_gpt --choices reads .jsonl.zst as .jsonl; --examples 10 scores 10"
   else
     fail "eval_gpt --choices on .jsonl.zst or with --examples"
+  fi
+  # the trainer's --choices (2 ranks, examples split between them, rows of its batch shape) logs at each validation
+  # the accuracies eval_gpt finds on that step's checkpoint; eval_gpt --write_eval_file writes the eval file it reads
+  ./eval_gpt --choices "$tmp/choices.jsonl" --write_eval_file "$tmp/written.bin" 2>/dev/null
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+    mpirun -np 2 ./train_gpt_cpu --config configs/tiny.json --steps 20 --lr 3e-3 --warmup_steps 2 --val_every 10 \
+    --checkpoint_every 10 --keep_checkpoints 0 --choices "$tmp/written.bin" --out_dir "$tmp/choices_run" \
+    </dev/null >"$tmp/choices_run.log" 2>&1
+  logged=$("$python" -c 'import json, sys
+print(" ".join("%r,%r" % (r["acc"], r["acc_norm"]) for r in map(json.loads, open(sys.argv[1]))
+               if r["type"] == "choices"))' "$tmp/choices_run/metrics.jsonl" 2>/dev/null)
+  scored=""
+  for step in 10 20; do
+    scored+=" $(./eval_gpt --model "$tmp/choices_run/checkpoints/step_000000$step" --choices "$tmp/choices.bin" \
+      --json | "$python" -c 'import json, sys; r = json.load(sys.stdin); print("%r,%r" % (r["acc"], r["acc_norm"]))')"
+  done
+  if cmp -s "$tmp/written.bin" "$tmp/choices.bin" && [[ -n $logged && " $logged" == "$scored" ]]; then
+    pass "train_gpt_cpu --choices on 2 ranks logs eval_gpt's accuracies at steps 10 and 20 ($logged); the eval file eval_gpt writes is the one written from js-tiktoken's tokens"
+  else
+    fail "train_gpt_cpu --choices logged '$logged', eval_gpt on its checkpoints '$scored' (or --write_eval_file differs)"
   fi
 fi
 
