@@ -180,7 +180,8 @@ print(" ".join("%r,%r" % (r["acc"], r["acc_norm"]) for r in map(json.loads, open
       --json | "$python" -c 'import json, sys; r = json.load(sys.stdin); print("%r,%r" % (r["acc"], r["acc_norm"]))')"
   done
   if cmp -s "$tmp/written.bin" "$tmp/choices.bin" && [[ -n $logged && " $logged" == "$scored" ]]; then
-    pass "train_gpt_cpu --choices on 2 ranks logs eval_gpt's accuracies at steps 10 and 20 ($logged); the eval file eval_gpt writes is the one written from js-tiktoken's tokens"
+    pass "train_gpt_cpu --choices on 2 ranks logs eval_gpt's accuracies at steps 10 and 20 ($logged);" \
+      "the eval file eval_gpt writes is the one written from js-tiktoken's tokens"
   else
     fail "train_gpt_cpu --choices logged '$logged', eval_gpt on its checkpoints '$scored' (or --write_eval_file differs)"
   fi
