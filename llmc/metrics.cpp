@@ -86,9 +86,10 @@ void MetricsLog::log_val(int step, double val_loss, long long tokens) {
     write_line(json{{"type", "val"}, {"step", step}, {"val_loss", val_loss}, {"tokens", tokens}}.dump());
 }
 
-void MetricsLog::log_choices(int step, double acc, double acc_norm, long long examples, long long tokens) {
-    write_line(json{{"type", "choices"}, {"step", step},         {"acc", acc},        {"acc_norm", acc_norm},
-                    {"examples", examples}, {"tokens", tokens}}.dump());
+void MetricsLog::log_choices(int step, double acc, double acc_norm, long long examples, long long cropped,
+                             long long tokens) {
+    write_line(json{{"type", "choices"},    {"step", step},       {"acc", acc},       {"acc_norm", acc_norm},
+                    {"examples", examples}, {"cropped", cropped}, {"tokens", tokens}}.dump());
 }
 
 void MetricsLog::log_sample(int step, const std::string& text) {

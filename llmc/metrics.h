@@ -42,7 +42,7 @@ public:
 
     void log_step(const StepMetrics& m);
     void log_val(int step, double val_loss, long long tokens);
-    void log_choices(int step, double acc, double acc_norm, long long examples, long long tokens);
+    void log_choices(int step, double acc, double acc_norm, long long examples, long long cropped, long long tokens);
     void log_sample(int step, const std::string& text);
     void log_event(const std::string& json_object);  // a complete JSON object line
     // {"type":"diverged","step":N,"loss":...,"grad_norm":...,"why":"loss nan"}: the step whose averages were not

@@ -200,7 +200,10 @@ std::vector<ChoiceScore> score_choices(std::span<const ChoiceExample> examples, 
         for (size_t c = 0; c < example.endings.size(); c++) rows.push_back({scores.size() - 1, int(c), context});
         indices.push_back(i);
     }
-    std::vector<int> inputs, targets;
+    const auto ending_of = [&](const Row& row) -> const std::vector<int>& {
+        return examples[indices[row.slot]].endings[row.completion];
+    };
+    std::vector<int> inputs, targets, tokens;
     for (size_t begin = 0, end = 0; begin < rows.size(); begin = end) {
         if (batching.pad_rows) {
             end = std::min(rows.size(), begin + batching.rows);
@@ -212,16 +215,12 @@ std::vector<ChoiceScore> score_choices(std::span<const ChoiceExample> examples, 
                 end = next;
             }
         }
-        const auto ending_of = [&](const Row& row) -> const std::vector<int>& {
-            return examples[indices[row.slot]].endings[row.completion];
-        };
         int T = batching.T;
         for (size_t r = begin; batching.T == 0 && r < end; r++)
             T = std::max(T, static_cast<int>(rows[r].context.size() + ending_of(rows[r]).size() - 1));
         const int B = batching.pad_rows ? batching.rows : static_cast<int>(end - begin);
         inputs.assign(static_cast<size_t>(B) * T, 0);
         targets.assign(inputs.size(), 0);
-        std::vector<int> tokens;
         for (size_t r = begin; r < end; r++) {
             tokens.assign(rows[r].context.begin(), rows[r].context.end());
             tokens.insert(tokens.end(), ending_of(rows[r]).begin(), ending_of(rows[r]).end());

@@ -207,9 +207,9 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, const R
     if (due.validate && !data.choices.empty()) {
         const ChoiceAccuracy a = evaluate_choices(model, data.choices, cfg, transport);
         if (log) {
-            log->log_choices(step + 1, a.acc, a.acc_norm, a.examples, tokens);
-            std::printf("step %d: %s: acc_norm %.4f, acc %.4f over %lld examples\n", step + 1, cfg.choices.c_str(),
-                        a.acc_norm, a.acc, a.examples);
+            log->log_choices(step + 1, a.acc, a.acc_norm, a.examples, a.cropped, tokens);
+            std::printf("step %d: %s: acc_norm %.4f, acc %.4f over %lld examples (%lld with the context cropped to "
+                        "seq_len)\n", step + 1, cfg.choices.c_str(), a.acc_norm, a.acc, a.examples, a.cropped);
         }
     }
     const TokenizerDecoder* tokenizer = data.tokenizer.get();
