@@ -69,7 +69,8 @@ struct Options {
     std::string data = "data/default/default_val_*.bin";
     long long batch_size = 4, seq_len = 0, batches = 0, threads = 0;
     bool json = false;
-    std::string choices, write_eval_file, encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
+    std::string choices, write_eval_file;
+    std::string encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
     long long examples = 0;
     bool per_example = false;
 };

@@ -183,7 +183,8 @@ print(" ".join("%r,%r" % (r["acc"], r["acc_norm"]) for r in map(json.loads, open
     pass "train_gpt_cpu --choices on 2 ranks logs eval_gpt's accuracies at steps 10 and 20 ($logged);" \
       "the eval file eval_gpt writes is the one written from js-tiktoken's tokens"
   else
-    fail "train_gpt_cpu --choices logged '$logged', eval_gpt on its checkpoints '$scored' (or --write_eval_file differs)"
+    fail "train_gpt_cpu --choices logged '$logged', eval_gpt on its checkpoints '$scored'" \
+      "(or --write_eval_file differs)"
   fi
 fi
 
