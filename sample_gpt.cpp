@@ -138,15 +138,10 @@ int run(const Options& o) {
         cache_holds_prompt = true;
         std::vector<int> tokens;
         for (long long i = 0; i < o.tokens; i++) {
-            // The cache holds the context but its newest token, at positions from 0, until the context outgrows
-            // max_seq_len; from then on every position of the window moves by one each token, so the window is
-            // run again whole.
             std::span<const float> logits = prompt_logits;
-            if (i > 0 && model.sequence_length() < config.max_seq_len) {
-                logits = model.append(context.back());
-            } else if (i > 0) {
-                logits = model.start_sequence(window_of(context));
-                cache_holds_prompt = false;
+            if (i > 0) {
+                cache_holds_prompt = cache_holds_prompt && model.sequence_length() < config.max_seq_len;
+                logits = model.continue_sequence(context, config.max_seq_len);
             }
             const int next = llmc::sample_token(logits, config.vocab_size, rng, o.sampling);
             context.push_back(next);

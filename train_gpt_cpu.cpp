@@ -60,13 +60,10 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const ParamLay
 std::string sample_text(GPT2Cpu& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
     std::vector<int> tokens = {tok.eot()};
     std::string text;
-    const size_t window = static_cast<size_t>(std::min(cfg.seq_len, cfg.model.max_seq_len));
+    const int window = std::min(cfg.seq_len, cfg.model.max_seq_len);
     std::span<const float> logits = model.start_sequence(tokens);
     for (int i = 0; i < cfg.sample_tokens; i++) {
-        if (i > 0) {
-            logits = tokens.size() <= window ? model.append(tokens.back())
-                                             : model.start_sequence(std::span<const int>(tokens).last(window));
-        }
+        if (i > 0) logits = model.continue_sequence(tokens, window);
         const int next = sample_token(logits, cfg.model.vocab_size, rng);
         tokens.push_back(next);
         text += tok.decode(next);

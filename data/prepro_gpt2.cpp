@@ -1,10 +1,11 @@
 // prepro_gpt2: turns a corpus of text documents (a text file each, or a line each of a JSON Lines file, the form
 // most public pretraining corpora come in, either of them plain, gzip or Zstandard) into llm.c token shards with
 // the GPT-2 BPE, plus the tokenizer decode file the trainer uses to print samples. EOT (50256) goes before every
-// document; shard 0 is the validation split, the rest are training shards. Documents are encoded in parallel, but their tokens are
-// written strictly in command-line order, so the output is identical for any --threads. Everything is written
-// into a staging directory first and moved into --out-dir only once the whole corpus is encoded and checked, so
-// a failed or killed run leaves the earlier dataset of that name as it was (never a mix of old and new shards).
+// document; shard 0 is the validation split, the rest are training shards. Documents are encoded in parallel, but
+// their tokens are written strictly in command-line order, so the output is identical for any --threads. Everything
+// is written into a staging directory first and moved into --out-dir only once the whole corpus is encoded and
+// checked, so a failed or killed run leaves the earlier dataset of that name as it was (never a mix of old and new
+// shards).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,7 +20,6 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -29,6 +29,7 @@
 #include "llmc/byte_stream.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
+#include "llmc/json_lines.h"
 #include "llmc/token_shard.h"
 #include "llmc/tokenizer.h"
 
@@ -306,7 +307,7 @@ void index_json_lines(const std::string& path, uint32_t file, std::vector<Docume
                 line_start = position + i + 1;
                 line++;
                 blank = true;
-            } else if (blank && c != ' ' && c != '\t' && c != '\r') {
+            } else if (blank && !llmc::is_blank_char(c)) {
                 blank = false;
             }
         }
@@ -367,13 +368,7 @@ public:
         const std::string where = path + ":" + std::to_string(document.line);
         if (!is_compressed(path)) read_span(path, document.offset, document.bytes);
         const std::string& line = is_compressed(path) ? compressed_line : line_;
-        nlohmann::json object;
-        try {
-            object = nlohmann::json::parse(line.begin(), line.end());
-        } catch (const nlohmann::json::exception& e) {
-            llmc::fail(where + ": malformed JSON (" + e.what() + ")");
-        }
-        LLMC_CHECK(object.is_object(), where + ": expected a JSON object, got " + std::string(object.type_name()));
+        nlohmann::json object = llmc::parse_json_object(line, where);
         const auto field = object.find(options_.text_key);
         LLMC_CHECK(field != object.end() && field->is_string(),
                    where + ": no string field '" + options_.text_key + "' (see --text-key)");

@@ -756,7 +756,7 @@ enum class MomentumDomain : uint32_t { spatial = 0, dct64 = 1 };
 // Those chunks of `m` from one domain to the other, M = C1 m C2^T or m = C1^T M C2, by the CPU module's block DCT
 // (demo::encode_blocks / decode_blocks, fp32 sgemm: within ~3e-7 of the chunk maximum of exact); nothing when
 // from == to. Checkpoints, the tests and the kernel lab use it.
-inline void convert_momentum(const ModelPlan& plan, std::vector<float>& m, MomentumDomain from, MomentumDomain to) {
+inline void convert_momentum(const ModelPlan& plan, std::span<float> m, MomentumDomain from, MomentumDomain to) {
     if (from == to || plan.max_n > kFixedChunk) return;
     DctBases bases;
     bases.ensure(kFixedChunk);
@@ -796,9 +796,10 @@ inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<
 }
 // Reads a blob into `momentum`, converted to `want` when it was saved in the other domain, and the pending
 // round (none before version 3). A pending round is refused unless `delayed` (--demo_delay 1) and must hold a
-// bucket of `bucket_bytes`.
-inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<float>& momentum,
-                       MomentumDomain want, PendingRound& pending, bool delayed, size_t bucket_bytes) {
+// bucket of `bucket_bytes`. `momentum` is a std::vector<float> or an llmc::LargeVector<float>.
+template <class FloatVector>
+void read_state(llmc::ByteReader& in, const ModelPlan& plan, FloatVector& momentum, MomentumDomain want,
+                PendingRound& pending, bool delayed, size_t bucket_bytes) {
     const std::string& src = in.source();
     const std::string name = in.get_string("optimizer name");
     LLMC_CHECK(name == "demo", src + ": optimizer state is for '" + name + "', not 'demo'");
@@ -823,7 +824,7 @@ inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<
                src + ": DeMo state was saved for tensors of other shapes (chunk plan differs)");
     const uint32_t domain = version >= 2 ? in.get<uint32_t>("momentum domain") : 0u;
     LLMC_CHECK(domain <= 1u, src + ": DeMo state has momentum domain " + std::to_string(domain) + " (0 or 1 expected)");
-    std::vector<float> m(plan.num_params);
+    FloatVector m(plan.num_params);
     in.get_array(std::span<float>(m), "DeMo momentum");
     PendingRound p;
     if (version >= 3) {
@@ -843,8 +844,9 @@ inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<
     pending = std::move(p);
 }
 // The momentum alone (a blob with a pending round is refused).
-inline void read_state(llmc::ByteReader& in, const ModelPlan& plan, std::vector<float>& momentum,
-                       MomentumDomain want = MomentumDomain::spatial) {
+template <class FloatVector>
+void read_state(llmc::ByteReader& in, const ModelPlan& plan, FloatVector& momentum,
+                MomentumDomain want = MomentumDomain::spatial) {
     PendingRound none;
     read_state(in, plan, momentum, want, none, false, 0);
 }

@@ -21,6 +21,7 @@
 #include "demo/chunk_plan.h"
 #include "demo/codec.h"
 #include "demo/dct.h"
+#include "llmc/host_memory.h"
 #include "llmc/optimizer.h"
 
 namespace demo {
@@ -106,13 +107,13 @@ private:
     };
     std::vector<BlockRow> block_rows_;  // compress()'s work items, all tensors in order
     size_t max_block_row_ = 0, max_block_row_scratch_ = 0;  // per-thread scratch sizes (floats)
-    std::vector<float> momentum_;  // delta, laid out like the parameters
+    llmc::LargeVector<float> momentum_;  // delta, laid out like the parameters
     Selection selection_;          // what this rank sends this step
     std::vector<Selection> received_;  // apply(): every rank's decoded bucket
     std::vector<std::byte> bucket_;    // step(): this rank's bucket
     PendingRound pending_;            // --demo_delay 1: the round compressed last step, applied next step
     bool pending_in_flight_ = false;   // its all-gather was started (false after load_state)
-    std::vector<float> master_;        // eager delayed updates: the shared weights (set_weights; empty before)
+    llmc::LargeVector<float> master_;  // eager delayed updates: the shared weights (set_weights; empty before)
     std::vector<std::byte> gathered_;  // step(): all ranks' buckets
     std::vector<size_t> offsets_;
     // The first all-gather of a process exchanges the bucket sizes; once every rank's matched (a bucket's size

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "llmc/config.h"
+#include "llmc/host_memory.h"
 #include "llmc/optimizer.h"
 
 namespace llmc {
@@ -31,7 +32,7 @@ private:
     OptimizerConfig config_;
     const ParamLayout& layout_;
     Transport& transport_;
-    std::vector<float> m_, v_;          // first and second moments, flat like the parameters
+    LargeVector<float> m_, v_;          // first and second moments, flat like the parameters
     std::vector<uint8_t> decay_mask_;   // per tensor: 1 if weight decay applies
     int64_t t_ = 0;                     // completed steps (for bias correction)
     size_t overlapped_ = 0;             // gradients whose all-reduce on_gradients_final started this step

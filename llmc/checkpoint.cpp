@@ -31,6 +31,7 @@ std::string model_path(const std::string& dir) { return dir + "/" + kModelFileNa
 
 FileDigest write_training_state(const std::string& path, const TrainingState& s) {
     ByteWriter w;
+    w.reserve(sizeof(TrainingState) + s.config_json.size() + s.optimizer_state.size());
     w.put(kStateMagic);
     w.put(kStateVersion);
     w.put<int64_t>(s.step);
@@ -70,7 +71,7 @@ TrainingState read_training_state(const std::string& path, const CheckpointInfo*
     s.cumulative_bytes_sent = r.get<int64_t>("byte count");
     if (version >= 2) s.train_data = r.get<DataFingerprint>("training data fingerprint");
     s.config_json = r.get_string("config");
-    s.optimizer_state = r.get_vector<std::byte>("optimizer state");
+    s.optimizer_state = r.get_vector<std::byte, LargeVector<std::byte>>("optimizer state");
     LLMC_CHECK(r.at_end(), path + ": trailing bytes after the training state");
     return s;
 }

@@ -19,6 +19,7 @@
 #include "llmc/checksum.h"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_layout.h"
+#include "llmc/host_memory.h"
 
 namespace llmc {
 
@@ -32,7 +33,7 @@ struct TrainingState {
     int64_t cumulative_bytes_sent = 0;
     DataFingerprint train_data;              // all zero in version-1 files (not checked then)
     std::string config_json;                 // the run's resolved config, to check a resume against
-    std::vector<std::byte> optimizer_state;  // Optimizer::save_state blob
+    LargeVector<std::byte> optimizer_state;  // Optimizer::save_state blob
 };
 
 struct CheckpointInfo {

@@ -13,6 +13,7 @@
 
 #include "llmc/checksum.h"
 #include "llmc/error.h"
+#include "llmc/host_memory.h"
 
 namespace llmc {
 
@@ -90,10 +91,11 @@ public:
         bytes_.insert(bytes_.end(), p, p + v.size_bytes());
     }
     void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
-    std::vector<std::byte>& bytes() { return bytes_; }
+    void reserve(size_t bytes) { bytes_.reserve(bytes); }
+    LargeVector<std::byte>& bytes() { return bytes_; }
 
 private:
-    std::vector<std::byte> bytes_;
+    LargeVector<std::byte> bytes_;  // optimizer state blobs: 1 GB for AdamW on GPT-2 124M
 };
 
 // Reads what ByteWriter wrote; every read is bounds-checked and a short or inconsistent blob throws
@@ -116,11 +118,11 @@ public:
                                         std::to_string(out.size()));
         take(out.data(), out.size_bytes(), what);
     }
-    template <typename T>
-    std::vector<T> get_vector(const char* what) {
+    template <typename T, typename Vector = std::vector<T>>
+    Vector get_vector(const char* what) {
         const uint64_t n = get<uint64_t>(what);
         LLMC_CHECK(n <= (bytes_.size() - pos_) / sizeof(T), source_ + ": corrupt or truncated (" + what + ")");
-        std::vector<T> v(n);
+        Vector v(n);
         take(v.data(), n * sizeof(T), what);
         return v;
     }

@@ -428,9 +428,9 @@ void gelu_backward(float* d, const float* inp, size_t n) {
 // ---- classifier loss: softmax over the first V of Vp logits + cross-entropy ----
 
 // Per row: logsumexp over the first V logits and the loss at the target. Two passes over a row (max, then
-// exp-sum) while it sits in L2; returns the mean loss, summed over rows in order.
-double crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, size_t N,
-                            size_t V, size_t Vp) {
+// exp-sum) while it sits in L2.
+void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, size_t N,
+                          size_t V, size_t Vp) {
 #pragma omp parallel for schedule(static)
     for (size_t row = 0; row < N; row++) {
         const float* l = logits + row * Vp;
@@ -445,6 +445,10 @@ double crossentropy_forward(float* losses, float* logsumexp, const float* logits
         logsumexp[row] = maxval + static_cast<float>(std::log(sum));
         losses[row] = logsumexp[row] - l[targets[row]];
     }
+}
+
+// The mean of the N losses, summed in order.
+double mean_loss(const float* losses, size_t N) {
     double total = 0.0;
     for (size_t row = 0; row < N; row++) total += losses[row];
     return total / static_cast<double>(N);
@@ -549,14 +553,15 @@ void GPT2Cpu::prepare_activations(int B, int T) {
         &Activations::qkv,      &Activations::att,       &Activations::atty,      &Activations::residual2,
         &Activations::ln2,      &Activations::ln2_mean,  &Activations::ln2_rstd,  &Activations::fch,
         &Activations::fch_gelu, &Activations::residual3, &Activations::lnf,       &Activations::lnf_mean,
-        &Activations::lnf_rstd, &Activations::logits,    &Activations::logsumexp, &Activations::losses,
-        &Activations::dlogits,  &Activations::dresidual, &Activations::dln,       &Activations::datty,
-        &Activations::dqkv,     &Activations::dfch,      &Activations::datt_row,
+        &Activations::lnf_rstd, &Activations::logits,    &Activations::last_logits, &Activations::logsumexp,
+        &Activations::losses,   &Activations::dlogits,   &Activations::dresidual, &Activations::dln,
+        &Activations::datty,    &Activations::dqkv,      &Activations::dfch,      &Activations::datt_row,
     };
+    const size_t logit_rows = backward ? N : std::min(N, kClassifierRows);
     const size_t sizes[] = {
         N * C,  L * N * C, L * N,     L * N,     L * N * 3 * C, L * att,   L * N * C,
         L * N * C, L * N * C, L * N,  L * N,     L * N * 4 * C, L * N * 4 * C, L * N * C,
-        N * C,  N,         N,         N * Vp,    N,             N,         backward * N * Vp,
+        N * C,  N,         N,         logit_rows * Vp, size_t(B) * Vp, N, N,     backward * N * Vp,
         backward * N * C, backward * N * C, backward * N * C, backward * N * 3 * C, backward * N * 4 * C,
         backward * B * H * T,
     };
@@ -565,7 +570,7 @@ void GPT2Cpu::prepare_activations(int B, int T) {
     for (size_t s : sizes) total += round_up16(s);
     if (total > act_capacity_) {
         act_memory_.reset();  // free the old block before asking for the larger one
-        float* block = static_cast<float*>(std::aligned_alloc(64, total * sizeof(float)));
+        float* block = static_cast<float*>(allocate_large(total * sizeof(float)));
         LLMC_CHECK(block != nullptr, "GPT2Cpu: cannot allocate " + std::to_string(total * sizeof(float) >> 20) +
                                          " MiB of activations for B=" + std::to_string(B) + " T=" +
                                          std::to_string(T));
@@ -642,10 +647,21 @@ float GPT2Cpu::run_forward(const int* inputs, const int* targets, int B, int T, 
                        N, 4 * C, C);
     }
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + ((L - 1) % slots) * NC, w.lnfw, w.lnfb, N, C);
-    matmul_forward(a.logits, a.lnf, w.wte, nullptr, nullptr, N, C, Vp);
-    if (!have_targets_) return 0.0f;
-    return static_cast<float>(
-        crossentropy_forward(a.losses, a.logsumexp, a.logits, targets_.data(), N, config_.vocab_size, Vp));
+    // The classifier, kClassifierRows rows at a time: into their place in a training model's logits (the backward
+    // reads them all), into the one block of an inference model's. Both cut the rows alike, so that their bits
+    // agree: OpenBLAS rounds a row differently in matrices of different heights (it has kernels for small ones).
+    const size_t block = std::min(N, kClassifierRows), Tn = size_t(T);
+    for (size_t r0 = 0; r0 < N; r0 += block) {
+        const size_t rows = std::min(block, N - r0);
+        float* logits = use_ == ModelUse::training ? a.logits + r0 * Vp : a.logits;
+        matmul_forward(logits, a.lnf + r0 * C, w.wte, nullptr, nullptr, rows, C, Vp);
+        if (have_targets_)
+            crossentropy_forward(a.losses + r0, a.logsumexp + r0, logits, targets_.data() + r0, rows,
+                                 config_.vocab_size, Vp);
+        for (size_t b = r0 / Tn; b < size_t(B) && b * Tn + Tn - 1 < r0 + rows; b++)
+            std::memcpy(a.last_logits + b * Vp, logits + (b * Tn + Tn - 1 - r0) * Vp, Vp * sizeof(float));
+    }
+    return have_targets_ ? static_cast<float>(mean_loss(a.losses, N)) : 0.0f;
 }
 
 void GPT2Cpu::prepare_token_cache() {
@@ -661,7 +677,7 @@ void GPT2Cpu::prepare_token_cache() {
     static_assert(std::size(members) == std::size(sizes));
     size_t total = 0;
     for (size_t n : sizes) total += round_up16(n);
-    float* block = static_cast<float*>(std::aligned_alloc(64, total * sizeof(float)));
+    float* block = static_cast<float*>(allocate_large(total * sizeof(float)));
     LLMC_CHECK(block != nullptr, "GPT2Cpu: cannot allocate " + std::to_string(total * sizeof(float) >> 20) +
                                      " MiB for the key/value cache");
     cache_memory_.reset(block);
@@ -678,8 +694,7 @@ std::span<const float> GPT2Cpu::start_sequence(std::span<const int> tokens) {
     cached_tokens_ = 0;  // until the forward has filled the cache
     run_forward(tokens.data(), nullptr, 1, T, true);  // checks T and the token ids
     cached_tokens_ = T;
-    const size_t Vp = config_.padded_vocab_size;
-    return logits().subspan((T - 1) * Vp, Vp);
+    return last_logits();
 }
 
 void GPT2Cpu::cache_keys_values(size_t layer, const float* qkv, size_t tokens) {
@@ -689,6 +704,14 @@ void GPT2Cpu::cache_keys_values(size_t layer, const float* qkv, size_t tokens) {
         std::memcpy(cache_.keys + (layer * max_T + t) * C, qkv_row + C, C * sizeof(float));
         std::memcpy(cache_.values + (layer * max_T + t) * C, qkv_row + 2 * C, C * sizeof(float));
     }
+}
+
+std::span<const float> GPT2Cpu::continue_sequence(std::span<const int> context, int window) {
+    LLMC_CHECK(window >= 1 && window <= config_.max_seq_len && !context.empty(),
+               "GPT2Cpu::continue_sequence: no context, or window " + std::to_string(window) +
+                   " outside [1, max_seq_len]");
+    if (cached_tokens_ < window) return append(context.back());
+    return start_sequence(context.last(std::min(context.size(), static_cast<size_t>(window))));
 }
 
 void GPT2Cpu::truncate_sequence(int n) {

@@ -17,15 +17,19 @@
 #include <vector>
 
 #include "llmc/gpt2_layout.h"
+#include "llmc/host_memory.h"
 
 namespace llmc {
 
-// What a model is for: an inference model (sample_gpt, eval_gpt) has no gradients and no backward scratch, and
-// keeps one layer's activations, which every layer reuses, instead of all L for the backward: for GPT-2 124M at
-// B=4, T=1024, eval_gpt's peak resident memory is 1.73 GB, against 6.05 GB with a training model's activations
-// and 6.54 GB with its gradients too. zero_grad() and backward() refuse it and grads() is empty; its forward gives
-// the training model's bits.
+// What a model is for: an inference model (sample_gpt, eval_gpt) has no gradients and no backward scratch,
+// keeps one layer's activations, which every layer reuses, instead of all L for the backward, and keeps one
+// block of kClassifierRows rows of logits instead of all B*T rows (824 MB for GPT-2 124M at B=4, T=1024).
+// zero_grad() and backward() refuse it, grads() and logits() are empty; its forward gives the training model's
+// bits (loss, losses(), last_logits()).
 enum class ModelUse { training, inference };
+// The classifier's matmul runs on blocks of this many rows (positions). For GPT-2 124M's 4096 rows at B=4, T=1024
+// on the 2-core VM, blocks of 512 took 5% longer than one matmul, blocks of 128 22% longer.
+inline constexpr size_t kClassifierRows = 512;
 
 class GPT2Cpu {
 public:
@@ -59,8 +63,14 @@ public:
     // Size of the activation allocation (forward's tensors and backward's scratch), for memory reports.
     size_t activation_bytes() const { return act_capacity_ * sizeof(float); }
 
-    // (B, T, padded_vocab_size) logits of the last forward.
-    std::span<const float> logits() const { return {acts_.logits, num_tokens_ * size_t(config_.padded_vocab_size)}; }
+    // (B, T, padded_vocab_size) logits of the last forward; empty for an inference model, which does not keep them.
+    std::span<const float> logits() const {
+        return {acts_.logits, use_ == ModelUse::training ? num_tokens_ * size_t(config_.padded_vocab_size) : 0};
+    }
+    // (B, padded_vocab_size): the logits of each sequence's last position in the last forward, for any model.
+    std::span<const float> last_logits() const {
+        return {acts_.last_logits, size_t(batch_) * size_t(config_.padded_vocab_size)};
+    }
     // (B, T) cross-entropy at each position of the last forward with targets (forward's loss is their mean).
     std::span<const float> losses() const { return {acts_.losses, have_targets_ ? num_tokens_ : 0}; }
 
@@ -77,6 +87,11 @@ public:
     // Keeps the sequence's first n tokens (1 <= n <= sequence_length()): the next append goes to position n. For
     // several continuations of one prompt.
     void truncate_sequence(int n);
+    // Sampling's step: the logits after `context`, whose tokens but the last the cache holds (or, once the context
+    // outgrew `window` <= max_seq_len, its last `window` tokens but the newest). append() while the cache holds
+    // fewer than `window` tokens; after that every position of the window moves by one each token, so its last
+    // `window` tokens run whole (start_sequence).
+    std::span<const float> continue_sequence(std::span<const int> context, int window);
 
     // The wte rows past vocab_size back to 0 in the parameters and, when it is another buffer of the same
     // layout (an optimizer's shared weights, Optimizer::master_weights), in `shared` too.
@@ -101,7 +116,8 @@ private:
         float *fch, *fch_gelu;                       // (L, N, 4C) MLP hidden before / after GELU
         float *residual3;                            // (L, N, C) residual after the MLP
         float *lnf, *lnf_mean, *lnf_rstd;            // (N, C), (N), (N)
-        float *logits;                               // (N, Vp)
+        float *logits;                               // (N, Vp); an inference model's (kClassifierRows, Vp)
+        float *last_logits;                          // (B, Vp) each sequence's last position
         float *logsumexp;                            // (N) per row, over the first V logits
         float *losses;                               // (N)
         float *dlogits;                              // (N, Vp)
@@ -120,9 +136,6 @@ private:
         float *att;                                  // (H, max_seq_len) one softmax row per head
         float *logits;                               // (Vp)
     };
-    struct FreeDeleter {
-        void operator()(float* p) const { std::free(p); }
-    };
 
     static Weights point_weights(const ParamLayout& layout, float* base);
     // Layers whose activations are kept: all for backward; one slot, reused by every layer, for inference.
@@ -136,7 +149,7 @@ private:
     ModelConfig config_;
     ModelUse use_;
     ParamLayout layout_;
-    std::vector<float> params_, grads_;
+    LargeVector<float> params_, grads_;
     Weights weights_{}, weight_grads_{};
 
     std::unique_ptr<float[], FreeDeleter> act_memory_;

@@ -3,12 +3,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "llmc/bpe.h"
 #include "llmc/byte_stream.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
+#include "llmc/json_lines.h"
 
 namespace llmc {
 namespace {
@@ -90,15 +90,9 @@ std::vector<ChoiceExample> read_json_lines(const std::string& path, Gpt2Bpe& bpe
         const std::string_view line(content.data() + pos, end - pos);
         pos = end + 1;
         line_number++;
-        if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+        if (is_blank_line(line)) continue;
         const std::string where = path + ":" + std::to_string(line_number);
-        nlohmann::json object;
-        try {
-            object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::exception& e) {
-            fail(where + ": malformed JSON (" + e.what() + ")");
-        }
-        LLMC_CHECK(object.is_object(), where + ": expected a JSON object, got " + std::string(object.type_name()));
+        const nlohmann::json object = parse_json_object(line, where);
         const auto ctx = object.find("ctx"), endings = object.find("endings"), label = object.find("label");
         LLMC_CHECK(ctx != object.end() && ctx->is_string(), where + ": no string field 'ctx'");
         LLMC_CHECK(endings != object.end() && endings->is_array() && endings->size() >= 2,

@@ -61,7 +61,7 @@ OptimizerConfig demo_config(int delay = 0, bool eager = true) {
 struct GpuRun {
     std::vector<float> losses, norms, master, momentum;  // momentum: spatial (converted from the DCT domain)
     std::vector<floatX> params;                          // the working weights after the run
-    std::vector<std::byte> state;
+    llmc::LargeVector<std::byte> state;
     double transform = 0, exchange = 0, apply = 0;
     bool pending = false;  // a round compressed and not applied (--demo_delay 1)
 };
@@ -105,7 +105,7 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
 // the working weights, the padded vocabulary rows zeroed in them and in the shared weights after each step).
 struct CpuRun {
     std::vector<float> losses, norms, params, momentum;  // params: the shared weights (master_weights)
-    std::vector<std::byte> state;
+    llmc::LargeVector<std::byte> state;
 };
 CpuRun run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay, bool eager = true) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
         // moving between the optimizers unchanged.
         const CpuRun cpu_d = run_cpu(mc, weights, batch, 1);
         const CpuRun cpu_s = run_cpu(mc, weights, batch, 1, /*eager=*/false);
-        const std::vector<std::byte>& cpu_d_state = cpu_d.state;
+        const llmc::LargeVector<std::byte>& cpu_d_state = cpu_d.state;
         std::printf("  --demo_delay 1, eager updates:\n");
         const GpuRun delayed = run_gpu(env, mc, weights, batch, kSteps, host_path, 1);
         checks.expect(losses_match(delayed, cpu_d.losses, cpu_d.norms, tol_loss),
@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
 
         // the pending round is the blob's tail: flag, lr, this rank's bucket
         const size_t tail = 1 + sizeof(float) + demo::cm::plan_tables(demo_config(1), layout).bucket_bytes;
-        auto same_tail = [&](const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+        auto same_tail = [&](const llmc::LargeVector<std::byte>& a, const llmc::LargeVector<std::byte>& b) {
             return a.size() == b.size() && a.size() > tail && std::equal(a.end() - tail, a.end(), b.end() - tail);
         };
         const bool spatial = gpu2.momentum_domain() == demo::cm::MomentumDomain::spatial;

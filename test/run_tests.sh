@@ -7,6 +7,10 @@ set -u
 cd "$(dirname "$0")/.."
 filter="${1:-}"
 logdir=build/test-logs
+# Transparent huge pages for every malloc of the programs and scripts run here (glibc 2.35+; other versions ignore
+# it): on the CI VM a 4 KiB page fault costs ~10 us, and the Python/PyTorch checks allocate through malloc too. The
+# trainers and tools advise their large arrays themselves (llmc/host_memory.h), with or without this.
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
 mkdir -p "$logdir"
 passed=0; failed=0; skipped=0; failed_names=()
 # Shared fixture: the default corpus and the GPT-2 vocabulary files (idempotent, ~10 s the first time), so the

@@ -598,7 +598,7 @@ TEST(momentum_domain_in_state_blobs) {
         EXPECT(got == m);
     }
     // an unknown domain (the field right before the momentum array's length; the pending-round flag ends the blob)
-    std::vector<std::byte> bad = w.bytes();
+    std::vector<std::byte> bad(w.bytes().begin(), w.bytes().end());
     const size_t domain_at = bad.size() - 1 - n * sizeof(float) - sizeof(uint64_t) - sizeof(uint32_t);
     bad[domain_at] = std::byte{7};
     EXPECT_EQ(error_of([&] { llmc::ByteReader r(bad, "bad.bin"); cm::read_state(r, pt.plan, got); }),

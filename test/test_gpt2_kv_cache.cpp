@@ -2,8 +2,8 @@
 // forward() on the same tokens, which test_gpt2_vs_torch checks against PyTorch: at every position of a sequence
 // up to max_seq_len, the logits of the cached path equal the full forward's last row to float rounding. Then the
 // cache's edges: a full sequence, bad token ids, truncation and restarts giving the same bits again. And an
-// inference model (ModelUse::inference: no gradients, no backward scratch, one layer of activations) gives a
-// training model's bits.
+// inference model (ModelUse::inference: no gradients, no backward scratch, one layer of activations, the
+// classifier in blocks of rows) gives a training model's bits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -83,6 +83,38 @@ TEST(cached_logits_equal_the_full_forward_at_every_position) {
     }
 }
 
+// continue_sequence, as the samplers call it: one token at a time while the context fits the window, then the
+// window's last tokens run whole; each step's logits are the full forward's on the window's tokens.
+TEST(continue_sequence_slides_the_window) {
+    const llmc::ModelConfig config = test_config();
+    llmc::GPT2Cpu cached = make_model(config), full = make_model(config);
+    const int window = 9;
+    const std::vector<int> tokens = random_tokens(25, config.vocab_size, 4);
+    const size_t Vp = config.padded_vocab_size;
+    cached.start_sequence(std::span<const int>(tokens).first(1));
+    double worst = 0.0;
+    for (size_t n = 2; n <= tokens.size(); n++) {
+        const std::span<const int> context = std::span<const int>(tokens).first(n);
+        const std::vector<float> logits = [&] {
+            const std::span<const float> l = cached.continue_sequence(context, window);
+            return std::vector<float>(l.begin(), l.end());
+        }();
+        const int held = std::min(int(n), window);
+        EXPECT_EQ(cached.sequence_length(), held);
+        const std::span<const int> seen = context.last(std::min<size_t>(n, window));
+        full.forward(seen.data(), nullptr, 1, int(seen.size()));
+        const std::span<const float> expected = full.logits().subspan((seen.size() - 1) * Vp, Vp);
+        EXPECT_EQ(logits.size(), Vp);
+        worst = std::max(worst, max_relative_difference(logits, expected, Vp));
+        // once the window slides, the window runs whole: the full forward's bits
+        if (n > size_t(window)) EXPECT(std::equal(logits.begin(), logits.end(), expected.begin()));
+    }
+    EXPECT(worst < 1e-5);
+    EXPECT_ERROR(cached.continue_sequence(tokens, 0), "window 0 outside [1, max_seq_len]");
+    EXPECT_ERROR(cached.continue_sequence(tokens, config.max_seq_len + 1), "window 41 outside [1, max_seq_len]");
+    EXPECT_ERROR(cached.continue_sequence(std::span<const int>(), window), "no context");
+}
+
 TEST(truncation_and_restarts_repeat_the_same_bits) {
     const llmc::ModelConfig config = test_config();
     llmc::GPT2Cpu model = make_model(config);
@@ -130,17 +162,31 @@ TEST(an_inference_model_gives_the_training_models_bits) {
     llmc::GPT2Cpu training = make_model(config), inference = make_model(config, llmc::ModelUse::inference);
     EXPECT(inference.grads().empty());
     EXPECT_EQ(training.grads().size(), training.params().size());
-    const std::vector<int> tokens = random_tokens(3 * 17 + 1, config.vocab_size, 9);
+    // 31 x 17 = 527 rows: the classifier's second block of kClassifierRows starts inside sequence 30
+    const int B = 31, T = 17;
+    static_assert(B * T > llmc::kClassifierRows && llmc::kClassifierRows % T != 0);
+    const std::vector<int> tokens = random_tokens(B * T + 1, config.vocab_size, 9);
     const std::vector<int> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
-    const float loss_training = training.forward(inputs.data(), targets.data(), 3, 17);
-    const float loss_inference = inference.forward(inputs.data(), targets.data(), 3, 17);
+    const float loss_training = training.forward(inputs.data(), targets.data(), B, T);
+    const float loss_inference = inference.forward(inputs.data(), targets.data(), B, T);
     EXPECT_EQ(loss_inference, loss_training);
-    const std::span<const float> a = training.logits(), b = inference.logits();
-    EXPECT(a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin()));
+    const std::span<const float> la = training.losses(), lb = inference.losses();
+    EXPECT(la.size() == size_t(B * T) && lb.size() == la.size() && std::equal(la.begin(), la.end(), lb.begin()));
+    // the inference model keeps each sequence's last row of logits only; they are the training model's rows
+    const size_t Vp = size_t(config.padded_vocab_size);
+    EXPECT(inference.logits().empty());
+    EXPECT_EQ(inference.last_logits().size(), B * Vp);
+    EXPECT_EQ(training.last_logits().size(), B * Vp);
+    for (int b = 0; b < B; b++) {
+        const std::span<const float> row = training.logits().subspan((size_t(b) * T + T - 1) * Vp, Vp);
+        EXPECT(std::equal(row.begin(), row.end(), inference.last_logits().begin() + b * Vp));
+        EXPECT(std::equal(row.begin(), row.end(), training.last_logits().begin() + b * Vp));
+    }
     // with one layer's activations instead of 3: at least two layers' fewer (16 N x C tensors, 4 N-vectors and the
-    // attention probabilities each), which is more than the backward scratch alone
-    const size_t N = 3 * 17, layer_floats = 16 * N * config.channels + 4 * N + 3 * config.num_heads * 17 * 17;
-    EXPECT(inference.activation_bytes() + 2 * layer_floats * sizeof(float) <= training.activation_bytes());
+    // attention probabilities each), which is more than the backward scratch alone; and 512 rows of logits, not N
+    const size_t N = B * T, layer_floats = 16 * N * config.channels + 4 * N + B * config.num_heads * T * T;
+    EXPECT(inference.activation_bytes() + (2 * layer_floats + (N - llmc::kClassifierRows) * Vp) * sizeof(float) <=
+           training.activation_bytes());
     // the key/value cache too, filled layer by layer as the one slot is reused
     training.start_sequence(std::span<const int>(inputs).first(17));
     inference.start_sequence(std::span<const int>(inputs).first(17));
