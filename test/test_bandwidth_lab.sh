@@ -10,8 +10,8 @@
 #      compare_runs.py report;
 #  (e) --delay: TCP round trips between two hosts take twice the delay (40-50 ms at 20ms, under 5 ms without),
 #      the rate limit still holds through build/lab_delay_switch, the switch is gone after the lab, a bad value
-#      is refused, and an AdamW step of the trainer across 2 hosts waits at least 30 ms longer for its
-#      all-reduce with a 20 ms delay than without (its two phases add 40);
+#      is refused, and an AdamW step of the trainer across 2 hosts waits at least 190 ms for its all-reduce over
+#      100 ms links (its two phases cross a link in turn: 200), 100 ms more than without;
 #  (c) exits 77 with a line "SKIP: ..." without root or network namespaces, and checks that the lab
 #      itself says "needs root and network namespaces" and exits 77 when not run as root; numbers with leading
 #      zeros are decimal;
@@ -444,11 +444,15 @@ for delay in 0ms 20ms; do
   check_clean "(e) --delay $delay" "$(cat "$work/prefix" 2>/dev/null)" "$work/pids"
 done
 [[ $switch_ran -eq 1 ]] || fail "(e) --delay 20ms: no process ran in the switch namespace (lab_delay_switch)"
-# The trainer's traffic crosses the switch: an AdamW step's all-reduce (a reduce-scatter, then an all-gather)
-# ends two one-way delays later than without the delay (not overlapped; the least comm_ms of steps 2-6: a step's
-# comm_ms also holds any wait for the slower rank, which the least of two steps did not always shed).
+# The trainer's traffic crosses the switch. Rank 0's part of an AdamW all-reduce cannot end before its own
+# reduce-scatter message has crossed to the peer and the peer's all-gather has crossed back: at least two one-way
+# delays, 200 ms at 100ms, in every step. A difference of two runs is not a sound check: rank 0's comm_ms holds
+# its wait for a slower peer, the delay runs during that wait when rank 0 is the earlier one (in CI: +26 ms at
+# 20ms, not +40), and on 2 cores the ranks' steps slow each other less once the delay staggers them. So: the
+# least comm_ms of steps 2-6 is at least 190 ms over 100 ms links, and 100 ms more than without the delay
+# (measured: about 290 against 35-50).
 declare -A least_comm=()
-for delay in 0ms 20ms; do
+for delay in 0ms 100ms; do
   out="$work/run_delay_$delay"
   timeout -k 5 180 "$lab" --quiet --hosts 2 --rate none --delay "$delay" -- lab-mpirun -np 2 -x LLMC_DDP_OVERLAP=0 \
     ./train_gpt_cpu "${common[@]}" --optimizer adamw --steps 6 --out_dir "$out" >"$work/log_delay" 2>&1
@@ -460,10 +464,11 @@ for delay in 0ms 20ms; do
 train = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "train"]
 print("%.1f" % min(r["comm_ms"] for r in train[1:]))' "$out/metrics.jsonl")
 done
-if [[ -n "${least_comm[0ms]:-}" && -n "${least_comm[20ms]:-}" ]]; then
-  ok=$(awk -v a="${least_comm[0ms]}" -v b="${least_comm[20ms]}" 'BEGIN { print (b >= a + 30) }')
-  [[ $ok -eq 1 ]] && pass "(e) adamw: comm_ms ${least_comm[20ms]} over 20 ms links, ${least_comm[0ms]} without (>= +30)" ||
-    fail "(e) adamw: comm_ms ${least_comm[20ms]} over 20 ms links, ${least_comm[0ms]} without, expected >= +30"
+if [[ -n "${least_comm[0ms]:-}" && -n "${least_comm[100ms]:-}" ]]; then
+  without=${least_comm[0ms]} with=${least_comm[100ms]} want="at least 190 and 100 more than without"
+  ok=$(awk -v a="$without" -v b="$with" 'BEGIN { print (b >= 190 && b >= a + 100) }')
+  [[ $ok -eq 1 ]] && pass "(e) adamw: comm_ms $with over 100 ms links, $without without ($want)" ||
+    fail "(e) adamw: comm_ms $with over 100 ms links, $without without, expected $want"
 fi
 
 echo
