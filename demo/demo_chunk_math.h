@@ -779,6 +779,8 @@ inline void convert_momentum(const ModelPlan& plan, std::span<float> m, Momentum
 inline constexpr uint32_t kStateVersion = 3;
 inline void write_state(llmc::ByteWriter& out, const ModelPlan& plan, std::span<const float> momentum,
                         MomentumDomain domain = MomentumDomain::spatial, const PendingRound& pending = {}) {
+    // one allocation for the blob (momentum: 0.5 GB on GPT-2 124M), not a doubling copy after copy
+    out.reserve(out.bytes().size() + 256 + momentum.size_bytes() + pending.bucket.size());
     out.put_string("demo");
     out.put<uint32_t>(kStateVersion);
     out.put<uint64_t>(plan.tensors.size());

@@ -87,6 +87,8 @@ void AdamW::on_gradients_final(std::span<float> grads, std::span<const ParamRang
 }
 
 void AdamW::save_state(ByteWriter& out) const {
+    // one allocation for the blob (1 GB on GPT-2 124M), not a doubling copy after copy
+    out.reserve(out.bytes().size() + 64 + (m_.size() + v_.size()) * sizeof(float));
     out.put_string("adamw");
     out.put<uint64_t>(layout_.num_params);
     out.put<int64_t>(t_);

@@ -163,15 +163,15 @@ public:
 
     void save_state(ByteWriter& out) const override {
         const size_t n = layout_.num_params;
-        std::vector<float> m(n), v(n);
-        CUDA_CHECK(cudaMemcpyAsync(m.data(), m_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaMemcpyAsync(v.data(), v_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        out.reserve(out.bytes().size() + 64 + 2 * n * sizeof(float));  // the moments copied into the blob itself
         out.put_string("adamw");
         out.put<uint64_t>(n);
         out.put<int64_t>(t_);
-        out.put_array(std::span<const float>(m));
-        out.put_array(std::span<const float>(v));
+        for (const float* moment : {m_, v_}) {  // each copied before the next put may move the blob
+            std::byte* slot = out.put_array_space<float>(n);
+            CUDA_CHECK(cudaMemcpyAsync(slot, moment, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+        }
     }
 
     void load_state(ByteReader& in) override {

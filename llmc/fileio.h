@@ -90,6 +90,16 @@ public:
         const auto* p = reinterpret_cast<const std::byte*>(v.data());
         bytes_.insert(bytes_.end(), p, p + v.size_bytes());
     }
+    // Writes an array's length as put_array does and returns where its count * sizeof(T) bytes go, for the
+    // caller to fill (a device-to-host copy straight into the blob). The pointer lasts until the next put.
+    template <typename T>
+    std::byte* put_array_space(size_t count) {
+        static_assert(std::is_trivially_copyable_v<T>);
+        put<uint64_t>(count);
+        const size_t at = bytes_.size();
+        bytes_.resize(at + count * sizeof(T));
+        return bytes_.data() + at;
+    }
     void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
     void reserve(size_t bytes) { bytes_.reserve(bytes); }
     LargeVector<std::byte>& bytes() { return bytes_; }

@@ -54,6 +54,8 @@
 #include <string>
 #include <vector>
 
+#include "llmc/host_memory.h"
+
 // The kernels' dynamic shared memory (LLMC_DYNAMIC_SHARED): the DeMo kernels', flash attention's and the staged
 // classifier's.
 EMU_DEFINE_SHARED(demo, smem4)
@@ -146,8 +148,6 @@ const bool kSegfaultHandlerInstalled = [] {
     return sigaction(SIGSEGV, &sa, nullptr) == 0;
 }();
 
-constexpr size_t kHugePageBytes = size_t{2} << 20;
-
 cudaError_t allocate(void** p, size_t bytes, Memory kind) {
     if (!p) return fail_with(cudaErrorInvalidValue);
     *p = nullptr;
@@ -158,7 +158,7 @@ cudaError_t allocate(void** p, size_t bytes, Memory kind) {
     if (mem == MAP_FAILED) return fail_with(cudaErrorMemoryAllocation);
     // Huge pages where the kernel lends them on request (transparent_hugepage=madvise, Debian's default): the
     // poison below touches every page, and 4 KiB faults made that a quarter of a small test run's time.
-    if (mapped >= kHugePageBytes) (void)madvise(mem, mapped, MADV_HUGEPAGE);
+    if (mapped >= llmc::kHugePageBytes) (void)madvise(mem, mapped, MADV_HUGEPAGE);
     std::memset(mem, 0xff, mapped);
     const Allocation a{bytes, mapped, kind};
     std::lock_guard lock(allocations().mutex);
