@@ -330,6 +330,11 @@ RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
         LLMC_CHECK(data.tokenizer->size() >= static_cast<size_t>(cfg.model.vocab_size),
                    cfg.tokenizer + ": holds " + std::to_string(data.tokenizer->size()) + " tokens, fewer than the " +
                        std::to_string(cfg.model.vocab_size) + " of the model's vocabulary (another tokenizer?)");
+        LLMC_CHECK(data.tokenizer->eot() < cfg.model.vocab_size,
+                   cfg.tokenizer + ": its end-of-text token " + std::to_string(data.tokenizer->eot()) +
+                       ", which starts every sample, is outside the model's vocabulary of " +
+                       std::to_string(cfg.model.vocab_size) + " (another tokenizer, or " +
+                       cfg.sources.name("sample_every") + " 0)");
     }
     if (!cfg.choices.empty()) {
         const size_t wanted = static_cast<size_t>(cfg.choices_examples);

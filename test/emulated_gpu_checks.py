@@ -1,7 +1,7 @@
 """The CUDA trainer on the emulated device (build/emu*/train_gpt: train_gpt.cu compiled by g++, its kernels run
 by dev/cuda/block_emulator.h, the CUDA runtime, cuBLASLt and NCCL served by dev/cuda/emu_*.cpp), checked against
-the CPU trainer on the tiny config and the default corpus (run by test/test_emulated_gpu.sh, which writes the
-PyTorch references first).
+the CPU trainer on the tiny config with a vocabulary of 1001 tokens and the default corpus folded into it (run
+by test/test_emulated_gpu.sh, which writes the PyTorch references first).
 
 - The GPU tests (test/gpu_test_gpt2.cu, test/gpu_test_demo.cu: see test/test_emulated_gpu.sh) and the NCCL
   transport's checker (dev/cuda/nccl_transport.cu) at 1, 2 and 3 ranks.
@@ -70,8 +70,45 @@ TMP = os.path.join(ROOT, "build", "test-tmp", "emulated")
 CPU = os.path.join(ROOT, "train_gpt_cpu")
 EMU = {"bf16": os.path.join(ROOT, "build", "emu", "train_gpt"),
        "fp32": os.path.join(ROOT, "build", "emu-fp32", "train_gpt")}
-BASE = ["--config", "configs/tiny.json", "--batch_size", "4", "--seq_len", "32", "--lr", "1e-3", "--warmup_steps",
-        "1", "--val_every", "0", "--val_batches", "1", "--sample_every", "0", "--checkpoint_every", "0"]
+# configs/tiny.json with 1001 tokens (odd, as GPT-2's 50257) in 1152 wte rows (a multiple of 64, 48 and 128), and the
+# default corpus's shards with every token id taken mod 1001 (write_small_vocabulary): at 50257 tokens the
+# classifier and DeMo's compression of wte were most of the emulated device's time. The kernels' strides over
+# long rows are checked in test_llmc_kernels_emu and test_demo_kernels_emu.
+VOCAB, PADDED_VOCAB = 1001, 1152
+CONFIG = os.path.join(TMP, "tiny-vocab1001.json")
+DATA = os.path.join(TMP, "vocab1001-data")
+BASE = ["--config", CONFIG, "--train_data", os.path.join(DATA, "default_train_*.bin"),
+        "--val_data", os.path.join(DATA, "default_val_*.bin"), "--tokenizer", os.path.join(DATA, "tokenizer.bin"),
+        "--batch_size", "4", "--seq_len", "32", "--lr",
+        "1e-3", "--warmup_steps", "1", "--val_every", "0", "--val_batches", "1", "--sample_every", "0",
+        "--checkpoint_every", "0"]
+
+
+def write_small_vocabulary():
+    """Writes CONFIG and DATA (see BASE): the default corpus's shards, headers kept, token ids mod VOCAB, and a
+    tokenizer of GPT-2's first VOCAB - 1 tokens and its end-of-text token as the last, which starts samples."""
+    config = {k: v for k, v in json.load(open(os.path.join(ROOT, "configs", "tiny.json"))).items()
+              if not k.startswith("_")}
+    with open(CONFIG, "w") as f:
+        json.dump(dict(config, vocab_size=VOCAB, padded_vocab_size=PADDED_VOCAB), f)
+    os.makedirs(DATA, exist_ok=True)
+    source = os.path.join(ROOT, "data", "default")
+    for name in sorted(os.listdir(source)):
+        if re.fullmatch(r"default_(train|val)_\d+\.bin", name):
+            raw = open(os.path.join(source, name), "rb").read()
+            tokens = np.frombuffer(raw, dtype=np.uint16, offset=1024) % VOCAB
+            with open(os.path.join(DATA, name), "wb") as f:
+                f.write(raw[:1024] + tokens.astype(np.uint16).tobytes())
+    raw = open(os.path.join(source, "tokenizer.bin"), "rb").read()
+    magic, version, count, eot = np.frombuffer(raw, dtype=np.uint32, count=4)
+    entries, at = [], 1024
+    for _ in range(count):
+        entries.append(raw[at:at + 1 + raw[at]])
+        at += 1 + raw[at]
+    header = np.zeros(256, dtype=np.uint32)
+    header[:4] = [magic, 2, VOCAB, VOCAB - 1]
+    with open(os.path.join(DATA, "tokenizer.bin"), "wb") as f:
+        f.write(header.tobytes() + b"".join(entries[:VOCAB - 1]) + entries[eot])
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 for knob in ("LLMC_ATTENTION", "LLMC_GELU_FUSION", "LLMC_DEMO_DCT", "LLMC_DEMO_MOMENTUM", "LLMC_DEMO_TUNING",
@@ -143,9 +180,10 @@ class Pool:
             try:
                 if prepare:
                     prepare()
+                # errors="replace": a printed sample may hold a token's partial UTF-8 sequence
                 outcome["p"] = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                              timeout=timeout)
-            except (OSError, subprocess.SubprocessError) as e:
+                                              errors="replace", timeout=timeout)
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
                 outcome["p"] = subprocess.CompletedProcess(cmd, -1, "", f"{name}: could not run: {e}")
             finally:
                 with self.cond:
@@ -403,8 +441,7 @@ def rank_dies_or_stops():
 def write_choices():
     """llm.c's eval file of 14 multiple-choice examples cut from the validation shard: a 20-token context, then its
     true next 4-11 tokens among 3 other spans (rows fit --seq_len 32 + 1); returns its path."""
-    tokens = np.fromfile(os.path.join(ROOT, "data", "default", "default_val_000000.bin"), dtype=np.uint16,
-                         offset=1024).astype(int)
+    tokens = np.fromfile(os.path.join(DATA, "default_val_000000.bin"), dtype=np.uint16, offset=1024).astype(int)
     rng = np.random.default_rng(5)
     words = []
     for i in range(14):
@@ -430,6 +467,7 @@ def write_choices():
 
 def main():
     os.makedirs(TMP, exist_ok=True)
+    write_small_vocabulary()
     print(f"running the checks' commands {POOL.slots} at a time (LLMC_TEST_JOBS); their checks follow them",
           flush=True)
     gpu_tests()
@@ -638,7 +676,7 @@ def main():
           lambda t=texts: f"fp32 text samples at steps 2 and 4 are the CPU trainer's ({t[0].get()!r})")
 
     # DeMo's other wire formats, momentum rule and awkward chunk shapes (--demo_chunk 48: 32 x 48 and 48 x 48
-    # chunks of the 64-wide and 50304-row tensors), 2 ranks: the GPU kernels against the CPU module.
+    # chunks of the 64-wide and 1152-row tensors), 2 ranks: the GPU kernels against the CPU module.
     for variant in (["--demo_values", "sign", "--demo_indices", "packed12"],
                     ["--demo_values", "bf16", "--demo_momentum", "ema"],
                     ["--demo_chunk", "48", "--demo_topk", "5"]):
@@ -753,7 +791,7 @@ def main():
     # Throughput: model TFLOP/s per rank from tokens/s (flops per token counted from GPT-2's shapes by
     # train_cpu_checks), MFU with --peak_tflops only (the emulated device is no GPU of the peak table), in the log,
     # the banner and the progress lines.
-    flops = cpu_checks.gpt2_flops_per_token("configs/tiny.json", 32)
+    flops = cpu_checks.gpt2_flops_per_token(CONFIG, 32)
     peaked = run(EMU["bf16"], "bf16-peak", ["--steps", "2", "--peak_tflops", "0.01"])
 
     def throughput(rows, ranks, peak):  # the peak is a float config key: MFU to its 7 digits
@@ -844,7 +882,7 @@ def main():
     # step's lines then). The CPU trainer reads a batch when its micro-step begins, after the step before it has
     # reported; rank 0's line of that step waits for the next step's report (StepReporter: the sum of the loss
     # and norm travels meanwhile), and the job ends first: no step logged.
-    train = os.path.join(ROOT, "data", "default", "default_train_000001.bin")
+    train = os.path.join(DATA, "default_train_000001.bin")
     header = open(train, "rb").read(1024)
     clean = open(train, "rb").read()[1024:1024 + 2 * (8 * 128 + 1)]
     bad_dir = os.path.join(TMP, "bad-shard")
@@ -856,7 +894,7 @@ def main():
         with open(bad, "wb") as f:
             f.write(header[:8] + (8 * 128 + 1).to_bytes(4, "little") + header[12:] + tokens)
         where = " (rank 1)" if ranks else ""
-        message = f"error{where}: {bad}: token id 60000 at position {position} is out of range (vocab_size 50257)"
+        message = f"error{where}: {bad}: token id 60000 at position {position} is out of range (vocab_size {VOCAB})"
         for trainer, kind in ((EMU["bf16"], "gpu"), (CPU, "cpu")):
             name = f"bad-token-{kind}-{ranks or 1}"
             logged = 0 if kind == "cpu" and ranks else steps_done

@@ -741,6 +741,9 @@ def main():
     small_tokenizer = os.path.join(shard_dir, "tokenizer1000.bin")  # a valid tokenizer file of 1,000 tokens
     with open(small_tokenizer, "wb") as f:
         f.write(struct.pack("<256I", 20240328, 2, 1000, 999, *([0] * 252)) + b"\x01a" * 1000)
+    late_eot = os.path.join(shard_dir, "tokenizer_eot50299.bin")  # enough tokens, but samples start outside
+    with open(late_eot, "wb") as f:
+        f.write(struct.pack("<256I", 20240328, 2, 50300, 50299, *([0] * 252)) + b"\x01a" * 50300)
     for args, needle in [
         (["--train_data", os.path.join(shard_dir, "bad_train_*.bin")], "bad_train_000.bin: bad magic"),
         (["--train_data", "no/such/*.bin"], "no/such/*.bin: no files match"),
@@ -751,6 +754,8 @@ def main():
         (["--dry_run", "--optimizer", "demo", "--demo_topk", "0"], "--demo_topk must be >= 1"),  # as a run checks
         (["--dry_run", "--beta1", "2"], "--beta1 must be in [0, 1)"),
         (["--sample_every", "1", "--tokenizer", small_tokenizer], "holds 1000 tokens, fewer than the 50257"),
+        (["--sample_every", "1", "--tokenizer", late_eot],
+         "end-of-text token 50299, which starts every sample, is outside the model's vocabulary of 50257"),
         (["--init_from", "no_model.bin"], "no_model.bin: cannot open"),
         (["--resume", os.path.join(TMP, "nothing")], "checkpoint directory does not exist"),
         (["--lr", "abc"], "--lr: expected a number, got 'abc'"),
