@@ -182,11 +182,11 @@ public:
         LLMC_CHECK(n == layout_.num_params, in.source() + ": optimizer state has " + std::to_string(n) +
                                                 " parameters, model has " + std::to_string(layout_.num_params));
         const int64_t t = in.get<int64_t>("step count");
-        std::vector<float> m(n), v(n);
-        in.get_array(std::span<float>(m), "adamw first moment");
-        in.get_array(std::span<float>(v), "adamw second moment");
-        CUDA_CHECK(cudaMemcpyAsync(m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-        CUDA_CHECK(cudaMemcpyAsync(v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        // both checked before either is copied, so a truncated blob leaves the moments as they were
+        const std::byte* m = in.get_array_space<float>(n, "adamw first moment");
+        const std::byte* v = in.get_array_space<float>(n, "adamw second moment");
+        CUDA_CHECK(cudaMemcpyAsync(m_, m, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(v_, v, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         t_ = t;
     }

@@ -128,6 +128,18 @@ public:
                                         std::to_string(out.size()));
         take(out.data(), out.size_bytes(), what);
     }
+    // Reads the length of an array, which must equal `count`, and returns where its bytes are in the blob (for a
+    // host-to-device copy straight from it), bounds-checked as get_array is. Valid while the blob is.
+    template <typename T>
+    const std::byte* get_array_space(size_t count, const char* what) {
+        const uint64_t n = get<uint64_t>(what);
+        LLMC_CHECK(n == count, source_ + ": " + what + " has " + std::to_string(n) + " elements, expected " +
+                                   std::to_string(count));
+        LLMC_CHECK(count <= (bytes_.size() - pos_) / sizeof(T), source_ + ": corrupt or truncated (" + what + ")");
+        const std::byte* at = bytes_.data() + pos_;
+        pos_ += count * sizeof(T);
+        return at;
+    }
     template <typename T, typename Vector = std::vector<T>>
     Vector get_vector(const char* what) {
         const uint64_t n = get<uint64_t>(what);

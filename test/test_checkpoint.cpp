@@ -1,11 +1,14 @@
 // Checkpoint plumbing tests: training-state files round-trip exactly (version 1 files still read) and reject
-// corruption, the COMPLETE marker decides which checkpoints count (and must name its directory's step), pruning
-// keeps the newest and clears older incomplete directories, a state file must match its marker and rank, paths
-// that are no checkpoint are named as such, atomic writes leave no partial file, and a resume with a changed fixed
-// key is refused naming the key.
+// corruption, blobs written or read in place match put_array / get_array, the COMPLETE marker decides which
+// checkpoints count (and must name its directory's step), pruning keeps the newest and clears older incomplete
+// directories, a state file must match its marker and rank, paths that are no checkpoint are named as such,
+// atomic writes leave no partial file, and a resume with a changed fixed key is refused naming the key.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
@@ -75,6 +78,35 @@ TEST(version_1_state_still_reads) {
     EXPECT(r.train_data == DataFingerprint{});
     EXPECT_EQ(r.config_json, s.config_json);
     EXPECT(r.optimizer_state == s.optimizer_state);
+}
+
+// put_array_space / get_array_space: the blob layout of put_array / get_array, the bytes filled or read in place
+// (the GPU optimizers' device copies), a wrong length or a short blob refused before anything is read.
+TEST(array_space_matches_put_and_get_array) {
+    const std::vector<float> values = {1.5f, -2.25f, 3.0f, 1e-30f, 7.0f};
+    ByteWriter plain, in_place;
+    plain.put<int32_t>(9);
+    plain.put_array(std::span<const float>(values));
+    in_place.put<int32_t>(9);
+    std::byte* slot = in_place.put_array_space<float>(values.size());
+    std::memcpy(slot, values.data(), values.size() * sizeof(float));
+    EXPECT(plain.bytes() == in_place.bytes());
+
+    ByteReader reader(plain.bytes(), "blob.bin");
+    EXPECT_EQ(reader.get<int32_t>("tag"), 9);
+    const std::byte* at = reader.get_array_space<float>(values.size(), "values");
+    std::vector<float> back(values.size());
+    std::memcpy(back.data(), at, back.size() * sizeof(float));
+    EXPECT(back == values);
+    EXPECT(reader.at_end());
+
+    ByteReader wrong_length(plain.bytes(), "blob.bin");
+    wrong_length.get<int32_t>("tag");
+    EXPECT_ERROR(wrong_length.get_array_space<float>(4, "values"), "blob.bin: values has 5 elements, expected 4");
+    const std::span<const std::byte> cut = std::span<const std::byte>(plain.bytes()).first(plain.bytes().size() - 1);
+    ByteReader truncated(cut, "blob.bin");
+    truncated.get<int32_t>("tag");
+    EXPECT_ERROR(truncated.get_array_space<float>(5, "values"), "blob.bin: corrupt or truncated (values)");
 }
 
 TEST(state_must_match_its_marker_and_rank) {
