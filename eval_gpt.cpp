@@ -60,8 +60,9 @@ Multiple choice (instead of --data, --batch_size, --seq_len and --batches):
   --vocab PATH       GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
 
 The shards are read in order, without shuffling, as the trainers read their validation shards; the loss of a
-checkpoint with the trainer's --batch_size, --seq_len and --val_batches is the val loss its run logged (to
-rounding). Flags take --key value or --key=value; dashes and underscores are equal.
+checkpoint with its run's --batch_size and --seq_len, and --batches = the run's --val_batches x its ranks (each
+rank validates on batches of its own), is the val loss the run logged (to rounding). Flags take --key value or
+--key=value; dashes and underscores are equal.
 )";
 
 struct Options {

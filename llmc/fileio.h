@@ -123,13 +123,10 @@ public:
     // Reads an array whose length must equal `expected` (the caller knows the shape).
     template <typename T>
     void get_array(std::span<T> out, const char* what) {
-        const uint64_t n = get<uint64_t>(what);
-        LLMC_CHECK(n == out.size(), source_ + ": " + what + " has " + std::to_string(n) + " elements, expected " +
-                                        std::to_string(out.size()));
-        take(out.data(), out.size_bytes(), what);
+        std::memcpy(out.data(), get_array_space<T>(out.size(), what), out.size_bytes());
     }
     // Reads the length of an array, which must equal `count`, and returns where its bytes are in the blob (for a
-    // host-to-device copy straight from it), bounds-checked as get_array is. Valid while the blob is.
+    // host-to-device copy straight from it). Valid while the blob is.
     template <typename T>
     const std::byte* get_array_space(size_t count, const char* what) {
         const uint64_t n = get<uint64_t>(what);

@@ -471,6 +471,8 @@ def parse_args(argv):
         low, high = args.ylim
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             p.error(f"--ylim needs two finite numbers LOW < HIGH, got {low:g} {high:g}")
+    if args.labels is not None and len(args.labels.split(",")) != len(args.runs):
+        p.error(f"--labels has {len(args.labels.split(','))} names for {len(args.runs)} runs")
     return args
 
 
@@ -507,8 +509,6 @@ def make_folders(wanted):
 def main(argv):
     args = parse_args(argv)
     labels = args.labels.split(",") if args.labels is not None else None
-    if labels is not None and len(labels) != len(args.runs):
-        raise UserError(f"--labels has {len(labels)} names for {len(args.runs)} runs")
     runs = [Run(folder) for folder in args.runs]
     for run in runs:
         for warning in run.warnings:

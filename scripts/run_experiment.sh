@@ -191,12 +191,24 @@ if [[ ! -v SEQ_LEN ]]; then
   fi
 fi
 
-# Trainer flags after '--' that change the batch geometry make the driver's batch arithmetic moot.
+# Trainer flags after '--' that change the batch geometry make the driver's batch checks moot, but not its
+# tokens per step: STEPS (from TOKENS) and the plan's token count take them from those flags' last values.
 batch_from_trainer_args=0
-for arg in ${extra_args[@]+"${extra_args[@]}"}; do
+trainer_micro_batch=$MICRO_BATCH trainer_seq_len=$SEQ_LEN trainer_total_batch=
+for ((i = 0; i < ${#extra_args[@]}; i++)); do
+  arg=${extra_args[i]}
   key=${arg%%=*}
   key=${key//-/_}
-  case $key in __batch_size | __seq_len | __total_batch_size) batch_from_trainer_args=1 ;; esac
+  case $key in __batch_size | __seq_len | __total_batch_size) ;; *) continue ;; esac
+  if [[ $arg == *=* ]]; then value=${arg#*=}; else value=${extra_args[i + 1]:-}; fi
+  [[ $value =~ ^[0-9]{1,15}$ ]] || die "trainer flag ${arg%%=*} after -- needs a whole number, got '$value'"
+  value=$((10#$value))
+  case $key in
+    __batch_size) trainer_micro_batch=$value ;;
+    __seq_len) trainer_seq_len=$value ;;
+    __total_batch_size) trainer_total_batch=$value ;;
+  esac
+  batch_from_trainer_args=1
 done
 
 # Products of settings (up to 15 digits each) must stay far from bash's 64-bit limit: at most 2^62.
@@ -228,8 +240,17 @@ if ((!batch_from_trainer_args && total_batch % tokens_per_micro != 0)); then
   die "$batch_source is not a multiple of MICRO_BATCH x SEQ_LEN x NP = $tokens_per_micro tokens"
 fi
 accumulation=$((total_batch / tokens_per_micro))
-[[ -v STEPS ]] || STEPS=$(((TOKENS + total_batch - 1) / total_batch))
-total_tokens=$(product "STEPS x tokens per step = $STEPS x $total_batch" "$STEPS" "$total_batch")
+tokens_per_step=$total_batch  # what the trainer will take, with the flags after '--'
+if [[ -n $trainer_total_batch ]]; then
+  tokens_per_step=$trainer_total_batch
+  if ((tokens_per_step == 0)); then  # the trainer's 0: one micro-batch per rank
+    tokens_per_step=$(product "--batch_size x --seq_len x NP = $trainer_micro_batch x $trainer_seq_len x $NP" \
+      "$trainer_micro_batch" "$trainer_seq_len" "$NP")
+  fi
+fi
+((tokens_per_step > 0)) || die "the flags after -- give 0 tokens per step"
+[[ -v STEPS ]] || STEPS=$(((TOKENS + tokens_per_step - 1) / tokens_per_step))
+total_tokens=$(product "STEPS x tokens per step = $STEPS x $tokens_per_step" "$STEPS" "$tokens_per_step")
 if [[ ! -v VAL_EVERY ]]; then
   VAL_EVERY=$((STEPS / 100))
   ((VAL_EVERY >= 1)) || VAL_EVERY=1
@@ -302,7 +323,7 @@ ranks_text="$NP ranks"
 [[ -v RANKS_PER_NODE ]] && ranks_text+=", $RANKS_PER_NODE per node"
 [[ -n ${HOSTFILE:-} ]] && ranks_text+=", hostfile $HOSTFILE ($hosts hosts, $hostfile_slots slots)"
 if ((batch_from_trainer_args)); then
-  batch_text="batch set by the trainer flags after --"
+  batch_text="$tokens_per_step tokens/step, the batch set by the trainer flags after --"
 else
   batch_text="$total_batch tokens/step = $MICRO_BATCH x $SEQ_LEN tokens x $NP ranks x $accumulation accumulation"
 fi

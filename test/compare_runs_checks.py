@@ -222,8 +222,8 @@ _, rows = parse_table(p.stdout)
 check(p.returncode == 0 and set(rows) == {"baseline", "compressed"}, f"--labels name the rows ({sorted(rows)})")
 
 p = run_script(adamw, demo, "--labels", "only-one", "--no-plots")
-check(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "--labels" in p.stderr,
-      f"--labels with the wrong count: one-line error, exit 1 ({p.returncode}: {p.stderr.strip()})")
+check(p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--labels" in p.stderr,
+      f"--labels with the wrong count: one-line error, exit 2, a bad option ({p.returncode}: {p.stderr.strip()})")
 
 just_started = os.path.join(TMP, "just_started")
 os.makedirs(just_started)

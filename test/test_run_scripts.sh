@@ -99,6 +99,11 @@ check "WEIGHT_DECAY and VAL_EVERY" has "--weight_decay 0.05 --beta1 0.9 --beta2 
 check "VAL_EVERY" has "--val_every 2"
 launch NP=3 BATCH=10 scripts/paper/300m_adamw.sh --dry-run -- --batch_size=2 --total-batch-size 60
 check "batch flags after -- skip the driver's batch check" test "$rc" -eq 0
+check "STEPS from TOKENS at the tokens per step after -- (100B / 60 tokens)" has "--steps 1666666667"
+launch NP=3 TOKENS=1000 scripts/run_experiment.sh --optimizer adamw --dry-run -- \
+  --seq_len 16 --total-batch-size=0 --batch_size 2
+check "--total_batch_size 0 after --: 2 x 16 x 3 ranks a step, 1000 tokens in 11 steps" has "--steps 11"
+check "the plan counts the tokens per step after --" grep -q "^# 3 ranks; 96 tokens/step, .*; 11 steps" <<<"$out"
 launch scripts/run_experiment.sh --optimizer demo --dry-run
 check "the driver alone: DeMo top-32 on the 300M shape into runs/demo_k32" \
   has "--config configs/paper_300m_shape.json"
@@ -122,6 +127,7 @@ bad "a stray word" scripts/paper/300m_demo_k8.sh --dry-run oops
 bad "unknown optimizer" scripts/paper/300m_demo_k8.sh --optimizer sgd --dry-run
 bad "top-k not a number" scripts/paper/300m_demo_k8.sh --topk x --dry-run
 bad "lr not a number" LR=fast scripts/paper/300m_adamw.sh --dry-run
+bad "a batch flag after -- not a number" scripts/paper/300m_adamw.sh --dry-run -- --total_batch_size=lots
 bad "BATCH not a multiple of MICRO_BATCH x NP" NP=3 scripts/paper/300m_adamw.sh --dry-run
 bad "missing model config" MODEL_CONFIG=configs/nope.json scripts/paper/300m_adamw.sh --dry-run
 bad "missing hostfile" HOSTFILE=/nonexistent/hosts scripts/paper/300m_adamw.sh --dry-run

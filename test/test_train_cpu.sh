@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data/prepare_default.sh >/dev/null
+[[ -x eval_gpt ]] || make eval_gpt >/dev/null
 exec /usr/bin/python3 test/train_cpu_checks.py

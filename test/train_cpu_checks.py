@@ -695,6 +695,14 @@ def main():
         before, after = sent(demo2).get(3, 0), sent(os.path.join(TMP, "ws2")).get(4, -1)
         check(before > 0 and after >= before,
               f"... and its byte count goes on from rank 0's ({before} bytes at step 3, {after} at step 4)")
+        # eval_gpt gives a run's logged val loss with --batches = its --val_batches (2) x its ranks (2): each rank
+        # validates on its own batches
+        p = subprocess.run(["./eval_gpt", "--model", demo2, "--batch_size", "4", "--seq_len", "32", "--batches", "4",
+                            "--threads", "2", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        logged = losses(demo2)["val6"]
+        evaluated = json.loads(p.stdout)["loss"] if p.returncode == 0 else float("nan")
+        check(abs(evaluated - logged) <= 1e-6 * logged,
+              f"eval_gpt --batches 2 x 2 on a 2-rank run's last checkpoint: {evaluated}, its logged val loss {logged}")
 
         # AdamW-DDP: 2 ranks x B=2 equals 1 rank x B=4 on the same data (no shuffling: both read the same rows).
         ddp = BASE + ["--optimizer", "adamw", "--steps", "5", "--shuffle=false", "--val_batches", "0"]
@@ -738,12 +746,13 @@ def main():
     data = open(os.path.join(ROOT, "data/default", good), "rb").read()
     open(os.path.join(shard_dir, "bad_train_000.bin"), "wb").write(b"\x00" * 4 + data[4:200000])
     os.mkfifo(os.path.join(shard_dir, "fifo_train_000.bin"))  # opening it to read would wait for a writer
-    small_tokenizer = os.path.join(shard_dir, "tokenizer1000.bin")  # a valid tokenizer file of 1,000 tokens
-    with open(small_tokenizer, "wb") as f:
-        f.write(struct.pack("<256I", 20240328, 2, 1000, 999, *([0] * 252)) + b"\x01a" * 1000)
-    late_eot = os.path.join(shard_dir, "tokenizer_eot50299.bin")  # enough tokens, but samples start outside
-    with open(late_eot, "wb") as f:
-        f.write(struct.pack("<256I", 20240328, 2, 50300, 50299, *([0] * 252)) + b"\x01a" * 50300)
+    def tokenizer_file(name, tokens, eot):  # llm.c's tokenizer format, version 2, every token the text "a"
+        path = os.path.join(shard_dir, name)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<256I", 20240328, 2, tokens, eot, *([0] * 252)) + b"\x01a" * tokens)
+        return path
+    small_tokenizer = tokenizer_file("tokenizer1000.bin", 1000, 999)  # valid, but too few tokens
+    late_eot = tokenizer_file("tokenizer_eot50299.bin", 50300, 50299)  # enough tokens, but samples start outside
     for args, needle in [
         (["--train_data", os.path.join(shard_dir, "bad_train_*.bin")], "bad_train_000.bin: bad magic"),
         (["--train_data", "no/such/*.bin"], "no/such/*.bin: no files match"),
