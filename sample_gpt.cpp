@@ -104,7 +104,7 @@ int run(const Options& o) {
 
     std::string prompt = o.prompt;
     if (o.prompt_file) {
-        const std::vector<std::byte> bytes = llmc::read_whole_file(*o.prompt_file);
+        const std::vector<std::byte> bytes = llmc::read_whole_file(*o.prompt_file, size_t(64) << 20);  // 64 MiB
         prompt.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     }
     std::vector<int> prompt_tokens = {bpe.eot_token()};

@@ -85,12 +85,12 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     const std::string config_json = config_to_json(cfg, -1);
     check_same_config_everywhere(transport, config_json);
 
-    GPT2Cpu model(cfg.model);
-    const ParamLayout& layout = model.layout();
-    if (cfg.dry_run) {
+    if (cfg.dry_run) {  // before the model's memory is taken: a dry run may ask about a model too large for here
         if (main_rank) print_dry_run_report(cfg, world);
         return 0;
     }
+    GPT2Cpu model(cfg.model);
+    const ParamLayout& layout = model.layout();
     std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, layout, transport);
     RunData data = open_run_data(cfg, rank, world);
     DataLoader& train_loader = data.train;

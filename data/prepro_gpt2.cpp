@@ -91,7 +91,7 @@ long long parse_count(const std::string& flag, const std::string& text, long lon
 }
 
 void read_file_list(const std::string& path, std::vector<std::string>& files) {
-    const std::vector<std::byte> raw = llmc::read_whole_file(path);
+    const std::vector<std::byte> raw = llmc::read_whole_file(path, size_t(256) << 20);  // 256 MiB of paths
     std::string line;
     for (const std::byte b : raw) {
         const char c = static_cast<char>(b);

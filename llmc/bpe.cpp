@@ -349,6 +349,9 @@ namespace {
 
 using Vocabulary = Gpt2Bpe::Vocabulary;
 using UnicodeToByte = std::array<int, 512>;
+// GPT-2's encoder.json is 1 MB and its vocab.bpe 0.5 MB: a limit that no real vocabulary meets, where a device or a
+// pipe that never ends would fill the memory.
+constexpr size_t kMaxVocabularyFileBytes = size_t(256) << 20;
 
 // encoder.json keys and vocab.bpe symbols are byte strings spelled through the byte-to-unicode map.
 bool unmap_bytes(std::string_view spelled, const UnicodeToByte& unicode_to_byte, std::string& bytes) {
@@ -431,7 +434,7 @@ private:
 };
 
 void load_encoder_json(const std::string& path, const UnicodeToByte& unicode_to_byte, Vocabulary& vocab) {
-    const std::vector<std::byte> raw = read_whole_file(path);
+    const std::vector<std::byte> raw = read_whole_file(path, kMaxVocabularyFileBytes);
     EncoderJsonReader reader(path);
     const char* begin = reinterpret_cast<const char*>(raw.data());
     const bool ok = nlohmann::json::sax_parse(begin, begin + raw.size(), &reader);
@@ -463,7 +466,7 @@ void load_encoder_json(const std::string& path, const UnicodeToByte& unicode_to_
 
 // Reads the merges and returns, per token id, the rank of the merge that creates it (-1: a byte token or none).
 std::vector<int> load_vocab_bpe(const std::string& path, const UnicodeToByte& unicode_to_byte, Vocabulary& vocab) {
-    const std::vector<std::byte> raw = read_whole_file(path);
+    const std::vector<std::byte> raw = read_whole_file(path, kMaxVocabularyFileBytes);
     const std::string_view text(reinterpret_cast<const char*>(raw.data()), raw.size());
     std::vector<int> merge_rank(vocab.token_bytes.size(), -1);
     vocab.mergeable.assign(vocab.token_bytes.size(), false);

@@ -162,11 +162,13 @@ void ByteStream::skip(uint64_t n) {
     }
 }
 
-std::string read_all_content(const std::string& path) {
+std::string read_all_content(const std::string& path, size_t max_bytes) {
     ByteStream stream(path);
     std::string content;
     for (;;) {
         const size_t used = content.size();
+        LLMC_CHECK(used <= max_bytes, path + ": larger than " + std::to_string(max_bytes) + " bytes" +
+                                          (compression_of(path) == Compression::none ? "" : " decompressed"));
         content.resize(used + (1u << 20));
         const size_t got = stream.read(content.data() + used, 1u << 20);
         content.resize(used + got);

@@ -43,7 +43,8 @@ private:
     std::unique_ptr<Decoder> decoder_;
 };
 
-// The whole (decompressed) content of a file.
-std::string read_all_content(const std::string& path);
+// The whole (decompressed) content of a file; throws "<path>: larger than N bytes" past max_bytes (a device or
+// pipe may never end).
+std::string read_all_content(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 }  // namespace llmc

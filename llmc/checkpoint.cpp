@@ -4,6 +4,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -260,7 +261,11 @@ ModelSource resolve_model_source(const std::string& path) {
         LLMC_CHECK(latest.has_value(), path + ": no complete checkpoint under checkpoints/");
         dir = latest->dir;
     }
-    if (!fs::exists(dir + "/COMPLETE")) return {model_path(dir), std::nullopt};
+    if (!fs::exists(dir + "/COMPLETE")) {  // model.bin is written atomically: whole, but not checked against a marker
+        std::fprintf(stderr, "warning: %s has no COMPLETE marker (a checkpoint whose save did not finish?): its %s is "
+                     "read without a checksum\n", dir.c_str(), kModelFileName);
+        return {model_path(dir), std::nullopt};
+    }
     return {model_path(dir), read_checkpoint_info(dir)};
 }
 

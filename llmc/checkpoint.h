@@ -92,7 +92,8 @@ void check_resume_compatible(const std::string& path, const std::string& saved_c
 
 // A model as the tools that read one (sample_gpt, eval_gpt) take it: an llm.c model file, a checkpoint directory
 // (its model.bin), or a run's out_dir (its latest complete checkpoint); `checkpoint` is set when the file belongs to
-// a complete checkpoint, whose marker has its checksum. Throws "<path>: ..." when it is none of these.
+// a complete checkpoint, whose marker has its checksum (a checkpoint directory without its marker gets a warning on
+// stderr). Throws "<path>: ..." when it is none of these.
 struct ModelSource {
     std::string file;
     std::optional<CheckpointInfo> checkpoint;

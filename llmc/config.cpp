@@ -100,7 +100,8 @@ const std::vector<std::pair<const char*, std::vector<Option>>>& schema() {
         {"output",
          {
              {"val_every", &TrainConfig::val_every, "validation loss every N steps (0 = only at the end)"},
-             {"val_batches", &TrainConfig::val_batches, "validation batches per rank"},
+             {"val_batches", &TrainConfig::val_batches,
+              "validation batches per rank (at most what each rank's share of the val shards holds)"},
              {"choices", &TrainConfig::choices,
               "llm.c eval file (*.bin: HellaSwag as llm.c's dev/data/hellaswag.py writes it) whose multiple-choice "
               "accuracy each validation also logs ('' = none; eval_gpt --choices scores checkpoints)"},
@@ -400,6 +401,10 @@ void validate_config(const TrainConfig& c) {
         LLMC_CHECK(v >= min, s.name(key) + (min == 1 ? " must be > 0" : " must be >= " + std::to_string(min)) +
                                  " (got " + std::to_string(v) + (note.empty() ? "" : "; " + note) + ")");
     };
+    const auto at_most = [&](const char* key, long long v, long long max, const std::string& note) {
+        LLMC_CHECK(v <= max, s.name(key) + " must be <= " + std::to_string(max) + " (got " + std::to_string(v) + "; " +
+                                 note + ")");
+    };
     const auto in_unit_interval = [&](const char* key, float v) {
         LLMC_CHECK(v >= 0.0f && v <= 1.0f, s.name(key) + " must be in [0, 1] (got " + format_float(v) + ")");
     };
@@ -424,8 +429,10 @@ void validate_config(const TrainConfig& c) {
                "reads JSON Lines, and --write_eval_file makes one");
     at_least("sample_every", c.sample_every, 0);
     at_least("sample_tokens", c.sample_tokens, 0);
+    at_most("sample_tokens", c.sample_tokens, 1000000, "sample_gpt's limit too");
     at_least("keep_checkpoints", c.keep_checkpoints, 0);
     at_least("threads", c.threads, 0);
+    at_most("threads", c.threads, 4096, "OpenMP threads per rank");
     at_least("checkpoint_every", c.checkpoint_every, -1, "0: only at the end, -1: never");
     at_least("log_every", c.log_every, 1);
     LLMC_CHECK(c.demo_delay == 0 || c.demo_delay == 1,

@@ -155,6 +155,9 @@ void make_dirs(const std::string& path) {
         if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
             fail(partial + ": cannot create directory (" + reason() + ")");
     }
+    struct stat st;
+    LLMC_CHECK(path.empty() || (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
+               path + ": exists and is not a directory");
 }
 
 }  // namespace llmc

@@ -24,6 +24,14 @@ void validate_model_config(const ModelConfig& c, const std::string& what) {
     LLMC_CHECK(c.padded_vocab_size >= c.vocab_size,
                what + ": padded_vocab_size " + std::to_string(c.padded_vocab_size) + " < vocab_size " +
                    std::to_string(c.vocab_size));
+    // Far beyond any GPT-2 shape, and small enough that every count of parameters or activations fits 64 bits.
+    const auto at_most = [&](const char* key, long long value, long long max) {
+        LLMC_CHECK(value <= max, what + ": " + key + " " + std::to_string(value) + " is over " + std::to_string(max));
+    };
+    at_most("num_layers", c.num_layers, kMaxLayers);
+    at_most("channels", c.channels, kMaxChannels);
+    at_most("max_seq_len", c.max_seq_len, kMaxSeqLen);
+    at_most("padded_vocab_size", c.padded_vocab_size, kMaxVocab);
 }
 
 ParamLayout ParamLayout::of_shapes(const std::vector<std::vector<size_t>>& shapes) {

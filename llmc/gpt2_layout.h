@@ -87,7 +87,8 @@ std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows)
 constexpr size_t token_row_words(size_t rows) { return (rows + 63) / 64; }
 
 // Throws llmc::Error naming `what` when the shape is unusable (C not divisible by heads, sizes <= 0,
-// padded vocab smaller than vocab...).
+// padded vocab smaller than vocab, a size over the limits below...).
 void validate_model_config(const ModelConfig& config, const std::string& what);
+constexpr long long kMaxLayers = 4096, kMaxChannels = 1 << 17, kMaxSeqLen = 1 << 24, kMaxVocab = 1 << 24;
 
 }  // namespace llmc

@@ -2,6 +2,7 @@
 #include "llmc/model_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -64,6 +65,18 @@ ModelHeader read_header(File& file, Xxh64* hash = nullptr) {
     return header;
 }
 
+// A NaN or infinite weight would only show later, as a loss of nan (or a run stopped as diverged): named here.
+void require_finite(const std::string& path, const ModelConfig& config, std::span<const float> params) {
+    const auto bad = std::find_if(params.begin(), params.end(), [](float v) { return !std::isfinite(v); });
+    if (bad == params.end()) return;
+    const size_t index = static_cast<size_t>(bad - params.begin());
+    std::string tensor = "?";
+    for (const ParamTensor& t : ParamLayout::gpt2(config).tensors)
+        if (index >= t.offset && index < t.offset + t.numel) tensor = t.name;
+    fail(path + ": parameter " + std::to_string(index) + " (" + tensor + ") is " + (std::isnan(*bad) ? "nan" : "inf") +
+         ": a damaged file, or weights saved after the training diverged");
+}
+
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
@@ -89,6 +102,7 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
             hash->update(params.data(), numel * sizeof(float));
             *digest = {hash->length(), hash->digest()};
         }
+        require_finite(path, expected, params);
         return;
     }
     // bf16 is the top half of an fp32: widen by shifting into the high 16 bits. Chunked to bound memory.
@@ -105,6 +119,7 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
         done += n;
     }
     if (hash) *digest = {hash->length(), hash->digest()};
+    require_finite(path, expected, params);
 }
 
 FileDigest save_model(const std::string& path, const ModelConfig& config, std::span<const float> params) {

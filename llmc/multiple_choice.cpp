@@ -14,11 +14,14 @@ namespace llmc {
 namespace {
 
 constexpr uint16_t kStartOfExample = 65535;
+// HellaSwag's validation set is 11 MB as JSON Lines: a limit far above any such set, where a device or a pipe that
+// never ends would fill the memory.
+constexpr size_t kMaxChoicesFileBytes = size_t(256) << 20;
 
 // llm.c's eval file: a header of 256 int32 (magic, version, examples, longest example in bytes), then per example
 // the uint16 stream <65535> <bytes of the example> <index> <label> <completions> <n> <context> (<n> <tokens>)...
 std::vector<ChoiceExample> read_eval_file(const std::string& path, int vocab_size, size_t limit) {
-    const std::vector<std::byte> raw = read_whole_file(path);
+    const std::vector<std::byte> raw = read_whole_file(path, kMaxChoicesFileBytes);
     LLMC_CHECK(raw.size() >= 1024, path + ": truncated: " + std::to_string(raw.size()) +
                                        " bytes, less than the 1024-byte header of an llm.c eval file");
     int32_t header[256];
@@ -81,7 +84,7 @@ std::vector<ChoiceExample> read_eval_file(const std::string& path, int vocab_siz
 
 // HellaSwag's JSON Lines: {"ctx": "...", "endings": ["...", ...], "label": 2, ...} a line.
 std::vector<ChoiceExample> read_json_lines(const std::string& path, Gpt2Bpe& bpe, size_t limit) {
-    const std::string content = read_all_content(path);
+    const std::string content = read_all_content(path, kMaxChoicesFileBytes);
     std::vector<ChoiceExample> examples;
     size_t line_number = 0;
     for (size_t pos = 0; pos < content.size() && (limit == 0 || examples.size() < limit);) {

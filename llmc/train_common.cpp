@@ -1,6 +1,7 @@
 // Shared trainer pieces (see train_common.h).
 #include "llmc/train_common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -108,6 +109,9 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
             train_loader.set_position(saved.data);
             resumed = "resumed from " + ck.dir + " at step " + std::to_string(state.step);
         }
+        // --resume auto --init_from M: M starts the run, its checkpoints continue it (a preempted fine-tuning job)
+        if (!cfg.init_from.empty())
+            resumed += " (" + cfg.sources.name("init_from") + " " + cfg.init_from + " not read)";
     } else if (!cfg.init_from.empty()) {
         load_model(cfg.init_from, cfg.model, weights);
         start.weights_loaded = true;
@@ -320,10 +324,22 @@ RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
                cfg.sources.name("train_data") + " is empty (give a glob of llm.c token shards)");
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
                             cfg.model.vocab_size),
-                 nullptr, nullptr, {}};
-    if (!cfg.val_data.empty() && cfg.val_batches > 0)
+                 nullptr, 0, nullptr, {}};
+    if (!cfg.val_data.empty() && cfg.val_batches > 0) {
         data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
                                                 cfg.seed, cfg.model.vocab_size);
+        const uint64_t held = data.val->groups_per_epoch();  // batches per rank (the same on every rank)
+        data.val_batches = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(cfg.val_batches), held));
+        if (rank == 0 && data.val_batches < cfg.val_batches)
+            std::fprintf(stderr, "warning: %s %d: %s holds %llu batches of %d x %d tokens per rank%s; each validation "
+                         "reads those\n", cfg.sources.name("val_batches").c_str(), cfg.val_batches,
+                         cfg.val_data.c_str(), static_cast<unsigned long long>(held), cfg.batch_size, cfg.seq_len,
+                         world > 1 ? (" with " + std::to_string(world) + " ranks").c_str() : "");
+        const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
+        std::vector<int> inputs(n), targets(n);
+        for (int i = 0; i < data.val_batches; i++) data.val->next_batch(inputs, targets);  // their token ids checked
+        data.val->reset();
+    }
     if (cfg.sample_every > 0 && rank == 0) {
         data.tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
         // checked now, not at the first sample: a sampled id may be any of the model's vocabulary
@@ -512,7 +528,11 @@ int report_fatal_error(const std::exception& e, const Transport* transport) {
     const bool user_error = dynamic_cast<const Error*>(&e) != nullptr;
     const bool multi_rank = transport && transport->world_size() > 1;
     const std::string where = multi_rank ? " (rank " + std::to_string(transport->rank()) + ")" : "";
-    std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
+    if (dynamic_cast<const std::bad_alloc*>(&e))
+        std::fprintf(stderr, "error%s: out of host memory (%s): the model, the batch or the data are too large for "
+                     "this machine (--dry_run prints the model's size)\n", where.c_str(), e.what());
+    else
+        std::fprintf(stderr, "error%s: %s%s\n", where.c_str(), user_error ? "" : "internal: ", e.what());
     std::fflush(stderr);
     const int status = dynamic_cast<const Diverged*>(&e) ? kDivergedExitStatus : 1;
     // Ranks that hit the same error (a bad flag) all get to say so before mpirun ends the job.

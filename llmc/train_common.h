@@ -86,10 +86,14 @@ BatchAgreement batch_agreement_finish(Transport& transport, const ParamLayout& l
 // What a run reads besides its weights: this rank's training stream, the validation stream (null without
 // --val_data or with --val_batches 0), the tokenizer's decoder on the rank that prints samples (rank 0 with
 // --sample_every > 0; null elsewhere) and the --choices examples (every rank). Opening them validates every shard
-// header, the tokenizer file and the examples (each must fit rows of seq_len + 1 tokens).
+// header, the tokenizer file and the examples (each must fit rows of seq_len + 1 tokens), and reads the validation
+// batches once (every validation reads the same ones), so a bad token id there stops the run before it trains.
+// A --val_batches above the batches each rank's share of the validation shards holds is lowered to them, with a
+// warning from rank 0: more would read the same windows again.
 struct RunData {
     DataLoader train;
     std::unique_ptr<DataLoader> val;
+    int val_batches = 0;  // per rank, each validation
     std::unique_ptr<TokenizerDecoder> tokenizer;
     std::vector<ChoiceExample> choices;
 };
@@ -131,20 +135,20 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
 void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<const float> weights,
                      const std::function<void(ByteWriter&)>& save_optimizer_state, TrainingState state);
 
-// Mean validation loss over val_batches batches of every rank (the loader restarts from its beginning).
+// Mean validation loss over `batches` batches of every rank (the loader restarts from its beginning).
 // Model: anything with double forward(const int* inputs, const int* targets, int B, int T).
 template <class Model>
-double evaluate_loss(Model& model, DataLoader& loader, const TrainConfig& cfg, Transport& transport) {
+double evaluate_loss(Model& model, DataLoader& loader, int batches, const TrainConfig& cfg, Transport& transport) {
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> x(n), y(n);
     loader.reset();
     double sum[1] = {0.0};
-    for (int i = 0; i < cfg.val_batches; i++) {
+    for (int i = 0; i < batches; i++) {
         loader.next_batch(x, y);
         sum[0] += model.forward(x.data(), y.data(), cfg.batch_size, cfg.seq_len);
     }
     transport.allreduce_sum(sum);
-    return sum[0] / (static_cast<double>(cfg.val_batches) * transport.world_size());
+    return sum[0] / (static_cast<double>(batches) * transport.world_size());
 }
 
 // Multiple-choice accuracy (--choices) over every rank: rank r scores examples r, r + world, ..., each completion a
@@ -198,7 +202,7 @@ void run_step_evaluations(const StepDuties& due, int step, Model& model, const R
                           const TrainConfig& cfg, Transport& transport, MetricsLog* log, int64_t tokens,
                           SampleText&& sample_text) {
     if (due.validate && data.val) {
-        const double val_loss = evaluate_loss(model, *data.val, cfg, transport);
+        const double val_loss = evaluate_loss(model, *data.val, data.val_batches, cfg, transport);
         if (log) {
             log->log_val(step + 1, val_loss, tokens);
             std::printf("step %d: val loss %.4f\n", step + 1, val_loss);

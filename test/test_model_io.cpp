@@ -165,13 +165,17 @@ TEST(load_rejects_truncated_and_oversized_files) {
     write_bytes(trailing, longer);
     EXPECT_ERROR(llmc::read_model_config(trailing), trailing + ": 8 unexpected trailing bytes");
 
-    // A corrupt header asking for an absurd shape is a size mismatch, not an overflow or a huge allocation.
-    const std::string absurd = scratch_file("absurd.bin");
+    // A corrupt header asking for a huge shape is a size mismatch, and an absurd one is over the shape limits: neither
+    // an overflow nor a huge allocation.
+    const std::string huge_file = scratch_file("huge.bin"), absurd = scratch_file("absurd.bin");
     std::vector<std::byte> corrupt = bytes;
-    const int32_t huge = 2147483647;
-    std::memcpy(corrupt.data() + 4 * 4, &huge, 4);  // num_layers
+    const int32_t most_layers = llmc::kMaxLayers, absurd_layers = 2147483647;
+    std::memcpy(corrupt.data() + 4 * 4, &most_layers, 4);  // num_layers
+    write_bytes(huge_file, corrupt);
+    EXPECT_ERROR(llmc::read_model_config(huge_file), huge_file + ": truncated");
+    std::memcpy(corrupt.data() + 4 * 4, &absurd_layers, 4);
     write_bytes(absurd, corrupt);
-    EXPECT_ERROR(llmc::read_model_config(absurd), absurd + ": truncated");
+    EXPECT_ERROR(llmc::read_model_config(absurd), absurd + ": num_layers 2147483647 is over 4096");
 }
 
 TEST(load_rejects_shape_mismatch) {

@@ -258,6 +258,18 @@ expect_error "$tmp/none_*.bin: no files match" ./eval_gpt --model "$trained" --d
 expect_error "--batch_size: expected an integer in [1," ./eval_gpt --model "$trained" --batch_size 0
 expect_error "$tmp/damaged/model.bin" ./eval_gpt --model "$tmp/damaged"
 if ./eval_gpt --help | grep -q '^usage: eval_gpt'; then pass "eval_gpt --help"; else fail "eval_gpt --help"; fi
+# a device that never ends, where a file is read whole: refused at a size limit, not read until memory runs out
+expect_error "/dev/zero: larger than 67108864 bytes" ./sample_gpt --model "$trained" --prompt_file /dev/zero
+expect_error "/dev/zero: larger than 268435456 bytes" ./sample_gpt --model "$trained" --encoder /dev/zero
+expect_error "/dev/zero: larger than 268435456 bytes" ./eval_gpt --model "$trained" --choices /dev/zero
+# a checkpoint directory without its COMPLETE marker: read (model.bin is written atomically), with a warning
+cp -r "$tmp/run/checkpoints/step_00000060" "$tmp/unmarked" && rm "$tmp/unmarked/COMPLETE"
+if ./eval_gpt --model "$tmp/unmarked" --batches 1 --seq_len 32 >/dev/null 2>"$tmp/unmarked.err" &&
+   grep -q "^warning: $tmp/unmarked has no COMPLETE marker" "$tmp/unmarked.err"; then
+  pass "a checkpoint directory without its marker is read with a warning"
+else
+  fail "a checkpoint directory without its marker: $(cat "$tmp/unmarked.err")"
+fi
 if [[ -f $tmp/choices.bin ]]; then
   # damaged eval files: each refused naming the file and the example
   "$python" - "$tmp" <<'PY'

@@ -189,6 +189,10 @@ expect_error "$tmp/missing_doc.txt" prepro --encoder $gpt2/encoder.json --vocab 
 expect_error "--bogus" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --bogus 1 "$doc"
 expect_error "--shard-tokens" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --shard-tokens 12x "$doc"
 expect_error "--val-tokens" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --val-tokens 100000 "$doc"
+: >"$tmp/a_file"
+expect_error "$tmp/a_file: exists and is not a directory" build/prepro_gpt2 --out-dir "$tmp/a_file" --name b \
+  --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe "$doc" "$doc"
+expect_error "/dev/zero: larger than" prepro --encoder $gpt2/encoder.json --vocab $gpt2/vocab.bpe --file-list /dev/zero
 cp data/default/tokenizer.bin "$tmp/wrong_magic.bin"
 printf '\x00\x00\x00\x00' | dd of="$tmp/wrong_magic.bin" conv=notrunc status=none
 expect_error "$tmp/wrong_magic.bin" build/test/test_bpe --load-tokenizer "$tmp/wrong_magic.bin"

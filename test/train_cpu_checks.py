@@ -72,6 +72,66 @@ def fresh(name):
     return d
 
 
+def bad_input_checks_after_start(shard_dir, train_bytes, adamw_run):
+    """Validation data, sizes and model files that a run refuses (or reports) before it trains, not mid-run."""
+    def shard(name, tokens):  # an llm.c token shard of these uint16 ids
+        path = os.path.join(shard_dir, name)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+            f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+        return path
+    default_tokens = list(struct.unpack("<1000H", train_bytes[1024:3024]))
+    # an out-of-range id in the first validation batch: refused at the start, before any step
+    oov_val = shard("oov_val_000.bin", [60000] + default_tokens[1:])
+    p = run(BASE + ["--steps", "3", "--val_data", oov_val, "--out_dir", fresh("oov-val")], None, expect_ok=False)
+    lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("warning:")]
+    check(p.returncode == 1 and len(lines) == 1 and "oov_val_000.bin: token id 60000 at position 0 is out of range"
+          in lines[0] and "step 1" not in p.stdout, f"a bad token id in the validation batches stops the run before "
+          f"its first step: {p.stderr.strip()[:200]}")
+    # --val_batches above what the validation shard holds (1000 tokens: 7 windows of 4 x 32 + 1): the 7 batches,
+    # with a warning; the logged val loss is eval_gpt's over those 7
+    small_val = shard("small_val_000.bin", default_tokens)
+    out = fresh("val-held")
+    p = run(BASE + ["--steps", "2", "--val_data", small_val, "--val_batches", "200", "--out_dir", out], None)
+    warned = "warning: --val_batches 200: " + small_val + " holds 7 batches of 4 x 32 tokens per rank" in p.stderr
+    e = subprocess.run(["./eval_gpt", "--model", out, "--data", small_val, "--batch_size", "4", "--seq_len", "32",
+                        "--batches", "7", "--threads", "2", "--json"], cwd=ROOT, capture_output=True, text=True)
+    evaluated = json.loads(e.stdout)["loss"] if e.returncode == 0 else float("nan")
+    logged = losses(out).get("val2", float("nan"))
+    check(warned and abs(evaluated - logged) <= 1e-6 * logged,
+          f"--val_batches 200 on a shard of 7 batches: a warning, and validation reads the 7 (logged {logged}, "
+          f"eval_gpt --batches 7 {evaluated}): {p.stderr.strip()[:160]}")
+    # a model file with a NaN weight: refused when read, naming the tensor
+    model = os.path.join(adamw_run, "checkpoints", "step_00000003", "model.bin")
+    nan_model = os.path.join(shard_dir, "nan_model.bin")
+    blob = bytearray(open(model, "rb").read())
+    blob[1024 + 4 * 5:1024 + 4 * 6] = struct.pack("<f", float("nan"))  # wte's sixth weight
+    open(nan_model, "wb").write(blob)
+    out = fresh("nan-model")
+    for args, needle in [
+        (["--init_from", nan_model], "nan_model.bin: parameter 5 (wte.weight) is nan"),
+        (["--threads", "5000"], "--threads must be <= 4096 (got 5000"),
+        (["--sample_tokens", "2000000"], "--sample_tokens must be <= 1000000"),
+        (["--num_layers", "5000", "--dry_run"], "num_layers 5000 is over 4096"),
+        # 4000 layers of 65536 x 65536 weights: more than any address space holds (a dry run does not allocate)
+        (["--num_layers", "4000", "--channels", "65536", "--num_heads", "1"], "error: out of host memory"),
+    ]:
+        # (not through run(), whose --threads would come last)
+        p = subprocess.run([TRAINER] + BASE + args + ["--out_dir", out, "--steps", "1"], cwd=ROOT, env=MPI_ENV,
+                           capture_output=True, text=True, timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("warning:")]
+        check(p.returncode == 1 and len(lines) == 1 and needle in lines[0],
+              f"{' '.join(args)}: one-line error: {p.stderr.strip()[:160]}")
+    p = run(BASE + ["--num_layers", "4000", "--channels", "65536", "--num_heads", "1", "--dry_run", "--out_dir", out],
+            None, expect_ok=False, timeout=60)
+    check(p.returncode == 0 and "4000" in p.stdout, "a dry run of a model too large to allocate reports it")
+    # --resume with a checkpoint and --init_from: the checkpoint wins, and the run says so
+    p = run(BASE + ["--steps", "4", "--out_dir", fresh("resume-init"), "--init_from", model, "--resume",
+                    os.path.dirname(model)], None, expect_ok=False)
+    check(p.returncode == 0 and "(--init_from " + model + " not read)" in p.stdout,
+          "--resume of a checkpoint with --init_from: its model is not read, and the resume line says so")
+
+
 def resume_case(optimizer, ranks, extra=(), suffix=""):
     tag = f"{optimizer}{suffix}-np{ranks or 1}"
     a, b, c = fresh(tag + "-a"), fresh(tag + "-b"), fresh(tag + "-c")
@@ -774,6 +834,7 @@ def main():
         p = run(BASE + args + ["--out_dir", fresh("bad1")], None, expect_ok=False, timeout=60)
         lines = [l for l in p.stderr.splitlines() if l.strip()]
         check(p.returncode != 0 and len(lines) == 1 and needle in lines[0], f"{' '.join(args)}: one-line error: {p.stderr.strip()[:160]}")
+    bad_input_checks_after_start(shard_dir, data, os.path.join(TMP, "adamw-np1-a"))
     # A checkpoint whose shape disagrees with the config.
     model = os.path.join(TMP, "adamw-np1-a", "checkpoints", "step_00000003", "model.bin")
     p = run(BASE + ["--init_from", model, "--num_layers", "3", "--out_dir", fresh("bad2")], None, expect_ok=False)
