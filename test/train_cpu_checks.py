@@ -427,6 +427,18 @@ def out_dir_history_checks(source):
     refused(["--out_dir", fresh("hist-y"), "--resume", ck(3)], "state_rank0.bin: holds step 6 but its checkpoint's",
             "a state file of another checkpoint is refused by its step (a marker without checksums)")
 
+    # A run without checkpoints: a fresh run into its out_dir is refused (its metrics kept), --overwrite replaces them.
+    bare = fresh("hist-bare")
+    bare_run = BASE + ["--optimizer", "adamw", "--steps", "2", "--checkpoint_every", "-1", "--out_dir", bare]
+    run(bare_run)
+    bare_metrics = open(os.path.join(bare, "metrics.jsonl"), "rb").read()
+    p = run(bare_run + ["--steps", "3", "--resume", "auto"], None, expect_ok=False, timeout=60)
+    check(p.returncode == 1 and "metrics.jsonl: holds another run's metrics, and no checkpoint continues that run"
+          in p.stderr and open(os.path.join(bare, "metrics.jsonl"), "rb").read() == bare_metrics,
+          f"a fresh run over metrics without a checkpoint is refused, the metrics kept: {p.stderr.strip()[:200]}")
+    run(bare_run + ["--steps", "3", "--overwrite"])
+    check(sorted(k for k in losses(bare) if isinstance(k, int)) == [1, 2, 3], "... and --overwrite starts them afresh")
+
     # Other files behind the same glob: a shard fewer.
     data = fresh("hist-data")
     os.makedirs(data)

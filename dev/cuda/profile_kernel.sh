@@ -144,7 +144,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 [[ -n $NCU ]] || { echo "no ncu (Nsight Compute): kernel profile skipped"; exit 77; }
 [[ -x ./train_gpt ]] || { echo "profile_kernel: error: ./train_gpt not built (make train_gpt)" >&2; exit 1; }
 out=build/profile-kernel
-mkdir -p "$out"
+rm -rf "$out/run" && mkdir -p "$out"  # the last profile's run: the trainer would refuse to start over its metrics
 # step 4: after cuBLASLt's heuristics and the first steps' allocations; clocks as they run in training
 LLMC_PROFILE_STEP=4 "$NCU" --profile-from-start off --clock-control none -k "regex:$REGEX" --launch-count 1 \
   --set full --import-source yes -f -o "$out/kernel" \

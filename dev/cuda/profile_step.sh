@@ -82,7 +82,7 @@ fi
 command -v ncu >/dev/null 2>&1 || { echo "no ncu (Nsight Compute) on PATH: profile skipped"; exit 77; }
 [[ -x ./train_gpt ]] || { echo "profile_step: error: ./train_gpt not built (make train_gpt)" >&2; exit 1; }
 out=build/profile-step
-mkdir -p "$out"
+rm -rf "${out:?}/$OPT" && mkdir -p "$out"  # the last profile's run: the trainer would refuse to start over its metrics
 # Step 4: after cuBLASLt's heuristics and the allocations of the first steps.
 LLMC_PROFILE_STEP=4 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
   ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps 5 --optimizer "$OPT" \
