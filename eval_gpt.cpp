@@ -20,6 +20,7 @@
 
 #include "llmc/bpe.h"
 #include "llmc/checkpoint.h"
+#include "llmc/config.h"
 #include "llmc/dataloader.h"
 #include "llmc/error.h"
 #include "llmc/gpt2_cpu.h"
@@ -92,7 +93,7 @@ Options parse_args(int argc, char** argv) {
         else if (key == "batch_size") o.batch_size = flag_integer(flag, value, 1, 1 << 20);
         else if (key == "seq_len") o.seq_len = flag_integer(flag, value, 0, 1 << 20);
         else if (key == "batches") o.batches = flag_integer(flag, value, 0, INT64_MAX);
-        else if (key == "threads") o.threads = flag_integer(flag, value, 0, 4096);
+        else if (key == "threads") o.threads = flag_integer(flag, value, 0, llmc::kMaxThreads);
         else if (key == "json") o.json = value == "true";
         else if (key == "choices") o.choices = value;
         else if (key == "examples") o.examples = flag_integer(flag, value, 0, INT64_MAX);

@@ -16,6 +16,7 @@
 
 #include "llmc/bpe.h"
 #include "llmc/checkpoint.h"
+#include "llmc/config.h"
 #include "llmc/error.h"
 #include "llmc/fileio.h"
 #include "llmc/gpt2_cpu.h"
@@ -71,7 +72,7 @@ Options parse_args(int argc, char** argv) {
         if (key == "model") o.model = value;
         else if (key == "prompt") o.prompt = value;
         else if (key == "prompt_file") o.prompt_file = value;
-        else if (key == "tokens") o.tokens = flag_integer(flag, value, 0, 1'000'000);
+        else if (key == "tokens") o.tokens = flag_integer(flag, value, 0, llmc::kMaxSampleTokens);
         else if (key == "num_samples") o.num_samples = flag_integer(flag, value, 1, 1'000'000);
         else if (key == "temperature") o.sampling.temperature = flag_number(flag, value);
         else if (key == "top_k") o.sampling.top_k = static_cast<int>(flag_integer(flag, value, 0, INT32_MAX));
@@ -79,7 +80,7 @@ Options parse_args(int argc, char** argv) {
         else if (key == "seed") o.seed = flag_integer(flag, value, 0, INT64_MAX);
         else if (key == "encoder") o.encoder = value;
         else if (key == "vocab") o.vocab = value;
-        else if (key == "threads") o.threads = flag_integer(flag, value, 0, 4096);
+        else if (key == "threads") o.threads = flag_integer(flag, value, 0, llmc::kMaxThreads);
         else if (key == "stop_at_eot") o.stop_at_eot = value == "true";
         else if (key == "json") o.json = value == "true";
         else fail(flag + ": unknown flag (see --help)");

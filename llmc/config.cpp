@@ -429,10 +429,10 @@ void validate_config(const TrainConfig& c) {
                "reads JSON Lines, and --write_eval_file makes one");
     at_least("sample_every", c.sample_every, 0);
     at_least("sample_tokens", c.sample_tokens, 0);
-    at_most("sample_tokens", c.sample_tokens, 1000000, "sample_gpt's limit too");
+    at_most("sample_tokens", c.sample_tokens, kMaxSampleTokens, "sample_gpt's limit too");
     at_least("keep_checkpoints", c.keep_checkpoints, 0);
     at_least("threads", c.threads, 0);
-    at_most("threads", c.threads, 4096, "OpenMP threads per rank");
+    at_most("threads", c.threads, kMaxThreads, "OpenMP threads per rank");
     at_least("checkpoint_every", c.checkpoint_every, -1, "0: only at the end, -1: never");
     at_least("log_every", c.log_every, 1);
     LLMC_CHECK(c.demo_delay == 0 || c.demo_delay == 1,

@@ -53,6 +53,9 @@ private:
 // float, its exponent unpadded (-1e-9 and -0, where std::to_string prints -0.000000 for both).
 std::string format_float(float v);
 
+// Limits the trainers' --threads and --sample_tokens share with sample_gpt's and eval_gpt's flags.
+inline constexpr long long kMaxThreads = 4096, kMaxSampleTokens = 1'000'000;
+
 struct TrainConfig {
     ModelConfig model;
     // data

@@ -15,7 +15,9 @@ namespace llmc {
 
 using json = nlohmann::ordered_json;
 
-MetricsLog::MetricsLog(const std::string& out_dir, int resume_step) : path_(out_dir + "/metrics.jsonl") {
+std::string metrics_path(const std::string& out_dir) { return out_dir + "/metrics.jsonl"; }
+
+MetricsLog::MetricsLog(const std::string& out_dir, int resume_step) : path_(metrics_path(out_dir)) {
     if (resume_step >= 0 && file_exists(path_)) {
         // Keep only lines of steps up to the resumed one (and non-step lines before them).
         std::vector<std::string> kept;

@@ -32,6 +32,9 @@ struct StepMetrics {
     double eta_seconds = 0.0;
 };
 
+// <out_dir>/metrics.jsonl: where MetricsLog writes a run's lines.
+std::string metrics_path(const std::string& out_dir);
+
 class MetricsLog {
 public:
     // Opens <out_dir>/metrics.jsonl for appending; when resume_step >= 0, first drops lines with step > it.

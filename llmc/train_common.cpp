@@ -138,7 +138,7 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
     }
     // A fresh start over another run's metrics (a run without a checkpoint: stopped early, or --checkpoint_every
     // -1) would start its metrics.jsonl afresh, and that run's lines would be lost.
-    const std::string metrics = cfg.out_dir + "/metrics.jsonl";
+    const std::string metrics = metrics_path(cfg.out_dir);
     if (main_rank && !start.checkpoint && !cfg.overwrite && file_exists(metrics) && File(metrics, "rb").size() > 0)
         fail(metrics + ": holds another run's metrics, and no checkpoint continues that run; replace them with " +
              cfg.sources.name("overwrite") + ", or use another " + cfg.sources.name("out_dir"));
