@@ -21,7 +21,7 @@ endif
 OPT ?= -O3 -march=native
 GIT_VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CXXFLAGS := -std=c++20 $(OPT) -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_FLAGS) -MMD -MP
-# zlib and zstd: compressed corpora and eval files (llmc/byte_stream.cpp)
+# zlib and zstd: compressed corpora and eval files (llmc/base/byte_stream.cpp)
 HOST_LIBS := -lopenblas -licuuc -lz -lzstd
 LDLIBS := $(HOST_LIBS) -fopenmp -lm
 
@@ -36,31 +36,31 @@ ifeq ($(USE_MPI),1)
 endif
 
 BUILD := build
-LIB_SRCS := $(wildcard llmc/*.cpp demo/*.cpp)
+LIB_SRCS := $(shell find llmc -name '*.cpp' | sort)
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 LIB := $(BUILD)/libllmc.a
 
-# test/test_*.cpp are run by test/run_tests.sh; test/check_*.cpp are helpers that a test script drives.
-TEST_SRCS := $(wildcard test/test_*.cpp test/check_*.cpp)
-TEST_BINS := $(TEST_SRCS:test/%.cpp=$(BUILD)/test/%)
+# test/unit/test_*.cpp are run by test/run_tests.sh; test/unit/check_*.cpp are helpers that a test script drives.
+TEST_SRCS := $(wildcard test/unit/test_*.cpp test/unit/check_*.cpp)
+TEST_BINS := $(TEST_SRCS:test/unit/%.cpp=$(BUILD)/test/%)
 TOOL_SRCS := $(wildcard data/*.cpp dev/tools/*.cpp)
 TOOL_BINS := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
 BENCH_SRCS := $(wildcard dev/bench/*.cpp)
 BENCH_BINS := $(BENCH_SRCS:dev/bench/%.cpp=$(BUILD)/bench/%)
-CUDA_TEST_SRCS := $(wildcard dev/cuda/*.cu test/gpu_*.cu)
+CUDA_TEST_SRCS := $(wildcard dev/cuda/*.cu test/gpu/gpu_*.cu)
 CUDA_BINS := $(foreach s,$(CUDA_TEST_SRCS),$(BUILD)/cuda/$(basename $(notdir $(s))))
 
-# CUDA kernels run on the CPU by dev/cuda/block_emulator.h: host tests (test/emu_<name>.cpp ->
+# CUDA kernels run on the CPU by emu/block_emulator.h: host tests (test/emulated/test_<name>_emu.cpp ->
 # build/test/test_<name>_emu) that need only the CUDA headers (g++, no GPU, no CUDA libraries), part of `all`
 # wherever the toolkit is installed.
 CUDA_INCLUDE ?= $(dir $(NVCC))../include
-EMU_SRCS := $(wildcard test/emu_*.cpp)
-EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emu_%.cpp=$(BUILD)/test/test_%_emu))
+EMU_SRCS := $(wildcard test/emulated/test_*_emu.cpp)
+EMU_BINS := $(if $(wildcard $(CUDA_INCLUDE)/cuda_runtime.h),$(EMU_SRCS:test/emulated/%.cpp=$(BUILD)/test/%))
 # The CUDA trainer and GPU tests on the emulated device (rules below).
-EMU_PROGRAMS := train_gpt $(basename $(notdir $(wildcard test/gpu_*.cu)))
+EMU_PROGRAMS := train_gpt $(basename $(notdir $(wildcard test/gpu/gpu_*.cu)))
 EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGRAMS:%=$(BUILD)/emu-fp32/%) \
                    $(BUILD)/emu/nccl_transport)
-EMU_DEVICE_OBJS := $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_cublas.o $(BUILD)/emu/obj/emu_nccl.o
+EMU_DEVICE_OBJS := $(BUILD)/emu/obj/runtime.o $(BUILD)/emu/obj/cublas.o $(BUILD)/emu/obj/nccl.o
 
 .PHONY: all test bench gpu-check clean cuda emu
 all: train_gpt_cpu sample_gpt eval_gpt $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
@@ -78,13 +78,13 @@ $(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-# The code version recorded in every run's config.json. Only train_common.o sees it, and it is rebuilt when
+# The code version recorded in every run's config.json. Only run_setup.o sees it, and it is rebuilt when
 # `git describe` changes ($(BUILD)/git_version keeps the last value), so a run never records a stale version.
 $(BUILD)/git_version: FORCE
 	@mkdir -p $(BUILD)
 	@echo '$(GIT_VERSION)' | cmp -s - $@ || echo '$(GIT_VERSION)' > $@
-$(BUILD)/llmc/train_common.o: $(BUILD)/git_version
-$(BUILD)/llmc/train_common.o: CXXFLAGS += -DLLMC_GIT_VERSION=\"$(GIT_VERSION)\"
+$(BUILD)/llmc/run/run_setup.o: $(BUILD)/git_version
+$(BUILD)/llmc/run/run_setup.o: CXXFLAGS += -DLLMC_GIT_VERSION=\"$(GIT_VERSION)\"
 .PHONY: FORCE
 FORCE:
 
@@ -101,7 +101,7 @@ sample_gpt: $(BUILD)/sample_gpt.o $(LIB)
 eval_gpt: $(BUILD)/eval_gpt.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/test/%: $(BUILD)/test/%.o $(LIB)
+$(BUILD)/test/%: $(BUILD)/test/unit/%.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/dev/bench/%.o $(LIB)
@@ -115,7 +115,7 @@ endef
 $(foreach s,$(TOOL_SRCS),$(eval $(call tool_rule,$(s))))
 
 # ---- CUDA ----
-CUDA_HEADERS := $(wildcard llmc/*.cuh demo/*.cuh llmc/*.h demo/*.h)
+CUDA_HEADERS := $(shell find llmc -name '*.h' -o -name '*.cuh')
 train_gpt: train_gpt.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	$(NVCC) $(NVCCFLAGS) $< $(LIB) -o $@ $(NVCC_LDLIBS) $(HOST_LIBS)
 
@@ -128,44 +128,44 @@ $(foreach s,$(CUDA_TEST_SRCS),$(eval $(call cuda_rule,$(s))))
 
 # The fp32 build (-DENABLE_FP32: every kernel and activation in fp32, no bf16 rounding), for tight comparisons
 # with the CPU trainer and PyTorch: its own trainer and GPU tests, built apart from the bf16 ones.
-FP32_TEST_SRCS := $(wildcard test/gpu_*.cu)
-FP32_BINS := $(if $(wildcard train_gpt.cu),train_gpt_fp32) $(FP32_TEST_SRCS:test/%.cu=$(BUILD)/cuda-fp32/%)
+FP32_TEST_SRCS := $(wildcard test/gpu/gpu_*.cu)
+FP32_BINS := $(if $(wildcard train_gpt.cu),train_gpt_fp32) $(FP32_TEST_SRCS:test/gpu/%.cu=$(BUILD)/cuda-fp32/%)
 train_gpt_fp32: train_gpt.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) $(HOST_LIBS)
-$(BUILD)/cuda-fp32/%: test/%.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/cuda-fp32/%: test/gpu/%.cu $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(BUILD)/cuda-fp32
 	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(LIB) -o $@ $(NVCC_LDLIBS) $(HOST_LIBS)
 
 cuda: $(if $(wildcard train_gpt.cu),train_gpt) $(CUDA_BINS) $(FP32_BINS)
 
 # The emulated-kernel tests (EMU_BINS above).
-$(BUILD)/test/test_%_emu: test/emu_%.cpp dev/cuda/block_emulator.h $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/test/test_%_emu: test/emulated/test_%_emu.cpp emu/block_emulator.h $(CUDA_HEADERS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas $< $(EMU_EXTRA_OBJS) $(LIB) -o $@ $(LDLIBS)
 
 # The CUDA trainer and GPU tests on the emulated device (no GPU): the same sources compiled by g++ with
-# dev/cuda/block_emulator.h running the kernels and dev/cuda/emu_{runtime,cublas,nccl}.cpp standing in for the
+# emu/block_emulator.h running the kernels and emu/{runtime,cublas,nccl}.cpp standing in for the
 # CUDA runtime, cuBLASLt/cuBLAS and NCCL (over MPI). build/emu/ holds the bf16 programs, build/emu-fp32/ the
-# fp32 ones; test/test_emulated_gpu.sh runs them against PyTorch and the CPU trainer.
+# fp32 ones; test/emulated/test_emulated_gpu.sh runs them against PyTorch and the CPU trainer.
 EMU_CXXFLAGS = $(CXXFLAGS) -I$(CUDA_INCLUDE) -Wno-attributes -Wno-unknown-pragmas -Wno-maybe-uninitialized
-EMU_COMPILE = $(CXX) $(EMU_CXXFLAGS) -x c++ -include dev/cuda/block_emulator.h
-$(BUILD)/emu/obj/%.o: dev/cuda/%.cpp dev/cuda/block_emulator.h $(FLAGS_STAMP)
+EMU_COMPILE = $(CXX) $(EMU_CXXFLAGS) -x c++ -include emu/block_emulator.h
+$(BUILD)/emu/obj/%.o: emu/%.cpp emu/block_emulator.h emu/streams.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 # emu_program OUTPUT SOURCE FLAGS: one program on the emulated device.
 define emu_program
-$(1): $(2) $(CUDA_HEADERS) dev/cuda/common.h dev/cuda/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB) $(FLAGS_STAMP)
+$(1): $(2) $(CUDA_HEADERS) dev/cuda/common.h emu/block_emulator.h $(EMU_DEVICE_OBJS) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $$(dir $$@)
 	$$(EMU_COMPILE) $(3) $$< -x none $(EMU_DEVICE_OBJS) $(LIB) -o $$@ $$(LDLIBS)
 endef
-$(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu/$(p),$(if $(filter train_gpt,$(p)),train_gpt.cu,test/$(p).cu),)))
-$(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu-fp32/$(p),$(if $(filter train_gpt,$(p)),train_gpt.cu,test/$(p).cu),-DENABLE_FP32)))
-# the NCCL transport's checker, its collectives served over MPI (test/test_emulated_gpu.sh runs it at 1-3 ranks)
+$(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu/$(p),$(if $(filter train_gpt,$(p)),train_gpt.cu,test/gpu/$(p).cu),)))
+$(foreach p,$(EMU_PROGRAMS),$(eval $(call emu_program,$(BUILD)/emu-fp32/$(p),$(if $(filter train_gpt,$(p)),train_gpt.cu,test/gpu/$(p).cu),-DENABLE_FP32)))
+# the NCCL transport's checker, its collectives served over MPI (test/emulated/test_emulated_gpu.sh runs it at 1-3 ranks)
 $(eval $(call emu_program,$(BUILD)/emu/nccl_transport,dev/cuda/nccl_transport.cu,))
-$(BUILD)/test/test_cublas_emu: $(BUILD)/emu/obj/emu_cublas.o
-$(BUILD)/test/test_cublas_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_cublas.o
-$(BUILD)/test/test_streams_emu: $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_nccl.o
-$(BUILD)/test/test_streams_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/emu_runtime.o $(BUILD)/emu/obj/emu_nccl.o
+$(BUILD)/test/test_cublas_emu: $(BUILD)/emu/obj/cublas.o
+$(BUILD)/test/test_cublas_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/cublas.o
+$(BUILD)/test/test_streams_emu: $(BUILD)/emu/obj/runtime.o $(BUILD)/emu/obj/nccl.o
+$(BUILD)/test/test_streams_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/runtime.o $(BUILD)/emu/obj/nccl.o
 emu: $(EMU_DEVICE_BINS)
 
 JOBS ?= $(shell nproc)

@@ -3,7 +3,7 @@
 // validation does (llmc::DataLoader, one rank, no shuffling: windows of B*T+1 tokens every B*T tokens, shard after
 // shard) and averages the cross-entropy over --batches batches, or over every window of the shards.
 // With --choices, the accuracy on a multiple-choice set instead (HellaSwag, as llm.c scores it: the completion of
-// least summed or mean loss after the context; llmc/multiple_choice.h reads the examples).
+// least summed or mean loss after the context; llmc/data/multiple_choice.h reads the examples).
 #include <omp.h>
 
 #include <algorithm>
@@ -18,15 +18,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/bpe.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/dataloader.h"
-#include "llmc/error.h"
-#include "llmc/gpt2_cpu.h"
-#include "llmc/model_io.h"
-#include "llmc/multiple_choice.h"
-#include "llmc/tool_flags.h"
+#include "llmc/data/bpe.h"
+#include "llmc/run/checkpoint.h"
+#include "llmc/run/config.h"
+#include "llmc/data/dataloader.h"
+#include "llmc/base/error.h"
+#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_io.h"
+#include "llmc/data/multiple_choice.h"
+#include "llmc/base/tool_flags.h"
 
 namespace {
 

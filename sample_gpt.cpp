@@ -1,7 +1,7 @@
 // sample_gpt: text from a trained GPT-2 on the CPU. Loads an llm.c model file (ours, a checkpoint's, or llm.c's
 // own, fp32 or bf16), encodes a prompt with the GPT-2 BPE after an end-of-text token (as every training document
 // starts in prepro_gpt2's shards), and extends it token by token with temperature, top-k and top-p sampling from
-// a seed (llmc/sampling.h), so the same command prints the same text on any machine. The model keeps each
+// a seed (llmc/model/sampling.h), so the same command prints the same text on any machine. The model keeps each
 // layer's keys and values (GPT2Cpu::start_sequence / append), so a token costs one position's work until the
 // context outgrows max_seq_len; past that the window slides and is run whole for every token.
 #include <omp.h>
@@ -14,16 +14,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/bpe.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/error.h"
-#include "llmc/fileio.h"
-#include "llmc/gpt2_cpu.h"
-#include "llmc/model_io.h"
-#include "llmc/rng.h"
-#include "llmc/sampling.h"
-#include "llmc/tool_flags.h"
+#include "llmc/data/bpe.h"
+#include "llmc/run/checkpoint.h"
+#include "llmc/run/config.h"
+#include "llmc/base/error.h"
+#include "llmc/base/fileio.h"
+#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_io.h"
+#include "llmc/base/rng.h"
+#include "llmc/model/sampling.h"
+#include "llmc/base/tool_flags.h"
 
 namespace {
 

@@ -1,9 +1,8 @@
-// The CPU trainer: GPT-2 in fp32 (OpenMP + OpenBLAS), data-parallel over MPI ranks with AdamW-DDP or DeMo.
-// It is the reference the CUDA trainer is tested against and the way to run DeMo vs AdamW experiments on
-// machines without a GPU. One training step, top to bottom:
+// The CPU trainer: GPT-2 in fp32 (OpenMP + OpenBLAS), data-parallel over MPI ranks with any registered optimizer
+// (AdamW-DDP, DeMo). It is the reference the CUDA trainer is tested against and the way to run the DeMo vs AdamW
+// experiments on machines without a GPU. One training step, top to bottom:
 //   every micro-step: next batch of this rank's data slice -> forward -> backward (gradients accumulate; in the
-//     last one, AdamW-DDP starts each layer's all-reduce as soon as the backward has finished it, on MPI's
-//     helper thread, unless LLMC_DDP_OVERLAP=0)
+//     last one, AdamW-DDP starts each layer's all-reduce as soon as the backward has finished it)
 //   optimizer.step(params, local grads, lr)   <- the optimizer owns the exchange between ranks
 //   metrics (loss averaged over ranks, tok/s, bytes from the transport) -> progress line + metrics.jsonl
 //   every N steps: validation loss, a text sample, a checkpoint (model + every rank's state, atomic)
@@ -12,8 +11,7 @@
 //   mpirun -np 4 ./train_gpt_cpu --optimizer demo   4 ranks on the default corpus
 #include <omp.h>
 
-#include <chrono>
-#include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -21,20 +19,22 @@
 #include <thread>
 #include <vector>
 
-#include "demo/demo_optimizer.h"
-#include "llmc/adamw.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/dataloader.h"
-#include "llmc/error.h"
-#include "llmc/fileio.h"
-#include "llmc/gpt2_cpu.h"
-#include "llmc/metrics.h"
-#include "llmc/model_io.h"
-#include "llmc/rng.h"
-#include "llmc/schedule.h"
-#include "llmc/tokenizer.h"
-#include "llmc/train_common.h"
+#include "llmc/base/fileio.h"
+#include "llmc/base/rng.h"
+#include "llmc/data/dataloader.h"
+#include "llmc/data/tokenizer.h"
+#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/sampling.h"
+#include "llmc/optim/optimizers.h"
+#include "llmc/run/batch_agreement.h"
+#include "llmc/run/config.h"
+#include "llmc/run/dry_run.h"
+#include "llmc/run/evaluation.h"
+#include "llmc/run/metrics.h"
+#include "llmc/run/run_checkpoints.h"
+#include "llmc/run/run_setup.h"
+#include "llmc/run/step_reporter.h"
+#include "llmc/run/trainer_main.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -48,11 +48,6 @@ int default_threads(int world) {
     if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::max(1, cores / local_ranks);
-}
-
-std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, const ParamLayout& layout, Transport& t) {
-    if (cfg.optimizer == "demo") return std::make_unique<demo::DemoOptimizer>(cfg.optimizer_config(), layout, t);
-    return std::make_unique<AdamW>(cfg.optimizer_config(), layout, t);
 }
 
 // Autoregressive sample from the end-of-text token, at temperature 1, on the model's key/value cache: the context
@@ -79,11 +74,10 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     openblas_set_num_threads(threads);
 
     const int grad_accum = resolve_batch_geometry(cfg, world);
-    const bool ddp_overlap = ddp_overlap_from_env() && cfg.optimizer == "adamw" && world > 1;
+    const bool ddp_overlap = cfg.optim.adamw.ddp_overlap && cfg.optimizer == "adamw" && world > 1;
     const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
     transport.set_collective_timeout(cfg.comm_timeout);
-    const std::string config_json = config_to_json(cfg, -1);
-    check_same_config_everywhere(transport, config_json);
+    const std::string config_json = agree_on_config(cfg, transport);
 
     if (cfg.dry_run) {  // before the model's memory is taken: a dry run may ask about a model too large for here
         if (main_rank) print_dry_run_report(cfg, world);
@@ -91,7 +85,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     }
     GPT2Cpu model(cfg.model);
     const ParamLayout& layout = model.layout();
-    std::unique_ptr<Optimizer> optimizer = make_optimizer(cfg, layout, transport);
+    std::unique_ptr<Optimizer> optimizer = optimizer_family(cfg.optimizer).make(cfg.optim, layout, transport);
     RunData data = open_run_data(cfg, rank, world);
     DataLoader& train_loader = data.train;
 
@@ -113,13 +107,11 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         print_config_warnings(cfg);  // legal settings that probably do not do what was meant
         make_dirs(cfg.out_dir);
         nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt_cpu", launch.argc, launch.argv);
-        if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
+        if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;  // in effect: with several ranks
         write_run_record(cfg.out_dir, record);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x %d thread(s)\n",
-                    cfg.model.describe().c_str(), layout.num_params / 1e6,
-                    (cfg.optimizer + (demo_delay_phrase(cfg).empty() ? "" : " (" + demo_delay_phrase(cfg) + ")")).c_str(),
-                    world, threads);
+                    cfg.model.describe().c_str(), layout.num_params / 1e6, optimizer_banner(cfg).c_str(), world, threads);
         std::printf("%s\n", batch_banner(cfg, world, grad_accum, train_loader).c_str());
         if (cfg.peak_tflops > 0.0f) std::printf("MFU against %g TFLOP/s per rank (--peak_tflops)\n", cfg.peak_tflops);
     }
@@ -142,9 +134,8 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(inputs, targets);
             const bool last = micro == grad_accum - 1;
-            // the overlapped all-reduce's wte rows this step's last batch leaves alone on every rank (the MPI
-            // transport packs any number of ranges into one all-reduce), their OR in flight during the forward (a
-            // rank that fails to read a batch throws in next_batch, so every rank here has loaded its own)
+            // the wte rows no rank's last batch touches can be all-reduced early; the ranks' OR of them travels
+            // during the forward
             const bool report = ddp_overlap && last;
             if (report) batch_agreement_start(transport, layout, true, true, inputs);
             loss += model.forward(inputs.data(), targets.data(), cfg.batch_size, cfg.seq_len);
@@ -162,8 +153,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
         StepDuties due = step_duties(cfg, step);
-        // a stop signal or the time limit (on any rank; the ranks learn it together): this step is the last, with a
-        // checkpoint; so is --checkpoint_every_minutes's
+        // a stop signal or the time limit (the ranks learn it together): this step is the last, with a checkpoint
         const bool stopping = reporter.stop_requested() && step + 1 < cfg.steps;
         if (stopping || reporter.checkpoint_requested()) due.checkpoint = cfg.checkpoint_every >= 0;
         if (due.validate || due.sample || due.checkpoint || stopping) reporter.flush(transport);

@@ -25,13 +25,13 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/bpe.h"
-#include "llmc/byte_stream.h"
-#include "llmc/error.h"
-#include "llmc/fileio.h"
-#include "llmc/json_lines.h"
-#include "llmc/token_shard.h"
-#include "llmc/tokenizer.h"
+#include "llmc/data/bpe.h"
+#include "llmc/base/byte_stream.h"
+#include "llmc/base/error.h"
+#include "llmc/base/fileio.h"
+#include "llmc/base/json_lines.h"
+#include "llmc/data/token_shard.h"
+#include "llmc/data/tokenizer.h"
 
 namespace {
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the C++ test binaries (build/test/test_*, built from test/test_*.cpp) and the script tests
-# (test/test_*.sh, which may call /usr/bin/python3 or node). Exit status 0 = pass, 77 = skipped (the test
+# Runs every test: the C++ test binaries (build/test/test_*, built from test/unit/test_*.cpp and
+# test/emulated/test_*_emu.cpp) and the script tests
+# (test/*/test_*.sh, which may call /usr/bin/python3 or node). Exit status 0 = pass, 77 = skipped (the test
 # printed why), anything else = fail. Prints one line per test and a closing "N passed, N failed, N skipped".
 # Usage: test/run_tests.sh [name-filter]
 set -u
@@ -9,7 +10,7 @@ filter="${1:-}"
 logdir=build/test-logs
 # Transparent huge pages for every malloc of the programs and scripts run here (glibc 2.35+; other versions ignore
 # it): on the CI VM a 4 KiB page fault costs ~10 us, and the Python/PyTorch checks allocate through malloc too. The
-# trainers and tools advise their large arrays themselves (llmc/host_memory.h), with or without this.
+# trainers and tools advise their large arrays themselves (llmc/base/host_memory.h), with or without this.
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
 mkdir -p "$logdir"
 passed=0; failed=0; skipped=0; failed_names=()
@@ -32,7 +33,7 @@ run_one() {
 for bin in build/test/test_*; do
   [[ -x "$bin" ]] && run_one "$(basename "$bin")" "$bin"
 done
-for script in test/test_*.sh; do
+for script in test/*/test_*.sh; do
   [[ -f "$script" ]] && run_one "$(basename "$script" .sh)" bash "$script"
 done
 echo

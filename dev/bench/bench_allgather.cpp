@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "demo/chunk_plan.h"
-#include "demo/codec.h"
-#include "demo/traffic_report.h"
-#include "llmc/error.h"
-#include "llmc/transport_mpi.h"
+#include "llmc/optim/demo/chunk_plan.h"
+#include "llmc/optim/demo/codec.h"
+#include "llmc/optim/demo/traffic_report.h"
+#include "llmc/base/error.h"
+#include "llmc/comm/transport_mpi.h"
 
 namespace {
 

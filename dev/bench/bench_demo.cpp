@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "demo/codec.h"
-#include "demo/demo_optimizer.h"
-#include "llmc/error.h"
-#include "llmc/gpt2_cpu.h"
-#include "llmc/gpt2_layout.h"
-#include "llmc/rng.h"
+#include "llmc/optim/demo/codec.h"
+#include "llmc/optim/demo/demo_optimizer.h"
+#include "llmc/base/error.h"
+#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/base/rng.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Benchmark of one CPU training step (GPT2Cpu forward + backward + llmc::AdamW update) on a randomly
 // initialised model and random tokens: median milliseconds of forward, backward, optimizer and the whole
 // step after warmup, and tokens/s. By default GPT-2 124M (d12) at B=4,T=64 (llm.c's train_gpt2.c setting,
-// compared in dev/bench/README.md) and at B=8,T=256.
+// compared in docs/benchmarks.md) and at B=8,T=256.
 //
 // Usage: bench_gpt2_cpu [--layers L] [--heads H] [--channels C] [-B B] [-T T] [--steps N] [--warmup W]
 // Any of --layers/--heads/--channels/-B/-T replaces the two defaults with that single configuration (the
@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "llmc/adamw.h"
-#include "llmc/error.h"
-#include "llmc/gpt2_cpu.h"
-#include "llmc/rng.h"
-#include "llmc/transport.h"
+#include "llmc/optim/adamw/adamw.h"
+#include "llmc/base/error.h"
+#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/base/rng.h"
+#include "llmc/comm/transport.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Checker for llmc/adamw.cuh: the AdamW kernel against km::adamw_update on the host (master weights and
+// Checker for llmc/optim/adamw/adamw.cuh: the AdamW kernel against km::adamw_update on the host (master weights and
 // moments), the floatX parameters bit-exactly against kernel_math's round-to-nearest-even and stochastic
 // rounding of the GPU's own master values, and the CudaAdamW optimizer against the CPU llmc::AdamW over a
 // few steps (same gradient, clipping, decay groups), plus a state save/load round trip. Timing on a 124M
@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/adamw.cuh"
-#include "llmc/adamw.h"
+#include "llmc/optim/adamw/adamw.cuh"
+#include "llmc/optim/adamw/adamw.h"
 
 using namespace llmc;
 

@@ -1,4 +1,4 @@
-// Checker for llmc/attention.cuh (the cuBLAS + softmax path) and llmc/flash_attention.cuh: causal attention
+// Checker for llmc/cuda/attention.cuh (the cuBLAS + softmax path) and llmc/cuda/flash_attention.cuh: causal attention
 // forward and backward against one CPU implementation per head in double, on a GPT-2 head layout (C=768,
 // 12 heads), the tiny test model's (C=64, 4 heads, T=32), head size 12 with T=37, and head size 64 with T=200.
 //   matmul path: forward out and the kept softmax probabilities, backward d qkv.
@@ -21,8 +21,8 @@
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/attention.cuh"
-#include "llmc/flash_attention.cuh"
+#include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/flash_attention.cuh"
 
 using namespace llmc;
 

@@ -4,21 +4,21 @@
 # after warm-up, tokens/s and MFU (llm.c's estimate: 6N + 6LCT flops per token against the GPU's dense bf16
 # peak, so the figures compare with llm.c's printout), the optimizer's own time per step, and DeMo's step time
 # relative to AdamW's (issue target: within 5%). The first two runs use the trainer's defaults (flash
-# attention; on Hopper both GELU epilogues); then both optimizers with LLMC_ATTENTION=matmul (cuBLASLt +
-# softmax attention), and AdamW with LLMC_GELU_FUSION=1 (the forward GELU epilogue only), so every default is
-# timed against its alternative, and DeMo with its other kernel choices: LLMC_DEMO_DCT=tensor (the compress
-# kernel's DCTs on the tensor cores), LLMC_DEMO_MOMENTUM=dct (the momentum in the DCT domain) and both. When
+# attention; on Hopper both GELU epilogues); then both optimizers with --attention matmul (cuBLASLt +
+# softmax attention), and AdamW with --gelu_fusion forward (the forward GELU epilogue only), so every default is
+# timed against its alternative, and DeMo with its other kernel choices: --demo_dct tensor (the compress
+# kernel's DCTs on the tensor cores), --demo_momentum_domain dct (the momentum in the DCT domain) and both. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
-# baseline. AdamW also runs with LLMC_FLASH_DQ=shares_last (the flash backward's per-pair dQ shares summed by the
-# last key tile to write, not by a second kernel: the same bits), LLMC_FLASH_DQ=atomic (dQ summed across blocks in
-# L2 by atomic adds instead of through the shares) and LLMC_FLASH_DQ=shares_bf16 (the shares in bf16: half their
-# traffic), with LLMC_MATMUL_TUNE=1 (each matmul's algorithm the fastest of cuBLASLt's
-# candidates), with LLMC_CUDA_GRAPH=1 (each micro-step one CUDA graph; DeMo too) and with LLMC_BIAS_GRAD=epilogue
+# baseline. AdamW also runs with --flash_dq shares_last (the flash backward's per-pair dQ shares summed by the
+# last key tile to write, not by a second kernel: the same bits), --flash_dq atomic (dQ summed across blocks in
+# L2 by atomic adds instead of through the shares) and --flash_dq shares_bf16 (the shares in bf16: half their
+# traffic), with --matmul_tune true (each matmul's algorithm the fastest of cuBLASLt's
+# candidates), with --cuda_graph true (each micro-step one CUDA graph; DeMo too) and with --bias_grad epilogue
 # (the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue, not a column reduction). BENCH_QUICK=1 runs only
 # the default-attention runs (AdamW, its three dQ runs, its tuned matmuls, graphs and bias epilogue, and DeMo's four
 # kernel choices and graphs), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
-# (LLMC_DEMO_TUNING: the kernel lab's candidates in whole steps), right
+# (--demo_kernel_tuning: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
 #   dev/cuda/bench_train_gpt.sh [B=16] [T=1024] [steps=30]
 # Needs ./train_gpt (make train_gpt) and data/default (data/prepare_default.sh). Exit 77 without a GPU.
@@ -59,7 +59,7 @@ print(f"STEPMS {label} {ms:.4f}")
 EOF
 }
 
-run_ours() {  # [KNOB=value] run_ours <label> <optimizer> [flags]: environment knobs pass through to train_gpt
+run_ours() {  # run_ours <label> <optimizer> [flags]: the flags (kernel switches too) pass through to train_gpt
   local label=$1 opt=$2; shift 2
   rm -rf "${out:?}/$label"
   ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps "$STEPS" \
@@ -78,41 +78,39 @@ ratio() {  # ratio <label a> <label b> <what>: b's step time over a's
 
 : >"$out/summary.txt"
 nvidia-smi -L
-unset LLMC_ATTENTION LLMC_GELU_FUSION LLMC_DEMO_DCT LLMC_DEMO_MOMENTUM LLMC_DEMO_TUNING LLMC_FLASH_DQ \
-  LLMC_MATMUL_TUNE LLMC_CUDA_GRAPH LLMC_BIAS_GRAD
 run_ours adamw adamw
 run_ours demo demo --demo_topk 32
 ratio adamw demo "DeMo step / AdamW step (target within +5%)"
-LLMC_FLASH_DQ=shares_last run_ours adamw-lastdq adamw
-ratio adamw adamw-lastdq "AdamW step with LLMC_FLASH_DQ=shares_last / with the dQ shares' sum kernel (default)"
-LLMC_FLASH_DQ=atomic run_ours adamw-atomicdq adamw
-ratio adamw adamw-atomicdq "AdamW step with LLMC_FLASH_DQ=atomic / with the dQ shares (default)"
-LLMC_FLASH_DQ=shares_bf16 run_ours adamw-bf16dq adamw
-ratio adamw adamw-bf16dq "AdamW step with LLMC_FLASH_DQ=shares_bf16 / with the fp32 dQ shares (default)"
-LLMC_MATMUL_TUNE=1 run_ours adamw-matmultune adamw
-ratio adamw adamw-matmultune "AdamW step with LLMC_MATMUL_TUNE=1 / with cuBLASLt's first algorithms (default)"
-LLMC_CUDA_GRAPH=1 run_ours adamw-cudagraph adamw
-ratio adamw adamw-cudagraph "AdamW step with LLMC_CUDA_GRAPH=1 / with every kernel launched (default)"
-LLMC_BIAS_GRAD=epilogue run_ours adamw-biasgrad adamw
-ratio adamw adamw-biasgrad "AdamW step with LLMC_BIAS_GRAD=epilogue / with the bias gradients' column reductions (default)"
-LLMC_CUDA_GRAPH=1 run_ours demo-cudagraph demo --demo_topk 32
-ratio demo demo-cudagraph "DeMo step with LLMC_CUDA_GRAPH=1 / with every kernel launched (default)"
+run_ours adamw-lastdq adamw --flash_dq shares_last
+ratio adamw adamw-lastdq "AdamW step with --flash_dq shares_last / with the dQ shares' sum kernel (default)"
+run_ours adamw-atomicdq adamw --flash_dq atomic
+ratio adamw adamw-atomicdq "AdamW step with --flash_dq atomic / with the dQ shares (default)"
+run_ours adamw-bf16dq adamw --flash_dq shares_bf16
+ratio adamw adamw-bf16dq "AdamW step with --flash_dq shares_bf16 / with the fp32 dQ shares (default)"
+run_ours adamw-matmultune adamw --matmul_tune true
+ratio adamw adamw-matmultune "AdamW step with --matmul_tune true / with cuBLASLt's first algorithms (default)"
+run_ours adamw-cudagraph adamw --cuda_graph true
+ratio adamw adamw-cudagraph "AdamW step with --cuda_graph true / with every kernel launched (default)"
+run_ours adamw-biasgrad adamw --bias_grad epilogue
+ratio adamw adamw-biasgrad "AdamW step with --bias_grad epilogue / with the bias gradients' column reductions (default)"
+run_ours demo-cudagraph demo --demo_topk 32 --cuda_graph true
+ratio demo demo-cudagraph "DeMo step with --cuda_graph true / with every kernel launched (default)"
 for tuning in ${BENCH_DEMO_TUNINGS:-}; do
-  LLMC_DEMO_TUNING=$tuning run_ours "demo-tuning$tuning" demo --demo_topk 32
-  ratio adamw "demo-tuning$tuning" "DeMo step with LLMC_DEMO_TUNING=$tuning / AdamW step"
+  run_ours "demo-tuning$tuning" demo --demo_topk 32 --demo_kernel_tuning $tuning
+  ratio adamw "demo-tuning$tuning" "DeMo step with --demo_kernel_tuning=$tuning / AdamW step"
 done
-LLMC_DEMO_DCT=tensor run_ours demo-tensordct demo --demo_topk 32
-ratio adamw demo-tensordct "DeMo step with LLMC_DEMO_DCT=tensor / AdamW step"
-LLMC_DEMO_MOMENTUM=dct run_ours demo-dctmomentum demo --demo_topk 32
-ratio adamw demo-dctmomentum "DeMo step with LLMC_DEMO_MOMENTUM=dct / AdamW step"
-LLMC_DEMO_DCT=tensor LLMC_DEMO_MOMENTUM=dct run_ours demo-tensordct-dctmomentum demo --demo_topk 32
-ratio adamw demo-tensordct-dctmomentum "DeMo step with LLMC_DEMO_DCT=tensor LLMC_DEMO_MOMENTUM=dct / AdamW step"
+run_ours demo-tensordct demo --demo_topk 32 --demo_dct tensor
+ratio adamw demo-tensordct "DeMo step with --demo_dct tensor / AdamW step"
+run_ours demo-dctmomentum demo --demo_topk 32 --demo_momentum_domain dct
+ratio adamw demo-dctmomentum "DeMo step with --demo_momentum_domain dct / AdamW step"
+run_ours demo-tensordct-dctmomentum demo --demo_topk 32 --demo_dct tensor --demo_momentum_domain dct
+ratio adamw demo-tensordct-dctmomentum "DeMo step with --demo_dct tensor --demo_momentum_domain dct / AdamW step"
 [[ ${BENCH_QUICK:-0} == 1 ]] && exit 0
-LLMC_ATTENTION=matmul run_ours adamw-matmul adamw
-LLMC_ATTENTION=matmul run_ours demo-matmul demo --demo_topk 32
+run_ours adamw-matmul adamw --attention matmul
+run_ours demo-matmul demo --demo_topk 32 --attention matmul
 ratio adamw-matmul demo-matmul "DeMo step / AdamW step, matmul attention (target within +5%)"
 ratio adamw-matmul adamw "AdamW step with flash attention (default) / with matmul attention"
-LLMC_GELU_FUSION=1 run_ours adamw-gelu1 adamw
+run_ours adamw-gelu1 adamw --gelu_fusion forward
 ratio adamw-gelu1 adamw "AdamW step with both GELU epilogues (default on Hopper) / the forward one only"
 run_ours demo-delay demo --demo_topk 32 --demo_delay 1
 ratio demo demo-delay "DeMo step with --demo_delay 1 (eager) / without (one GPU hides nothing: the cost of its own-share apply)"

@@ -2,8 +2,8 @@
 # GPU check of the CUDA trainer's determinism and checkpoint/resume, for both optimizers: two identical runs
 # of ./train_gpt give bit-identical losses, and a run resumed from its step-3 checkpoint gives steps 4-6 and
 # the final val loss bit-identical to the uninterrupted run (master weights, optimizer state, data position
-# and the stochastic-rounding stream all continue); AdamW once more with LLMC_ATTENTION=flash, DeMo once more with
-# its momentum in the DCT domain (LLMC_DEMO_MOMENTUM=dct) and with --demo_delay 1, eager and stale. Small model
+# and the stochastic-rounding stream all continue); AdamW once more with --attention flash, DeMo once more with
+# its momentum in the DCT domain (--demo_momentum_domain dct) and with --demo_delay 1, eager and stale. Small model
 # (configs/tiny.json) on the default corpus.
 # Exit 0 pass, 1 fail, 77 skipped (no GPU, no ./train_gpt or no data).
 set -uo pipefail
@@ -24,10 +24,10 @@ print("\n".join(repr(r["loss"]) for r in rows if r["type"]=="train")); print([r[
 for opt in adamw demo adamw-flash demo-dct demo-delay demo-stale; do
   common=(--config configs/tiny.json --batch_size 4 --seq_len 64 --steps 6 --optimizer "${opt%-*}" --lr 1e-3
           --val_every 0 --val_batches 2 --checkpoint_every 3 --keep_checkpoints 0 --log_every 6)
-  # adamw-flash: LLMC_ATTENTION=flash, which needs a head size of 64 (the tiny model with one head)
-  if [[ $opt == *-flash ]]; then export LLMC_ATTENTION=flash; common+=(--num_heads 1); else export LLMC_ATTENTION=matmul; fi
+  # adamw-flash: --attention flash, which needs a head size of 64 (the tiny model with one head)
+  if [[ $opt == *-flash ]]; then common+=(--attention flash --num_heads 1); else common+=(--attention matmul); fi
   # demo-dct: the momentum kept in the DCT domain (tuning 6), saved in that domain by the checkpoint
-  if [[ $opt == demo-dct ]]; then export LLMC_DEMO_MOMENTUM=dct; else unset LLMC_DEMO_MOMENTUM; fi
+  [[ $opt == demo-dct ]] && common+=(--demo_momentum_domain dct)
   # demo-delay: --demo_delay 1, whose step-3 checkpoint holds a round not yet applied
   [[ $opt == demo-delay ]] && common+=(--demo_delay 1)
   # demo-stale: the same without the eager own share (--demo_eager false)

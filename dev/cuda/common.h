@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/cuda_common.cuh"
+#include "llmc/cuda/cuda_common.cuh"
 
 namespace check {
 

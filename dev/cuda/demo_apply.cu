@@ -1,4 +1,4 @@
-// Checker for demo_apply_kernel (demo/demo_kernels.cuh): 1, 3 and 8 ranks' buckets written by the CPU
+// Checker for demo_apply_kernel (llmc/optim/demo/demo_kernels.cuh): 1, 3 and 8 ranks' buckets written by the CPU
 // DemoOptimizer (so the GPU also proves it reads the CPU's wire format) on awkward plans and the d12 shapes,
 // fp32 / bf16 / sign values, u8-u16 / packed12 indices, with weight decay on the 2-D tensors:
 //  1. master weights bit-exact against the host reference of the same per-chunk math
@@ -14,11 +14,13 @@
 // decoded value is within rounding of 0) and its lean I/O twin bit-identical to it. Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
-#include "demo/demo_cuda.cuh"
-#include "demo/demo_optimizer.h"
+#include "llmc/optim/demo/demo_cuda.cuh"
+#include "llmc/optim/demo/demo_optimizer.h"
+#include "test/support/demo_agreement.h"
+#include "test/support/demo_host_reference.h"
 #include "dev/cuda/common.h"
-#include "llmc/gpt2_layout.h"
-#include "test/demo_corrupt_buckets.h"
+#include "llmc/model/gpt2/gpt2_layout.h"
+#include "test/support/demo_corrupt_buckets.h"
 
 using namespace llmc;
 namespace cm = demo::cm;

@@ -1,4 +1,4 @@
-// Checker for demo_compress_kernel (demo/demo_kernels.cuh), on awkward plans ([96,50], [7], [50,1000], [3,5], prime
+// Checker for demo_compress_kernel (llmc/optim/demo/demo_kernels.cuh), on awkward plans ([96,50], [7], [50,1000], [3,5], prime
 // sizes giving 1x64, 64x1 and 1x1 chunks,
 // 64x64 chunks, mixed, --demo_chunk 16, 96 and 128 (refused: too big for shared memory)) and on the d12 tensor shapes (a 2-layer GPT-2 with d12's
 // widths and vocabulary), for fp32 / bf16 / sign values, u8-u16 / packed12 indices, lr / EMA momentum and
@@ -21,10 +21,12 @@
 #include <memory>
 #include <utility>
 
-#include "demo/demo_cuda.cuh"
-#include "demo/demo_optimizer.h"
+#include "llmc/optim/demo/demo_cuda.cuh"
+#include "llmc/optim/demo/demo_optimizer.h"
+#include "test/support/demo_agreement.h"
+#include "test/support/demo_host_reference.h"
 #include "dev/cuda/common.h"
-#include "llmc/gpt2_layout.h"
+#include "llmc/model/gpt2/gpt2_layout.h"
 
 using namespace llmc;
 namespace cm = demo::cm;

@@ -1,11 +1,11 @@
-// Checker for llmc/encoder.cuh: encoder_forward (token + position embedding) and the deterministic
+// Checker for llmc/cuda/encoder.cuh: encoder_forward (token + position embedding) and the deterministic
 // encoder_backward (bucketed dwte, dwpe) against CPU loops, on GPT-2 shapes with frequently repeated tokens
 // (big buckets) and on an odd channel count (scalar path); the backward runs twice to confirm bit-identical
 // results. Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/encoder.cuh"
+#include "llmc/cuda/encoder.cuh"
 
 using namespace llmc;
 

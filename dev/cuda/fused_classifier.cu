@@ -1,4 +1,4 @@
-// Checker for llmc/fused_classifier.cuh: per-row cross-entropy losses over the first V of Vp columns and the
+// Checker for llmc/cuda/fused_classifier.cuh: per-row cross-entropy losses over the first V of Vp columns and the
 // in-place dlogits (softmax - onehot) * dloss with zeroed padding, against a CPU computation in double; the
 // evaluation variant must leave the logits untouched; the kernel fused_classifier launches (on sm_80 and newer
 // for GPT-2's rows: the staged one), and the two-pass 128-bit kernel it runs for longer rows. Timing of both at
@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/fused_classifier.cuh"
+#include "llmc/cuda/fused_classifier.cuh"
 
 using namespace llmc;
 

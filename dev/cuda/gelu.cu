@@ -1,8 +1,8 @@
-// Checker for llmc/gelu.cuh: gelu_forward and gelu_backward_inplace against the CPU reference (the same
+// Checker for llmc/cuda/gelu.cuh: gelu_forward and gelu_backward_inplace against the CPU reference (the same
 // km:: functions evaluated on the host from the same floatX inputs), on the vector path (GPT-2 MLP size) and
 // the scalar path (odd size), then timing. Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
 #include "dev/cuda/common.h"
-#include "llmc/gelu.cuh"
+#include "llmc/cuda/gelu.cuh"
 
 using namespace llmc;
 

@@ -1,10 +1,10 @@
-// Checker for llmc/global_norm.cuh: the deterministic gradient norm against a double-precision sum, against
+// Checker for llmc/cuda/global_norm.cuh: the deterministic gradient norm against a double-precision sum, against
 // the CPU mirror of its exact reduction order, and against itself (two runs must agree bit for bit), on a
 // GPT-2 124M-sized gradient and a small odd size. Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/global_norm.cuh"
+#include "llmc/cuda/global_norm.cuh"
 
 using namespace llmc;
 

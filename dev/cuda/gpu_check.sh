@@ -6,7 +6,7 @@
 # (dev/cuda/check_train_gpt_resume.sh), on several GPUs the multi-GPU check (dev/cuda/multi_gpu_check.sh),
 # and the end-to-end benchmark (dev/cuda/bench_train_gpt.sh).
 # The GPU tests' PyTorch references (build/reference/tiny; build/reference/hs64, a head size of 64 for the
-# flash attention run of gpu_test_gpt2 with LLMC_ATTENTION=flash) are generated first if missing and a python3
+# flash attention run of gpu_test_gpt2 with --attention flash) are generated first if missing and a python3
 # with torch is found.
 # Without a GPU (no nvidia-smi, or it lists no device) it prints "no CUDA device: GPU checks skipped" and exits
 # 0. Otherwise it exits 1 when any binary failed. Full logs: build/cuda-logs/<name>.log.
@@ -82,18 +82,18 @@ done
 
 # The whole model against PyTorch again under the environment knobs that change kernels (the binary above ran
 # the defaults on a head size of 16, so the matmul attention): both attentions at head size 64 (flash with every
-# dQ summation, LLMC_FLASH_DQ: fp32 shares, summed by the last key tile, bf16 shares, atomic; with tuned matmul
-# algorithms, LLMC_MATMUL_TUNE; with the micro-step as a CUDA graph, LLMC_CUDA_GRAPH; with the qkv and fc bias
-# gradients from cuBLASLt's BGRADB epilogue, LLMC_BIAS_GRAD=epilogue), then every GELU level (0 separate
+# dQ summation, --flash_dq: fp32 shares, summed by the last key tile, bf16 shares, atomic; with tuned matmul
+# algorithms, --matmul_tune; with the micro-step as a CUDA graph, --cuda_graph; with the qkv and fc bias
+# gradients from cuBLASLt's BGRADB epilogue, --bias_grad epilogue), then every GELU level (0 separate
 # kernels, 1 the forward as a cuBLASLt epilogue, 2 the backward too; 2 is Hopper's default).
-variant() {  # variant <row name> <VAR=value> <binary> <args...>
-  local name=$1 setting=$2 bin=$3
-  shift 3
+variant() {  # variant <row name> <binary> <args and kernel flags...>
+  local name=$1 bin=$2
+  shift 2
   [[ -x $bin && ( -z "$filter" || "$name" == *"$filter"* ) ]] || return 0
   skipped_by_request "$name" && return 0
   local start secs rc status
   start=$(date +%s.%N)
-  env "$setting" timeout "${GPU_CHECK_TIMEOUT:-180}" "$bin" "$@" >"$logdir/$name.log" 2>&1; rc=$?
+  timeout "${GPU_CHECK_TIMEOUT:-180}" "$bin" "$@" >"$logdir/$name.log" 2>&1; rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [[ $rc -eq 0 ]]; then status=PASS; passed=$((passed+1))
   elif [[ $rc -eq 77 ]]; then status=SKIP; skipped=$((skipped+1))
@@ -102,21 +102,21 @@ variant() {  # variant <row name> <VAR=value> <binary> <args...>
   fi
   rows+=("$(printf '%-22s %-5s %7ss' "$name" "$status" "$secs")")
 }
-variant gpu_test_gpt2_flash LLMC_ATTENTION=flash build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_last_dq LLMC_FLASH_DQ=shares_last build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_atomic_dq LLMC_FLASH_DQ=atomic build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_bf16_dq LLMC_FLASH_DQ=shares_bf16 build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_matmul_tune LLMC_MATMUL_TUNE=1 build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_cuda_graph LLMC_CUDA_GRAPH=1 build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_bias_grad LLMC_BIAS_GRAD=epilogue build/cuda/gpu_test_gpt2 build/reference/hs64
-variant gpu_test_gpt2_hs64_matmul LLMC_ATTENTION=matmul build/cuda/gpu_test_gpt2 build/reference/hs64
-for level in 0 1 2; do
-  variant gpu_test_gpt2_gelu$level LLMC_GELU_FUSION=$level build/cuda/gpu_test_gpt2 build/reference/tiny
+variant gpu_test_gpt2_flash build/cuda/gpu_test_gpt2 build/reference/hs64 --attention flash
+variant gpu_test_gpt2_last_dq build/cuda/gpu_test_gpt2 build/reference/hs64 --flash_dq shares_last
+variant gpu_test_gpt2_atomic_dq build/cuda/gpu_test_gpt2 build/reference/hs64 --flash_dq atomic
+variant gpu_test_gpt2_bf16_dq build/cuda/gpu_test_gpt2 build/reference/hs64 --flash_dq shares_bf16
+variant gpu_test_gpt2_matmul_tune build/cuda/gpu_test_gpt2 build/reference/hs64 --matmul_tune true
+variant gpu_test_gpt2_cuda_graph build/cuda/gpu_test_gpt2 build/reference/hs64 --cuda_graph true
+variant gpu_test_gpt2_bias_grad build/cuda/gpu_test_gpt2 build/reference/hs64 --bias_grad epilogue
+variant gpu_test_gpt2_hs64_matmul build/cuda/gpu_test_gpt2 build/reference/hs64 --attention matmul
+for fusion in none forward both; do
+  variant gpu_test_gpt2_gelu_$fusion build/cuda/gpu_test_gpt2 build/reference/tiny --gelu_fusion $fusion
 done
 # DeMo with its compress kernel's DCTs on the tensor cores, and with the momentum in the DCT domain (the state
 # blob converted on the way to the CPU optimizer and back), 10 steps against the CPU optimizer
-variant gpu_test_demo_tensor LLMC_DEMO_DCT=tensor build/cuda/gpu_test_demo build/reference/tiny
-variant gpu_test_demo_dct LLMC_DEMO_MOMENTUM=dct build/cuda/gpu_test_demo build/reference/tiny
+variant gpu_test_demo_tensor build/cuda/gpu_test_demo build/reference/tiny --demo_dct tensor
+variant gpu_test_demo_dct build/cuda/gpu_test_demo build/reference/tiny --demo_momentum_domain dct
 
 # script_row <row name> <script>: a check script as one row (its exit 77 is a skip)
 script_row() {

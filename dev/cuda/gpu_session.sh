@@ -5,9 +5,9 @@
 #      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs); on one GPU, with
 #      the bundle's Open MPI (mpi/), the same check's correctness part with two ranks sharing it over the MPI
 #      transport (SHARED_GPU=1);
-#   2. the attention, LayerNorm and matmul labs (the flash backward with each dQ summation, LLMC_FLASH_DQ, and
+#   2. the attention, LayerNorm and matmul labs (the flash backward with each dQ summation, --flash_dq, and
 #      the forward's four block shapes; the fused LayerNorm backward; cuBLASLt's first against tuned algorithms,
-#      LLMC_MATMUL_TUNE; the bias gradients by column reduction against the BGRADB epilogue, LLMC_BIAS_GRAD),
+#      --matmul_tune; the bias gradients by column reduction against the BGRADB epilogue, --bias_grad),
 #      checked and timed;
 #   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
 #   4. the end-to-end benchmark, quick form (AdamW with each dQ summation, tuned matmuls and the bias epilogue,
@@ -68,7 +68,7 @@ step demo_compress 180 build/cuda/demo_compress
 BENCH_QUICK=1 step bench_train_gpt 300 dev/cuda/bench_train_gpt.sh
 for tuning in ${PROFILE_TUNINGS:-default}; do
   if [[ $tuning == default ]]; then step profile_compress 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
-  else LLMC_DEMO_TUNING=$tuning step "profile_compress_$tuning" 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
+  else step "profile_compress_$tuning" 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo --demo_kernel_tuning "$tuning"
   fi
 done
 step train_gpt_resume 100 dev/cuda/check_train_gpt_resume.sh

@@ -1,11 +1,11 @@
-// Checker for llmc/layernorm.cuh: layernorm_forward, fused_residual_layernorm_forward and layernorm_backward
+// Checker for llmc/cuda/layernorm.cuh: layernorm_forward, fused_residual_layernorm_forward and layernorm_backward
 // (dinp accumulation, fp32 dweight/dbias by the deterministic column reduction) against the CPU row references
 // of kernel_math.h, on GPT-2 shapes and an odd channel count; the backward runs twice to confirm bit-identical
 // weight gradients. Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/layernorm.cuh"
+#include "llmc/cuda/layernorm.cuh"
 
 using namespace llmc;
 

@@ -1,16 +1,16 @@
-// Checker for llmc/matmul.cuh: matmul_forward (bias epilogue, fused GELU epilogue vs separate GELU kernel,
+// Checker for llmc/cuda/matmul.cuh: matmul_forward (bias epilogue, fused GELU epilogue vs separate GELU kernel,
 // misaligned-bias and misaligned-pre_gelu fallbacks, the unfused path matmul_lt takes when cuBLASLt has no
 // algorithm) and matmul_backward (dinp, plain and as the gradient of a GELU input through the DGELU epilogue or its
 // fallbacks, fp32 dweight accumulation, deterministic dbias by the column reduction or by cuBLASLt's BGRADB
-// epilogue, LLMC_BIAS_GRAD=epilogue) against CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows,
-// timing on B*T = 8192 rows), with cuBLASLt's first algorithm and with CudaEnv::tune_matmuls (LLMC_MATMUL_TUNE=1:
+// epilogue, --bias_grad epilogue) against CPU loops in double, on a GPT-2 fc shape (correctness on fewer rows,
+// timing on B*T = 8192 rows), with cuBLASLt's first algorithm and with CudaEnv::tune_matmuls (--matmul_tune true:
 // the fastest of its candidates). Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <array>
 #include <cstring>
 #include <string>
 
 #include "dev/cuda/common.h"
-#include "llmc/matmul.cuh"
+#include "llmc/cuda/matmul.cuh"
 
 using namespace llmc;
 
@@ -145,7 +145,7 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
     ck.expect(std::memcmp(db_first.data(), check::from_device(d_db2).data(), OC * sizeof(float)) == 0,
               "dbias bit-identical " + label);
 
-    // LLMC_BIAS_GRAD=epilogue: dbias from the weight-gradient product's BGRADB epilogue (where cuBLASLt has it; the
+    // --bias_grad epilogue: dbias from the weight-gradient product's BGRADB epilogue (where cuBLASLt has it; the
     // column reduction otherwise), the same dweight, and the same bits when run again.
     {
         const bool fused = matmul_lt<float>(env, d_dw.data(), d_inp.data(), d_dout.data(), nullptr,
@@ -225,7 +225,7 @@ static std::array<float, 4> time_shape(CudaEnv& env, int N, int C, int OC, const
 }
 
 // The backward with the bias gradient by the column reduction (default) and by the BGRADB epilogue
-// (LLMC_BIAS_GRAD=epilogue), both with dinp and dweight, and the second over the first.
+// (--bias_grad epilogue), both with dinp and dweight, and the second over the first.
 static void time_bias_grad(CudaEnv& env, int N, int C, int OC, const std::string& name) {
     DeviceBuffer<floatX> inp(size_t(N) * C), w(size_t(OC) * C), dout(size_t(N) * OC), dinp(size_t(N) * C);
     DeviceBuffer<float> dw(size_t(OC) * C), db(OC), scratch(matmul_backward_scratch_floats(N, OC));
@@ -243,10 +243,10 @@ static void time_bias_grad(CudaEnv& env, int N, int C, int OC, const std::string
                                 .c_str(), ms[fuse], flops);
     }
     check::report_ratio("matmul_backward+dbias bias epilogue / column reduction " + name, ms[1], ms[0],
-                        "LLMC_BIAS_GRAD=epilogue against the default");
+                        "--bias_grad epilogue against the default");
 }
 
-// The same shape with the algorithms tuned (LLMC_MATMUL_TUNE=1's choice: a fresh cache, tune_matmuls on), and the
+// The same shape with the algorithms tuned (--matmul_tune true's choice: a fresh cache, tune_matmuls on), and the
 // tuned times over the first-choice ones; the cache and the setting are restored to the first choices after.
 static void time_shape_tuned(CudaEnv& env, int N, int C, int OC, const char* name) {
     const std::array<float, 4> first = time_shape(env, N, C, OC, name);

@@ -4,9 +4,9 @@
 #   correctness (tiny model, the fp32 build ./train_gpt_fp32, so sums differ only by order):
 #     - AdamW-DDP, N ranks x batch B against 1 rank x batch N*B on the same rows (no shuffling): losses
 #       within 1e-4 over 5 steps (the CPU trainer's test allows the same); through host memory
-#       (LLMC_TRANSPORT=mpi) the overlapped all-reduce gives the bits of the one after the backward and the
+#       (--transport mpi) the overlapped all-reduce gives the bits of the one after the backward and the
 #       NCCL run's losses within 1e-5;
-#     - DeMo on N ranks: two runs give bit-identical losses; the MPI transport (LLMC_TRANSPORT=mpi, buckets
+#     - DeMo on N ranks: two runs give bit-identical losses; the MPI transport (--transport mpi, buckets
 #       through host memory) gives the NCCL run's bits; --demo_delay 1 reruns bit-identically and resumes
 #       from its step-3 checkpoint (a round in flight) bit for bit;
 #   scaling (GPT-2 124M, configs/d12.json, bf16 ./train_gpt, B=16 T=1024 per rank, 20 steps, median after 5):
@@ -29,13 +29,14 @@ PY=${PYTHON:-python3}
 BIN=${TRAIN_GPT:-./train_gpt}
 BIN32=${TRAIN_GPT_FP32:-./train_gpt_fp32}
 SHARED=${SHARED_GPU:-0}
+every_run=()  # flags every run gets
 if [[ -z ${GPUS:-} ]]; then
   command -v nvidia-smi >/dev/null 2>&1 || { echo "no nvidia-smi: multi-GPU check skipped"; exit 77; }
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 fi
 if ((SHARED)); then
   ((GPUS >= 1)) || { echo "no GPU: skipped"; exit 77; }
-  export LLMC_TRANSPORT=mpi  # every run: ranks on one device share no NCCL communicator
+  every_run=(--transport mpi)  # ranks on one device share no NCCL communicator
   SCALING=0
   [[ -x $BIN32 ]] || { echo "no $BIN32: skipped"; exit 77; }
   N=${RANKS:-2}
@@ -63,7 +64,7 @@ train() {  # train <name> <ranks> <binary> [flags]: mpirun -np ranks binary flag
   shift 3
   rm -rf "${TMP:?}/$name"
   if ! timeout 600 mpirun -np "$np" "$bin" --val_every 0 --val_batches 1 --sample_every 0 --out_dir "$TMP/$name" "$@" \
-    >"$TMP/$name.log" 2>&1; then
+    "${every_run[@]}" >"$TMP/$name.log" 2>&1; then
     bad "$name: the trainer failed ($(grep -m1 '^error' "$TMP/$name.log" || tail -2 "$TMP/$name.log" | tr '\n' ' '))"
     return 1
   fi
@@ -94,21 +95,21 @@ adamw=("${tiny[@]}" --optimizer adamw --batch_size 4 --steps 5 --shuffle=false)
 train adamw-n "$N" "$BIN32" "${adamw[@]}" &&
   train adamw-1 1 "$BIN32" "${tiny[@]}" --optimizer adamw --batch_size $((4 * N)) --steps 5 --shuffle=false &&
   close "AdamW-DDP $N ranks x B=4 == 1 rank x B=$((4 * N))" adamw-n adamw-1 1e-4
-# AdamW-DDP through host memory (LLMC_TRANSPORT=mpi: the overlapped all-reduce on MPI's reducer thread): the
+# AdamW-DDP through host memory (--transport mpi: the overlapped all-reduce on MPI's reducer thread): the
 # bits of the all-reduce after the backward, and the NCCL run's losses to rounding (other summation orders)
-if LLMC_TRANSPORT=mpi train adamw-mpi "$N" "$BIN32" "${adamw[@]}" &&
-  LLMC_TRANSPORT=mpi LLMC_DDP_OVERLAP=0 train adamw-mpi-after "$N" "$BIN32" "${adamw[@]}"; then
-  same "AdamW-DDP over LLMC_TRANSPORT=mpi on $N ranks: the overlapped all-reduce gives LLMC_DDP_OVERLAP=0's bits" \
+if train adamw-mpi "$N" "$BIN32" "${adamw[@]}" --transport mpi &&
+  train adamw-mpi-after "$N" "$BIN32" "${adamw[@]}" --transport mpi --ddp_overlap false; then
+  same "AdamW-DDP over --transport mpi on $N ranks: the overlapped all-reduce gives --ddp_overlap false's bits" \
     adamw-mpi adamw-mpi-after
   ((SHARED)) || [[ ! -f $TMP/adamw-n/metrics.jsonl ]] ||
-    close "AdamW-DDP on $N ranks: LLMC_TRANSPORT=mpi == NCCL" adamw-mpi adamw-n 1e-5
+    close "AdamW-DDP on $N ranks: --transport mpi == NCCL" adamw-mpi adamw-n 1e-5
 fi
 
 # DeMo: determinism, NCCL == MPI transport, and the delayed exchange with its resume
 demo=("${tiny[@]}" --optimizer demo --batch_size 4 --steps 6)
 train demo-a "$N" "$BIN32" "${demo[@]}" && train demo-b "$N" "$BIN32" "${demo[@]}" &&
   same "DeMo on $N ranks: two runs give bit-identical losses" demo-a demo-b
-((SHARED)) || { LLMC_TRANSPORT=mpi train demo-mpi "$N" "$BIN32" "${demo[@]}" &&
+((SHARED)) || { train demo-mpi "$N" "$BIN32" "${demo[@]}" --transport mpi &&
   same "DeMo on $N ranks: the MPI transport gives the NCCL run's bits" demo-a demo-mpi; }
 delayed=("${demo[@]}" --demo_delay 1 --checkpoint_every 3 --keep_checkpoints 0)
 if train delay-a "$N" "$BIN32" "${delayed[@]}" && train delay-b "$N" "$BIN32" "${delayed[@]}"; then

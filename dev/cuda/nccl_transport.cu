@@ -1,4 +1,4 @@
-// Checker for llmc/transport_nccl.cuh on one GPU (a one-rank NCCL communicator, so every NCCL call runs) or,
+// Checker for llmc/comm/transport_nccl.cuh on one GPU (a one-rank NCCL communicator, so every NCCL call runs) or,
 // under mpirun with one GPU per rank, across ranks:
 //   mpirun -np 2 build/cuda/nccl_transport
 // Checks allreduce_mean (device and host buffers), allreduce_mean_bf16, the overlapped all-reduce
@@ -7,7 +7,7 @@
 // (allgather_device_start / _finish, DeMo's --demo_delay 1: the same contents and counters, with other
 // collectives and compute-stream work in between), the same with GatherSizes::equal (no size exchange: one
 // ncclAllGather), device broadcast, scalar reductions and the byte counters' ring model; and
-// HostStagedTransport's overlapped all-reduce (LLMC_TRANSPORT=mpi: through pinned host memory on a copy stream,
+// HostStagedTransport's overlapped all-reduce (--transport mpi: through pinned host memory on a copy stream,
 // neither start nor finish waiting for the compute stream; allreduce_mean_wait brings the early ranges back
 // before finish).
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
@@ -17,9 +17,9 @@
 #include <cstring>
 
 #include "dev/cuda/common.h"
-#include "llmc/transport_mpi.h"
-#include "llmc/transport_nccl.cuh"
-#include "llmc/transport_staged.cuh"
+#include "llmc/comm/transport_mpi.h"
+#include "llmc/comm/transport_nccl.cuh"
+#include "llmc/comm/transport_staged.cuh"
 
 using namespace llmc;
 
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
                       what + ": counters of the covered elements (ring model)");
         }
 
-        // The same overlapped all-reduce through host memory (HostStagedTransport, LLMC_TRANSPORT=mpi). The
+        // The same overlapped all-reduce through host memory (HostStagedTransport, --transport mpi). The
         // gradient is written on the compute stream just before (a device copy, as the backward writes it), so
         // a staging copy not ordered after it reads the fresh allocation's contents. The emulated device runs
         // work only when the host waits for it: there, the compute stream still has work queued after start()

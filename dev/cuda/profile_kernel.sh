@@ -6,7 +6,7 @@
 # instructions per function and per source line, with the top stall reasons of each. Functions are found in the
 # source files this tree holds (a build machine's path is matched by its shortest suffix that names a file here), so
 # inlined helpers (block_select_topk, tensor_dct_pass, ...) get their own rows. Needs a build with -lineinfo (the
-# Makefile's NVCCFLAGS have it). Environment knobs of train_gpt pass through (e.g. LLMC_DEMO_TUNING=7).
+# Makefile's NVCCFLAGS have it). More train_gpt flags pass through, the kernel switches too (--demo_kernel_tuning 7).
 #   dev/cuda/profile_kernel.sh [REGEX=demo_compress_kernel] [optimizer=demo] [more train_gpt flags...]
 #   dev/cuda/profile_kernel.sh --table FILE.csv [SOURCE_ROOT=.] [LINES=25]
 #       only the table, from `ncu -i REPORT --page source --csv --print-source cuda,sass` output saved earlier

@@ -3,7 +3,7 @@
 # (configs/d12.json, default corpus) for a few steps with Nsight Compute timing every kernel of one step
 # (LLMC_PROFILE_STEP brackets it with cudaProfilerStart/Stop), then prints the kernels by total time and the
 # totals per part of the model (matmuls, attention, LayerNorm, ...) with their share of the step's kernel time.
-# Environment knobs of train_gpt pass through (e.g. LLMC_ATTENTION=flash).
+# More train_gpt flags pass through, the kernel switches too (--attention matmul).
 #   dev/cuda/profile_step.sh [optimizer=adamw] [B=16] [T=1024] [more train_gpt flags...]
 #   dev/cuda/profile_step.sh --table FILE.csv     only the tables, from a CSV `ncu --csv` wrote earlier
 # Needs ncu on PATH, ./train_gpt and data/default. Exit 77 without a GPU or ncu. The CSV stays in
@@ -88,5 +88,5 @@ LLMC_PROFILE_STEP=4 ncu --profile-from-start off --clock-control none --metrics 
   ./train_gpt --config configs/d12.json --batch_size "$B" --seq_len "$T" --steps 5 --optimizer "$OPT" \
   --val_every 0 --val_data= --sample_every 0 --checkpoint_every -1 --log_every 1 --out_dir "$out/$OPT" "$@" \
   >"$out/$OPT.csv" 2>"$out/$OPT.err" || { echo "profile_step: ncu/train_gpt failed:"; tail -5 "$out/$OPT.err"; exit 1; }
-echo "train_gpt --optimizer $OPT, B=$B, T=$T, attention ${LLMC_ATTENTION:-auto}:"
+echo "train_gpt --optimizer $OPT, B=$B, T=$T${*:+, $*}:"
 table "$out/$OPT.csv"

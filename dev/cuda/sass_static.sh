@@ -69,7 +69,7 @@ PYEOF
 
 if [[ $mode == flash ]]; then
   {
-    echo '#include "llmc/flash_attention.cuh"'
+    echo '#include "llmc/cuda/flash_attention.cuh"'
     echo 'namespace llmc::flash {'
     for shape in "1, 1" "2, 1" "1, 2" "2, 2"; do
       echo "template __global__ void flash_attention_forward_kernel<$shape>(bf16*, float*, const bf16*, int, int,"
@@ -82,9 +82,9 @@ if [[ $mode == flash ]]; then
     echo '}'
   } > "$out/flash.cu"
 else
-  tunings=$(grep -oP 'inline constexpr int kNumTunings = \K[0-9]+' demo/demo_kernels.cuh)
+  tunings=$(grep -oP 'inline constexpr int kNumTunings = \K[0-9]+' llmc/optim/demo/demo_kernels.cuh)
   {
-    echo '#include "demo/demo_kernels.cuh"'
+    echo '#include "llmc/optim/demo/demo_kernels.cuh"'
     echo 'namespace demo {'
     for ((t = 0; t < tunings; t++)); do
       echo "template __global__ void demo_compress_kernel<256, cm::kFixedChunk, $t>(const CompressArgs);"

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent DeMo reference for testing the C++ optimizer (demo/demo_optimizer.cpp).
+"""Independent DeMo reference for testing the C++ optimizer (llmc/optim/demo/demo_optimizer.cpp).
 
 Follows the step of the DeMo paper's reference implementation literally, with dense float32 torch tensors:
 explicit DCT-II basis matrices (built in float64, stored float32), top-k by a stable sort of -|E| (ties: lower

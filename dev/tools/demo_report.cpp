@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "demo/traffic_report.h"
-#include "llmc/error.h"
-#include "llmc/gpt2_layout.h"
+#include "llmc/optim/demo/traffic_report.h"
+#include "llmc/base/error.h"
+#include "llmc/model/gpt2/gpt2_layout.h"
 
 namespace {
 

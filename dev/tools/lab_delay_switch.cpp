@@ -31,7 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "llmc/error.h"
+#include "llmc/base/error.h"
 
 namespace {
 

@@ -1,0 +1,70 @@
+// Command-line flags of the standalone tools that read a model (sample_gpt, eval_gpt), spelled as the trainers'
+// flags are: --key value or --key=value, dashes equal to underscores (--top-k), booleans bare or =true/=false,
+// numbers as plain decimals. Every problem throws llmc::Error naming the flag as typed.
+#pragma once
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <initializer_list>
+#include <string>
+
+#include "llmc/base/error.h"
+
+namespace llmc {
+
+// Calls on_flag(key, flag, value) for each flag in argv[1..]: key with underscores, flag as typed (for messages).
+// The keys in `booleans` take no value ("true" when bare). --help and -h print `usage` and exit 0.
+using FlagHandler = std::function<void(const std::string& key, const std::string& flag, const std::string& value)>;
+inline void for_each_flag(int argc, char** argv, const char* usage, std::initializer_list<const char*> booleans,
+                          const FlagHandler& on_flag) {
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,
+                   "unexpected argument '" + arg + "': flags look like --key value (see --help)");
+        std::string key = arg.substr(2), value;
+        bool has_value = false;
+        if (const size_t eq = key.find('='); eq != std::string::npos) {
+            value = key.substr(eq + 1), key = key.substr(0, eq), has_value = true;
+        }
+        const std::string flag = "--" + key;
+        for (char& c : key)
+            if (c == '-') c = '_';
+        if (key == "help" || key == "h") {
+            std::fputs(usage, stdout);
+            std::exit(0);
+        }
+        bool boolean = false;
+        for (const char* b : booleans) boolean = boolean || key == b;
+        if (boolean) {
+            LLMC_CHECK(!has_value || value == "true" || value == "false", flag + ": takes no value or true/false");
+            on_flag(key, flag, !has_value || value == "true" ? "true" : "false");
+            continue;
+        }
+        if (!has_value) {
+            LLMC_CHECK(i + 1 < argc, flag + ": missing value (see --help)");
+            value = argv[++i];
+        }
+        on_flag(key, flag, value);
+    }
+}
+
+inline long long flag_integer(const std::string& flag, const std::string& text, long long min, long long max) {
+    long long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    LLMC_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= min && value <= max,
+               flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
+                   text + "'");
+    return value;
+}
+
+inline float flag_number(const std::string& flag, const std::string& text) {
+    float value = 0.0f;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    LLMC_CHECK(ec == std::errc() && end == text.data() + text.size() && std::isfinite(value),
+               flag + ": expected a number, got '" + text + "'");
+    return value;
+}
+
+}  // namespace llmc

@@ -1,0 +1,107 @@
+// Builds the chunk plans declared in chunk_plan.h.
+#include "llmc/optim/demo/chunk_plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "llmc/base/error.h"
+
+namespace demo {
+
+size_t chunk_length(size_t size, size_t chunk) {
+    LLMC_CHECK(size >= 1, "chunk_length: tensor dimension must be >= 1");
+    LLMC_CHECK(chunk >= 1, "--demo_chunk must be >= 1");
+    if (size <= chunk) return size;
+    for (size_t n = chunk; n > 1; n--)
+        if (size % n == 0) return n;
+    return 1;
+}
+
+int index_bytes_for(size_t chunk_elems) {
+    if (chunk_elems <= (size_t{1} << 8)) return 1;
+    if (chunk_elems <= (size_t{1} << 16)) return 2;
+    return 4;
+}
+
+TensorPlan plan_tensor(std::span<const size_t> shape, size_t chunk, size_t topk) {
+    LLMC_CHECK(!shape.empty(), "demo chunk plan: tensor has no dimensions");
+    for (size_t s : shape) LLMC_CHECK(s >= 1, "demo chunk plan: tensor dimension of size 0");
+    LLMC_CHECK(chunk >= 1, "--demo_chunk must be >= 1, got " + std::to_string(chunk));
+    LLMC_CHECK(topk >= 1, "--demo_topk must be >= 1, got " + std::to_string(topk));
+    TensorPlan p;
+    if (shape.size() == 1) {
+        p.rows = 1;
+        p.cols = shape[0];
+    } else {
+        p.rows = 1;
+        for (size_t d = 0; d + 1 < shape.size(); d++) p.rows *= shape[d];
+        p.cols = shape.back();
+    }
+    p.n1 = shape.size() == 1 ? 1 : chunk_length(p.rows, chunk);
+    p.n2 = chunk_length(p.cols, chunk);
+    p.block_rows = p.rows / p.n1;
+    p.block_cols = p.cols / p.n2;
+    p.num_chunks = p.block_rows * p.block_cols;
+    p.chunk_elems = p.n1 * p.n2;
+    p.k = std::clamp<size_t>(topk, 1, p.chunk_elems);
+    p.index_bytes = index_bytes_for(p.chunk_elems);
+    return p;
+}
+
+ModelPlan plan_model(const std::vector<std::vector<size_t>>& shapes, size_t chunk, size_t topk,
+                     std::span<const size_t> offsets) {
+    LLMC_CHECK(chunk >= 1, "--demo_chunk must be >= 1, got " + std::to_string(chunk));
+    LLMC_CHECK(topk >= 1, "--demo_topk must be >= 1, got " + std::to_string(topk));
+    LLMC_CHECK(offsets.empty() || offsets.size() == shapes.size(),
+               "demo chunk plan: offsets and shapes differ in count");
+    ModelPlan m;
+    m.chunk = chunk;
+    m.topk = topk;
+    size_t next_offset = 0;
+    for (size_t t = 0; t < shapes.size(); t++) {
+        TensorPlan p = plan_tensor(shapes[t], chunk, topk);
+        p.offset = offsets.empty() ? next_offset : offsets[t];
+        p.chunk_offset = m.total_chunks;
+        p.select_offset = m.total_selected;
+        next_offset = p.offset + p.numel();
+        m.num_params += p.numel();
+        m.total_chunks += p.num_chunks;
+        m.total_selected += p.selected();
+        m.max_chunk_elems = std::max(m.max_chunk_elems, p.chunk_elems);
+        m.max_n = std::max({m.max_n, p.n1, p.n2});
+        m.tensors.push_back(p);
+    }
+    return m;
+}
+
+size_t ModelPlan::tensor_of_chunk(size_t g) const {
+    // Last tensor whose first chunk is <= g, skipping tensors without chunks (none exist: every tensor has
+    // at least one chunk, but the search stays correct either way).
+    auto it = std::upper_bound(tensors.begin(), tensors.end(), g,
+                               [](size_t v, const TensorPlan& t) { return v < t.chunk_offset; });
+    size_t t = static_cast<size_t>(it - tensors.begin()) - 1;
+    while (tensors[t].num_chunks == 0) t--;
+    return t;
+}
+
+uint64_t ModelPlan::fingerprint() const {
+    // FNV-1a over the numbers that define the wire layout.
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](uint64_t v) {
+        for (int i = 0; i < 8; i++) {
+            h ^= (v >> (8 * i)) & 0xff;
+            h *= 0x100000001b3ull;
+        }
+    };
+    mix(tensors.size());
+    for (const TensorPlan& t : tensors) {
+        mix(t.rows);
+        mix(t.cols);
+        mix(t.n1);
+        mix(t.n2);
+        mix(t.k);
+    }
+    return h;
+}
+
+}  // namespace demo

@@ -1,0 +1,144 @@
+// DeMo's options (demo_config.h): its config keys, their checks, its warnings and dry-run report, and its entry in
+// the registry of optimizers.
+#include "llmc/optim/demo/demo_config.h"
+
+#include <sstream>
+
+#include "llmc/base/error.h"
+#include "llmc/optim/demo/chunk_plan.h"
+#include "llmc/optim/demo/demo_optimizer.h"
+#include "llmc/optim/demo/kernels/tunings.h"
+#include "llmc/optim/demo/traffic_report.h"
+
+namespace llmc {
+
+std::vector<Key<DemoConfig>> demo_config_keys() {
+    return {
+        key("demo_decay", &DemoConfig::decay, "DeMo momentum decay"),
+        key("demo_topk", &DemoConfig::topk, "DeMo coefficients sent per chunk").fixed(),
+        key("demo_chunk", &DemoConfig::chunk, "DeMo chunk length per dimension").fixed(),
+        key("demo_momentum", &DemoConfig::momentum,
+            "DeMo momentum: lr (decay*m + lr*g, reference) or ema (decay*m + (1-decay)*g)",
+            {{"lr", DemoMomentum::lr_scaled}, {"ema", DemoMomentum::ema}}),
+        key("demo_alpha", &DemoConfig::feedback_alpha, "DeMo error-feedback strength in (0, 1]"),
+        key("demo_values", &DemoConfig::values, "DeMo values on the wire: fp32, bf16 or sign (1 bit)",
+            {{"fp32", DemoValueEncoding::fp32}, {"bf16", DemoValueEncoding::bf16}, {"sign", DemoValueEncoding::sign}})
+            .fixed(),
+        key("demo_indices", &DemoConfig::indices, "DeMo indices on the wire: auto (smallest integer) or packed12",
+            {{"auto", DemoIndexEncoding::smallest}, {"packed12", DemoIndexEncoding::packed12}})
+            .fixed(),
+        key("demo_delay", &DemoConfig::delay,
+            "DeMo: 1 applies each step's update at the next step, so the exchange overlaps that step's compute (0: "
+            "the reference's order)")
+            .fixed(),
+        key("demo_eager", &DemoConfig::eager,
+            "DeMo with --demo_delay 1: each rank takes its own share of an update at once, until the gathered update "
+            "lands a step later (false: nothing until then)"),
+    };
+}
+
+std::vector<Key<DemoConfig>> demo_cuda_keys() {
+    return {
+        key("demo_dct", &DemoConfig::dct,
+            "train_gpt, DeMo: the compress kernel's DCTs in fp32 multiply-adds (bit-identical to the CPU reference) "
+            "or on the tensor cores (3xTF32, within 2e-6 of the chunk maximum)",
+            {{"fp32", DemoDct::fp32}, {"tensor", DemoDct::tensor}}),
+        key("demo_momentum_domain", &DemoConfig::momentum_domain,
+            "train_gpt, DeMo: the 64 x 64 chunks' momentum as the reference keeps it, or in the DCT domain (the same "
+            "step to rounding, a faster compress; checkpoints record it and any trainer resumes them)",
+            {{"spatial", DemoMomentumDomain::spatial}, {"dct", DemoMomentumDomain::dct}}),
+        key("demo_kernel_tuning", &DemoConfig::kernel_tuning,
+            "train_gpt, DeMo: run row N of the kernel lab's tunings table (demo::kTunings) instead of the one "
+            "demo_dct and demo_momentum_domain pick (-1), to time the lab's candidates in whole steps")
+            .experimental("a kernel-lab knob"),
+    };
+}
+
+}  // namespace llmc
+
+namespace demo {
+
+void validate_demo_options(const llmc::OptimizerConfig& c, const llmc::ConfigSources& sources) {
+    const llmc::DemoConfig& d = c.demo;
+    const auto check = [&](bool ok, const char* key, const char* range, const std::string& value) {
+        LLMC_CHECK(ok, sources.name(key) + " must be " + range + " (got " + value + ")");
+    };
+    check(d.topk >= 1, "demo_topk", ">= 1", std::to_string(d.topk));
+    check(d.chunk >= 1, "demo_chunk", ">= 1", std::to_string(d.chunk));
+    // A chunk side n holds n x n DCT basis floats per distinct side (4 GB at n = 32768): far above any useful chunk
+    check(d.chunk <= 4096, "demo_chunk", "<= 4096", std::to_string(d.chunk));
+    check(d.decay >= 0.0f && d.decay < 1.0f, "demo_decay", "in [0, 1)", llmc::format_float(d.decay));
+    check(d.feedback_alpha > 0.0f && d.feedback_alpha <= 1.0f, "demo_alpha", "in (0, 1]",
+          llmc::format_float(d.feedback_alpha));
+    check(c.weight_decay >= 0.0f, "weight_decay", ">= 0", llmc::format_float(c.weight_decay));
+    check(d.delay == 0 || d.delay == 1, "demo_delay", "0 or 1", std::to_string(d.delay));
+    const int t = d.kernel_tuning;
+    check(t >= -1 && t < kNumTunings, "demo_kernel_tuning",
+          ("-1 or a row of demo::kTunings, 0 to " + std::to_string(kNumTunings - 1)).c_str(), std::to_string(t));
+    if (t >= 0) {
+        const bool tensor = d.dct == llmc::DemoDct::tensor, dct = d.momentum_domain == llmc::DemoMomentumDomain::dct;
+        LLMC_CHECK(sources.origin("demo_dct").empty() || kTunings[t].tensor_dct == tensor,
+                   sources.name("demo_kernel_tuning") + " " + std::to_string(t) + " runs the DCTs " +
+                       (kTunings[t].tensor_dct ? "on the tensor cores" : "in fp32") + " but " +
+                       sources.name("demo_dct") + " asks otherwise (give one of them)");
+        LLMC_CHECK(sources.origin("demo_momentum_domain").empty() || kTunings[t].dct_momentum == dct,
+                   sources.name("demo_kernel_tuning") + " " + std::to_string(t) + " keeps the momentum " +
+                       (kTunings[t].dct_momentum ? "in the DCT domain" : "spatial") + " but " +
+                       sources.name("demo_momentum_domain") + " asks otherwise (give one of them)");
+    }
+}
+
+namespace {
+
+// plan_tensor clamps a tensor's k to its chunks' elements (a 1-D tensor's chunk is one row): such chunks send every
+// coefficient, which a demo_topk chosen for the 64 x 64 matrices probably did not mean.
+std::vector<std::string> demo_warnings(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout) {
+    const llmc::DemoConfig& d = cfg.demo;
+    size_t clamped = 0, fewest = SIZE_MAX;
+    std::string example;
+    for (const llmc::ParamTensor& t : layout.tensors) {
+        const TensorPlan p = plan_tensor(t.shape, static_cast<size_t>(d.chunk), static_cast<size_t>(d.topk));
+        if (p.k == static_cast<size_t>(d.topk)) continue;
+        clamped++;
+        if (p.chunk_elems < fewest) {
+            fewest = p.chunk_elems;
+            example = std::to_string(p.n1) + " x " + std::to_string(p.n2) + " in " + t.name;
+        }
+    }
+    if (clamped == 0) return {};
+    return {"demo_topk " + std::to_string(d.topk) + " exceeds the elements of the DeMo chunks of " +
+            std::to_string(clamped) + " of " + std::to_string(layout.tensors.size()) + " tensors (demo_chunk " +
+            std::to_string(d.chunk) + "; smallest: " + example +
+            "): their k is clamped to a chunk's elements, so they send every coefficient"};
+}
+
+void demo_dry_run_report(std::ostream& out, const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout,
+                         int world) {
+    TrafficOptions traffic;
+    traffic.world_size = world;
+    traffic.chunk = cfg.demo.chunk;
+    std::vector<NamedShape> shapes;
+    for (const llmc::ParamTensor& t : layout.tensors) shapes.push_back({t.name, t.shape});
+    print_traffic_report(out,
+                         "traffic per rank per step, " + layout.config.describe() + ", " + std::to_string(world) +
+                             " ranks",
+                         shapes, traffic);
+}
+
+std::string demo_describe(const llmc::OptimizerConfig& cfg) {
+    if (cfg.demo.delay == 0) return "";
+    return cfg.demo.eager ? "applied a step late, own share at once" : "applied a step late";
+}
+
+}  // namespace
+
+llmc::OptimizerFamily demo_family() {
+    return {"demo", "DeMo", [](const llmc::OptimizerConfig& c, const llmc::ConfigSources& s) { validate_demo_options(c, s); },
+            demo_warnings, demo_dry_run_report, demo_describe,
+            [](const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout,
+               llmc::Transport& t) -> std::unique_ptr<llmc::Optimizer> {
+                return std::make_unique<DemoOptimizer>(c, layout, t);
+            }};
+}
+
+}  // namespace demo

@@ -1,0 +1,50 @@
+// DeMo's options: the schema keys demo_* (the step's semantics, the wire format, the delayed update, and the CUDA
+// kernels' choices), declared here and checked by validate_demo_options.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "llmc/base/schema.h"
+
+namespace llmc {
+
+enum class DemoMomentum { lr_scaled, ema };          // delta = decay*delta + lr*g  |  decay*delta + (1-decay)*g
+enum class DemoValueEncoding { fp32, bf16, sign };   // values on the wire: exact, bf16, 1 bit (sign only)
+enum class DemoIndexEncoding { smallest, packed12 }; // chunk-local indices: u8/u16/u32 by chunk size | 12-bit
+enum class DemoDct { fp32, tensor };                 // train_gpt: the compress kernel's DCTs in fp32 | on tensor cores
+enum class DemoMomentumDomain { spatial, dct };      // train_gpt: the 64 x 64 chunks' momentum as is | DCT-transformed
+
+struct DemoConfig {
+    float decay = 0.999f;
+    int topk = 32;
+    int chunk = 64;
+    DemoMomentum momentum = DemoMomentum::lr_scaled;
+    float feedback_alpha = 1.0f;  // delta -= alpha * decode(transmitted)
+    DemoValueEncoding values = DemoValueEncoding::fp32;
+    DemoIndexEncoding indices = DemoIndexEncoding::smallest;
+    int delay = 0;  // 1: each step's gathered update is applied at the next step (the exchange overlaps it)
+    // With delay 1: each rank also takes its own compressed share of the update at once, as a stand-in for the
+    // whole until the all-gather lands (eager updates). The ranks' working weights then differ by that share;
+    // the shared weights (master_weights) stay identical and are what checkpoints hold.
+    bool eager = true;
+    // The CUDA kernels (train_gpt; the CPU optimizer computes the same step either way).
+    DemoDct dct = DemoDct::fp32;
+    DemoMomentumDomain momentum_domain = DemoMomentumDomain::spatial;
+    int kernel_tuning = -1;  // a row of the kernel lab's tunings table; -1: the one dct and momentum_domain pick
+};
+
+// The "optimizer" group's demo_* keys, and the "cuda" group's (the kernels').
+std::vector<Key<DemoConfig>> demo_config_keys();
+std::vector<Key<DemoConfig>> demo_cuda_keys();
+
+struct OptimizerConfig;
+
+}  // namespace llmc
+
+namespace demo {
+
+// Throws naming the key as `sources` does (by default: the flag) when a demo_* option or weight_decay is out of
+// range: the checks of both trainers' DeMo (CPU and CUDA) and of validate_config.
+void validate_demo_options(const llmc::OptimizerConfig& config, const llmc::ConfigSources& sources = {});
+
+}  // namespace demo

@@ -1,0 +1,51 @@
+// Shared optimizer helpers (see optimizer.h).
+#include "llmc/optim/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+namespace llmc {
+
+std::vector<Key<OptimizerConfig>> optimizer_config_keys() {
+    return {
+        key("weight_decay", &OptimizerConfig::weight_decay, "decoupled weight decay"),
+        key("decay_groups", &OptimizerConfig::decay_groups,
+            "which tensors decay: 2d (matrices only) or all (the DeMo reference)",
+            {{"2d", DecayGroups::matrices}, {"all", DecayGroups::all}}),
+        key("grad_clip", &OptimizerConfig::grad_clip, "max gradient L2 norm (<= 0 disables)"),
+    };
+}
+
+double grad_norm(std::span<const float> g) {
+    // Fixed-size blocks summed in order: the result does not depend on the number of OpenMP threads.
+    constexpr size_t kBlock = 1 << 16;
+    const size_t nblocks = (g.size() + kBlock - 1) / kBlock;
+    std::vector<double> partial(nblocks, 0.0);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblocks; b++) {
+        const size_t end = std::min(g.size(), (b + 1) * kBlock);
+        double s = 0.0;
+        for (size_t i = b * kBlock; i < end; i++) s += static_cast<double>(g[i]) * g[i];
+        partial[b] = s;
+    }
+    double sum = 0.0;
+    for (double p : partial) sum += p;
+    return std::sqrt(sum);
+}
+
+float clip_scale(double norm, float max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    return max_norm > 0.0f && coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+double clip_grad_norm(std::span<float> g, float max_norm) {
+    const double norm = grad_norm(g);
+    const float scale = clip_scale(norm, max_norm);
+    if (scale != 1.0f) {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < g.size(); i++) g[i] *= scale;
+    }
+    return norm;
+}
+
+}  // namespace llmc

@@ -1,0 +1,113 @@
+// The optimizer interface. An optimizer owns data parallelism: it gets this rank's local gradient and talks to the
+// other ranks only through a Transport. AdamW-DDP averages gradients and then clips and updates; DeMo clips the
+// local gradient, compresses its own momentum and exchanges that. Both see parameters as the named tensors of a
+// ParamLayout, and choose weight-decay groups by shape/name (2-D weights by default), never by index.
+// Each optimizer lives in its own folder (adamw/, demo/) with its options, and registers an OptimizerFamily
+// (optimizers.h): its checks, warnings, dry-run report and constructor, which the run layer asks for by name.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmc/base/fileio.h"
+#include "llmc/base/schema.h"
+#include "llmc/comm/transport.h"
+#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/optim/adamw/adamw_config.h"
+#include "llmc/optim/demo/demo_config.h"
+
+namespace llmc {
+
+enum class DecayGroups { matrices, all };  // "2d" (default): weight decay on 2-D weights only; "all": everything
+
+struct OptimizerConfig {
+    float weight_decay = 0.0f;
+    DecayGroups decay_groups = DecayGroups::matrices;
+    float grad_clip = 1.0f;  // max global L2 norm; <= 0 disables clipping
+    AdamWConfig adamw;
+    DemoConfig demo;
+};
+
+// The options every optimizer shares: weight_decay, decay_groups, grad_clip.
+std::vector<Key<OptimizerConfig>> optimizer_config_keys();
+
+// Wall time of the parts of one step, for the metrics and the benchmark breakdown.
+struct StepTimings {
+    double clip = 0.0;       // norm + scaling (and, for AdamW, nothing else)
+    double transform = 0.0;  // DeMo: momentum update + DCT encode + error feedback
+    double topk = 0.0;       // DeMo: per-chunk selection + packing
+    double exchange = 0.0;   // time inside transport collectives
+    double apply = 0.0;      // AdamW update, or DeMo scatter-mean + decode + sign + update
+};
+
+struct StepResult {
+    double grad_norm = 0.0;  // L2 norm before clipping: of the averaged gradient (AdamW), of the local one (DeMo)
+    StepTimings seconds;
+};
+
+class Optimizer {
+public:
+    virtual ~Optimizer() = default;
+    virtual std::string_view name() const = 0;
+    // params/grads are flat buffers laid out as in the ParamLayout given at construction. grads may be
+    // modified (averaged, clipped). `lr` is this step's scheduled learning rate.
+    virtual StepResult step(std::span<float> params, std::span<float> grads, float lr) = 0;
+    // Everything needed to continue bit-identically (moments, step count, DeMo momentum...).
+    virtual void save_state(ByteWriter& out) const = 0;
+    // Throws llmc::Error naming in.source() if the blob does not belong to this optimizer and shape.
+    virtual void load_state(ByteReader& in) = 0;
+    // The run's starting weights (fresh, from a model file, or a checkpoint's master weights after load_state)
+    // are in params, before the first step. An optimizer whose working weights differ from the shared ones
+    // (DeMo with eager delayed updates) takes its copy here and rewrites params.
+    virtual void set_weights(std::span<float> /*params*/) {}
+    // The shared weights that step() updates and checkpoints hold: params itself unless the optimizer keeps its
+    // own copy (set_weights).
+    virtual std::span<float> master_weights(std::span<float> params) { return params; }
+    // Called during the last backward before step() (in backward order) with ranges of `grads` that nothing
+    // later in this step's backward writes: an optimizer may start exchanging them while the backward goes on
+    // (AdamW-DDP's overlapped all-reduce). Every range of the buffer is reported exactly once per step, or none
+    // is (the trainer may not call this at all). The default ignores it.
+    virtual void on_gradients_final(std::span<float> /*grads*/, std::span<const ParamRange> /*ranges*/) {}
+    // Folds in any update still in flight after step(), so that the shared weights and params hold every
+    // step's update: DeMo with --demo_delay 1 waits for the last round's all-gather and applies it with its own
+    // lr (no weight decay: in the delayed order that belongs to the next step's compress), and the working
+    // weights become the shared ones. The trainers call it after the last step, before its evaluation and
+    // checkpoint (which then holds no pending round). Its time is added to `result`. The default has nothing in
+    // flight.
+    virtual void finish_updates(std::span<float> /*params*/, StepResult& /*result*/) {}
+};
+
+// What the run layer needs of an optimizer besides its steps, registered by name (optimizers.h).
+struct OptimizerFamily {
+    std::string name;  // the value of --optimizer
+    std::string help;  // for --help: "AdamW-DDP"
+    // Throws naming the key as `sources` does when an option is out of range (the constructors check again).
+    void (*validate)(const OptimizerConfig& config, const ConfigSources& sources);
+    // Legal settings that probably do not do what was meant for this model, one line each (no "warning: ").
+    std::vector<std::string> (*warnings)(const OptimizerConfig& config, const ParamLayout& layout);
+    // --dry_run: this optimizer's traffic per rank per step for `layout` on `world` ranks.
+    void (*dry_run_report)(std::ostream& out, const OptimizerConfig& config, const ParamLayout& layout, int world);
+    // For the banner: what sets this run's step apart ("applied a step late"), or "".
+    std::string (*describe)(const OptimizerConfig& config);
+    // The CPU trainer's optimizer.
+    std::unique_ptr<Optimizer> (*make)(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport);
+};
+
+// True when weight decay applies to this tensor under `groups`.
+inline bool decays(const ParamTensor& t, DecayGroups groups) {
+    return groups == DecayGroups::all || t.is_matrix();
+}
+
+// L2 norm of g, accumulated in double in a fixed order (deterministic for any thread count).
+double grad_norm(std::span<const float> g);
+// The factor that brings a gradient of norm `norm` to at most max_norm (1 when no clipping is needed or
+// max_norm <= 0), with torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6) when that is below 1.
+float clip_scale(double norm, float max_norm);
+// Scales g in place by clip_scale(grad_norm(g), max_norm). Returns the norm before clipping.
+double clip_grad_norm(std::span<float> g, float max_norm);
+
+}  // namespace llmc

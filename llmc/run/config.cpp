@@ -1,0 +1,206 @@
+// The schema of TrainConfig (see config.h): the run layer's keys, every part's keys bound in, and the checks.
+#include "llmc/run/config.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "llmc/base/error.h"
+#include "llmc/optim/optimizers.h"
+
+namespace llmc {
+
+namespace {
+
+// Each part's options within TrainConfig, for Schema::add.
+ModelConfig& model_part(TrainConfig& c) { return c.model; }
+OptimizerConfig& optim_part(TrainConfig& c) { return c.optim; }
+AdamWConfig& adamw_part(TrainConfig& c) { return c.optim.adamw; }
+DemoConfig& demo_part(TrainConfig& c) { return c.optim.demo; }
+CudaOptions& cuda_part(TrainConfig& c) { return c.cuda; }
+CommOptions& comm_part(TrainConfig& c) { return c.comm; }
+
+std::string optimizer_help() {
+    std::string help = "the optimizer:";
+    const auto& families = optimizer_families();
+    for (size_t i = 0; i < families.size(); i++)
+        help += std::string(i == 0 ? " " : i + 1 == families.size() ? " or " : ", ") + families[i].name + " (" +
+                families[i].help + ")";
+    return help;
+}
+
+Schema<TrainConfig> make_schema() {
+    Schema<TrainConfig> schema;
+    schema.add("model", model_part, model_config_keys());
+    schema
+        .add("data", std::vector<Key<TrainConfig>>{
+            key("train_data", &TrainConfig::train_data, "glob of llm.c train shards").fixed(),
+            key("val_data", &TrainConfig::val_data, "glob of llm.c val shards ('' disables validation)"),
+            key("tokenizer", &TrainConfig::tokenizer, "llm.c tokenizer decode file, for samples"),
+            key("shuffle", &TrainConfig::shuffle, "seeded shuffle of shard and batch order each epoch").fixed(),
+        })
+        .add("batch", std::vector<Key<TrainConfig>>{
+            key("batch_size", &TrainConfig::batch_size, "micro-batch sequences per rank (B)").fixed(),
+            key("seq_len", &TrainConfig::seq_len, "tokens per sequence (T <= max_seq_len)").fixed(),
+            key("total_batch_size", &TrainConfig::total_batch_size,
+                "tokens per optimizer step over all ranks; a multiple of B*T*ranks (0 = B*T*ranks)").fixed(),
+        })
+        .add("schedule", std::vector<Key<TrainConfig>>{
+            key("steps", &TrainConfig::steps, "optimizer steps"),
+            key("lr", &TrainConfig::lr, "peak learning rate"),
+            key("warmup_steps", &TrainConfig::warmup_steps, "linear warmup steps"),
+            key("warmup_start_frac", &TrainConfig::warmup_start_frac, "warmup starts at this fraction of lr"),
+            key("lr_schedule", &TrainConfig::lr_schedule,
+                "after warmup: cosine or linear decay to the floor, wsd (lr, then a linear decay over the last "
+                "lr_decay_frac of the steps) or constant",
+                {"cosine", "linear", "wsd", "constant"}),
+            key("final_lr_frac", &TrainConfig::final_lr_frac, "the decay ends at this fraction of lr (the floor)"),
+            key("lr_decay_frac", &TrainConfig::lr_decay_frac, "wsd: the share of the steps that decay"),
+        })
+        .add("output", std::vector<Key<TrainConfig>>{
+            key("val_every", &TrainConfig::val_every, "validation loss every N steps (0 = only at the end)"),
+            key("val_batches", &TrainConfig::val_batches,
+                "validation batches per rank (at most what each rank's share of the val shards holds)"),
+            key("choices", &TrainConfig::choices,
+                "llm.c eval file (*.bin: HellaSwag as llm.c's dev/data/hellaswag.py writes it) whose multiple-choice "
+                "accuracy each validation also logs ('' = none; eval_gpt --choices scores checkpoints)"),
+            key("choices_examples", &TrainConfig::choices_examples, "score the first N examples of --choices (0 = all)"),
+            key("sample_every", &TrainConfig::sample_every, "print a text sample every N steps (0 = never)"),
+            key("sample_tokens", &TrainConfig::sample_tokens, "tokens per sample"),
+            key("out_dir", &TrainConfig::out_dir, "metrics.jsonl, config.json and checkpoints go here"),
+            key("checkpoint_every", &TrainConfig::checkpoint_every, "checkpoint every N steps (0 = only at the end, -1 = never)"),
+            key("checkpoint_every_minutes", &TrainConfig::checkpoint_every_minutes,
+                "also checkpoint at the first step that ends this many minutes after the last checkpoint or the start "
+                "(0 = by steps only; nothing with --checkpoint_every -1)"),
+            key("keep_checkpoints", &TrainConfig::keep_checkpoints, "complete checkpoints kept (0 = all)"),
+            key("resume", &TrainConfig::resume, "'auto' (latest checkpoint in out_dir) or a checkpoint directory"),
+            key("reset_momentum", &TrainConfig::reset_momentum,
+                "on resume with another world size, start optimizer state afresh"),
+            key("overwrite", &TrainConfig::overwrite,
+                "delete out_dir's checkpoints of steps after this run's start (without it such a run stops)"),
+            key("init_from", &TrainConfig::init_from, "llm.c model file to start from (instead of random init)"),
+            key("seed", &TrainConfig::seed, "seed for init, shuffling and sampling").fixed(),
+            key("threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"),
+            key("comm_timeout", &TrainConfig::comm_timeout,
+                "seconds a collective may wait for the other ranks before this rank exits (0 = forever)"),
+            key("time_limit_minutes", &TrainConfig::time_limit_minutes,
+                "minutes of wall time since the start: the run stops at the last step that leaves time for its "
+                "checkpoint, as on a stop signal (0 = no limit)"),
+            key("log_every", &TrainConfig::log_every, "progress line every N steps"),
+            key("peak_tflops", &TrainConfig::peak_tflops,
+                "each rank's peak TFLOP/s, for MFU in the metrics (0: in train_gpt the GPU's dense bf16 peak if known, "
+                "else no MFU)"),
+            key("dry_run", &TrainConfig::dry_run, "print resolved config and traffic report, then exit"),
+        })
+        .add("optimizer", std::vector<Key<TrainConfig>>{
+            key("optimizer", &TrainConfig::optimizer, optimizer_help().c_str(), optimizer_names()).fixed(),
+        });
+    schema.add("optimizer", optim_part, optimizer_config_keys())
+        .add("optimizer", adamw_part, adamw_config_keys())
+        .add("optimizer", demo_part, demo_config_keys())
+        .add("cuda", cuda_part, cuda_option_keys())
+        .add("cuda", demo_part, demo_cuda_keys())
+        .add("comm", comm_part, comm_option_keys());
+    return schema;
+}
+
+}  // namespace
+
+const Schema<TrainConfig>& train_config_schema() {
+    static const Schema<TrainConfig> schema = make_schema();
+    return schema;
+}
+
+std::vector<std::string> config_keys() { return train_config_schema().keys(); }
+
+std::vector<std::string> fixed_on_resume_keys() {
+    std::vector<std::string> keys;
+    for (const auto& e : train_config_schema().entries())
+        if (e.fixed_on_resume) keys.push_back(e.name);
+    return keys;
+}
+
+void load_config_file(const std::string& path, TrainConfig& cfg) {
+    train_config_schema().load_file(path, cfg, cfg.sources);
+}
+
+bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, const std::string& program) {
+    if (!train_config_schema().parse_command_line(argc, argv, cfg, cfg.sources, program)) return false;
+    validate_config(cfg);
+    return true;
+}
+
+std::string config_to_json(const TrainConfig& cfg, int indent) { return train_config_schema().to_json(cfg).dump(indent); }
+
+std::string help_text(const std::string& program) { return train_config_schema().help(program); }
+
+void validate_config(const TrainConfig& c) {
+    const ConfigSources& s = c.sources;
+    // the shape checks relate several keys: they name every source that set one
+    const std::string model_sources =
+        s.list({"num_layers", "num_heads", "channels", "max_seq_len", "vocab_size", "padded_vocab_size"});
+    validate_model_config(c.model, model_sources.empty() ? "model config" : "model config (" + model_sources + ")");
+    const auto at_least = [&](const char* key, long long v, long long min, const std::string& note = "") {
+        LLMC_CHECK(v >= min, s.name(key) + (min == 1 ? " must be > 0" : " must be >= " + std::to_string(min)) +
+                                 " (got " + std::to_string(v) + (note.empty() ? "" : "; " + note) + ")");
+    };
+    const auto at_most = [&](const char* key, long long v, long long max, const std::string& note) {
+        LLMC_CHECK(v <= max, s.name(key) + " must be <= " + std::to_string(max) + " (got " + std::to_string(v) + "; " +
+                                 note + ")");
+    };
+    const auto in_unit_interval = [&](const char* key, float v) {
+        LLMC_CHECK(v >= 0.0f && v <= 1.0f, s.name(key) + " must be in [0, 1] (got " + format_float(v) + ")");
+    };
+    at_least("batch_size", c.batch_size, 1);
+    at_least("seq_len", c.seq_len, 1);
+    at_least("steps", c.steps, 1);
+    const std::string shape_file = s.file("max_seq_len");
+    LLMC_CHECK(c.seq_len <= c.model.max_seq_len,
+               s.name("seq_len") + " " + std::to_string(c.seq_len) + " exceeds max_seq_len " +
+                   std::to_string(c.model.max_seq_len) + (shape_file.empty() ? "" : " (" + shape_file + ")"));
+    at_least("total_batch_size", c.total_batch_size, 0);
+    LLMC_CHECK(c.lr > 0.0f, s.name("lr") + " must be > 0 (got " + format_float(c.lr) + ")");
+    at_least("warmup_steps", c.warmup_steps, 0);
+    in_unit_interval("final_lr_frac", c.final_lr_frac);
+    in_unit_interval("warmup_start_frac", c.warmup_start_frac);
+    in_unit_interval("lr_decay_frac", c.lr_decay_frac);
+    at_least("val_every", c.val_every, 0);
+    at_least("val_batches", c.val_batches, 0);
+    at_least("choices_examples", c.choices_examples, 0);
+    LLMC_CHECK(c.choices.empty() || c.choices.ends_with(".bin"),
+               s.name("choices") + " '" + c.choices + "' is not an llm.c eval file (*.bin); eval_gpt --choices "
+               "reads JSON Lines, and --write_eval_file makes one");
+    at_least("sample_every", c.sample_every, 0);
+    at_least("sample_tokens", c.sample_tokens, 0);
+    at_most("sample_tokens", c.sample_tokens, kMaxSampleTokens, "sample_gpt's limit too");
+    at_least("keep_checkpoints", c.keep_checkpoints, 0);
+    at_least("threads", c.threads, 0);
+    at_most("threads", c.threads, kMaxThreads, "OpenMP threads per rank");
+    at_least("checkpoint_every", c.checkpoint_every, -1, "0: only at the end, -1: never");
+    at_least("log_every", c.log_every, 1);
+    LLMC_CHECK(c.comm_timeout >= 0.0f, s.name("comm_timeout") + " must be >= 0 (got " + format_float(c.comm_timeout) +
+                                           "; seconds, 0 waits forever)");
+    LLMC_CHECK(c.checkpoint_every_minutes >= 0.0f, s.name("checkpoint_every_minutes") + " must be >= 0 (got " +
+                                                       format_float(c.checkpoint_every_minutes) + "; 0: by steps only)");
+    LLMC_CHECK(c.time_limit_minutes >= 0.0f, s.name("time_limit_minutes") + " must be >= 0 (got " +
+                                                 format_float(c.time_limit_minutes) + "; 0: no limit)");
+    LLMC_CHECK(c.peak_tflops >= 0.0f, s.name("peak_tflops") + " must be >= 0 (got " + format_float(c.peak_tflops) +
+                                          "; 0: looked up for a known GPU, else no MFU)");
+    LLMC_CHECK(!c.out_dir.empty(), s.name("out_dir") + " must not be empty");
+    // The optimizers' own checks (their constructors make them again, naming flags: they see no sources), here so
+    // that a dry run makes them too and a bad value fails before any rank starts work: the chosen one's first, then
+    // the others', since a key is refused whether or not this run reads it.
+    optimizer_family(c.optimizer).validate(c.optim, s);
+    for (const OptimizerFamily& f : optimizer_families())
+        if (f.name != c.optimizer) f.validate(c.optim, s);
+    validate_comm_options(c.comm, s);
+}
+
+LrSchedule TrainConfig::schedule() const {
+    const LrShape shape = lr_schedule == "linear" ? LrShape::linear
+                          : lr_schedule == "wsd"  ? LrShape::wsd
+                          : lr_schedule == "constant" ? LrShape::constant
+                                                      : LrShape::cosine;
+    return {lr, warmup_steps, steps, warmup_start_frac, final_lr_frac, shape, lr_decay_frac};
+}
+
+}  // namespace llmc

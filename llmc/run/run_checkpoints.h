@@ -1,0 +1,44 @@
+// Where a run starts (a checkpoint, an llm.c model file, or a fresh init) and the checkpoints it writes, the same in
+// both trainers.
+#pragma once
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "llmc/base/fileio.h"
+#include "llmc/base/rng.h"
+#include "llmc/comm/transport.h"
+#include "llmc/data/dataloader.h"
+#include "llmc/run/checkpoint.h"
+#include "llmc/run/config.h"
+
+namespace llmc {
+
+// Where a run starts, from --resume / --init_from (the CPU and the CUDA trainer alike):
+//  - a checkpoint written by as many ranks: weights, step, tokens, bytes sent, data position and sampling
+//    RNG are restored and `load_optimizer_state` gets this rank's optimizer blob;
+//  - a checkpoint of another world size: refused, unless --reset_momentum, which keeps the weights, step,
+//    tokens, rank 0's sampling RNG and byte count, continues the data stream after the window groups already
+//    consumed, and leaves the optimizer state fresh (it is per rank and cannot be re-dealt);
+//  - --init_from: weights from an llm.c model file; otherwise nothing is loaded (a fresh run: the caller
+//    draws the seeded init).
+// Each rank checks the checkpoint files it reads against the marker's sizes and checksums first. The ranks
+// then meet, so rank 0 reports the resume, and --overwrite deletes later checkpoints, only when every rank
+// has loaded its files (a rank that failed has ended the job).
+// `weights` receives the fp32 parameters when something was loaded. Returns the checkpoint resumed from.
+struct RunStart {
+    std::optional<CheckpointInfo> checkpoint;
+    bool weights_loaded = false;
+};
+RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
+                           Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
+                           TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state);
+
+// Writes checkpoint <out_dir>/checkpoints/step_N: rank 0 writes model.bin from `weights` (fp32; other ranks
+// may pass an empty span), every rank its state file with the optimizer blob from `save_optimizer_state`,
+// and rank 0 the COMPLETE marker once every rank's files are in place; then older checkpoints are pruned.
+void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<const float> weights,
+                     const std::function<void(ByteWriter&)>& save_optimizer_state, TrainingState state);
+
+}  // namespace llmc
