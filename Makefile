@@ -43,6 +43,8 @@ LIB := $(BUILD)/libllmc.a
 # test/unit/test_*.cpp are run by test/run_tests.sh; test/unit/check_*.cpp are helpers that a test script drives.
 TEST_SRCS := $(wildcard test/unit/test_*.cpp test/unit/check_*.cpp)
 TEST_BINS := $(TEST_SRCS:test/unit/%.cpp=$(BUILD)/test/%)
+# LD_PRELOAD library that logs (and can kill at) file-system calls, for test/e2e/test_reliability.sh
+FS_PROBE := $(BUILD)/test/libfs_probe.so
 TOOL_SRCS := $(wildcard data/*.cpp dev/tools/*.cpp)
 TOOL_BINS := $(foreach s,$(TOOL_SRCS),$(BUILD)/$(basename $(notdir $(s))))
 BENCH_SRCS := $(wildcard dev/bench/*.cpp)
@@ -63,7 +65,7 @@ EMU_DEVICE_BINS := $(if $(EMU_BINS),$(EMU_PROGRAMS:%=$(BUILD)/emu/%) $(EMU_PROGR
 EMU_DEVICE_OBJS := $(BUILD)/emu/obj/runtime.o $(BUILD)/emu/obj/cublas.o $(BUILD)/emu/obj/nccl.o
 
 .PHONY: all test bench gpu-check clean cuda emu
-all: train_gpt_cpu sample_gpt eval_gpt $(TOOL_BINS) $(TEST_BINS) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
+all: train_gpt_cpu sample_gpt eval_gpt $(TOOL_BINS) $(TEST_BINS) $(FS_PROBE) $(BENCH_BINS) $(EMU_BINS) $(EMU_DEVICE_BINS)
 
 # The compilers and flags of the last build ($(BUILD)/build_flags): every object and CUDA program depends on them,
 # so a build started before MPI was installed, or with another USE_MPI or OPT, is redone rather than linked from
@@ -100,6 +102,10 @@ sample_gpt: $(BUILD)/sample_gpt.o $(LIB)
 
 eval_gpt: $(BUILD)/eval_gpt.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)
+
+$(FS_PROBE): test/support/fs_probe.c
+	@mkdir -p $(dir $@)
+	$(CXX_PLAIN) -x c -O2 -Wall -Wextra -shared -fPIC $< -o $@ -ldl
 
 $(BUILD)/test/%: $(BUILD)/test/unit/%.o $(LIB)
 	$(CXX) $^ -o $@ $(LDLIBS)

@@ -23,6 +23,7 @@
 #include "llmc/run/config.h"
 #include "llmc/data/dataloader.h"
 #include "llmc/base/error.h"
+#include "llmc/base/fileio.h"
 #include "llmc/model/gpt2/gpt2_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/data/multiple_choice.h"
@@ -81,9 +82,10 @@ Options parse_args(int argc, char** argv) {
     using llmc::flag_integer;
     Options o;
     std::set<std::string> shard_flags, choice_flags;
-    llmc::for_each_flag(argc, argv, kUsage, {"json", "per_example"}, [&](const std::string& key,
-                                                                         const std::string& flag,
-                                                                         const std::string& value) {
+    const auto valued = {"model",    "data",    "batch_size", "seq_len",         "batches", "threads",
+                         "choices", "examples", "encoder",   "vocab", "write_eval_file"};
+    llmc::for_each_flag(argc, argv, kUsage, {"json", "per_example"}, valued,
+                        [&](const std::string& key, const std::string& flag, const std::string& value) {
         if (key == "data" || key == "batch_size" || key == "seq_len" || key == "batches") shard_flags.insert(flag);
         if (key == "examples" || key == "per_example" || key == "encoder" || key == "vocab" ||
             key == "write_eval_file")
@@ -133,7 +135,11 @@ void evaluate(const llmc::ModelSource& source, const llmc::ModelConfig& config, 
     double sum = 0.0;
     for (uint64_t i = 0; i < batches; i++) {
         loader.next_batch(inputs, targets);
-        sum += model.forward(inputs.data(), targets.data(), B, T);
+        const double batch_loss = model.forward(inputs.data(), targets.data(), B, T);
+        LLMC_CHECK(std::isfinite(batch_loss), source.file + ": the loss of batch " + std::to_string(i + 1) + " is " +
+                                                  (std::isnan(batch_loss) ? "NaN" : "inf") +
+                                                  " (the weights, or a diverged run's model)");
+        sum += batch_loss;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double loss = sum / static_cast<double>(batches);
@@ -166,7 +172,11 @@ void evaluate_choices(const llmc::ModelSource& source, const llmc::ModelConfig& 
     const std::vector<llmc::ChoiceScore> scores = llmc::score_choices(
         examples, 0, 1, batching, [&](const int* inputs, const int* targets, int B, int T) {
             model.forward(inputs, targets, B, T);
-            return model.losses();
+            const auto losses = model.losses();
+            LLMC_CHECK(llmc::count_non_finite(losses) == 0,
+                       source.file + ": the forward pass gives NaN or inf losses (the weights, or a diverged "
+                                     "run's model)");
+            return losses;
         });
     size_t correct = 0, correct_norm = 0, cropped = 0;
     for (size_t i = 0; i < examples.size(); i++) {

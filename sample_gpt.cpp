@@ -66,9 +66,10 @@ struct Options {
 Options parse_args(int argc, char** argv) {
     using llmc::flag_integer, llmc::flag_number;
     Options o;
-    llmc::for_each_flag(argc, argv, kUsage, {"stop_at_eot", "json"}, [&](const std::string& key,
-                                                                         const std::string& flag,
-                                                                         const std::string& value) {
+    const auto valued = {"model",  "prompt", "prompt_file", "tokens",  "num_samples", "temperature",
+                         "top_k", "top_p",  "seed",        "encoder", "vocab",       "threads"};
+    llmc::for_each_flag(argc, argv, kUsage, {"stop_at_eot", "json"}, valued,
+                        [&](const std::string& key, const std::string& flag, const std::string& value) {
         if (key == "model") o.model = value;
         else if (key == "prompt") o.prompt = value;
         else if (key == "prompt_file") o.prompt_file = value;
@@ -120,6 +121,8 @@ int run(const Options& o) {
     };
     const std::span<const float> first_logits = model.start_sequence(window_of(prompt_tokens));
     const std::vector<float> prompt_logits(first_logits.begin(), first_logits.end());
+    LLMC_CHECK(llmc::count_non_finite(std::span(prompt_logits).first(config.vocab_size)) == 0,
+               model_file + ": the forward pass gives NaN or inf logits (the weights, or a diverged run's model)");
     const int prompt_window = model.sequence_length();
     bool cache_holds_prompt = true;
 

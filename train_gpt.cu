@@ -168,7 +168,6 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         print_config_warnings(cfg);  // legal settings that probably do not do what was meant
-        make_dirs(cfg.out_dir);
         write_gpu_run_record(cfg, world, grad_accum, env, model, overlap, launch.argc, launch.argv);
         log = std::make_unique<MetricsLog>(cfg.out_dir, start.checkpoint ? static_cast<int>(state.step) : -1);
         std::string optimizer = cfg.optimizer;

@@ -105,7 +105,6 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     std::unique_ptr<MetricsLog> log;
     if (main_rank) {
         print_config_warnings(cfg);  // legal settings that probably do not do what was meant
-        make_dirs(cfg.out_dir);
         nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt_cpu", launch.argc, launch.argv);
         if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;  // in effect: with several ranks
         write_run_record(cfg.out_dir, record);

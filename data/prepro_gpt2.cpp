@@ -423,6 +423,11 @@ int run(const Options& options) {
 
     size_t val_documents = 0;
     if (options.val_tokens < 0) {
+        if (n_docs == 1 && documents[0].line > 0) {  // a JSON Lines line: what is wrong with it comes first
+            std::string line;
+            if (is_compressed(options.files[documents[0].file])) CompressedLines(options).read(documents[0], line);
+            DocumentReader(options).read(documents[0], line);
+        }
         LLMC_CHECK(n_docs >= 2, "the default validation split needs at least 2 documents (one for each split); "
                                 "pass --val-tokens N to split a single document");
         size_t covered = 0;

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 
 namespace llmc {
 
@@ -92,7 +94,11 @@ void remove_file_durably(const std::string& path) {
         return;
     }
     const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
-    const int fd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY);
+    sync_directory(dir.empty() ? "/" : dir);
+}
+
+void sync_directory(const std::string& dir) {
+    const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     LLMC_CHECK(fd >= 0, dir + ": cannot open directory to sync it (" + reason() + ")");
     const bool synced = fsync(fd) == 0;
     const std::string why = synced ? "" : reason();
@@ -158,6 +164,34 @@ void make_dirs(const std::string& path) {
     struct stat st;
     LLMC_CHECK(path.empty() || (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
                path + ": exists and is not a directory");
+}
+
+size_t count_non_finite(std::span<const float> values) {
+    size_t bad = 0;
+    const ptrdiff_t n = static_cast<ptrdiff_t>(values.size());
+    const float* v = values.data();
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+    for (ptrdiff_t i = 0; i < n; i++) bad += !std::isfinite(v[i]);
+    return bad;
+}
+
+size_t ByteWriter::non_finite_floats() const {
+    size_t bad = 0;
+    for (const auto& [offset, count] : float_arrays_) {
+        // the bytes of a put_array_space array may be unaligned for float: copied out in blocks
+        const std::byte* at = bytes_.data() + offset;
+        if (reinterpret_cast<uintptr_t>(at) % alignof(float) == 0) {
+            bad += count_non_finite(std::span(reinterpret_cast<const float*>(at), count));
+            continue;
+        }
+        std::vector<float> block(std::min<size_t>(count, 1 << 20));
+        for (size_t done = 0; done < count; done += block.size()) {
+            const size_t n = std::min(block.size(), count - done);
+            std::memcpy(block.data(), at + done * sizeof(float), n * sizeof(float));
+            bad += count_non_finite(std::span(block.data(), n));
+        }
+    }
+    return bad;
 }
 
 }  // namespace llmc

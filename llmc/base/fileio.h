@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "llmc/base/checksum.h"
@@ -65,6 +66,9 @@ bool is_directory(const std::string& path);
 // Removes `path` (nothing to do if it is missing) and syncs its directory, so that the removal reaches the disk
 // before anything written after it.
 void remove_file_durably(const std::string& path);
+// fsync on a directory: the entries created, renamed or removed in it so far reach the disk (a rename is durable
+// only once its directory is synced).
+void sync_directory(const std::string& dir);
 // Throws "<path>: ..." unless path is a regular file: opening a named pipe would wait for a writer forever.
 void require_regular_file(const std::string& path);
 // A regular file, or a pipe read to its end (--file-list <(...)); more than max_bytes is refused.
@@ -87,6 +91,7 @@ public:
     void put_array(std::span<const T> v) {
         static_assert(std::is_trivially_copyable_v<T>);
         put<uint64_t>(v.size());
+        note_floats<T>(v.size());
         const auto* p = reinterpret_cast<const std::byte*>(v.data());
         bytes_.insert(bytes_.end(), p, p + v.size_bytes());
     }
@@ -96,6 +101,7 @@ public:
     std::byte* put_array_space(size_t count) {
         static_assert(std::is_trivially_copyable_v<T>);
         put<uint64_t>(count);
+        note_floats<T>(count);
         const size_t at = bytes_.size();
         bytes_.resize(at + count * sizeof(T));
         return bytes_.data() + at;
@@ -103,10 +109,21 @@ public:
     void put_string(const std::string& s) { put_array(std::span<const char>(s.data(), s.size())); }
     void reserve(size_t bytes) { bytes_.reserve(bytes); }
     LargeVector<std::byte>& bytes() { return bytes_; }
+    // How many NaN/inf values the float arrays written so far hold (a checkpoint must not save a diverged
+    // optimizer state); one pass over those arrays, which are in memory already.
+    size_t non_finite_floats() const;
 
 private:
+    template <typename T>
+    void note_floats(size_t count) {
+        if constexpr (std::is_same_v<T, float>) float_arrays_.push_back({bytes_.size(), count});
+    }
     LargeVector<std::byte> bytes_;  // optimizer state blobs: 1 GB for AdamW on GPT-2 124M
+    std::vector<std::pair<size_t, size_t>> float_arrays_;  // (byte offset, count) of each float array
 };
+
+// How many of `values` are NaN or infinite (OpenMP threads).
+size_t count_non_finite(std::span<const float> values);
 
 // Reads what ByteWriter wrote; every read is bounds-checked and a short or inconsistent blob throws
 // "<source>: corrupt or truncated (<what>)".

@@ -15,10 +15,11 @@
 namespace llmc {
 
 // Calls on_flag(key, flag, value) for each flag in argv[1..]: key with underscores, flag as typed (for messages).
-// The keys in `booleans` take no value ("true" when bare). --help and -h print `usage` and exit 0.
+// The keys in `booleans` take no value ("true" when bare), those in `valued` take one; any other key is an unknown
+// flag, reported as such even where it is the last argument. --help and -h print `usage` and exit 0.
 using FlagHandler = std::function<void(const std::string& key, const std::string& flag, const std::string& value)>;
 inline void for_each_flag(int argc, char** argv, const char* usage, std::initializer_list<const char*> booleans,
-                          const FlagHandler& on_flag) {
+                          std::initializer_list<const char*> valued, const FlagHandler& on_flag) {
     for (int i = 1; i < argc; i++) {
         const std::string arg = argv[i];
         LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,
@@ -35,8 +36,10 @@ inline void for_each_flag(int argc, char** argv, const char* usage, std::initial
             std::fputs(usage, stdout);
             std::exit(0);
         }
-        bool boolean = false;
+        bool boolean = false, takes_value = false;
         for (const char* b : booleans) boolean = boolean || key == b;
+        for (const char* v : valued) takes_value = takes_value || key == v;
+        LLMC_CHECK(boolean || takes_value, flag + ": unknown flag (see --help)");
         if (boolean) {
             LLMC_CHECK(!has_value || value == "true" || value == "false", flag + ": takes no value or true/false");
             on_flag(key, flag, !has_value || value == "true" ? "true" : "false");

@@ -27,6 +27,9 @@ int sample_token(std::span<const float> logits, int vocab_size, Rng& rng, const 
     LLMC_CHECK(vocab_size > 0 && logits.size() >= static_cast<size_t>(vocab_size),
                "sample_token: fewer logits than vocab_size");
     const auto first = logits.begin(), last = logits.begin() + vocab_size;
+    // NaN compares false with everything: a diverged model would otherwise "sample" token 0 or the last one
+    LLMC_CHECK(std::all_of(first, last, [](float x) { return std::isfinite(x); }),
+               "the model's logits are NaN or inf (its weights or its forward pass diverged): nothing to sample");
     const auto most_likely = std::max_element(first, last);
     if (params.temperature == 0.0f) return static_cast<int>(most_likely - first);
     const float max_logit = *most_likely;

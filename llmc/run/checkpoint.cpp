@@ -4,6 +4,8 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +21,7 @@ namespace llmc {
 namespace {
 constexpr uint32_t kStateMagic = 0x4C4C5354;  // "TSLL"
 constexpr uint32_t kStateVersion = 2;  // 2 added the training shards' fingerprint; 1 is still read
+constexpr const char* kSetAsideSuffix = ".corrupt";
 using json = nlohmann::ordered_json;
 }  // namespace
 
@@ -129,18 +132,20 @@ void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path,
     if (ck.files.empty()) return;  // a marker written before checksums
     const std::string name = path.substr(path.find_last_of('/') + 1);
     const auto expected = ck.files.find(name);
-    LLMC_CHECK(expected != ck.files.end(), path + ": its checkpoint's marker " + ck.dir +
-                                               "/COMPLETE lists no such file (a file from another checkpoint?)");
+    auto corrupt = [](const std::string& message) { throw CorruptCheckpointFile(message); };
+    if (expected == ck.files.end())
+        corrupt(path + ": its checkpoint's marker " + ck.dir +
+                "/COMPLETE lists no such file (a file from another checkpoint?)");
     const std::string older = "resume an older checkpoint with --resume " + ck.dir.substr(0, ck.dir.rfind('/')) +
                               "/step_N, or retrain";
-    LLMC_CHECK(file_exists(path), path + ": missing, though its checkpoint's marker lists it; " + older);
+    if (!file_exists(path)) corrupt(path + ": missing, though its checkpoint's marker lists it; " + older);
     const FileDigest found = digest ? digest() : digest_file(path);
-    LLMC_CHECK(found.bytes == expected->second.bytes,
-               path + ": " + std::to_string(found.bytes) + " bytes, but its checkpoint's marker records " +
-                   std::to_string(expected->second.bytes) + " (truncated or replaced); " + older);
-    LLMC_CHECK(found.xxh64 == expected->second.xxh64,
-               path + ": XXH64 " + found.hex() + ", but its checkpoint's marker records " + expected->second.hex() +
-                   " (the file is corrupt or from another checkpoint); " + older);
+    if (found.bytes != expected->second.bytes)
+        corrupt(path + ": " + std::to_string(found.bytes) + " bytes, but its checkpoint's marker records " +
+                std::to_string(expected->second.bytes) + " (truncated or replaced); " + older);
+    if (found.xxh64 != expected->second.xxh64)
+        corrupt(path + ": XXH64 " + found.hex() + ", but its checkpoint's marker records " + expected->second.hex() +
+                " (the file is corrupt or from another checkpoint); " + older);
 }
 
 namespace {
@@ -152,7 +157,7 @@ std::vector<std::pair<std::string, int64_t>> step_dirs(const std::string& out_di
     if (!d) return dirs;
     while (dirent* e = readdir(d)) {
         const std::string name = e->d_name;
-        if (!name.starts_with("step_")) continue;
+        if (!name.starts_with("step_") || name.find(kSetAsideSuffix) != std::string::npos) continue;
         char* end = nullptr;
         const long long step = std::strtoll(name.c_str() + 5, &end, 10);
         dirs.push_back({root + "/" + name, end != name.c_str() + 5 && *end == 0 ? step : -1});
@@ -187,17 +192,32 @@ Scan scan_checkpoints(const std::string& out_dir) {
 }
 
 void remove_dir(const std::string& dir, const char* what) {
+    if (is_directory(dir)) unmark_checkpoint(dir);  // first and durably: a kill midway leaves it incomplete
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     LLMC_CHECK(!ec, dir + ": cannot delete " + what + " (" + ec.message() + ")");
 }
 }  // namespace
 
-std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {
+std::vector<CheckpointInfo> find_checkpoints(const std::string& out_dir, std::vector<std::string>* skipped) {
     Scan scan = scan_checkpoints(out_dir);
     if (skipped) *skipped = std::move(scan.skipped);
-    if (scan.complete.empty()) return std::nullopt;
-    return scan.complete.back();
+    return std::move(scan.complete);
+}
+
+std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped) {
+    std::vector<CheckpointInfo> all = find_checkpoints(out_dir, skipped);
+    if (all.empty()) return std::nullopt;
+    return std::move(all.back());
+}
+
+std::string set_aside_checkpoint(const std::string& dir) {
+    std::string to = dir + kSetAsideSuffix;
+    for (int n = 2; file_exists(to); n++) to = dir + kSetAsideSuffix + "." + std::to_string(n);
+    LLMC_CHECK(std::rename(dir.c_str(), to.c_str()) == 0,
+               dir + ": cannot rename the corrupt checkpoint to " + to + " (" + std::strerror(errno) + ")");
+    sync_directory(dir.substr(0, dir.rfind('/')));
+    return to;
 }
 
 void prune_checkpoints(const std::string& out_dir, int keep) {

@@ -3,9 +3,10 @@
 // shards' fingerprint and that rank's optimizer state: DeMo momentum differs per rank) and COMPLETE, a marker rank
 // 0 writes last, after every rank's files are in place, and removes first when it saves over a checkpoint of the
 // same step. The marker records each file's size and XXH64 (checksum.h), checked before a resume reads the file,
-// so a corrupt or swapped file stops the resume instead of training on. Every file is written atomically; a
-// directory without COMPLETE is ignored by --resume auto (and deleted once a newer checkpoint is complete) and
-// refused by an explicit --resume. A state file must agree with its marker (step, world size) and its name
+// so a corrupt or swapped file stops the resume instead of training on (--resume auto falls back to the newest
+// intact checkpoint). Every file is written atomically and the directories are synced after each rename, so the
+// marker survives a power loss once written; a directory without COMPLETE is ignored by --resume auto (and
+// deleted once a newer checkpoint is complete) and refused by an explicit --resume. A state file must agree with its marker (step, world size) and its name
 // (rank), or the resume stops naming it.
 #pragma once
 #include <array>
@@ -17,11 +18,18 @@
 #include <vector>
 
 #include "llmc/base/checksum.h"
+#include "llmc/base/error.h"
 #include "llmc/data/dataloader.h"
 #include "llmc/model/gpt2/gpt2_layout.h"
 #include "llmc/base/host_memory.h"
 
 namespace llmc {
+
+// A checkpoint file that is missing, truncated or fails its checksum: --resume auto falls back to an older
+// checkpoint on it (any other error stops the resume).
+struct CorruptCheckpointFile : Error {
+    using Error::Error;
+};
 
 struct TrainingState {
     int64_t step = 0;  // completed optimizer steps
@@ -58,8 +66,8 @@ void mark_checkpoint_complete(const CheckpointInfo& info);
 // Removes <dir>/COMPLETE, durably, before a checkpoint of the same step is written over it: until the new marker,
 // the directory is incomplete rather than a mix of two runs' files.
 void unmark_checkpoint(const std::string& dir);
-// Throws "<path>: ..." unless the file `path` of checkpoint `ck` has the size and XXH64 its marker records (a
-// marker from before checksums has none: nothing to check). `digest` gives the file's digest where the caller reads
+// Throws CorruptCheckpointFile "<path>: ..." unless the file `path` of checkpoint `ck` has the size and XXH64 its
+// marker records (a marker from before checksums has none: nothing to check). `digest` gives the file's digest where the caller reads
 // it anyway (default: digest_file).
 void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path,
                             const std::function<FileDigest()>& digest = {});
@@ -69,8 +77,15 @@ CheckpointInfo read_checkpoint_info(const std::string& dir);
 // The complete checkpoint with the highest step under <out_dir>/checkpoints, if any. Directories whose marker is
 // malformed or names another step than the directory's are not counted; `skipped` (if given) gets a line for each.
 std::optional<CheckpointInfo> find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* skipped = nullptr);
+// Every complete checkpoint under <out_dir>/checkpoints, oldest first (the same rules as find_latest_checkpoint).
+std::vector<CheckpointInfo> find_checkpoints(const std::string& out_dir, std::vector<std::string>* skipped = nullptr);
+// Renames a checkpoint that failed its checks to <dir>.corrupt (kept for a post-mortem, ignored by every scan, never
+// pruned) and returns the new name.
+std::string set_aside_checkpoint(const std::string& dir);
 // Deletes all but the newest `keep` complete checkpoints (keep == 0 keeps everything), and the incomplete
-// directories (a run died while saving them) of steps below the newest complete one.
+// directories (a run died while saving them) of steps below the newest complete one. A deletion removes the
+// COMPLETE marker first, durably: a kill midway leaves an incomplete directory, never a complete-looking one
+// without its files.
 void prune_checkpoints(const std::string& out_dir, int keep);
 // Deletes the step_* directories under <out_dir>/checkpoints of steps above `step` (--overwrite: a run that
 // starts at `step` replaces them); returns how many.

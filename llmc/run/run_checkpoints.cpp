@@ -1,8 +1,12 @@
 // Resuming and saving checkpoints (see run_checkpoints.h).
 #include "llmc/run/run_checkpoints.h"
+#include <array>
 #include <cstdio>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "llmc/base/dir_lock.h"
 #include "llmc/base/error.h"
 #include "llmc/model/model_io.h"
 #include "llmc/run/metrics.h"
@@ -25,6 +29,120 @@ void load_checkpoint_model(const CheckpointInfo& ck, const ModelConfig& model, s
 }
 }  // namespace
 
+namespace {
+// The first rank's error ("" where that rank had none), on every rank: the ranks stop, or go on, together.
+std::string first_error(Transport& transport, const std::string& mine) {
+    if (transport.world_size() == 1) return mine;
+    std::vector<std::byte> all;
+    std::vector<size_t> offsets;
+    transport.allgather_bytes(std::as_bytes(std::span(mine.data(), mine.size())), all, offsets, GatherSizes::exchange);
+    for (size_t r = 0; r + 1 < offsets.size(); r++)
+        if (offsets[r + 1] > offsets[r])
+            return std::string(reinterpret_cast<const char*>(all.data() + offsets[r]), offsets[r + 1] - offsets[r]);
+    return "";
+}
+
+// This rank's state file and the model of checkpoint `ck`, read and checked against the marker and this run.
+// Returns the saved state; the weights are in `weights`.
+TrainingState read_checkpoint(const CheckpointInfo& ck, const TrainConfig& cfg, const std::string& config_json,
+                              int rank, int world, const DataFingerprint& train_data, std::span<float> weights) {
+    LLMC_CHECK(ck.step <= cfg.steps, ck.dir + ": the checkpoint is at step " + std::to_string(ck.step) +
+                                         ", past --steps " + std::to_string(cfg.steps) +
+                                         " (raise --steps to continue the run)");
+    const bool same_world = ck.world_size == world;
+    if (!same_world && !cfg.reset_momentum)
+        fail(ck.dir + ": checkpoint was written by " + std::to_string(ck.world_size) + " ranks but this run has " +
+             std::to_string(world) +
+             "; resume with the same number of ranks, or pass --reset_momentum to keep "
+             "the weights and step and start the optimizer state afresh");
+    // with another world size every rank reads rank 0's state: the step, the tokens and the config
+    const std::string path = state_path(ck.dir, same_world ? rank : 0);
+    TrainingState saved = read_training_state(path, &ck);
+    check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
+    check_resume_compatible(path, saved.config_json, config_json,
+                            [&](const std::string& key) { return cfg.sources.origin(key); },
+                            same_world ? std::vector<std::string>{} : std::vector<std::string>{"total_batch_size"});
+    const DataFingerprint& was = saved.train_data;
+    if (was.shards != 0 && !(was == train_data)) {
+        auto files = [](const DataFingerprint& f) {
+            return std::to_string(f.shards) + " files of " + std::to_string(f.tokens) + " tokens";
+        };
+        fail(path + ": the training shards are not the checkpoint's (" +
+             (was.shards == train_data.shards && was.tokens == train_data.tokens
+                  ? files(train_data) + " then and now, but other names or sizes"
+                  : files(was) + " then, " + files(train_data) + " now") +
+             "); resume on the same files");
+    }
+    load_checkpoint_model(ck, cfg.model, weights);
+    return saved;
+}
+
+// Where --resume points: the checkpoint every rank read intact, with this rank's saved state. --resume auto tries
+// the complete checkpoints newest first: one whose files are missing or fail their checksums on any rank is set
+// aside (step_N.corrupt) with a warning and the next older one is tried. Any other problem stops every rank.
+std::optional<std::pair<CheckpointInfo, TrainingState>> choose_checkpoint(
+    const TrainConfig& cfg, const std::string& config_json, Transport& transport, const DataFingerprint& train_data,
+    std::span<float> weights, std::optional<CheckpointInfo>& latest) {
+    const int rank = transport.rank(), world = transport.world_size();
+    std::vector<std::string> skipped;
+    const std::vector<CheckpointInfo> complete = find_checkpoints(cfg.out_dir, &skipped);
+    if (rank == 0)
+        for (const std::string& line : skipped) std::fprintf(stderr, "warning: %s\n", line.c_str());
+    if (!complete.empty()) latest = complete.back();
+    std::vector<CheckpointInfo> candidates;
+    if (cfg.resume == "auto") candidates.assign(complete.rbegin(), complete.rend());
+    else if (!cfg.resume.empty()) candidates.push_back(read_checkpoint_info(cfg.resume));
+    std::string first_corrupt;
+    for (const CheckpointInfo& ck : candidates) {
+        std::string error;  // 'C' + message: a corrupt file, which --resume auto survives; 'E' + message: not
+        TrainingState saved;
+        try {
+            saved = read_checkpoint(ck, cfg, config_json, rank, world, train_data, weights);
+        } catch (const CorruptCheckpointFile& e) {
+            error = std::string("C") + e.what();
+        } catch (const Error& e) {
+            error = std::string("E") + e.what();
+        }
+        error = first_error(transport, error);
+        if (error.empty()) return std::make_pair(ck, std::move(saved));
+        if (error[0] == 'E' || cfg.resume != "auto") fail(error.substr(1));
+        std::string problem = error.substr(1);
+        problem = problem.substr(0, problem.find("; resume an older checkpoint"));  // what it does next instead
+        if (first_corrupt.empty()) first_corrupt = problem;
+        // every rank is done reading it before rank 0 moves it
+        if (rank == 0)
+            std::fprintf(stderr, "warning: %s; set aside as %s, trying an older checkpoint\n", problem.c_str(),
+                         set_aside_checkpoint(ck.dir).c_str());
+        transport.barrier();
+        latest.reset();
+        if (&ck != &candidates.back()) latest = *(&ck + 1);  // the newest complete checkpoint left
+    }
+    if (!first_corrupt.empty())
+        fail(cfg.out_dir + "/checkpoints: no intact checkpoint to resume (the newest: " + first_corrupt + ")");
+    return std::nullopt;
+}
+
+// config.json of an earlier run in out_dir that wrote metrics but no checkpoint: the same run, killed before its
+// first checkpoint and requeued, when it was to write checkpoints and every key that a resume must keep has the
+// same value (a run with --checkpoint_every -1 had none to wait for: its metrics are all there is of it).
+bool same_run_record(const std::string& out_dir, const std::string& config_json) {
+    const std::string record = out_dir + "/config.json";
+    if (!file_exists(record)) return false;
+    try {
+        const std::vector<std::byte> bytes = read_whole_file(record, 1 << 24);
+        const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+        const nlohmann::json recorded = nlohmann::json::parse(text, nullptr, false);
+        if (!recorded.is_object() || !recorded.contains("checkpoint_every") ||
+            !recorded["checkpoint_every"].is_number_integer() || recorded["checkpoint_every"].get<int64_t>() < 0)
+            return false;
+        check_resume_compatible(record, text, config_json);
+        return true;
+    } catch (const Error&) {
+        return false;
+    }
+}
+}  // namespace
+
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
                            Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
                            TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state) {
@@ -32,47 +150,28 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
     std::string resumed;  // rank 0 prints it once every rank has loaded its files
     const int rank = transport.rank(), world = transport.world_size();
     const bool main_rank = rank == 0;
+    // out_dir belongs to this run until it ends: taken before anything in it is read
+    std::string locked;
+    if (main_rank) try {
+            start.out_dir_lock = std::make_unique<DirectoryLock>(cfg.out_dir);
+        } catch (const Error& e) {
+            locked = e.what();
+        }
+    locked = first_error(transport, locked);
+    if (!locked.empty()) fail(locked);
     const std::string checkpoints = cfg.out_dir + "/checkpoints";
     LLMC_CHECK(cfg.checkpoint_every < 0 || !file_exists(checkpoints) || is_directory(checkpoints),
                checkpoints + ": not a directory, so no checkpoint could be saved (move it away)");
-    std::vector<std::string> skipped;
-    const std::optional<CheckpointInfo> latest = find_latest_checkpoint(cfg.out_dir, &skipped);
-    if (main_rank)
-        for (const std::string& line : skipped) std::fprintf(stderr, "warning: %s\n", line.c_str());
-    if (cfg.resume == "auto") start.checkpoint = latest;
-    else if (!cfg.resume.empty()) start.checkpoint = read_checkpoint_info(cfg.resume);
     state.train_data = train_loader.fingerprint();
-    if (start.checkpoint) {
-        const CheckpointInfo& ck = *start.checkpoint;
-        LLMC_CHECK(ck.step <= cfg.steps, ck.dir + ": the checkpoint is at step " + std::to_string(ck.step) +
-                                             ", past --steps " + std::to_string(cfg.steps) +
-                                             " (raise --steps to continue the run)");
+    std::optional<CheckpointInfo> latest;
+    std::optional<std::pair<CheckpointInfo, TrainingState>> chosen =
+        choose_checkpoint(cfg, config_json, transport, state.train_data, weights, latest);
+    if (chosen) {
+        start.checkpoint = chosen->first;
+        const CheckpointInfo& ck = chosen->first;
+        TrainingState& saved = chosen->second;
         const bool same_world = ck.world_size == world;
-        if (!same_world && !cfg.reset_momentum)
-            fail(ck.dir + ": checkpoint was written by " + std::to_string(ck.world_size) +
-                 " ranks but this run has " + std::to_string(world) +
-                 "; resume with the same number of ranks, or pass --reset_momentum to keep "
-                 "the weights and step and start the optimizer state afresh");
-        // with another world size every rank reads rank 0's state: the step, the tokens and the config
         const std::string path = state_path(ck.dir, same_world ? rank : 0);
-        TrainingState saved = read_training_state(path, &ck);
-        check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
-        check_resume_compatible(path, saved.config_json, config_json,
-                                [&](const std::string& key) { return cfg.sources.origin(key); },
-                                same_world ? std::vector<std::string>{} : std::vector<std::string>{"total_batch_size"});
-        const DataFingerprint& was = saved.train_data;
-        if (was.shards != 0 && !(was == state.train_data)) {
-            const DataFingerprint& now = state.train_data;
-            auto files = [](const DataFingerprint& f) {
-                return std::to_string(f.shards) + " files of " + std::to_string(f.tokens) + " tokens";
-            };
-            fail(path + ": the training shards are not the checkpoint's (" +
-                 (was.shards == now.shards && was.tokens == now.tokens
-                      ? files(now) + " then and now, but other names or sizes"
-                      : files(was) + " then, " + files(now) + " now") +
-                 "); resume on the same files");
-        }
-        load_checkpoint_model(ck, cfg.model, weights);
         start.weights_loaded = true;
         state.step = saved.step;
         state.tokens = saved.tokens;
@@ -89,9 +188,15 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
             resumed = "resumed weights from " + ck.dir + " (step " + std::to_string(state.step) +
                       ") with a fresh optimizer state";
         } else {
-            ByteReader reader(saved.optimizer_state, path);
-            load_optimizer_state(reader);
-            train_loader.set_position(saved.data);
+            // what the state file holds is checked by the optimizer and the loader: their errors name the file
+            try {
+                ByteReader reader(saved.optimizer_state, path);
+                load_optimizer_state(reader);
+                train_loader.set_position(saved.data);
+            } catch (const Error& e) {
+                const std::string what = e.what();
+                fail(what.starts_with(path) ? what : path + ": " + what);
+            }
             resumed = "resumed from " + ck.dir + " at step " + std::to_string(state.step);
         }
         // --resume auto --init_from M: M starts the run, its checkpoints continue it (a preempted fine-tuning job)
@@ -122,28 +227,52 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
                         cfg.out_dir.c_str());
     }
     // A fresh start over another run's metrics (a run without a checkpoint: stopped early, or --checkpoint_every
-    // -1) would start its metrics.jsonl afresh, and that run's lines would be lost.
+    // -1) would start its metrics.jsonl afresh, and that run's lines would be lost. The same run, killed before
+    // its first checkpoint and started again by --resume auto (a requeue), starts afresh.
     const std::string metrics = metrics_path(cfg.out_dir);
-    if (main_rank && !start.checkpoint && !cfg.overwrite && file_exists(metrics) && File(metrics, "rb").size() > 0)
-        fail(metrics + ": holds another run's metrics, and no checkpoint continues that run; replace them with " +
-             cfg.sources.name("overwrite") + ", or use another " + cfg.sources.name("out_dir"));
+    if (main_rank && !start.checkpoint && !cfg.overwrite && file_exists(metrics) && File(metrics, "rb").size() > 0) {
+        if (cfg.resume == "auto" && same_run_record(cfg.out_dir, config_json))
+            std::fprintf(stderr, "warning: %s: the same run (config.json matches) ended before its first checkpoint; "
+                         "starting it afresh\n", metrics.c_str());
+        else
+            fail(metrics + ": holds another run's metrics, and no checkpoint continues that run; replace them with " +
+                 cfg.sources.name("overwrite") + ", or use another " + cfg.sources.name("out_dir"));
+    }
     return start;
 }
 
 void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<const float> weights,
                      const std::function<void(ByteWriter&)>& save_optimizer_state, TrainingState state) {
     const std::string dir = checkpoint_dir(cfg.out_dir, state.step);
+    ByteWriter opt_state;
+    save_optimizer_state(opt_state);
+    // A checkpoint of diverged weights could not be loaded, and would replace the intact ones before it.
+    std::array<double, 2> non_finite = {transport.rank() == 0 ? double(count_non_finite(weights)) : 0.0,
+                                        double(opt_state.non_finite_floats())};
+    transport.allreduce_sum(non_finite);
+    if (non_finite[0] + non_finite[1] > 0) {
+        auto count = [](double n, const char* what) { return std::to_string(static_cast<long long>(n)) + what; };
+        std::string which = non_finite[0] > 0 ? count(non_finite[0], " of the weights") : "";
+        if (non_finite[1] > 0)
+            which += (which.empty() ? "" : " and ") + count(non_finite[1], " values of the optimizer state");
+        const std::optional<CheckpointInfo> last = find_latest_checkpoint(cfg.out_dir);
+        throw Diverged("step " + std::to_string(state.step) + ": " + which +
+                       " are NaN or inf after the update, so no checkpoint was written (the run diverged; " +
+                       (last ? "the newest checkpoint, " + last->dir + ", is from before" : "no checkpoint is left") +
+                       ")");
+    }
     if (transport.rank() == 0) {
         make_dirs(dir);
+        sync_directory(cfg.out_dir);  // the new directories' entries reach the disk before what they will hold
+        sync_directory(cfg.out_dir + "/checkpoints");
         unmark_checkpoint(dir);  // saving over a checkpoint of this step: incomplete until the new marker
     }
     transport.barrier();
     FileDigest model_digest;
     if (transport.rank() == 0) model_digest = save_model(model_path(dir), cfg.model, weights);
-    ByteWriter opt_state;
-    save_optimizer_state(opt_state);
     state.optimizer_state = std::move(opt_state.bytes());
     const FileDigest state_digest = write_training_state(state_path(dir, transport.rank()), state);
+    sync_directory(dir);  // this rank's renames are durable before its digest says the files are in place
     // Every rank's digest to rank 0; being a collective, this also means every rank's files are in place
     // before the marker says so.
     const int world = transport.world_size();
@@ -159,6 +288,7 @@ void save_checkpoint(const TrainConfig& cfg, Transport& transport, std::span<con
             info.files[name] = {digests[2 * static_cast<size_t>(r)], digests[2 * static_cast<size_t>(r) + 1]};
         }
         mark_checkpoint_complete(info);
+        sync_directory(dir);
         prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints);
         std::printf("saved checkpoint %s\n", dir.c_str());
     }

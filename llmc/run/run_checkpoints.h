@@ -2,10 +2,12 @@
 // both trainers.
 #pragma once
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 
+#include "llmc/base/dir_lock.h"
 #include "llmc/base/fileio.h"
 #include "llmc/base/rng.h"
 #include "llmc/comm/transport.h"
@@ -23,13 +25,16 @@ namespace llmc {
 //    consumed, and leaves the optimizer state fresh (it is per rank and cannot be re-dealt);
 //  - --init_from: weights from an llm.c model file; otherwise nothing is loaded (a fresh run: the caller
 //    draws the seeded init).
-// Each rank checks the checkpoint files it reads against the marker's sizes and checksums first. The ranks
+// Rank 0 first takes out_dir's lock (DirectoryLock: a second run on it stops, naming the holder). Each rank checks
+// the checkpoint files it reads against the marker's sizes and checksums first; with --resume auto a checkpoint
+// that fails them on any rank is set aside (step_N.corrupt) and the newest intact one resumes the run. The ranks
 // then meet, so rank 0 reports the resume, and --overwrite deletes later checkpoints, only when every rank
 // has loaded its files (a rank that failed has ended the job).
 // `weights` receives the fp32 parameters when something was loaded. Returns the checkpoint resumed from.
 struct RunStart {
     std::optional<CheckpointInfo> checkpoint;
     bool weights_loaded = false;
+    std::unique_ptr<DirectoryLock> out_dir_lock;  // rank 0's, held as long as the RunStart lives
 };
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
                            Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,

@@ -428,6 +428,7 @@ def out_dir_history_checks(source):
             "a state file of another checkpoint is refused by its step (a marker without checksums)")
 
     # A run without checkpoints: a fresh run into its out_dir is refused (its metrics kept), --overwrite replaces them.
+    # (--resume auto too: a run with --checkpoint_every -1 did not die before its first checkpoint, it had none.)
     bare = fresh("hist-bare")
     bare_run = BASE + ["--optimizer", "adamw", "--steps", "2", "--checkpoint_every", "-1", "--out_dir", bare]
     run(bare_run)
@@ -611,9 +612,10 @@ def checksum_checks(source, two_rank):
               and "resumed" not in p.stdout, f"{what}: {p.stderr.strip()[:240]}")
         return p
 
+    # an explicit --resume stops on a damaged file (--resume auto falls back to an older one: test_reliability.sh)
     model = os.path.join(ck(sums, 6), "model.bin")
     flip_byte(model)
-    p = refused(common + ["--out_dir", sums, "--resume", "auto"], model, ": XXH64 ",
+    p = refused(common + ["--out_dir", sums, "--resume", ck(sums, 6)], model, ": XXH64 ",
                 "a resume on a model.bin with one flipped bit stops naming it")
     check(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
           and open(os.path.join(sums, "metrics.jsonl"), "rb").read() == metrics,
@@ -622,10 +624,10 @@ def checksum_checks(source, two_rank):
     # model.bin is checked as it loads; one that fails to load (short, bad magic) is reported by its checksum
     whole = open(model, "rb").read()
     os.truncate(model, len(whole) - 4)
-    refused(common + ["--out_dir", sums, "--resume", "auto"], model, "bytes, but its checkpoint's marker records",
+    refused(common + ["--out_dir", sums, "--resume", ck(sums, 6)], model, "bytes, but its checkpoint's marker records",
             "a resume on a truncated model.bin stops naming it by the size its marker records")
     open(model, "wb").write(b"\0" + whole[1:])
-    refused(common + ["--out_dir", sums, "--resume", "auto"], model, ": XXH64 ",
+    refused(common + ["--out_dir", sums, "--resume", ck(sums, 6)], model, ": XXH64 ",
             "a resume on a model.bin with a damaged header stops naming it by its checksum")
     open(model, "wb").write(whole)
     state = os.path.join(ck(sums, 3), "state_rank0.bin")

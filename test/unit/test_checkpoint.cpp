@@ -2,7 +2,12 @@
 // corruption, blobs written or read in place match put_array / get_array, the COMPLETE marker decides which
 // checkpoints count (and must name its directory's step), pruning keeps the newest and clears older incomplete
 // directories, a state file must match its marker and rank, paths that are no checkpoint are named as such,
-// atomic writes leave no partial file, and a resume with a changed fixed key is refused naming the key.
+// atomic writes leave no partial file, a resume with a changed fixed key is refused naming the key, NaN and inf
+// values are counted in every float array of a state blob, corrupt checkpoints are set aside out of every scan,
+// and a locked directory names its holder.
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +17,7 @@
 
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/config.h"
+#include "llmc/base/dir_lock.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
 #include "llmc/data/dataloader.h"
@@ -222,6 +228,71 @@ TEST(resume_refuses_changed_fixed_keys) {
     c.steps = 5000;  // extending a run is allowed
     c.lr = 1e-3f;
     check_resume_compatible("x", config_to_json(a), config_to_json(c));
+}
+
+TEST(non_finite_floats_are_counted_in_every_float_array) {
+    // the oracle: a plain loop over the values that went in
+    std::vector<float> a = testing::random_normal(100003, 7, 1.0), b = testing::random_normal(777, 8, 1.0);
+    a[0] = NAN, a[5000] = INFINITY, a[100002] = -INFINITY, b[3] = NAN;
+    const std::vector<double> ints = {NAN, INFINITY};  // not float arrays: not counted
+    ByteWriter w;
+    w.put<uint8_t>(1);  // the arrays' bytes start unaligned
+    w.put_array(std::span<const float>(a));
+    w.put_array(std::span<const double>(ints));
+    std::byte* slot = w.put_array_space<float>(b.size());
+    std::memcpy(slot, b.data(), b.size() * sizeof(float));
+    size_t expected = 0;
+    for (const float x : a) expected += !std::isfinite(x);
+    for (const float x : b) expected += !std::isfinite(x);
+    EXPECT_EQ(expected, size_t{4});
+    EXPECT_EQ(w.non_finite_floats(), expected);
+    EXPECT_EQ(count_non_finite(a), size_t{3});
+    EXPECT_EQ(count_non_finite(std::span<const float>(a).subspan(1, 4999)), size_t{0});
+    b[3] = 1.0f;  // put_array_space arrays are scanned as they are now, after the caller filled them
+    std::memcpy(slot, b.data(), b.size() * sizeof(float));
+    EXPECT_EQ(w.non_finite_floats(), size_t{3});
+}
+
+TEST(corrupt_checkpoints_are_set_aside_out_of_every_scan) {
+    std::system(("rm -rf " + kOut + " && mkdir -p " + kOut).c_str());
+    for (int step : {10, 20}) {
+        const std::string dir = checkpoint_dir(kOut, step);
+        make_dirs(dir);
+        mark_checkpoint_complete({dir, step, 1, "adamw", {}});
+    }
+    const std::string aside = set_aside_checkpoint(checkpoint_dir(kOut, 20));
+    EXPECT_EQ(aside, checkpoint_dir(kOut, 20) + ".corrupt");
+    EXPECT(file_exists(aside + "/COMPLETE") && !file_exists(checkpoint_dir(kOut, 20)));
+    make_dirs(checkpoint_dir(kOut, 20));
+    EXPECT_EQ(set_aside_checkpoint(checkpoint_dir(kOut, 20)), checkpoint_dir(kOut, 20) + ".corrupt.2");
+    // set-aside directories are no checkpoints: not found, not pruned, not removed by --overwrite
+    std::vector<std::string> skipped;
+    const std::vector<CheckpointInfo> left = find_checkpoints(kOut, &skipped);
+    EXPECT(left.size() == 1 && left[0].step == 10 && skipped.empty());
+    prune_checkpoints(kOut, 1);
+    EXPECT_EQ(remove_checkpoints_after(kOut, 0), 1);
+    EXPECT(file_exists(aside + "/COMPLETE") && file_exists(checkpoint_dir(kOut, 20) + ".corrupt.2"));
+}
+
+TEST(a_locked_directory_names_its_holder) {
+    const std::string dir = kOut + "/locked";
+    std::system(("rm -rf " + dir).c_str());
+    {
+        const DirectoryLock lock(dir);  // creates the directory
+        EXPECT(is_directory(dir));
+        // another process (flock locks are per open file: a second open in this process would conflict too)
+        const auto lock_again = [&] {
+            try {
+                const DirectoryLock again(dir);
+            } catch (const Error& e) {
+                std::fprintf(stderr, "%s\n", e.what());
+                std::exit(1);
+            }
+            std::exit(0);
+        };
+        EXPECT_EXITS(lock_again(), 1, dir + ": in use by another run (pid " + std::to_string(getpid()) + " on host ");
+    }
+    const DirectoryLock after(dir);  // released with its holder
 }
 
 TEST_MAIN()
