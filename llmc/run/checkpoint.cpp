@@ -132,20 +132,23 @@ void verify_checkpoint_file(const CheckpointInfo& ck, const std::string& path,
     if (ck.files.empty()) return;  // a marker written before checksums
     const std::string name = path.substr(path.find_last_of('/') + 1);
     const auto expected = ck.files.find(name);
-    auto corrupt = [](const std::string& message) { throw CorruptCheckpointFile(message); };
     if (expected == ck.files.end())
-        corrupt(path + ": its checkpoint's marker " + ck.dir +
-                "/COMPLETE lists no such file (a file from another checkpoint?)");
+        throw CorruptCheckpointFile(path + ": its checkpoint's marker " + ck.dir +
+                                    "/COMPLETE lists no such file (a file from another checkpoint?)");
     const std::string older = "resume an older checkpoint with --resume " + ck.dir.substr(0, ck.dir.rfind('/')) +
                               "/step_N, or retrain";
-    if (!file_exists(path)) corrupt(path + ": missing, though its checkpoint's marker lists it; " + older);
+    if (!file_exists(path))
+        throw CorruptCheckpointFile(path + ": missing, though its checkpoint's marker lists it", older);
     const FileDigest found = digest ? digest() : digest_file(path);
     if (found.bytes != expected->second.bytes)
-        corrupt(path + ": " + std::to_string(found.bytes) + " bytes, but its checkpoint's marker records " +
-                std::to_string(expected->second.bytes) + " (truncated or replaced); " + older);
+        throw CorruptCheckpointFile(path + ": " + std::to_string(found.bytes) +
+                                        " bytes, but its checkpoint's marker records " +
+                                        std::to_string(expected->second.bytes) + " (truncated or replaced)",
+                                    older);
     if (found.xxh64 != expected->second.xxh64)
-        corrupt(path + ": XXH64 " + found.hex() + ", but its checkpoint's marker records " + expected->second.hex() +
-                " (the file is corrupt or from another checkpoint); " + older);
+        throw CorruptCheckpointFile(path + ": XXH64 " + found.hex() + ", but its checkpoint's marker records " +
+                                        expected->second.hex() + " (the file is corrupt or from another checkpoint)",
+                                    older);
 }
 
 namespace {

@@ -6,8 +6,8 @@
 // so a corrupt or swapped file stops the resume instead of training on (--resume auto falls back to the newest
 // intact checkpoint). Every file is written atomically and the directories are synced after each rename, so the
 // marker survives a power loss once written; a directory without COMPLETE is ignored by --resume auto (and
-// deleted once a newer checkpoint is complete) and refused by an explicit --resume. A state file must agree with its marker (step, world size) and its name
-// (rank), or the resume stops naming it.
+// deleted once a newer checkpoint is complete) and refused by an explicit --resume. A state file must agree with
+// its marker (step, world size) and its name (rank), or the resume stops naming it.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -26,9 +26,12 @@
 namespace llmc {
 
 // A checkpoint file that is missing, truncated or fails its checksum: --resume auto falls back to an older
-// checkpoint on it (any other error stops the resume).
+// checkpoint on it (any other error stops the resume). what() is "<problem>; <advice>"; the fallback's warning
+// says the problem alone, since it does something else than the advice.
 struct CorruptCheckpointFile : Error {
-    using Error::Error;
+    explicit CorruptCheckpointFile(const std::string& problem, const std::string& advice = "")
+        : Error(advice.empty() ? problem : problem + "; " + advice), problem(problem) {}
+    std::string problem;
 };
 
 struct TrainingState {

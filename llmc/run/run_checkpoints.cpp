@@ -93,21 +93,22 @@ std::optional<std::pair<CheckpointInfo, TrainingState>> choose_checkpoint(
     if (cfg.resume == "auto") candidates.assign(complete.rbegin(), complete.rend());
     else if (!cfg.resume.empty()) candidates.push_back(read_checkpoint_info(cfg.resume));
     std::string first_corrupt;
-    for (const CheckpointInfo& ck : candidates) {
+    const bool fall_back = cfg.resume == "auto";
+    for (size_t i = 0; i < candidates.size(); i++) {
+        const CheckpointInfo& ck = candidates[i];
         std::string error;  // 'C' + message: a corrupt file, which --resume auto survives; 'E' + message: not
         TrainingState saved;
         try {
             saved = read_checkpoint(ck, cfg, config_json, rank, world, train_data, weights);
         } catch (const CorruptCheckpointFile& e) {
-            error = std::string("C") + e.what();
+            error = "C" + (fall_back ? e.problem : std::string(e.what()));
         } catch (const Error& e) {
             error = std::string("E") + e.what();
         }
         error = first_error(transport, error);
         if (error.empty()) return std::make_pair(ck, std::move(saved));
-        if (error[0] == 'E' || cfg.resume != "auto") fail(error.substr(1));
-        std::string problem = error.substr(1);
-        problem = problem.substr(0, problem.find("; resume an older checkpoint"));  // what it does next instead
+        if (error[0] == 'E' || !fall_back) fail(error.substr(1));
+        const std::string problem = error.substr(1);
         if (first_corrupt.empty()) first_corrupt = problem;
         // every rank is done reading it before rank 0 moves it
         if (rank == 0)
@@ -115,7 +116,7 @@ std::optional<std::pair<CheckpointInfo, TrainingState>> choose_checkpoint(
                          set_aside_checkpoint(ck.dir).c_str());
         transport.barrier();
         latest.reset();
-        if (&ck != &candidates.back()) latest = *(&ck + 1);  // the newest complete checkpoint left
+        if (i + 1 < candidates.size()) latest = candidates[i + 1];  // the newest complete checkpoint left
     }
     if (!first_corrupt.empty())
         fail(cfg.out_dir + "/checkpoints: no intact checkpoint to resume (the newest: " + first_corrupt + ")");
