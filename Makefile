@@ -172,6 +172,9 @@ $(BUILD)/test/test_cublas_emu: $(BUILD)/emu/obj/cublas.o
 $(BUILD)/test/test_cublas_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/cublas.o
 $(BUILD)/test/test_streams_emu: $(BUILD)/emu/obj/runtime.o $(BUILD)/emu/obj/nccl.o
 $(BUILD)/test/test_streams_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/runtime.o $(BUILD)/emu/obj/nccl.o
+# the OLMo kernels' test calls the kernels' host wrappers, which need the emulated runtime
+$(BUILD)/test/test_olmo_kernels_emu: $(BUILD)/emu/obj/runtime.o
+$(BUILD)/test/test_olmo_kernels_emu: EMU_EXTRA_OBJS = $(BUILD)/emu/obj/runtime.o
 emu: $(EMU_DEVICE_BINS)
 
 JOBS ?= $(shell nproc)

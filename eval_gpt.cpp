@@ -24,7 +24,7 @@
 #include "llmc/data/dataloader.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/data/multiple_choice.h"
 #include "llmc/base/tool_flags.h"
@@ -121,7 +121,7 @@ void evaluate(const llmc::ModelSource& source, const llmc::ModelConfig& config, 
     const int B = static_cast<int>(o.batch_size);
     LLMC_CHECK(T <= config.max_seq_len, "--seq_len " + std::to_string(T) + " exceeds the model's max_seq_len " +
                                             std::to_string(config.max_seq_len) + " (" + source.file + ")");
-    llmc::GPT2Cpu model(config, llmc::ModelUse::inference);
+    llmc::ModelCpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
     llmc::DataLoader loader(o.data, B, T, 0, 1, /*shuffle=*/false, 0, config.vocab_size);
     const uint64_t windows = loader.groups_per_epoch();  // > 0, or the loader would have refused the shards
@@ -163,7 +163,7 @@ void evaluate_choices(const llmc::ModelSource& source, const llmc::ModelConfig& 
                       const std::vector<llmc::ChoiceExample>& examples, const Options& o) {
     const size_t row_tokens = static_cast<size_t>(config.max_seq_len) + 1;  // a row's last token is only a target
     llmc::check_choices_fit(examples, row_tokens, o.choices);
-    llmc::GPT2Cpu model(config, llmc::ModelUse::inference);
+    llmc::ModelCpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
     const auto start = std::chrono::steady_clock::now();
     // an example a forward (up to 4 rows: HellaSwag's), as long as its longest row: two examples a forward padded

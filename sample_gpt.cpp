@@ -2,7 +2,7 @@
 // own, fp32 or bf16), encodes a prompt with the GPT-2 BPE after an end-of-text token (as every training document
 // starts in prepro_gpt2's shards), and extends it token by token with temperature, top-k and top-p sampling from
 // a seed (llmc/model/sampling.h), so the same command prints the same text on any machine. The model keeps each
-// layer's keys and values (GPT2Cpu::start_sequence / append), so a token costs one position's work until the
+// layer's keys and values (ModelCpu::start_sequence / append), so a token costs one position's work until the
 // context outgrows max_seq_len; past that the window slides and is run whole for every token.
 #include <omp.h>
 
@@ -19,7 +19,7 @@
 #include "llmc/run/config.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/base/rng.h"
 #include "llmc/model/sampling.h"
@@ -31,7 +31,7 @@ using llmc::fail;
 
 constexpr const char* kUsage = R"(usage: sample_gpt --model PATH [options]
 
-Prints text sampled from a GPT-2 model on the CPU: the prompt (after an end-of-text token), then --tokens more.
+Prints text sampled from a model (GPT-2 or OLMo) on the CPU: the prompt (after an end-of-text token), then --tokens more.
 
   --model PATH        an llm.c model file (fp32 or bf16), a checkpoint directory (its model.bin, checked against
                       the checkpoint's checksum), or a run's --out_dir (its latest complete checkpoint)
@@ -101,7 +101,7 @@ int run(const Options& o) {
                model_file + ": a vocabulary of " + std::to_string(config.vocab_size) + " tokens, but " + o.encoder +
                    " has " + std::to_string(bpe.vocab_size()) + " (the model was not trained with this tokenizer)");
     if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
-    llmc::GPT2Cpu model(config, llmc::ModelUse::inference);
+    llmc::ModelCpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
 
     std::string prompt = o.prompt;

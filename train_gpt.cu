@@ -1,5 +1,6 @@
-// The CUDA trainer: GPT-2 on the GPU (llmc/model/gpt2/gpt2_cuda.cuh: bf16 parameters and activations, fp32 gradients,
-// fp32 master weights in the optimizer, cuBLASLt matmuls), data-parallel over MPI ranks with one GPU each.
+// The CUDA trainer: GPT-2 or OLMo (--arch) on the GPU (llmc/model/model_cuda.cuh: bf16 parameters and activations,
+// fp32 gradients, fp32 master weights in the optimizer, cuBLASLt matmuls), data-parallel over MPI ranks with one
+// GPU each.
 // It is train_gpt_cpu.cpp with the model and the optimizer moved to the device: the same flags and config files
 // (llmc/run/config.h), data loader, LR schedule, metrics.jsonl lines, progress line and checkpoints (llm.c fp32
 // model.bin + per-rank state with the same optimizer blobs), so a run can move between the two trainers. The
@@ -36,8 +37,8 @@
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/data/dataloader.h"
 #include "llmc/data/tokenizer.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
-#include "llmc/model/gpt2/gpt2_cuda.cuh"
+#include "llmc/model/model_cpu.h"
+#include "llmc/model/model_cuda.cuh"
 #include "llmc/model/sampling.h"
 #include "llmc/optim/optimizers.h"
 #include "llmc/optim/optimizers_cuda.cuh"
@@ -60,7 +61,7 @@ using namespace llmc;
 constexpr size_t kStagedEarlyWteRanges = 64;
 
 // Autoregressive sample from the end-of-text token, at temperature 1 (the CPU trainer's procedure).
-std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
+std::string sample_text(ModelCuda& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
     std::vector<int> tokens = {tok.eot()};
     std::string text;
     const int max_len = std::min(cfg.seq_len, cfg.model.max_seq_len);
@@ -84,12 +85,12 @@ std::string sample_text(GPT2Cuda& model, const TrainConfig& cfg, const Tokenizer
 // The run record with what this run resolved: the device, the precision, and the switches that "auto" or the build
 // decides (the config keys themselves are recorded as given).
 void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, const CudaEnv& env,
-                          const GPT2Cuda& model, bool ddp_overlap, int argc, char** argv) {
+                          const ModelCuda& model, bool ddp_overlap, int argc, char** argv) {
     nlohmann::ordered_json record = run_record(cfg, world, grad_accum, "train_gpt", argc, argv);
     record["_run"]["device"] = env.describe();
     record["_run"]["precision"] = kFloatXName;
     record["_run"]["stochastic_rounding"] = cfg.cuda.stochastic_rounding && !kFloatXIsFloat;
-    record["_run"]["gelu_fusion"] = model.gelu_fusion();
+    if (!cfg.model.is_olmo()) record["_run"]["gelu_fusion"] = model.gelu_fusion();  // OLMo's MLP has no GELU
     record["_run"]["attention"] = model.attention_name();
     if (cfg.optimizer == "adamw") record["_run"]["ddp_overlap"] = ddp_overlap;
     write_run_record(cfg.out_dir, record);
@@ -111,7 +112,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     world_transport.set_collective_timeout(cfg.comm_timeout);  // the NCCL transport takes it from here
     const std::string config_json = agree_on_config(cfg, world_transport);
 
-    const ParamLayout layout = ParamLayout::gpt2(cfg.model);
+    const ParamLayout layout = ParamLayout::of(cfg.model);
     if (cfg.dry_run) {
         if (main_rank) print_dry_run_report(cfg, world);
         return 0;
@@ -130,7 +131,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     // AdamW-DDP's all-reduce during the backward, with several ranks (either transport)
     const bool overlap = cfg.optim.adamw.ddp_overlap && cfg.optimizer == "adamw" && world > 1;
     const size_t early_wte_runs = staged ? kStagedEarlyWteRanges : SIZE_MAX;
-    GPT2Cuda model(cfg.model, cfg.batch_size, cfg.seq_len, env, cfg.cuda);
+    ModelCuda model(cfg.model, cfg.batch_size, cfg.seq_len, env, cfg.cuda);
     std::unique_ptr<DeviceOptimizer> optimizer =
         make_device_optimizer(cfg.optimizer, cfg.optim, layout, transport, env.stream, cfg.cuda.stochastic_rounding,
                               static_cast<uint32_t>(cfg.seed), overlap);
@@ -149,7 +150,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
                                              sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
     if (start.checkpoint && start.checkpoint->world_size == world) optimizer->set_steps_done(state.step);
     if (!start.weights_loaded) {
-        GPT2Cpu init(cfg.model);  // the CPU trainer's seeded init, bit for bit
+        ModelCpu init(cfg.model);  // the CPU trainer's seeded init, bit for bit
         init.init_random(static_cast<uint64_t>(cfg.seed));
         const auto p = init.params();
         std::copy(p.begin(), p.end(), weights.begin());
@@ -198,11 +199,11 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         for (int micro = 0; micro < grad_accum; micro++) train_loader.next_batch(inputs[micro], targets[micro]);
     };
     const int start_step = static_cast<int>(state.step);
-    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), peak_tflops},
+    StepReporter reporter(cfg, start_step, log.get(), {model_flops_per_token(layout, cfg.seq_len), peak_tflops},
                           launch.started);
     const char* profile_env = std::getenv("LLMC_PROFILE_STEP");
     const int profile_step = profile_env ? std::atoi(profile_env) : -1;
-    const GPT2Cuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
+    const ModelCuda::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
     // Queues a step's forward and backward passes over its loaded batches. `wte_early`: the wte rows no rank's last
@@ -215,7 +216,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
             const bool last = micro == grad_accum - 1;
             model.queue_forward_backward(inputs[micro].data(), targets[micro].data(), cfg.batch_size, cfg.seq_len,
                                          1.0f / static_cast<float>(grad_accum),
-                                         last && overlap ? grads_final : GPT2Cuda::GradsFinal(),
+                                         last && overlap ? grads_final : ModelCuda::GradsFinal(),
                                          last ? wte_early : std::span<const ParamRange>());
         }
     };

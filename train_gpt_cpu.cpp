@@ -23,7 +23,7 @@
 #include "llmc/base/rng.h"
 #include "llmc/data/dataloader.h"
 #include "llmc/data/tokenizer.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_cpu.h"
 #include "llmc/model/sampling.h"
 #include "llmc/optim/optimizers.h"
 #include "llmc/run/batch_agreement.h"
@@ -52,7 +52,7 @@ int default_threads(int world) {
 
 // Autoregressive sample from the end-of-text token, at temperature 1, on the model's key/value cache: the context
 // runs once, then one position per token, until it outgrows seq_len and the window slides (run whole per token).
-std::string sample_text(GPT2Cpu& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
+std::string sample_text(ModelCpu& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
     std::vector<int> tokens = {tok.eot()};
     std::string text;
     const int window = std::min(cfg.seq_len, cfg.model.max_seq_len);
@@ -83,7 +83,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         if (main_rank) print_dry_run_report(cfg, world);
         return 0;
     }
-    GPT2Cpu model(cfg.model);
+    ModelCpu model(cfg.model);
     const ParamLayout& layout = model.layout();
     std::unique_ptr<Optimizer> optimizer = optimizer_family(cfg.optimizer).make(cfg.optim, layout, transport);
     RunData data = open_run_data(cfg, rank, world);
@@ -119,9 +119,9 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> inputs(n), targets(n);
     const int start_step = static_cast<int>(state.step);
-    StepReporter reporter(cfg, start_step, log.get(), {gpt2_flops_per_token(layout, cfg.seq_len), cfg.peak_tflops},
+    StepReporter reporter(cfg, start_step, log.get(), {model_flops_per_token(layout, cfg.seq_len), cfg.peak_tflops},
                           launch.started);
-    const GPT2Cpu::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
+    const ModelCpu::GradsFinal grads_final = [&](std::span<const ParamRange> ranges) {
         optimizer->on_gradients_final(model.grads(), ranges);
     };
     const StepReporter::FlushOnError flush_on_error(reporter, transport);
@@ -141,7 +141,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
             const std::vector<ParamRange> wte_early =
                 report ? batch_agreement_finish(transport, layout, true, SIZE_MAX).wte_early
                        : std::vector<ParamRange>();
-            model.backward(1.0f / static_cast<float>(grad_accum), report ? grads_final : GPT2Cpu::GradsFinal(),
+            model.backward(1.0f / static_cast<float>(grad_accum), report ? grads_final : ModelCpu::GradsFinal(),
                            wte_early);
         }
         loss /= grad_accum;

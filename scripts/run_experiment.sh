@@ -42,7 +42,7 @@ launch:
   DRY_RUN            1 (or --dry-run): print the resolved command and exit without running
 
 model and optimizer:
-  MODEL_CONFIG       (--model) JSON config giving the model shape [configs/paper_300m_shape.json]
+  MODEL_CONFIG       (--model) JSON config giving the model (the paper's OLMo) [configs/paper_300m.json]
   OPTIMIZER          adamw (AdamW-DDP, betas 0.9/0.95) or demo (decay 0.999, chunk 64) [required]
   TOPK               DeMo coefficients sent per 64x64 chunk [32]
   LR                 peak learning rate [4e-4]
@@ -77,7 +77,7 @@ readonly SETTINGS=(NP HOSTFILE RANKS_PER_NODE MPIRUN MPIRUN_ARGS TRAINER DATA_DI
                    TOKENS STEPS WARMUP VAL_EVERY VAL_BATCHES CHECKPOINT_EVERY)
 # Settings whose default is derived from others (NP, SEQ_LEN, STEPS...) stay unset until resolved below.
 : "${MPIRUN:=mpirun}" "${TRAINER:=./train_gpt}" "${DATA_DIR:=data/default}" "${RUNS_DIR:=runs}"
-: "${RESUME:=auto}" "${DRY_RUN:=0}" "${MODEL_CONFIG:=configs/paper_300m_shape.json}" "${TOPK:=32}"
+: "${RESUME:=auto}" "${DRY_RUN:=0}" "${MODEL_CONFIG:=configs/paper_300m.json}" "${TOPK:=32}"
 : "${LR:=4e-4}" "${BATCH:=$PAPER_BATCH_SEQS}" "${MICRO_BATCH:=$PAPER_MICRO_BATCH}" "${TOKENS:=$PAPER_TOKENS}"
 : "${WARMUP:=250}" "${VAL_BATCHES:=8}" "${CHECKPOINT_EVERY:=1000}"
 

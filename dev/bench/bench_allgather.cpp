@@ -28,7 +28,7 @@ double now_seconds() {
 
 size_t gpt2_bucket_bytes() {
     std::vector<std::vector<size_t>> shapes;
-    for (const demo::NamedShape& s : demo::gpt2_shapes(llmc::ModelConfig{})) shapes.push_back(s.shape);
+    for (const demo::NamedShape& s : demo::model_shapes(llmc::ModelConfig{})) shapes.push_back(s.shape);
     return demo::bucket_bytes(demo::plan_model(shapes, 64, 32), demo::WireFormat{});
 }
 

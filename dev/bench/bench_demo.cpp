@@ -17,8 +17,8 @@
 #include "llmc/optim/demo/codec.h"
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/base/error.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/model_cpu.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/base/rng.h"
 
 namespace {
@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
 
         // ---- model forward + backward ----
         if (opt.model_reps > 0) {
-            llmc::GPT2Cpu model(mc);
+            llmc::ModelCpu model(mc);
             model.init_random(7);
             const int tokens = opt.B * opt.T;
             std::vector<int> inputs(tokens), targets(tokens);

@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 echo "== load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== GPT-2 124M training step (bench_gpt2_cpu)"
-build/bench/bench_gpt2_cpu "$@"
+echo "== GPT-2 124M training step (bench_model_cpu)"
+build/bench/bench_model_cpu "$@"
 echo
 echo "== load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== DeMo optimizer step on GPT-2 124M shapes (bench_demo)"

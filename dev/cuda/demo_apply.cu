@@ -19,7 +19,7 @@
 #include "test/support/demo_agreement.h"
 #include "test/support/demo_host_reference.h"
 #include "dev/cuda/common.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "test/support/demo_corrupt_buckets.h"
 
 using namespace llmc;

@@ -26,7 +26,7 @@
 #include "test/support/demo_agreement.h"
 #include "test/support/demo_host_reference.h"
 #include "dev/cuda/common.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 
 using namespace llmc;
 namespace cm = demo::cm;

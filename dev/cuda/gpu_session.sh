@@ -5,13 +5,14 @@
 #      GPUs dev/cuda/multi_gpu_check.sh (multi-rank correctness, then tokens/s on 1 and N GPUs); on one GPU, with
 #      the bundle's Open MPI (mpi/), the same check's correctness part with two ranks sharing it over the MPI
 #      transport (SHARED_GPU=1);
-#   2. the attention, LayerNorm and matmul labs (the flash backward with each dQ summation, --flash_dq, and
+#   2. the attention, LayerNorm, OLMo (RoPE, SwiGLU, norms) and matmul labs (the flash backward with each dQ summation, --flash_dq, and
 #      the forward's four block shapes; the fused LayerNorm backward; cuBLASLt's first against tuned algorithms,
 #      --matmul_tune; the bias gradients by column reduction against the BGRADB epilogue, --bias_grad),
 #      checked and timed;
 #   3. the DeMo compress lab (every tuning of demo::kTunings in three formats, checked and timed);
 #   4. the end-to-end benchmark, quick form (AdamW with each dQ summation, tuned matmuls and the bias epilogue,
-#      and DeMo's four kernel settings; BENCH_DEMO_TUNINGS adds forced tunings);
+#      and DeMo's four kernel settings; BENCH_DEMO_TUNINGS adds forced tunings), then the paper's 300M OLMo at
+#      T=2048 (dev/cuda/bench_olmo.sh: AdamW and DeMo tokens/s and MFU);
 #   5. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
 #   6. the trainer's determinism and resume check;
@@ -63,9 +64,11 @@ if [[ -x mpi/train_gpt_fp32 && -f mpi/env.sh ]] && (($(nvidia-smi -L | grep -c '
 fi
 step attention 60 build/cuda/attention
 step layernorm 30 build/cuda/layernorm
+step olmo_kernels 45 bash -c 'build/cuda/rope && build/cuda/swiglu && build/cuda/norms'
 step matmul 60 build/cuda/matmul
 step demo_compress 180 build/cuda/demo_compress
 BENCH_QUICK=1 step bench_train_gpt 300 dev/cuda/bench_train_gpt.sh
+step bench_olmo 150 dev/cuda/bench_olmo.sh 15
 for tuning in ${PROFILE_TUNINGS:-default}; do
   if [[ $tuning == default ]]; then step profile_compress 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo
   else step "profile_compress_$tuning" 90 dev/cuda/profile_kernel.sh demo_compress_kernel demo --demo_kernel_tuning "$tuning"
@@ -78,7 +81,7 @@ refs='python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 -
         --seq 96 --out-dir build/reference/hs64'
 [[ -f build/reference/tiny/state.bin && -f build/reference/hs64/state.bin ]] ||
   step references 90 env -u LD_LIBRARY_PATH bash -c "$refs"
-GPU_CHECK_SKIP="nccl_transport attention layernorm matmul demo_compress demo_apply train_gpt_resume multi_gpu" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
+GPU_CHECK_SKIP="nccl_transport attention layernorm rope swiglu norms matmul demo_compress demo_apply train_gpt_resume multi_gpu" GPU_CHECK_BENCH=0 GPU_CHECK_TIMEOUT=90 \
   step gpu_check 600 dev/cuda/gpu_check.sh
 tar -czf "$logdir/logs.tgz" build/cuda-logs build/bench-train-gpt/summary.txt build/bench-train-gpt/*.log \
   build/check-train-gpt-resume/*.log build/multi-gpu-check/*.log 2>/dev/null

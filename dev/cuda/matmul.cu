@@ -171,7 +171,7 @@ static void check_shape(CudaEnv& env, check::Checker& ck, int N, int C, int OC) 
         }
     }
 
-    // accumulate false (the first micro-step after GPT2Cuda::zero_grad): dweight and dbias written over NaN, by
+    // accumulate false (the first micro-step after ModelCuda::zero_grad): dweight and dbias written over NaN, by
     // the column reduction and by the bias epilogue; the product must not read the old dweight (beta 0)
     for (int fuse = 0; fuse <= 1; fuse++) {
         auto d_dw4 = check::to_device(std::vector<float>(size_t(OC) * C, NAN));

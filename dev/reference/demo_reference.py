@@ -6,7 +6,9 @@ explicit DCT-II basis matrices (built in float64, stored float32), top-k by a st
 index first, the C++ rule), an all-gather modelled as the list of every rank's (idx, val), the scatter-mean as
 a dense sum and a dense count (mean over the ranks that selected a coefficient, 0 where none did), and sign.
 N ranks are simulated in one process; every rank applies the same gathered update, so the parameters are
-kept once. Written from the algorithm's description, sharing no code with the C++ side.
+kept once. Written from the algorithm's description, sharing no code with the C++ side. DemoReference holds the
+state and the step's two halves; run_case drives it with a case's gradients, dev/reference/olmo_reference.py
+with a torch model's.
 
 Delayed update ("delay": 1, --demo_delay 1): the round gathered at step s is applied at step s+1, with step s's
 lr. Step s first applies the pending round of step s-1 (scatter-mean, decode, sign, params -= lr[s-1] * sign),
@@ -53,6 +55,19 @@ def dct_basis(n):
     return torch.from_numpy((scale * np.cos(math.pi * (2 * i + 1) * k / (2 * n))).astype(np.float32))
 
 
+def top_k(mags, k):
+    """Per row, the indices of the k largest magnitudes, ordered as a stable sort of -mags orders them (larger
+    first; ties: lower index first): the first k of torch.sort(-mags, stable=True). Sorting only the k chosen is
+    what makes a reference run on a model's 3M-entry embedding affordable."""
+    kth = torch.topk(mags, k, dim=1).values[:, -1:]  # the k-th largest value of each row (ties have one value)
+    above, tied = mags > kth, mags == kth
+    room = k - above.sum(dim=1, keepdim=True)  # how many of the tied the row still takes, lowest indices first
+    chosen = above | (tied & (torch.cumsum(tied, dim=1) <= room))
+    idx = chosen.nonzero()[:, 1].reshape(mags.shape[0], k)  # ascending index within each row
+    order = torch.sort(-torch.gather(mags, 1, idx), dim=1, stable=True).indices
+    return torch.gather(idx, 1, order)
+
+
 class Chunking:
     """A tensor seen as [rows, cols] (1-D: [1, S]; more dims: leading ones flattened) cut into n1 x n2 blocks."""
 
@@ -95,6 +110,75 @@ def quantize(vals, encoding):
     raise ValueError(encoding)
 
 
+class DemoReference:
+    """DeMo's state for `ranks` simulated ranks on tensors of `shapes`, with a CASE.json's options (`cfg`): every
+    rank's momentum, and the step's two halves. dev/reference/olmo_reference.py drives it with a torch model."""
+
+    def __init__(self, cfg, shapes, ranks):
+        self.cfg, self.shapes = cfg, [tuple(s) for s in shapes]
+        self.chunkings = [Chunking(s, cfg["chunk"], cfg["topk"]) for s in self.shapes]
+        self.momentum = [[torch.zeros(int(np.prod(s)), dtype=torch.float32) for s in self.shapes]
+                         for _ in range(ranks)]
+
+    def compress(self, r, params, grads, lr):
+        """Rank r's half, on flat per-tensor tensors: clips `grads` in place (the LOCAL gradient, as
+        torch.nn.utils.clip_grad_norm_ does), weight decay on `params` (rank 0 only: every rank decays its
+        identical copy, kept once here), momentum, encode, top-k, quantize, feedback. Returns the per-tensor
+        (idx, val) this rank sends, the dense coefficients it sent, and the gradient norm before clipping."""
+        cfg = self.cfg
+        norm = torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0)
+        if cfg["grad_clip"] > 0:
+            coef = torch.clamp(cfg["grad_clip"] / (norm + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coef)
+        wd, decay, alpha = cfg["weight_decay"], cfg["decay"], cfg["alpha"]
+        sends, sents = [], []
+        for t, (ch, g) in enumerate(zip(self.chunkings, grads)):
+            if r == 0 and wd != 0 and (cfg["decay_groups"] == "all" or len(self.shapes[t]) == 2):
+                params[t].mul_(1 - lr * wd)
+            delta = self.momentum[r][t]
+            delta.mul_(decay).add_(g, alpha=(lr if cfg["momentum"] == "lr_scaled" else 1 - decay))
+            e = ch.encode(delta)
+            idx = top_k(e.abs(), ch.k)
+            val = quantize(torch.gather(e, 1, idx), cfg["values"])
+            sent = torch.zeros_like(e).scatter_(1, idx, val)
+            if alpha == 1.0:
+                delta.sub_(ch.decode(sent))
+            else:
+                delta.sub_(alpha * ch.decode(sent))
+            sends.append((idx, val))
+            sents.append(sent)
+        return sends, sents, norm.item()
+
+    def apply_round(self, params, gathered, lr):
+        """Every rank's half: gathered[t] is every rank's (idx, val) of tensor t, in rank order; params -= lr *
+        sign(decode(mean over the ranks that sent each coefficient)). Returns the pre-sign decode per tensor."""
+        presign = []
+        for t, ch in enumerate(self.chunkings):
+            nchunks = (ch.rows // ch.n1) * (ch.cols // ch.n2)
+            total_val = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
+            count = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
+            for idx, val in gathered[t]:  # rank order
+                total_val.scatter_add_(1, idx, val)
+                count.scatter_add_(1, idx, torch.ones_like(val))
+            mean = torch.where(count > 0, total_val / count.clamp(min=1), torch.zeros_like(total_val))
+            u = ch.decode(mean)
+            presign.append(u)
+            params[t].add_(torch.sign(u), alpha=-lr)
+        return presign
+
+    def step(self, params, grads_per_rank, lr):
+        """One undelayed step of every rank (grads_per_rank[r]: rank r's per-tensor gradients, clipped in place).
+        Returns the pre-sign update and each rank's gradient norm before clipping."""
+        gathered, norms = [[] for _ in self.shapes], []
+        for r, grads in enumerate(grads_per_rank):
+            sends, _, norm = self.compress(r, params, grads, lr)
+            for t, send in enumerate(sends):
+                gathered[t].append(send)
+            norms.append(norm)
+        return self.apply_round(params, gathered, lr), norms
+
+
 def run_case(case_json, case_bin, out_bin):
     with open(case_json) as f:
         cfg = json.load(f)
@@ -113,72 +197,37 @@ def run_case(case_json, case_bin, out_bin):
         return out
 
     params = split(torch.from_numpy(data[:total].copy()))
-    chunkings = [Chunking(s, cfg["chunk"], cfg["topk"]) for s in shapes]
-    momentum = [[torch.zeros(n, dtype=torch.float32) for n in numels] for _ in range(ranks)]
-    wd, decay, alpha = cfg["weight_decay"], cfg["decay"], cfg["alpha"]
+    demo = DemoReference(cfg, shapes, ranks)
     delay = cfg.get("delay", 0)
     assert delay in (0, 1), "delay must be 0 or 1"
     eager = cfg.get("eager", 0)
     assert eager in (0, 1) and (delay or not eager), "eager must be 0 or 1, and needs delay 1"
 
-    def apply_round(gathered, lr):  # every rank's (idx, val) -> params -= lr * sign(decode(mean)); returns decode
-        presign = []
-        for t, ch in enumerate(chunkings):
-            nchunks = (ch.rows // ch.n1) * (ch.cols // ch.n2)
-            total_val = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
-            count = torch.zeros(nchunks, ch.n1 * ch.n2, dtype=torch.float32)
-            for idx, val in gathered[t]:  # rank order
-                total_val.scatter_add_(1, idx, val)
-                count.scatter_add_(1, idx, torch.ones_like(val))
-            mean = torch.where(count > 0, total_val / count.clamp(min=1), torch.zeros_like(total_val))
-            u = ch.decode(mean)
-            presign.append(u)
-            params[t].add_(torch.sign(u), alpha=-lr)
-        return presign
-
     outputs = []
     pending = None  # delay 1: (gathered, lr) of the previous step, not yet applied
     for step in range(steps):
         lr = cfg["lr"][step]
-        applied = apply_round(*pending) if pending is not None else None  # before this step's weight decay
+        applied = demo.apply_round(params, *pending) if pending is not None else None  # before this step's decay
         gathered = [[] for _ in shapes]  # per tensor: every rank's (idx, val)
-        own = [[None] * len(shapes) for _ in range(ranks)]  # eager: each rank's dense sent coefficients
+        own = []  # eager: each rank's dense sent coefficients
         for r in range(ranks):
             start = total * (1 + step * ranks + r)
             grads = split(torch.from_numpy(data[start:start + total].copy()))
-            if cfg["grad_clip"] > 0:  # clip the LOCAL gradient, as torch.nn.utils.clip_grad_norm_ does
-                norm = torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0)
-                coef = torch.clamp(cfg["grad_clip"] / (norm + 1e-6), max=1.0)
-                for g in grads:
-                    g.mul_(coef)
-            for t, (ch, g) in enumerate(zip(chunkings, grads)):
-                if r == 0 and wd != 0 and (cfg["decay_groups"] == "all" or len(shapes[t]) == 2):
-                    params[t].mul_(1 - lr * wd)  # every rank decays its identical copy; kept once here
-                delta = momentum[r][t]
-                delta.mul_(decay).add_(g, alpha=(lr if cfg["momentum"] == "lr_scaled" else 1 - decay))
-                e = ch.encode(delta)
-                order = torch.sort(-e.abs(), dim=1, stable=True).indices  # ties: lower index first
-                idx = order[:, :ch.k]
-                val = quantize(torch.gather(e, 1, idx), cfg["values"])
-                sent = torch.zeros_like(e).scatter_(1, idx, val)
-                if alpha == 1.0:
-                    delta.sub_(ch.decode(sent))
-                else:
-                    delta.sub_(alpha * ch.decode(sent))
-                gathered[t].append((idx, val))
-                if eager:  # this rank's own share alone: mean over one rank = its values
-                    own[r][t] = sent
+            sends, sents, _ = demo.compress(r, params, grads, lr)
+            for t, send in enumerate(sends):
+                gathered[t].append(send)
+            own.append(sents)  # this rank's own share alone: mean over one rank = its values
         if delay:
             presign = applied if applied is not None else [torch.zeros(n, dtype=torch.float32) for n in numels]
             pending = (gathered, lr)
         else:
-            presign = apply_round(gathered, lr)
+            presign = demo.apply_round(params, gathered, lr)
         outputs.append(torch.cat(params))
         outputs.append(torch.cat(presign))
         for r in range(ranks):
-            outputs.append(torch.cat(momentum[r]))
+            outputs.append(torch.cat(demo.momentum[r]))
         if eager:
-            own_presign = [[ch.decode(own[r][t]) for t, ch in enumerate(chunkings)] for r in range(ranks)]
+            own_presign = [[ch.decode(own[r][t]) for t, ch in enumerate(demo.chunkings)] for r in range(ranks)]
             for r in range(ranks):
                 outputs.append(torch.cat([p - lr * torch.sign(u) for p, u in zip(params, own_presign[r])]))
             for r in range(ranks):

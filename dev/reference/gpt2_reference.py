@@ -7,7 +7,7 @@ agreement means both implement the same maths.
 
 state.bin layout (little-endian):
   int32 header[256]: [0]=20240327 (magic) [1]=2 (version) [2]=B [3]=T [4]=vocab_size [5]=padded_vocab_size
-                     [6]=number of optimizer steps S, the rest 0
+                     [6]=number of optimizer steps S [7]=AdamW's lr (float32 bits), the rest 0
   int32   x[B*T], y[B*T]          inputs and targets
   float32 logits[B*T*Vp]          of the initial model (padded columns included)
   float32 loss                    mean cross-entropy over the first V columns
@@ -21,6 +21,7 @@ Run with Debian's /usr/bin/python3 (it has torch). Example:
 import argparse
 import math
 import os
+import struct
 import sys
 
 import numpy as np
@@ -134,6 +135,11 @@ def llmc_order(model):
     return tensors + [model.ln_f.weight, model.ln_f.bias]
 
 
+def float_bits(x):
+    """A float32's bits as an int32, for the int32 headers."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
 def flat(tensors):
     return np.concatenate([t.detach().reshape(-1).numpy().astype(np.float32) for t in tensors])
 
@@ -210,7 +216,7 @@ def main():
         print(f"step {step}: loss {losses[-1]:.6f} grad norm {grad_norms[-1]:.6f}")
 
     write_atomic(os.path.join(args.out_dir, "state.bin"), [
-        header([STATE_MAGIC, STATE_VERSION, B, T, V, Vp, args.steps]),
+        header([STATE_MAGIC, STATE_VERSION, B, T, V, Vp, args.steps, float_bits(args.lr)]),
         x.numpy().astype(np.int32), y.numpy().astype(np.int32),
         first_logits.numpy().astype(np.float32).reshape(-1),
         np.array([first_loss], dtype=np.float32), first_grads,

@@ -14,7 +14,7 @@
 
 #include "llmc/optim/demo/traffic_report.h"
 #include "llmc/base/error.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 
 namespace {
 
@@ -89,7 +89,7 @@ int run(int argc, char** argv) {
     }
     if (!config_path.empty()) model = read_config(config_path);
     llmc::validate_model_config(model, config_path.empty() ? "model flags" : config_path);
-    demo::print_traffic_report(std::cout, "GPT-2 " + model.describe(), demo::gpt2_shapes(model), options);
+    demo::print_traffic_report(std::cout, model.describe(), demo::model_shapes(model), options);
     return 0;
 }
 

@@ -7,7 +7,9 @@
 // Contents: tanh-GELU and its derivative; LayerNorm pieces; online-softmax statistics and their merge;
 // cross-entropy gradient; causal-softmax backward element; fp32 -> bf16 rounding (nearest-even and
 // stochastic, on raw bits so host and device agree bit for bit); a counter-based hash for the stochastic
-// rounding noise; the AdamW element update in torch.optim.AdamW's arithmetic order (as llmc/optim/adamw/adamw.cpp).
+// rounding noise; the AdamW element update in torch.optim.AdamW's arithmetic order (as llmc/optim/adamw/adamw.cpp);
+// OLMo's pieces: RMSNorm, SwiGLU and the rotary embedding's rotation of one pair (its cos/sin table is built by
+// llmc/base/rope_table.h).
 #pragma once
 #include <math.h>
 #include <stddef.h>
@@ -79,6 +81,46 @@ LLMC_HD float layernorm_apply(float x, float mean, float rstd, float weight, flo
 //   dx_i = (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * rstd
 LLMC_HD float layernorm_dx(float dnorm, float norm, float dnorm_mean, float dnorm_norm_mean, float rstd) {
     return (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// OLMo's norms, activation and rotary embedding, shared by llmc/cuda/norms.cuh, swiglu.cuh, rope.cuh and the CPU
+// model, so both compute the same formulas in the same order.
+
+// 1 / sqrt(mean_square + eps): LayerNorm's rstd from the variance, RMSNorm's from the mean of x^2. OLMo's
+// default eps for both is 1e-5 (the kernels take it as a parameter, as some OLMo configurations use 1e-6).
+inline constexpr float kRmsNormEps = 1e-5f;
+LLMC_HD float norm_rstd(float mean_square, float eps) { return 1.0f / sqrtf(mean_square + eps); }
+
+// RMSNorm (weight, no bias): y_i = x_i * rstd * w_i. Its input gradient, with norm_i = x_i * rstd,
+// dnorm_i = w_i * dout_i and dnorm_norm_mean = mean_i(dnorm_i * norm_i):
+//   dx_i = (dnorm_i - norm_i * dnorm_norm_mean) * rstd
+// (LayerNorm's layernorm_dx without the mean term, since RMSNorm subtracts no mean).
+LLMC_HD float rmsnorm_dx(float dnorm, float norm, float dnorm_norm_mean, float rstd) {
+    return (dnorm - norm * dnorm_norm_mean) * rstd;
+}
+
+// SwiGLU: out = silu(gate) * x, silu(g) = g * sigmoid(g). Its gradients:
+//   dx = dout * silu(g),  dgate = dout * x * sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+// expf(-g) overflows to inf for g < -88 and sigmoid then is exactly 0, the right limit, so no clamp is needed.
+LLMC_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+LLMC_HD float swiglu_forward(float x, float gate) { return gate * sigmoid(gate) * x; }
+LLMC_HD void swiglu_backward(float dout, float x, float gate, float& dx, float& dgate) {
+    const float s = sigmoid(gate);
+    dx = dout * (gate * s);
+    dgate = dout * x * s * (1.0f + gate * (1.0f - s));
+}
+
+// Rotary embedding, GPT-NeoX "rotate half" layout: the pair (x1, x2) = (x[i], x[i + hs/2]) of a head turned by
+// the angle whose cos c and sin s the table holds for this position and i. The backward turns the gradient
+// pair back by the same angle (the transpose of a rotation is the rotation by minus the angle).
+LLMC_HD void rope_rotate(float x1, float x2, float c, float s, float& out1, float& out2) {
+    out1 = x1 * c - x2 * s;
+    out2 = x2 * c + x1 * s;
+}
+LLMC_HD void rope_rotate_backward(float g1, float g2, float c, float s, float& d1, float& d2) {
+    d1 = g1 * c + g2 * s;
+    d2 = g2 * c - g1 * s;
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -316,6 +316,16 @@ std::string ConfigSources::list(const std::vector<std::string>& keys) const {
     return out;
 }
 
+std::string with_commas(uint64_t v) {
+    const std::string digits = std::to_string(v);
+    std::string s;
+    for (size_t i = 0; i < digits.size(); i++) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) s.push_back(',');
+        s.push_back(digits[i]);
+    }
+    return s;
+}
+
 std::string format_float(float v) {
     char buf[32];
     std::string text(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);

@@ -48,6 +48,8 @@ private:
 // A float as a message shows it, recognisably what the user typed: the shortest text that reads back as the same
 // float, its exponent unpadded (-1e-9 and -0, where std::to_string prints -0.000000 for both).
 std::string format_float(float v);
+// 319946752 -> "319,946,752".
+std::string with_commas(uint64_t v);
 
 // The value readers the keys share; `where` names the flag or the file and key in messages.
 namespace schema {

@@ -1,5 +1,6 @@
 // The CUDA trainer's kernel switches (the schema's "cuda" group): how the model's kernels compute. Plain C++, so the
-// shared config schema knows them; train_gpt hands them to the model (gpt2_cuda.cuh) and the optimizers once.
+// shared config schema knows them; train_gpt hands them to the model (llmc/model/model_cuda.cuh) and the
+// optimizers once.
 // The CPU trainer ignores them, but every rank must agree on them all the same.
 #pragma once
 #include <vector>

@@ -1,4 +1,5 @@
-// Token + position embedding. Forward: out[b,t,:] = wte[token[b,t],:] + wpe[t,:].
+// Token + position embedding. Forward: out[b,t,:] = wte[token[b,t],:] + wpe[t,:], or the token embedding alone
+// for a model without learned positions (OLMo: wpe null; its positions are RoPE's, in the attention).
 // Backward (deterministic, as llm.c): no atomics on wte rows. The host sorts the batch's positions into one
 // bucket per distinct token (EncoderBackwardPlan, built from the host copy of the inputs, in ascending
 // position order); a thread then owns (bucket, channels) and sums dout over that bucket's positions in order,
@@ -13,7 +14,8 @@
 
 namespace llmc {
 
-template <bool kVector>
+// kPositions false: wpe is null and out is the wte row itself.
+template <bool kVector, bool kPositions = true>
 __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T,
                                        int C) {
     const int step = kVector ? x128::size : 1;
@@ -25,8 +27,12 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
     const int t = static_cast<int>(bt % T);
     const int token = inp[bt];
     const floatX* wte_row = wte + size_t(token) * C;
-    const floatX* wpe_row = wpe + size_t(t) * C;
-    if constexpr (kVector) {
+    const floatX* wpe_row = kPositions ? wpe + size_t(t) * C : nullptr;
+    if constexpr (!kPositions && kVector) {
+        store128(out + idx, load128(wte_row + c));
+    } else if constexpr (!kPositions) {
+        out[idx] = wte_row[c];
+    } else if constexpr (kVector) {
         const x128 a = load128(wte_row + c), p = load128(wpe_row + c);
         x128 o;
 #pragma unroll
@@ -37,20 +43,23 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
     }
 }
 
-// out (B,T,C) = wte[inp] + wpe[0..T), inp (B,T) token ids on the device.
+// out (B,T,C) = wte[inp] + wpe[0..T), inp (B,T) token ids on the device; wpe null: out = wte[inp].
 inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
                             cudaStream_t stream) {
     const size_t total = size_t(B) * T * C;
     if (total == 0) return;
     constexpr int block = 256;
-    if (C % x128::size == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe)) {
-        const size_t threads = total / x128::size;
-        LLMC_LAUNCH(unsigned(ceil_div<size_t>(threads, block)), block, 0, stream, encoder_forward_kernel<true>)(
-            out, inp, wte, wpe, B, T, C);
-    } else {
-        LLMC_LAUNCH(unsigned(ceil_div<size_t>(total, block)), block, 0, stream, encoder_forward_kernel<false>)(
-            out, inp, wte, wpe, B, T, C);
-    }
+    const bool vector = C % x128::size == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
+    const size_t threads = vector ? total / x128::size : total;
+    const unsigned blocks = unsigned(ceil_div<size_t>(threads, block));
+    if (wpe && vector)
+        LLMC_LAUNCH(blocks, block, 0, stream, encoder_forward_kernel<true>)(out, inp, wte, wpe, B, T, C);
+    else if (wpe)
+        LLMC_LAUNCH(blocks, block, 0, stream, encoder_forward_kernel<false>)(out, inp, wte, wpe, B, T, C);
+    else if (vector)
+        LLMC_LAUNCH(blocks, block, 0, stream, encoder_forward_kernel<true, false>)(out, inp, wte, wpe, B, T, C);
+    else
+        LLMC_LAUNCH(blocks, block, 0, stream, encoder_forward_kernel<false, false>)(out, inp, wte, wpe, B, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -130,7 +139,7 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int
 
 // dwte += scatter of dout by token (using `plan`, already uploaded to `plan_device`), dwpe += sum over b of dout
 // (accumulate false: dwpe's first T rows = the sums; its later rows, positions this batch does not reach, are the
-// caller's; dwte is always added to: GPT-2's classifier writes it first).
+// caller's; dwte is always added to: the tied classifier writes it first). dwpe null: no positions (OLMo).
 inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const EncoderBackwardPlan& plan,
                              const int* plan_device, int B, int T, int C, cudaStream_t stream, bool accumulate = true) {
     LLMC_CHECK(plan.num_positions == B * T, "encoder_backward: the plan was built for another batch shape");
@@ -146,6 +155,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const
         }
         CUDA_CHECK_LAUNCH();
     }
+    if (!dwpe) return;
     LLMC_LAUNCH(ceil_div(T * C, 256), 256, 0, stream, encoder_backward_wpe_kernel)(dwpe, dout, B, T, C, accumulate);
     CUDA_CHECK_LAUNCH();
 }

@@ -1,4 +1,4 @@
-// llm.c model checkpoint reading and writing (see model_io.h).
+// Model file reading and writing (see model_io.h).
 #include "llmc/model/model_io.h"
 
 #include <algorithm>
@@ -22,7 +22,43 @@ constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 unsigned __int128 param_count(const ModelConfig& c) {
     using U = unsigned __int128;
     const U C = c.channels, L = c.num_layers;
+    if (c.is_olmo()) return U(c.padded_vocab_size) * C + L * 16 * C * C + (c.norm_has_weight() ? (2 * L + 1) * C : 0);
     return U(c.padded_vocab_size) * C + U(c.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C;
+}
+
+// The architecture fields of a version 6/7 header, as ModelConfig's family builds them.
+enum : int32_t { kFamilyField = 8, kNormField, kActivationField, kPositionsField, kRopeThetaField, kTiedField,
+                 kBiasesField, kMlpRowsField };
+
+void write_arch_fields(const ModelConfig& c, int32_t* h) {
+    h[kFamilyField] = static_cast<int32_t>(c.arch);
+    h[kNormField] = !c.norm_has_weight() ? 2 : c.norm == NormKind::rmsnorm ? 3 : 1;
+    h[kActivationField] = c.is_olmo() ? 2 : 1;
+    h[kPositionsField] = c.learned_positions() ? 1 : 2;
+    std::memcpy(&h[kRopeThetaField], &c.rope_theta, sizeof(float));
+    if (c.learned_positions()) h[kRopeThetaField] = 0;
+    h[kTiedField] = 1;
+    h[kBiasesField] = c.has_biases() ? 1 : 0;
+    h[kMlpRowsField] = c.mlp_input_rows();
+}
+
+// The family, norm and theta of a version 6/7 header; every other architecture field must be what they imply.
+void read_arch_fields(const std::string& path, const int32_t* h, ModelConfig& c) {
+    LLMC_CHECK(h[kFamilyField] == int32_t(ModelArch::gpt2) || h[kFamilyField] == int32_t(ModelArch::olmo),
+               path + ": unknown model family " + std::to_string(h[kFamilyField]) + " in the header (1 gpt2, 2 olmo)");
+    c.arch = static_cast<ModelArch>(h[kFamilyField]);
+    c.norm = h[kNormField] == 3 ? NormKind::rmsnorm : NormKind::layernorm;
+    if (c.is_olmo()) std::memcpy(&c.rope_theta, &h[kRopeThetaField], sizeof(float));
+    validate_model_config(c, path);
+    int32_t expected[kHeaderInts] = {};
+    write_arch_fields(c, expected);
+    const char* names[] = {"family", "norm", "activation", "positions", "rope theta", "tied embedding", "biases",
+                           "MLP rows"};
+    for (int f = kFamilyField; f <= kMlpRowsField; f++)
+        LLMC_CHECK(h[f] == expected[f], path + ": header field " + std::to_string(f) + " (" + names[f - kFamilyField] +
+                                            ") is " + std::to_string(h[f]) + " where this build's " + arch_name(c.arch) +
+                                            " has " + std::to_string(expected[f]) +
+                                            ": an architecture this build does not know");
 }
 
 struct ModelHeader {
@@ -41,8 +77,10 @@ ModelHeader read_header(File& file, Xxh64* hash = nullptr) {
     if (hash) hash->update(h, sizeof(h));
     LLMC_CHECK(h[0] == kModelFileMagic, path + ": bad magic " + std::to_string(h[0]) + " (expected " +
                                             std::to_string(kModelFileMagic) + " for an llm.c model file)");
-    LLMC_CHECK(h[1] == kModelVersionFp32 || h[1] == kModelVersionBf16,
-               path + ": unsupported model file version " + std::to_string(h[1]) + " (expected 3 = fp32 or 5 = bf16)");
+    LLMC_CHECK(h[1] == kModelVersionFp32 || h[1] == kModelVersionBf16 || h[1] == kModelVersionArchFp32 ||
+                   h[1] == kModelVersionArchBf16,
+               path + ": unsupported model file version " + std::to_string(h[1]) +
+                   " (expected 3 or 6 = fp32, 5 or 7 = bf16)");
     ModelHeader header;
     header.version = h[1];
     header.config.max_seq_len = h[2];
@@ -51,8 +89,10 @@ ModelHeader read_header(File& file, Xxh64* hash = nullptr) {
     header.config.num_heads = h[5];
     header.config.channels = h[6];
     header.config.padded_vocab_size = h[7];
+    const bool arch_header = h[1] == kModelVersionArchFp32 || h[1] == kModelVersionArchBf16;
+    if (arch_header) read_arch_fields(path, h, header.config);
     validate_model_config(header.config, path);
-    const size_t dtype_bytes = header.version == kModelVersionFp32 ? 4 : 2;
+    const size_t dtype_bytes = h[1] == kModelVersionFp32 || h[1] == kModelVersionArchFp32 ? 4 : 2;
     const unsigned __int128 expected_wide = kHeaderBytes + param_count(header.config) * dtype_bytes;
     LLMC_CHECK(file_size >= expected_wide,
                path + ": truncated: " + std::to_string(file_size) + " bytes, but a " + header.config.describe() +
@@ -71,7 +111,7 @@ void require_finite(const std::string& path, const ModelConfig& config, std::spa
     if (bad == params.end()) return;
     const size_t index = static_cast<size_t>(bad - params.begin());
     std::string tensor = "?";
-    for (const ParamTensor& t : ParamLayout::gpt2(config).tensors)
+    for (const ParamTensor& t : ParamLayout::of(config).tensors)
         if (index >= t.offset && index < t.offset + t.numel) tensor = t.name;
     fail(path + ": parameter " + std::to_string(index) + " (" + tensor + ") is " + (std::isnan(*bad) ? "nan" : "inf") +
          ": a damaged file, or weights saved after the training diverged");
@@ -93,10 +133,10 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
     const ModelHeader header = read_header(file, hash);
     LLMC_CHECK(header.config == expected, path + ": checkpoint shape " + header.config.describe() +
                                               " disagrees with config " + expected.describe());
-    const size_t numel = ParamLayout::gpt2(expected).num_params;
+    const size_t numel = ParamLayout::of(expected).num_params;
     LLMC_CHECK(params.size() == numel, path + ": parameter buffer holds " + std::to_string(params.size()) +
                                            " floats, the model has " + std::to_string(numel));
-    if (header.version == kModelVersionFp32) {
+    if (header.version == kModelVersionFp32 || header.version == kModelVersionArchFp32) {
         file.read_exact(params.data(), numel * sizeof(float), "parameters");
         if (hash) {
             hash->update(params.data(), numel * sizeof(float));
@@ -123,19 +163,20 @@ void load_model(const std::string& path, const ModelConfig& expected, std::span<
 }
 
 FileDigest save_model(const std::string& path, const ModelConfig& config, std::span<const float> params) {
-    const size_t numel = ParamLayout::gpt2(config).num_params;
+    const size_t numel = ParamLayout::of(config).num_params;
     LLMC_CHECK(params.size() == numel, path + ": cannot save " + std::to_string(params.size()) +
                                            " floats as a " + config.describe() + " model of " +
                                            std::to_string(numel) + " parameters");
     int32_t h[kHeaderInts] = {};
     h[0] = kModelFileMagic;
-    h[1] = kModelVersionFp32;
+    h[1] = config.arch == ModelArch::gpt2 ? kModelVersionFp32 : kModelVersionArchFp32;
     h[2] = config.max_seq_len;
     h[3] = config.vocab_size;
     h[4] = config.num_layers;
     h[5] = config.num_heads;
     h[6] = config.channels;
     h[7] = config.padded_vocab_size;
+    if (config.arch != ModelArch::gpt2) write_arch_fields(config, h);
     AtomicFile file(path);
     file.write(h, sizeof(h));
     file.write(params.data(), params.size_bytes());

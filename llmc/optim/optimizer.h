@@ -16,7 +16,7 @@
 #include "llmc/base/fileio.h"
 #include "llmc/base/schema.h"
 #include "llmc/comm/transport.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/optim/adamw/adamw_config.h"
 #include "llmc/optim/demo/demo_config.h"
 

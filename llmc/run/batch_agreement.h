@@ -7,7 +7,7 @@
 
 #include "llmc/base/param_range.h"
 #include "llmc/comm/transport.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 
 namespace llmc {
 

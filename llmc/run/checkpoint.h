@@ -20,7 +20,7 @@
 #include "llmc/base/checksum.h"
 #include "llmc/base/error.h"
 #include "llmc/data/dataloader.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/base/host_memory.h"
 
 namespace llmc {

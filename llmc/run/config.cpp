@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "llmc/base/error.h"
+#include "llmc/model/model_io.h"
 #include "llmc/optim/optimizers.h"
 
 namespace llmc {
@@ -77,7 +78,9 @@ Schema<TrainConfig> make_schema() {
                 "on resume with another world size, start optimizer state afresh"),
             key("overwrite", &TrainConfig::overwrite,
                 "delete out_dir's checkpoints of steps after this run's start (without it such a run stops)"),
-            key("init_from", &TrainConfig::init_from, "llm.c model file to start from (instead of random init)"),
+            key("init_from", &TrainConfig::init_from,
+                "model file to start from instead of a random init (with no model key given, its header sets the "
+                "family and shape)"),
             key("seed", &TrainConfig::seed, "seed for init, shuffling and sampling").fixed(),
             key("threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"),
             key("comm_timeout", &TrainConfig::comm_timeout,
@@ -125,8 +128,15 @@ void load_config_file(const std::string& path, TrainConfig& cfg) {
 
 bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, const std::string& program) {
     if (!train_config_schema().parse_command_line(argc, argv, cfg, cfg.sources, program)) return false;
+    take_model_from_init_file(cfg);
     validate_config(cfg);
     return true;
+}
+
+void take_model_from_init_file(TrainConfig& cfg) {
+    if (cfg.init_from.empty() || !cfg.sources.list(model_config_key_names()).empty()) return;
+    cfg.model = read_model_config(cfg.init_from);
+    for (const std::string& key : model_config_key_names()) cfg.sources.set_by_file(key, cfg.init_from);
 }
 
 std::string config_to_json(const TrainConfig& cfg, int indent) { return train_config_schema().to_json(cfg).dump(indent); }
@@ -136,8 +146,7 @@ std::string help_text(const std::string& program) { return train_config_schema()
 void validate_config(const TrainConfig& c) {
     const ConfigSources& s = c.sources;
     // the shape checks relate several keys: they name every source that set one
-    const std::string model_sources =
-        s.list({"num_layers", "num_heads", "channels", "max_seq_len", "vocab_size", "padded_vocab_size"});
+    const std::string model_sources = s.list(model_config_key_names());
     validate_model_config(c.model, model_sources.empty() ? "model config" : "model config (" + model_sources + ")");
     const auto at_least = [&](const char* key, long long v, long long min, const std::string& note = "") {
         LLMC_CHECK(v >= min, s.name(key) + (min == 1 ? " must be > 0" : " must be >= " + std::to_string(min)) +

@@ -15,7 +15,7 @@
 #include "llmc/base/schema.h"
 #include "llmc/comm/comm_options.h"
 #include "llmc/cuda/cuda_options.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/model_config.h"
 #include "llmc/optim/optimizer.h"
 #include "llmc/optim/schedule.h"
 
@@ -64,7 +64,7 @@ struct TrainConfig {
     std::string resume;                  // "", "auto" (latest in out_dir) or a checkpoint directory
     bool reset_momentum = false;         // allow resuming with another world size by resetting optimizer state
     bool overwrite = false;              // a run may delete out_dir's checkpoints of steps after its start
-    std::string init_from;               // llm.c model file to start from instead of random init
+    std::string init_from;               // model file to start from instead of random init
     int64_t seed = 1337;
     int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host
     float comm_timeout = 1800.0f;        // seconds a collective may wait for the other ranks (0 = forever)
@@ -85,6 +85,9 @@ const Schema<TrainConfig>& train_config_schema();
 // `program` names the binary in the usage text.
 bool parse_command_line(int argc, const char* const* argv, TrainConfig& config, const std::string& program);
 void load_config_file(const std::string& path, TrainConfig& config);
+// With --init_from FILE and no model key given, the model's family and shape are FILE's header's (its keys'
+// source is FILE). Part of parse_command_line.
+void take_model_from_init_file(TrainConfig& config);
 // Checks every key's range and the cross-key constraints that do not depend on the world size (seq_len <=
 // max_seq_len, the chosen optimizer's options...), naming each key as config.sources does.
 void validate_config(const TrainConfig& config);

@@ -14,9 +14,12 @@ void print_dry_run_report(const TrainConfig& cfg, int world) {
     // (the optimizer's own checks ran in validate_config)
     print_config_warnings(cfg);
     std::printf("%s\n", config_to_json(cfg).c_str());
+    const ParamLayout layout = ParamLayout::of(cfg.model);
+    std::printf("model %s: %s parameters in %zu tensors\n", cfg.model.describe().c_str(),
+                with_commas(layout.num_params).c_str(), layout.tensors.size());
     std::fflush(stdout);
     // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
-    optimizer_family(cfg.optimizer).dry_run_report(std::cout, cfg.optim, ParamLayout::gpt2(cfg.model), world > 1 ? world : 64);
+    optimizer_family(cfg.optimizer).dry_run_report(std::cout, cfg.optim, layout, world > 1 ? world : 64);
 }
 
 std::vector<std::string> config_warnings(const TrainConfig& cfg) {
@@ -40,7 +43,7 @@ std::vector<std::string> config_warnings(const TrainConfig& cfg) {
                            " of the steps starts at step " + std::to_string(schedule.decay_start()) +
                            ", before warmup ends at step " + std::to_string(cfg.warmup_steps) +
                            ": the learning rate never stays at lr");
-    for (std::string& w : optimizer_family(cfg.optimizer).warnings(cfg.optim, ParamLayout::gpt2(cfg.model)))
+    for (std::string& w : optimizer_family(cfg.optimizer).warnings(cfg.optim, ParamLayout::of(cfg.model)))
         warnings.push_back(std::move(w));
     if (cfg.checkpoint_every < 0 && cfg.time_limit_minutes > 0.0f)
         warnings.push_back("time_limit_minutes " + format_float(cfg.time_limit_minutes) +

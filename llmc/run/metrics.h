@@ -62,7 +62,7 @@ private:
 };
 
 // Model flops utilization as llm.c estimates it: `per_token` flops of a training step per token (forward and
-// backward; gpt2_flops_per_token), against each rank's `peak_tflops` (0: unknown, no MFU).
+// backward; model_flops_per_token), against each rank's `peak_tflops` (0: unknown, no MFU).
 struct ModelFlops {
     double per_token = 0.0;
     double peak_tflops = 0.0;

@@ -21,7 +21,7 @@ StepReporter::StepReporter(const TrainConfig& cfg, int start_step, MetricsLog* l
     if (cfg.time_limit_minutes > 0.0f) deadline_ = launched + seconds(60.0 * cfg.time_limit_minutes);
     // Until a save is timed: the weights and two fp32 moments per parameter (AdamW's state; DeMo's is smaller)
     // written at 200 MB/s, a slow shared file system's pace.
-    checkpoint_seconds_ = static_cast<double>(ParamLayout::gpt2(cfg.model).num_params) * 12.0 / 200e6;
+    checkpoint_seconds_ = static_cast<double>(ParamLayout::of(cfg.model).num_params) * 12.0 / 200e6;
 }
 
 double StepReporter::time_to_next_stop(int step, double step_seconds) const {

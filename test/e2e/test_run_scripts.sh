@@ -38,7 +38,7 @@ for size in 300m 1b; do
     if [[ $variant == demo_k4 || $variant == adamw ]]; then launch "$script" --dry-run; else launch DRY_RUN=1 "$script"; fi
     check "$name: dry run exits 0 and prints one command" test "$rc" -eq 0 -a "$(grep -vc '^#' <<<"$out")" -eq 1
     check "$name: mpirun with 64 ranks" has "mpirun -np 64"
-    check "$name: trainer ./train_gpt with the ${size} shape" has "./train_gpt --config configs/paper_${size}_shape.json"
+    check "$name: trainer ./train_gpt with the ${size} shape" has "./train_gpt --config configs/paper_${size}.json"
     check "$name: out_dir runs/$name" has "--out_dir runs/$name"
     check "$name: paper batch 2048 x 2048 tokens, micro-batch 8" \
       has "--total_batch_size 4194304 --batch_size 8 --seq_len 2048 --steps 23842"
@@ -106,7 +106,7 @@ check "--total_batch_size 0 after --: 2 x 16 x 3 ranks a step, 1000 tokens in 11
 check "the plan counts the tokens per step after --" grep -q "^# 3 ranks; 96 tokens/step, .*; 11 steps" <<<"$out"
 launch scripts/run_experiment.sh --optimizer demo --dry-run
 check "the driver alone: DeMo top-32 on the 300M shape into runs/demo_k32" \
-  has "--config configs/paper_300m_shape.json"
+  has "--config configs/paper_300m.json"
 check "the driver alone: names the run demo_k32" has "--out_dir runs/demo_k32"
 launch scripts/paper/300m_adamw.sh --help
 check "--help exits 0 and lists the settings" test "$rc" -eq 0 -a -n "$(grep -e '^  NP ' <<<"$out")"

@@ -324,7 +324,7 @@ def delay_checks():
     return delayed
 
 
-def gpt2_flops_per_token(config_path, seq_len):
+def model_flops_per_token(config_path, seq_len):
     """llm.c's estimate, 6 N + 6 L C T, with N counted here from GPT-2's tensor shapes (not the trainer's layout)."""
     c = dict(vocab_size=50257, padded_vocab_size=50304)
     c.update({k: v for k, v in json.load(open(os.path.join(ROOT, config_path))).items() if not k.startswith("_")})
@@ -335,7 +335,7 @@ def gpt2_flops_per_token(config_path, seq_len):
 
 def throughput_checks(two_rank_dir):
     """model_tflops = flops per token x tokens/s per rank, MFU against --peak_tflops, in the log and the progress."""
-    flops = gpt2_flops_per_token("configs/tiny.json", 32)
+    flops = model_flops_per_token("configs/tiny.json", 32)
     out = fresh("mfu")
     p = run(BASE + ["--steps", "3", "--val_every", "0", "--peak_tflops", "0.1", "--out_dir", out])
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]

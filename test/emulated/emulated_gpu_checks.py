@@ -3,6 +3,10 @@ by emu/block_emulator.h, the CUDA runtime, cuBLASLt and NCCL served by emu/{runt
 the CPU trainer on the tiny config with a vocabulary of 1001 tokens and the default corpus folded into it (run
 by test/emulated/test_emulated_gpu.sh, which writes the PyTorch references first).
 
+- OLMo (--arch olmo on the tiny shape: configs/tiny_olmo.json at the small vocabulary; LayerNorm and RMSNorm):
+  the fp32 build gives the CPU trainer's losses to summation-order noise with AdamW and DeMo on 1 and 2 ranks
+  (the bytes exactly), the bf16 build to bf16 precision with both attentions (flash on RoPE'd q and k, one head
+  of 64), --cuda_graph keeps its bits, and its resume is bit-identical with both optimizers.
 - The GPU tests (test/gpu/gpu_test_gpt2.cu, test/gpu/gpu_test_demo.cu: see test/emulated/test_emulated_gpu.sh) and the NCCL
   transport's checker (dev/cuda/nccl_transport.cu) at 1, 2 and 3 ranks.
 - fp32 build: per-step losses and gradient norms of AdamW and DeMo, 1 rank and 2 ranks (the NCCL transport's
@@ -448,6 +452,68 @@ def rank_dies_or_stops():
               "GPU trainer, 2 ranks: --resume auto after the stop gives the straight run's 12 steps bit for bit")
 
 
+def olmo_checks(steps):
+    """OLMo (configs/tiny.json's shape with --arch olmo: configs/tiny_olmo.json at the small vocabulary; RoPE, no
+    biases, LayerNorm without parameters or --norm rmsnorm, SwiGLU MLP) on the GPU trainer against the CPU
+    trainer: the fp32 build to summation-order noise with both optimizers on 1 and 2 ranks (the bytes exactly),
+    RMSNorm too; the bf16 build to bf16 precision with both attentions (flash on one head of 64, RoPE'd q and k)
+    and --cuda_graph keeping the bits; resume bit-identical with both optimizers (RMSNorm's weights in DeMo's)."""
+    olmo = steps + ["--arch", "olmo"]
+    rms = olmo + ["--norm", "rmsnorm"]
+    for opt, rel in (("adamw", 2e-5), ("demo", 1e-4)):
+        for ranks in (None, 2):
+            tag = f"{opt}-{ranks or 1}"
+            args = olmo + ["--optimizer", opt]
+            if opt == "adamw" and not ranks:  # the validation loss and a text sample (the forward without targets)
+                args += ["--val_every", "4", "--sample_every", "4", "--sample_tokens", "8"]
+            cpu = run(CPU, f"cpu-olmo-{tag}", args, ranks=ranks)
+            emu = run(EMU["fp32"], f"fp32-olmo-{tag}", args, ranks=ranks)
+            where = f"{ranks or 1} rank{'s' if ranks else ''}"
+            compare(f"OLMo fp32 {opt}, {where}, vs CPU trainer", emu, cpu, "loss", rel)
+            compare(f"OLMo fp32 {opt}, {where}, vs CPU trainer", emu, cpu, "grad_norm", 1e-3)
+            if ranks:
+                same(f"OLMo fp32 {opt}, 2 ranks: bytes sent and received per step equal the CPU trainer's", emu, cpu,
+                     keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+            if opt == "adamw" and not ranks:
+                compare("OLMo fp32 validation loss vs CPU trainer", Lazy(lambda r=emu: r.metrics("val")),
+                        Lazy(lambda r=cpu: r.metrics("val")), "val_loss", 2e-5)
+                texts = [Lazy(lambda r=r: [x["text"] for x in r.metrics("sample")] if r.get() else None)
+                         for r in (emu, cpu)]
+                check(lambda t=texts: t[0].get() is not None and len(t[0].get()) == 1 and t[0].get() == t[1].get(),
+                      lambda t=texts: f"OLMo fp32 text sample at step 4 is the CPU trainer's ({t[0].get()!r})")
+    rms_cpu = {}
+    for opt, rel, ranks in (("adamw", 2e-5, None), ("demo", 1e-4, 2)):
+        args = rms + ["--optimizer", opt]
+        name = f"olmo-rmsnorm-{opt}-{ranks or 1}"
+        rms_cpu[opt] = run(CPU, f"cpu-{name}", args, ranks=ranks)
+        compare(f"OLMo --norm rmsnorm, fp32 {opt}, {ranks or 1} rank(s), vs CPU trainer",
+                run(EMU["fp32"], f"fp32-{name}", args, ranks=ranks), rms_cpu[opt], "loss", rel)
+
+    # bf16, one head of 64 (flash attention's shape): both attentions read the rotated q and k.
+    one_head = olmo + ["--num_heads", "1"]
+    cpu = run(CPU, "cpu-olmo-1head", one_head)
+    bf16 = {}
+    for attention in ("matmul", "flash"):
+        bf16[attention] = run(EMU["bf16"], f"bf16-olmo-{attention}", one_head, knobs={"attention": attention})
+        compare(f"OLMo bf16, {attention} attention, vs CPU trainer", bf16[attention], cpu, "loss", 3e-3)
+    check(lambda r=bf16["flash"]: r.recorded("attention") == "flash", "the OLMo bf16 flash run records flash attention")
+    graph = run(EMU["bf16"], "bf16-olmo-flash-cuda-graph", one_head, knobs={"attention": "flash", "cuda_graph": "true"})
+    same("OLMo bf16, flash attention, --cuda_graph true: the bits without the graph", graph, bf16["flash"])
+    compare("OLMo --norm rmsnorm, bf16 adamw, 1 rank, vs CPU trainer",
+            run(EMU["bf16"], "bf16-olmo-rmsnorm-adamw-1", rms + ["--optimizer", "adamw"]), rms_cpu["adamw"], "loss",
+            3e-3)
+
+    # Resume: a run stopped at step 2 continues with the straight run's bits (bf16: stochastic rounding repeated).
+    keep = ["--steps", "4", "--checkpoint_every", "2", "--keep_checkpoints", "0"]
+    for opt, norm in (("adamw", "layernorm"), ("demo", "rmsnorm")):
+        args = keep + ["--arch", "olmo", "--norm", norm, "--optimizer", opt]
+        full = run(EMU["bf16"], f"bf16-olmo-{opt}-full", args)
+        step2 = os.path.join(TMP, f"bf16-olmo-{opt}-full", "checkpoints", "step_00000002")
+        resumed = run(EMU["bf16"], f"bf16-olmo-{opt}-resumed", args + ["--resume", step2], after=[full])
+        same(f"OLMo bf16 {opt} (--norm {norm}): resumed at step 2, steps 3-4 bit-identical to the straight run",
+             resumed, full.tail(2))
+
+
 def write_choices():
     """llm.c's eval file of 14 multiple-choice examples cut from the validation shard: a 20-token context, then its
     true next 4-11 tokens among 3 other spans (rows fit --seq_len 32 + 1); returns its path."""
@@ -800,7 +866,7 @@ def main():
     # Throughput: model TFLOP/s per rank from tokens/s (flops per token counted from GPT-2's shapes by
     # train_cpu_checks), MFU with --peak_tflops only (the emulated device is no GPU of the peak table), in the log,
     # the banner and the progress lines.
-    flops = cpu_checks.gpt2_flops_per_token(CONFIG, 32)
+    flops = cpu_checks.model_flops_per_token(CONFIG, 32)
     peaked = run(EMU["bf16"], "bf16-peak", ["--steps", "2", "--peak_tflops", "0.01"])
 
     def throughput(rows, ranks, peak):  # the peak is a float config key: MFU to its 7 digits
@@ -941,6 +1007,7 @@ def main():
               f"damaged bucket byte {offset} of round {skip + 1} over NCCL, --demo_delay {delay}: rank 0 stops with "
               f"'{message}' after {skip + int(delay)} step(s) (finished {stopped.get()[2]})")
 
+    olmo_checks(steps)
     rank_dies_or_stops()  # last: timed, with the cores to itself
     POOL.drain()
     print(flush=True)

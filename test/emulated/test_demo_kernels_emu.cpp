@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "llmc/optim/demo/demo_kernels.cuh"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/base/kernel_math.h"
 #include "llmc/base/rng.h"
 #include "test/support/demo_corrupt_buckets.h"

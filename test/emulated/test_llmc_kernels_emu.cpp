@@ -238,7 +238,7 @@ void check_encoder_backward(int B, int T, int C, int V, int token_range) {
         launch(unsigned(llmc::ceil_div(T * C, 256)), 256, orders[run],
                [&] { llmc::encoder_backward_wpe_kernel(dp, dout_x.data(), B, T, C, true); });
     }
-    // dwpe written instead (accumulate false, the first micro-step after GPT2Cuda::zero_grad): over NaN, the bits of
+    // dwpe written instead (accumulate false, the first micro-step after ModelCuda::zero_grad): over NaN, the bits of
     // adding the sums to zeros
     std::vector<float> wpe_zero(size_t(T) * C, 0.0f), wpe_nan(size_t(T) * C, NAN);
     launch(unsigned(llmc::ceil_div(T * C, 256)), 256, Order::Forward,
@@ -593,7 +593,7 @@ TEST(column_reduce_layernorm_and_bias_grads) {
         run_column_reduce<2>(llmc::ColumnOutputs<2>{{nullptr, only_db.data()}}, N, C, f, Order::Forward, vec);
         EXPECT_EQ(bit_diffs(only_db, db[0]), size_t{0});
 
-        // accumulate false (the first micro-step after GPT2Cuda::zero_grad): the sums written over whatever the
+        // accumulate false (the first micro-step after ModelCuda::zero_grad): the sums written over whatever the
         // outputs held (NaN here), the bits of adding them to zeros
         std::vector<float> zero_dw(size_t(C), 0.0f), zero_db(size_t(C), 0.0f), nan_dw(size_t(C), NAN),
             nan_db(size_t(C), NAN);

@@ -1,5 +1,5 @@
 // End-to-end GPU test of --optimizer demo: 10 steps of the CUDA GPT-2 + CudaDemo (llmc/optim/demo/demo_cuda.cuh) against
-// 10 steps of GPT2Cpu + the CPU DemoOptimizer, from the same fp32 checkpoint on the same batch (the tiny
+// 10 steps of ModelCpu + the CPU DemoOptimizer, from the same fp32 checkpoint on the same batch (the tiny
 // reference model of dev/reference/gpt2_reference.py), one rank, lr 1e-3, weight decay 0.1, clip 1.0, DeMo
 // defaults (topk 32, chunk 64, decay 0.999, fp32 values). Compares the loss before every step and the loss
 // drop over the run; also checks that two GPU runs are bit-identical, and that the state blob moves between
@@ -33,8 +33,8 @@
 #include "test/support/demo_host_reference.h"
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/base/fileio.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
-#include "llmc/model/gpt2/gpt2_cuda.cuh"
+#include "llmc/model/model_cpu.h"
+#include "llmc/model/model_cuda.cuh"
 #include "llmc/model/model_io.h"
 #include "llmc/comm/transport.h"
 #include "test/support/kernel_flags.h"
@@ -78,7 +78,7 @@ struct GpuRun {
 GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int steps,
                Transport& transport, int delay = 0, bool eager = true) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
-    GPT2Cuda model(mc, b.B, b.T, env, g_kernels.cuda);
+    ModelCuda model(mc, b.B, b.T, env, g_kernels.cuda);
     demo::CudaDemo opt(demo_config(delay, eager), layout, transport, env.stream, /*stochastic_rounding=*/false, 1337);
     CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
     opt.set_weights(model.grads(), model.params());
@@ -108,7 +108,7 @@ GpuRun run_gpu(CudaEnv& env, const ModelConfig& mc, const std::vector<float>& we
     return r;
 }
 
-// 10 steps of GPT2Cpu + DemoOptimizer (the trainer's order: set_weights before the first step, the forward on
+// 10 steps of ModelCpu + DemoOptimizer (the trainer's order: set_weights before the first step, the forward on
 // the working weights, the padded vocabulary rows zeroed in them and in the shared weights after each step).
 struct CpuRun {
     std::vector<float> losses, norms, params, momentum;  // params: the shared weights (master_weights)
@@ -116,7 +116,7 @@ struct CpuRun {
 };
 CpuRun run_cpu(const ModelConfig& mc, const std::vector<float>& weights, const Batch& b, int delay, bool eager = true) {
     const ParamLayout layout = ParamLayout::gpt2(mc);
-    GPT2Cpu cpu(mc);
+    ModelCpu cpu(mc);
     std::copy(weights.begin(), weights.end(), cpu.params().begin());
     LocalTransport transport;
     demo::DemoOptimizer opt(demo_config(delay, eager), layout, transport);
@@ -176,13 +176,13 @@ int main(int argc, char** argv) {
         std::printf("gpu_test_demo on %s, floatX = %s: %s, B=%d T=%d, %d DeMo steps at lr %g\n", env.describe().c_str(),
                     kFloatXName, mc.describe().c_str(), batch.B, batch.T, kSteps, kLr);
 
-        // CPU: GPT2Cpu + DemoOptimizer
+        // CPU: ModelCpu + DemoOptimizer
         const CpuRun cpu = run_cpu(mc, weights, batch, 0);
         const std::vector<float>& cpu_losses = cpu.losses;
         const std::vector<float>& cpu_norms = cpu.norms;
         LocalTransport cpu_transport;  // for the optimizers that only load and save state
 
-        // GPU: GPT2Cuda + CudaDemo, twice
+        // GPU: ModelCuda + CudaDemo, twice
         LocalTransport host_path;
         const GpuRun gpu = run_gpu(env, mc, weights, batch, kSteps, host_path);
         checks.expect(losses_match(gpu, cpu_losses, cpu_norms, tol_loss),
@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
         // set_weights with a pending round (a resume): the blob and the shared weights give back the working
         // weights the run left, on the GPU bit for bit and (fp32) the CPU optimizer's
         {
-            GPT2Cuda model(mc, batch.B, batch.T, env, g_kernels.cuda);
+            ModelCuda model(mc, batch.B, batch.T, env, g_kernels.cuda);
             demo::CudaDemo gpu_r(demo_config(1), layout, cpu_transport, env.stream, false, 1337);
             ByteReader rr(delayed.state, "gpu state (delayed, eager)");
             gpu_r.load_state(rr);
@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
             cpu_r.load_state(rc);
             std::vector<float> working = delayed.master;
             cpu_r.set_weights(working);
-            GPT2Cpu cpu_model(mc);
+            ModelCpu cpu_model(mc);
             std::copy(working.begin(), working.end(), cpu_model.params().begin());
             cpu_model.zero_padded_vocab_rows();
             size_t cpu_differ = 0, changed = 0;

@@ -17,7 +17,7 @@
 #include "llmc/optim/adamw/adamw.cuh"
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/base/fileio.h"
-#include "llmc/model/gpt2/gpt2_cuda.cuh"
+#include "llmc/model/model_cuda.cuh"
 #include "llmc/model/model_io.h"
 #include "llmc/comm/transport.h"
 #include "test/support/kernel_flags.h"
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
         std::printf("gpu_test_gpt2 on %s, floatX = %s: %s, B=%d T=%d, %d AdamW steps at lr %g\n", env.describe().c_str(),
                     kFloatXName, mc.describe().c_str(), ref.B, ref.T, ref.steps, lr);
 
-        GPT2Cuda model(mc, ref.B, ref.T, env, kernels.cuda);
+        ModelCuda model(mc, ref.B, ref.T, env, kernels.cuda);
         std::printf("  attention %s, GELU fusion level %d%s%s\n", model.attention_name(), model.gelu_fusion(),
                     model.cuda_graph() ? ", micro-steps as a CUDA graph" : "",
                     model.bias_grad_epilogue() ? ", bias gradients from the BGRADB epilogue" : "");

@@ -11,7 +11,7 @@
 #include "llmc/optim/demo/state_format.h"
 #include "test/support/demo_agreement.h"
 #include "test/support/demo_host_reference.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 
 namespace demo_corrupt {
 

@@ -69,8 +69,8 @@ TEST(config_file_then_flags_in_order) {
 }
 
 TEST(committed_configs_parse) {
-    for (const char* f : {"configs/tiny.json", "configs/small.json", "configs/d12.json", "configs/paper_300m_shape.json",
-                          "configs/paper_1b_shape.json"}) {
+    for (const char* f : {"configs/tiny.json", "configs/small.json", "configs/d12.json", "configs/paper_300m.json",
+                          "configs/paper_1b.json", "configs/tiny_olmo.json"}) {
         TrainConfig cfg;
         EXPECT(parse({"--config", f}, cfg));
     }

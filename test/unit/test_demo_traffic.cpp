@@ -43,7 +43,7 @@ TEST(paper_1b_numbers) {
 
 TEST(gpt2_and_options) {
     llmc::ModelConfig c;  // d12
-    const demo::TrafficSummary s = demo::summarize_traffic(demo::gpt2_shapes(c), {8, 64, {32}});
+    const demo::TrafficSummary s = demo::summarize_traffic(demo::model_shapes(c), {8, 64, {32}});
     EXPECT_EQ(s.params, 124475904u);
     EXPECT_EQ(s.allreduce_fp32, uint64_t{2} * 7 * 124475904 * 4 / 8);
     // fp32 + smallest indices: 6 bytes per coefficient in 64x64 chunks, 5 in the 1-D tensors' 64-element
@@ -51,11 +51,11 @@ TEST(gpt2_and_options) {
     EXPECT(s.demo[0].ours[0][0] * 2 < s.demo[0].reference);
     EXPECT(s.demo[0].ours[0][0] * 2 > s.demo[0].reference * 95 / 100);
     EXPECT_ERROR(demo::olmo_paper_shapes("7b"), "--paper");
-    EXPECT_ERROR(demo::summarize_traffic(demo::gpt2_shapes(c), {0, 64, {32}}), "--world");
-    const demo::TrafficSummary big = demo::summarize_traffic(demo::gpt2_shapes(c), {8, 128, {32}});
+    EXPECT_ERROR(demo::summarize_traffic(demo::model_shapes(c), {0, 64, {32}}), "--world");
+    const demo::TrafficSummary big = demo::summarize_traffic(demo::model_shapes(c), {8, 128, {32}});
     EXPECT(!big.demo[0].packed12_valid);  // 128x128 chunks exceed 12 bits
     std::ostringstream out;
-    demo::print_traffic_report(out, "d12", demo::gpt2_shapes(c), {8, 128, {32}});
+    demo::print_traffic_report(out, "d12", demo::model_shapes(c), {8, 128, {32}});
     EXPECT(out.str().find("n/a") != std::string::npos);
 }
 

@@ -2,13 +2,13 @@
 # Compares the C++ GPT-2 and AdamW with the independent PyTorch reference (dev/reference/gpt2_reference.py) on
 # a tiny model (B=4, T=32) and on GPT-2 124M (B=4, T=64). The reference files go to build/reference/<config>/
 # and are written again only when missing or older than the generator or this script (d12's take ~1 GB and
-# the longest part of the run). Skips when /usr/bin/python3 has no torch.
+# the longest part of the run). Skips when /usr/bin/python3 has no torch. check_model_vs_torch.cpp compares.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 python=/usr/bin/python3
 generator=dev/reference/gpt2_reference.py
-binary=build/test/check_gpt2_vs_torch
+binary=build/test/check_model_vs_torch
 if ! "$python" -c "import torch" 2>/dev/null; then
   echo "SKIP: $python cannot import torch (Debian's python3-torch provides it)"
   exit 77

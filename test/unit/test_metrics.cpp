@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/run/metrics.h"
 #include "test/support/testing.h"
 
@@ -21,8 +21,8 @@ TEST(flops_per_token_of_gpt2_124m) {
     const llmc::ParamLayout layout = llmc::ParamLayout::gpt2(llmc::ModelConfig{});  // d12, padded vocab 50304
     // llm.c's train_gpt2 prints num_parameters: 124475904 for this model
     EXPECT_EQ(layout.num_params, size_t{124475904});
-    EXPECT_EQ(llmc::gpt2_flops_per_token(layout, 1024), 6.0 * 124475904 + 6.0 * 12 * 768 * 1024);
-    EXPECT_EQ(llmc::gpt2_flops_per_token(layout, 64), 6.0 * 124475904 + 6.0 * 12 * 768 * 64);
+    EXPECT_EQ(llmc::model_flops_per_token(layout, 1024), 6.0 * 124475904 + 6.0 * 12 * 768 * 1024);
+    EXPECT_EQ(llmc::model_flops_per_token(layout, 64), 6.0 * 124475904 + 6.0 * 12 * 768 * 64);
 }
 
 TEST(known_peaks_are_the_datasheets_dense_bf16) {

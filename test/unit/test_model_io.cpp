@@ -1,5 +1,5 @@
 // Tests of llm.c model checkpoint I/O (bit-exact fp32 round trip, bf16 loading, and rejection of wrong
-// magic, version, truncation, trailing bytes and shape mismatch, each naming the file) and of the GPT2Cpu
+// magic, version, truncation, trailing bytes and shape mismatch, each naming the file) and of the ModelCpu
 // behaviour that needs no reference files: GPT-2 init, input validation, determinism, gradient accumulation,
 // the backward's reports of final gradients (with the early wte rows of the overlapped all-reduce) and a
 // finite-difference gradient check. The comparison with PyTorch is test_gpt2_vs_torch.
@@ -18,7 +18,7 @@
 
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/base/rng.h"
 #include "test/support/testing.h"
@@ -35,6 +35,14 @@ llmc::ModelConfig tiny_config() {
     c.num_heads = 4;
     c.channels = 32;
     return c;
+}
+
+// tiny_config in each family and norm: the checks that hold for any model run on all three.
+std::vector<llmc::ModelConfig> every_family() {
+    llmc::ModelConfig olmo = tiny_config(), olmo_rms = tiny_config();
+    olmo.arch = olmo_rms.arch = llmc::ModelArch::olmo;
+    olmo_rms.norm = llmc::NormKind::rmsnorm;
+    return {tiny_config(), olmo, olmo_rms};
 }
 
 // A fresh directory for this test process, removed at exit.
@@ -70,8 +78,8 @@ std::vector<int> random_tokens(size_t n, int vocab, uint64_t seed) {
 }  // namespace
 
 TEST(save_load_round_trip_is_bit_exact) {
-    const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu model(config);
+  for (const llmc::ModelConfig& config : every_family()) {
+    llmc::ModelCpu model(config);
     model.init_random(7);
     const std::string path = scratch_file("roundtrip.bin");
     const llmc::FileDigest saved = llmc::save_model(path, config, model.params());
@@ -85,11 +93,12 @@ TEST(save_load_round_trip_is_bit_exact) {
     // the digests hashed while writing and while reading are the file's (a resume checks the second)
     EXPECT(saved == llmc::digest_file(path));
     EXPECT(digest == llmc::digest_file(path));
+  }
 }
 
 TEST(load_reads_bf16_files) {
     const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     model.init_random(8);
     const std::string fp32_path = scratch_file("for_bf16.bin"), bf16_path = scratch_file("bf16.bin");
     llmc::save_model(fp32_path, config, model.params());
@@ -118,7 +127,7 @@ TEST(load_reads_bf16_files) {
 
 TEST(load_rejects_wrong_magic_and_version) {
     const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     const std::string good = scratch_file("good.bin");
     llmc::save_model(good, config, model.params());
     std::vector<std::byte> bytes = read_bytes(good);
@@ -144,7 +153,7 @@ TEST(load_rejects_wrong_magic_and_version) {
 
 TEST(load_rejects_truncated_and_oversized_files) {
     const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     const std::string good = scratch_file("good2.bin");
     llmc::save_model(good, config, model.params());
     const std::vector<std::byte> bytes = read_bytes(good);
@@ -180,14 +189,14 @@ TEST(load_rejects_truncated_and_oversized_files) {
 
 TEST(load_rejects_shape_mismatch) {
     const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     const std::string path = scratch_file("shape.bin");
     llmc::save_model(path, config, model.params());
     llmc::ModelConfig other = config;
     other.num_layers = 3;
     std::vector<float> params(llmc::ParamLayout::gpt2(other).num_params);
     EXPECT_ERROR(llmc::load_model(path, other, params),
-                 path + ": checkpoint shape L=2 H=4 C=32 T=16 V=100 Vp=128 disagrees with config L=3");
+                 path + ": checkpoint shape gpt2 L=2 H=4 C=32 T=16 V=100 Vp=128 disagrees with config gpt2 L=3");
     std::vector<float> too_small(10);
     EXPECT_ERROR(llmc::load_model(path, config, too_small), path + ": parameter buffer holds 10 floats");
     EXPECT_ERROR(llmc::save_model(scratch_file("bad_save.bin"), config, too_small),
@@ -196,7 +205,7 @@ TEST(load_rejects_shape_mismatch) {
 
 TEST(init_random_follows_gpt2_and_ignores_thread_count) {
     const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu a(config), b(config);
+    llmc::ModelCpu a(config), b(config);
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     a.init_random(3);
@@ -224,14 +233,14 @@ TEST(init_random_follows_gpt2_and_ignores_thread_count) {
     EXPECT_EQ(a.params()[layout.find("h.1.ln_2.weight").offset], 1.0f);
     EXPECT_EQ(a.params()[layout.find("ln_f.bias").offset], 0.0f);
     EXPECT_EQ(a.params()[layout.find("h.0.attn.c_attn.bias").offset], 0.0f);
-    llmc::GPT2Cpu c(config);
+    llmc::ModelCpu c(config);
     c.init_random(4);
     EXPECT(std::memcmp(a.params().data(), c.params().data(), a.params().size_bytes()) != 0);
 }
 
 TEST(forward_rejects_bad_tokens_and_shapes) {
     const llmc::ModelConfig config = tiny_config();
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     model.init_random(1);
     std::vector<int> tokens = {1, 2, 3, 4}, targets = {2, 3, 4, 5};
     EXPECT(model.forward(tokens.data(), targets.data(), 1, 4) > 0.0f);
@@ -252,10 +261,10 @@ TEST(forward_rejects_bad_tokens_and_shapes) {
 }
 
 TEST(forward_backward_are_deterministic_and_accumulate) {
-    const llmc::ModelConfig config = tiny_config();
+  for (const llmc::ModelConfig& config : every_family()) {
     const int B = 3, T = 16;
     const std::vector<int> tokens = random_tokens(B * T + 1, config.vocab_size, 11);
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     model.init_random(5);
 
     model.zero_grad();
@@ -288,11 +297,13 @@ TEST(forward_backward_are_deterministic_and_accumulate) {
     EXPECT(max_grad > 0.0 && max_diff <= 1e-6 * max_grad);
 
     // Padded logits are computed (zero rows give zero logits) but the padded rows get no gradient.
-    const llmc::ParamTensor& wte = model.layout().find("wte.weight");
+    const llmc::ParamTensor& wte = model.layout().tensors.front();
+    EXPECT(wte.kind == llmc::ParamKind::wte);
     bool padded_grads_zero = true;
     for (size_t i = size_t(config.vocab_size) * config.channels; i < wte.numel; i++)
         padded_grads_zero &= model.grads()[wte.offset + i] == 0.0f;
     EXPECT(padded_grads_zero);
+  }
 }
 
 // The backward's reports of final gradients (what AdamW-DDP starts all-reducing during the backward): every
@@ -302,11 +313,11 @@ TEST(forward_backward_are_deterministic_and_accumulate) {
 // gradients equal a backward without reports. The early rows: none; the rows neither this batch's inputs nor
 // another "rank's" touch; the two longest such runs.
 TEST(backward_reports_each_gradient_once_when_final) {
-    const llmc::ModelConfig config = tiny_config();
+  for (const llmc::ModelConfig& config : every_family()) {
     const int B = 2, T = 16;
     const std::vector<int> tokens = random_tokens(B * T + 1, config.vocab_size, 13);
     const std::vector<int> other_rank_tokens = random_tokens(B * T, config.vocab_size, 14);
-    llmc::GPT2Cpu model(config), plain(config);
+    llmc::ModelCpu model(config), plain(config);
     const llmc::ParamLayout& layout = model.layout();
     std::vector<uint64_t> touched = llmc::token_row_bitmap(std::span(tokens).first(B * T), config.padded_vocab_size);
     const std::vector<uint64_t> other = llmc::token_row_bitmap(other_rank_tokens, config.padded_vocab_size);
@@ -345,11 +356,19 @@ TEST(backward_reports_each_gradient_once_when_final) {
                 for (size_t i = 0; i < early.size() && i < calls[0].size(); i++)
                     EXPECT(calls[0][i].offset == early[i].offset && calls[0][i].numel == early[i].numel);
             }
-            // each layer's last range is its c_proj bias, layer L-1 first, down to layer 0; then wpe
-            for (int l = 0; l < config.num_layers && calls.size() == first_layer + config.num_layers + 1; l++)
+            // each layer's last range is its MLP output projection's last tensor, layer L-1 first, down to layer
+            // 0; then wpe (GPT-2) or wte's rows (OLMo)
+            const bool gpt2 = config.arch == llmc::ModelArch::gpt2;
+            for (int l = 0; l < config.num_layers && calls.size() == first_layer + config.num_layers + 1; l++) {
+                const std::string last = gpt2 ? "h." + std::to_string(l) + ".mlp.c_proj.bias"
+                                              : "transformer.blocks." + std::to_string(l) + ".ff_out.weight";
                 EXPECT_EQ(calls[first_layer + size_t(config.num_layers - 1 - l)].back().offset,
-                          layout.find("h." + std::to_string(l) + ".mlp.c_proj.bias").offset);
-            EXPECT_EQ(calls.back().back().offset, layout.find("wpe.weight").offset);
+                          layout.find(last).offset);
+            }
+            if (gpt2)
+                EXPECT_EQ(calls.back().back().offset, layout.find("wpe.weight").offset);
+            else  // no wpe: the embeddings' report is wte's rows alone
+                EXPECT(calls.back().back().offset + calls.back().back().numel <= layout.tensors.front().numel);
             size_t changed = 0;
             for (const auto& [r, values] : snapshots)
                 for (size_t i = 0; i < r.numel; i++) changed += values[i] != model.grads()[r.offset + i];
@@ -359,12 +378,13 @@ TEST(backward_reports_each_gradient_once_when_final) {
     }
     // Early rows the batch's inputs touch are refused before anything is reported.
     model.forward(tokens.data(), tokens.data() + 1, B, T);
-    const size_t wte = layout.find("wte.weight").offset, C = config.channels;
+    const size_t wte = layout.tensors.front().offset, C = config.channels;
     const std::vector<llmc::ParamRange> wrong = {{wte + size_t(tokens[5]) * C, C}};
     bool reported = false;
     EXPECT_ERROR(model.backward(1.0f, [&](std::span<const llmc::ParamRange>) { reported = true; }, wrong),
                  "an early wte range holds a row this batch's input tokens use");
     EXPECT(!reported);
+  }
 }
 
 // The early wte rows against per-row loops: the untouched runs (all, and the longest few in row order, ties to
@@ -440,10 +460,10 @@ TEST(untouched_wte_rows_match_per_row_loops) {
 // check of backward that needs no PyTorch. With h = 1e-2 the truncation error is O(h^2) and fp32 loss noise
 // (~1e-6) contributes ~1e-4 to the estimate, so 2% on the largest entries only flags real errors.
 TEST(backward_matches_finite_differences) {
-    const llmc::ModelConfig config = tiny_config();
+  for (const llmc::ModelConfig& config : every_family()) {
     const int B = 2, T = 8;
     const std::vector<int> tokens = random_tokens(B * T + 1, config.vocab_size, 12);
-    llmc::GPT2Cpu model(config);
+    llmc::ModelCpu model(config);
     model.init_random(9);
     // Non-trivial LayerNorm parameters and biases, so their gradients are not special cases.
     llmc::Rng rng(10);
@@ -469,9 +489,10 @@ TEST(backward_matches_finite_differences) {
         const double err = std::fabs(numeric - grads[best]) / std::max(std::fabs(double(grads[best])), 1e-3);
         if (err > 0.02)
             testing::report_failure(__FILE__, __LINE__,
-                                    t.name + ": analytic " + std::to_string(grads[best]) + " vs numeric " +
-                                        std::to_string(numeric));
+                                    config.describe() + " " + t.name + ": analytic " + std::to_string(grads[best]) +
+                                        " vs numeric " + std::to_string(numeric));
     }
+  }
 }
 
 TEST_MAIN()

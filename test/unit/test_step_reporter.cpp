@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "llmc/run/config.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/run/dry_run.h"
 #include "llmc/run/run_setup.h"
 #include "llmc/run/step_reporter.h"

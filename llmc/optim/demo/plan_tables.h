@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "llmc/base/error.h"
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/optim/demo/chunk_math.h"
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/codec.h"

@@ -11,8 +11,8 @@
 
 namespace demo {
 
-std::vector<NamedShape> gpt2_shapes(const llmc::ModelConfig& config) {
-    const llmc::ParamLayout layout = llmc::ParamLayout::gpt2(config);
+std::vector<NamedShape> model_shapes(const llmc::ModelConfig& config) {
+    const llmc::ParamLayout layout = llmc::ParamLayout::of(config);
     std::vector<NamedShape> shapes;
     for (const llmc::ParamTensor& t : layout.tensors) shapes.push_back({t.name, t.shape});
     return shapes;
@@ -73,16 +73,6 @@ TrafficSummary summarize_traffic(const std::vector<NamedShape>& shapes, const Tr
 
 namespace {
 
-std::string with_commas(uint64_t v) {
-    const std::string digits = std::to_string(v);
-    std::string s;
-    for (size_t i = 0; i < digits.size(); i++) {
-        if (i > 0 && (digits.size() - i) % 3 == 0) s.push_back(',');
-        s.push_back(digits[i]);
-    }
-    return s;
-}
-
 std::string fmt(const char* format, double v) {
     char buf[64];
     std::snprintf(buf, sizeof buf, format, v);
@@ -97,8 +87,8 @@ void print_traffic_report(std::ostream& out, const std::string& title, const std
                           const TrafficOptions& options) {
     const TrafficSummary s = summarize_traffic(shapes, options);
     out << "DeMo traffic report: " << title << "\n";
-    out << "  tensors " << s.tensors << ", parameters " << with_commas(s.params) << ", chunk " << options.chunk
-        << ": " << with_commas(s.chunks) << " chunks (largest " << s.max_chunk_elems << " elements)\n";
+    out << "  tensors " << s.tensors << ", parameters " << llmc::with_commas(s.params) << ", chunk " << options.chunk
+        << ": " << llmc::with_commas(s.chunks) << " chunks (largest " << s.max_chunk_elems << " elements)\n";
     out << "  MB = 1e6 bytes per rank per step. DeMo counts the rank's own bucket (its all-gather payload, the\n"
            "  paper's measure; each rank also receives the other W-1 buckets).\n\n";
     out << "AdamW-DDP, world size " << options.world_size << ":\n";

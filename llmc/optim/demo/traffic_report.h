@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/optim/optimizer.h"
 
 namespace demo {
@@ -19,8 +19,8 @@ struct NamedShape {
     std::vector<size_t> shape;
 };
 
-// Every tensor of the GPT-2 layout (biases and LayerNorm parameters included), in buffer order.
-std::vector<NamedShape> gpt2_shapes(const llmc::ModelConfig& config);
+// Every tensor of the model's layout (any family: GPT-2's biases and LayerNorm parameters included), in buffer order.
+std::vector<NamedShape> model_shapes(const llmc::ModelConfig& config);
 // The paper's OLMo models ("300m": d 1024, "1b": d 2048; 16 layers each): per layer fused QKV [3d, d],
 // attention out [d, d], SwiGLU ff_proj [8d, d] (d -> 8d, split in two halves), ff_out [d, 4d]; a tied
 // embedding [50304, d]; no biases, no LayerNorm parameters. Throws llmc::Error naming --paper otherwise.

@@ -1,5 +1,6 @@
-// GPT2Cpu's key/value cache (start_sequence / append / truncate_sequence), checked against the model's own full
-// forward() on the same tokens, which test_gpt2_vs_torch checks against PyTorch: at every position of a sequence
+// ModelCpu's key/value cache (start_sequence / append / truncate_sequence) in every family, checked against the
+// model's own full forward() on the same tokens, which test_gpt2_vs_torch and test_olmo_vs_torch check against
+// PyTorch (for OLMo the cache holds the rotated keys, so a wrong position shows): at every position of a sequence
 // up to max_seq_len, the logits of the cached path equal the full forward's last row to float rounding. Then the
 // cache's edges: a full sequence, bad token ids, truncation and restarts giving the same bits again. And an
 // inference model (ModelUse::inference: no gradients, no backward scratch, one layer of activations, the
@@ -9,7 +10,7 @@
 #include <vector>
 
 #include "llmc/base/error.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_cpu.h"
 #include "llmc/base/rng.h"
 #include "test/support/testing.h"
 
@@ -27,6 +28,14 @@ llmc::ModelConfig test_config() {
     return c;
 }
 
+// test_config as GPT-2, as OLMo, and as OLMo with RMSNorm.
+std::vector<llmc::ModelConfig> test_configs() {
+    llmc::ModelConfig olmo = test_config(), olmo_rms = test_config();
+    olmo.arch = olmo_rms.arch = llmc::ModelArch::olmo;
+    olmo_rms.norm = llmc::NormKind::rmsnorm;
+    return {test_config(), olmo, olmo_rms};
+}
+
 std::vector<int> random_tokens(size_t n, int vocab, uint64_t seed) {
     llmc::Rng rng(seed);
     std::vector<int> tokens(n);
@@ -36,8 +45,8 @@ std::vector<int> random_tokens(size_t n, int vocab, uint64_t seed) {
 
 // Random init with every weight doubled, so that the logits are less uniform (a wrong position, key or value shows
 // more). Larger factors amplify rounding along the way: 8 gives 3e-5 between the paths, 2 gives 9e-7.
-llmc::GPT2Cpu make_model(const llmc::ModelConfig& config, llmc::ModelUse use = llmc::ModelUse::training) {
-    llmc::GPT2Cpu model(config, use);
+llmc::ModelCpu make_model(const llmc::ModelConfig& config, llmc::ModelUse use = llmc::ModelUse::training) {
+    llmc::ModelCpu model(config, use);
     model.init_random(11);
     for (float& w : model.params()) w *= 2.0f;
     return model;
@@ -56,8 +65,8 @@ double max_relative_difference(std::span<const float> a, std::span<const float> 
 }  // namespace
 
 TEST(cached_logits_equal_the_full_forward_at_every_position) {
-    const llmc::ModelConfig config = test_config();
-    llmc::GPT2Cpu cached = make_model(config), full = make_model(config);
+  for (const llmc::ModelConfig& config : test_configs()) {
+    llmc::ModelCpu cached = make_model(config), full = make_model(config);
     const std::vector<int> tokens = random_tokens(config.max_seq_len, config.vocab_size, 3);
     const size_t Vp = config.padded_vocab_size;
     for (const int prompt : {1, 7}) {
@@ -81,13 +90,14 @@ TEST(cached_logits_equal_the_full_forward_at_every_position) {
         std::printf("  prompt of %d: largest difference %.2e of the largest logit\n", prompt, worst);
         EXPECT(worst < 1e-5);
     }
+  }
 }
 
 // continue_sequence, as the samplers call it: one token at a time while the context fits the window, then the
 // window's last tokens run whole; each step's logits are the full forward's on the window's tokens.
 TEST(continue_sequence_slides_the_window) {
-    const llmc::ModelConfig config = test_config();
-    llmc::GPT2Cpu cached = make_model(config), full = make_model(config);
+  for (const llmc::ModelConfig& config : test_configs()) {
+    llmc::ModelCpu cached = make_model(config), full = make_model(config);
     const int window = 9;
     const std::vector<int> tokens = random_tokens(25, config.vocab_size, 4);
     const size_t Vp = config.padded_vocab_size;
@@ -113,11 +123,12 @@ TEST(continue_sequence_slides_the_window) {
     EXPECT_ERROR(cached.continue_sequence(tokens, 0), "window 0 outside [1, max_seq_len]");
     EXPECT_ERROR(cached.continue_sequence(tokens, config.max_seq_len + 1), "window 41 outside [1, max_seq_len]");
     EXPECT_ERROR(cached.continue_sequence(std::span<const int>(), window), "no context");
+  }
 }
 
 TEST(truncation_and_restarts_repeat_the_same_bits) {
-    const llmc::ModelConfig config = test_config();
-    llmc::GPT2Cpu model = make_model(config);
+  for (const llmc::ModelConfig& config : test_configs()) {
+    llmc::ModelCpu model = make_model(config);
     const std::vector<int> tokens = random_tokens(config.max_seq_len, config.vocab_size, 5);
     const std::vector<int> other = random_tokens(config.max_seq_len, config.vocab_size, 6);
     const auto run = [&](const std::vector<int>& seq, int from) {
@@ -137,11 +148,12 @@ TEST(truncation_and_restarts_repeat_the_same_bits) {
     EXPECT(other_continuation != first);
     model.start_sequence(std::span<const int>(tokens).first(5));
     EXPECT(run(tokens, 5) == first);
+  }
 }
 
 TEST(bad_calls_are_refused) {
-    const llmc::ModelConfig config = test_config();
-    llmc::GPT2Cpu model = make_model(config);
+  for (const llmc::ModelConfig& config : test_configs()) {
+    llmc::ModelCpu model = make_model(config);
     EXPECT_ERROR(model.append(1), "needs a start_sequence");
     const std::vector<int> tokens = random_tokens(config.max_seq_len + 1, config.vocab_size, 7);
     EXPECT_ERROR(model.start_sequence(tokens), "exceeds the model's max_seq_len");
@@ -155,11 +167,12 @@ TEST(bad_calls_are_refused) {
     EXPECT_ERROR(model.truncate_sequence(41), "is not in [1, 40]");
     model.truncate_sequence(39);
     EXPECT_EQ(model.sequence_length(), 39);
+  }
 }
 
 TEST(an_inference_model_gives_the_training_models_bits) {
-    const llmc::ModelConfig config = test_config();
-    llmc::GPT2Cpu training = make_model(config), inference = make_model(config, llmc::ModelUse::inference);
+  for (const llmc::ModelConfig& config : test_configs()) {
+    llmc::ModelCpu training = make_model(config), inference = make_model(config, llmc::ModelUse::inference);
     EXPECT(inference.grads().empty());
     EXPECT_EQ(training.grads().size(), training.params().size());
     // 31 x 17 = 527 rows: the classifier's second block of kClassifierRows starts inside sequence 30
@@ -196,6 +209,7 @@ TEST(an_inference_model_gives_the_training_models_bits) {
     }
     EXPECT_ERROR(inference.backward(), "an inference model has no gradients");
     EXPECT_ERROR(inference.zero_grad(), "an inference model has no gradients");
+  }
 }
 
 TEST_MAIN()

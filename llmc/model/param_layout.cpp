@@ -1,6 +1,6 @@
-// Builds the flat-buffer layout declared in gpt2_layout.h. The kind order and shapes follow llm.c's
-// checkpoint format exactly, so a buffer laid out here can be written after the 256-int header as is.
-#include "llmc/model/gpt2/gpt2_layout.h"
+// The flat-buffer layout (see param_layout.h) and what is common to every family's: the backward's ranges, the
+// flops estimate. The families' tables of kinds are in gpt2/ and olmo/.
+#include "llmc/model/param_layout.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,42 +8,6 @@
 #include "llmc/base/error.h"
 
 namespace llmc {
-
-std::vector<Key<ModelConfig>> model_config_keys() {
-    return {
-        key("num_layers", &ModelConfig::num_layers, "transformer blocks").fixed(),
-        key("num_heads", &ModelConfig::num_heads, "attention heads (must divide channels)").fixed(),
-        key("channels", &ModelConfig::channels, "model width C").fixed(),
-        key("max_seq_len", &ModelConfig::max_seq_len, "positions in wpe (checkpoint shape)").fixed(),
-        key("vocab_size", &ModelConfig::vocab_size, "tokens (GPT-2: 50257)").fixed(),
-        key("padded_vocab_size", &ModelConfig::padded_vocab_size, "wte rows, padded for speed (50304)").fixed(),
-    };
-}
-
-std::string ModelConfig::describe() const {
-    return "L=" + std::to_string(num_layers) + " H=" + std::to_string(num_heads) + " C=" +
-           std::to_string(channels) + " T=" + std::to_string(max_seq_len) + " V=" + std::to_string(vocab_size) +
-           " Vp=" + std::to_string(padded_vocab_size);
-}
-
-void validate_model_config(const ModelConfig& c, const std::string& what) {
-    LLMC_CHECK(c.num_layers > 0 && c.num_heads > 0 && c.channels > 0 && c.max_seq_len > 0 && c.vocab_size > 0,
-               what + ": model sizes must be positive (" + c.describe() + ")");
-    LLMC_CHECK(c.channels % c.num_heads == 0,
-               what + ": channels " + std::to_string(c.channels) + " not divisible by num_heads " +
-                   std::to_string(c.num_heads));
-    LLMC_CHECK(c.padded_vocab_size >= c.vocab_size,
-               what + ": padded_vocab_size " + std::to_string(c.padded_vocab_size) + " < vocab_size " +
-                   std::to_string(c.vocab_size));
-    // Far beyond any GPT-2 shape, and small enough that every count of parameters or activations fits 64 bits.
-    const auto at_most = [&](const char* key, long long value, long long max) {
-        LLMC_CHECK(value <= max, what + ": " + key + " " + std::to_string(value) + " is over " + std::to_string(max));
-    };
-    at_most("num_layers", c.num_layers, kMaxLayers);
-    at_most("channels", c.channels, kMaxChannels);
-    at_most("max_seq_len", c.max_seq_len, kMaxSeqLen);
-    at_most("padded_vocab_size", c.padded_vocab_size, kMaxVocab);
-}
 
 ParamLayout ParamLayout::of_shapes(const std::vector<std::vector<size_t>>& shapes) {
     ParamLayout layout;
@@ -70,10 +34,11 @@ std::vector<ParamRange> ParamLayout::backward_ranges_of_layer(int l) const {
     LLMC_CHECK(l >= 0 && l < config.num_layers, "backward_ranges_of_layer: layer " + std::to_string(l) + " out of range");
     std::vector<ParamRange> ranges;
     if (l == config.num_layers - 1)
-        for (ParamKind k : {ParamKind::lnfw, ParamKind::lnfb}) ranges.push_back({kind_offset[int(k)], kind_numel[int(k)]});
+        for (ParamKind k : {ParamKind::lnfw, ParamKind::lnfb})
+            if (kind_numel[int(k)] > 0) ranges.push_back({kind_offset[int(k)], kind_numel[int(k)]});
     for (int k = int(ParamKind::ln1w); k <= int(ParamKind::fcprojb); k++) {
         const size_t per_layer = kind_numel[k] / static_cast<size_t>(config.num_layers);
-        ranges.push_back({kind_offset[k] + static_cast<size_t>(l) * per_layer, per_layer});
+        if (per_layer > 0) ranges.push_back({kind_offset[k] + static_cast<size_t>(l) * per_layer, per_layer});
     }
     return ranges;
 }
@@ -89,7 +54,8 @@ std::vector<ParamRange> ParamLayout::backward_ranges_of_embeddings(std::span<con
         next = r.offset + r.numel;
     }
     if (next < wte_end) ranges.push_back({next, wte_end - next});
-    ranges.push_back({kind_offset[int(ParamKind::wpe)], kind_numel[int(ParamKind::wpe)]});
+    if (kind_numel[int(ParamKind::wpe)] > 0)
+        ranges.push_back({kind_offset[int(ParamKind::wpe)], kind_numel[int(ParamKind::wpe)]});
     return ranges;
 }
 
@@ -131,7 +97,7 @@ bool ParamLayout::wte_rows_untouched(std::span<const ParamRange> ranges, std::sp
     return true;
 }
 
-double gpt2_flops_per_token(const ParamLayout& layout, int seq_len) {
+double model_flops_per_token(const ParamLayout& layout, int seq_len) {
     const ModelConfig& c = layout.config;
     return 6.0 * static_cast<double>(layout.num_params) +
            6.0 * static_cast<double>(c.num_layers) * c.channels * static_cast<double>(seq_len);
@@ -147,41 +113,26 @@ std::vector<uint64_t> token_row_bitmap(std::span<const int> tokens, size_t rows)
     return bits;
 }
 
-ParamLayout ParamLayout::gpt2(const ModelConfig& c) {
-    validate_model_config(c, "model config");
-    const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
-    // Per-kind shape of ONE layer (or of the single tensor for wte, wpe, lnf).
-    struct KindInfo { const char* name; bool per_layer; std::vector<size_t> shape; };
-    const KindInfo kinds[kNumParamKinds] = {
-        {"wte.weight", false, {Vp, C}},
-        {"wpe.weight", false, {T, C}},
-        {"ln_1.weight", true, {C}},
-        {"ln_1.bias", true, {C}},
-        {"attn.c_attn.weight", true, {3 * C, C}},
-        {"attn.c_attn.bias", true, {3 * C}},
-        {"attn.c_proj.weight", true, {C, C}},
-        {"attn.c_proj.bias", true, {C}},
-        {"ln_2.weight", true, {C}},
-        {"ln_2.bias", true, {C}},
-        {"mlp.c_fc.weight", true, {4 * C, C}},
-        {"mlp.c_fc.bias", true, {4 * C}},
-        {"mlp.c_proj.weight", true, {C, 4 * C}},
-        {"mlp.c_proj.bias", true, {C}},
-        {"ln_f.weight", false, {C}},
-        {"ln_f.bias", false, {C}},
-    };
+ParamLayout ParamLayout::of(const ModelConfig& config) {
+    return config.arch == ModelArch::olmo ? olmo(config) : gpt2(config);
+}
+
+ParamLayout ParamLayout::from_kinds(const ModelConfig& c, std::span<const KindShape> kinds) {
+    LLMC_CHECK(kinds.size() == kNumParamKinds, "ParamLayout::from_kinds: a table of " + std::to_string(kinds.size()) +
+                                                   " kinds, not " + std::to_string(kNumParamKinds));
     ParamLayout layout;
     layout.config = c;
     size_t offset = 0;
     for (int k = 0; k < kNumParamKinds; k++) {
-        const KindInfo& info = kinds[k];
+        const KindShape& info = kinds[k];
+        layout.kind_offset[k] = offset;
+        if (info.shape.empty()) continue;  // the family has no such tensor
         size_t numel = 1;
         for (size_t d : info.shape) numel *= d;
-        layout.kind_offset[k] = offset;
-        const size_t copies = info.per_layer ? L : 1;
+        const size_t copies = info.per_layer ? static_cast<size_t>(c.num_layers) : 1;
         for (size_t l = 0; l < copies; l++) {
             ParamTensor t;
-            t.name = info.per_layer ? "h." + std::to_string(l) + "." + info.name : std::string(info.name);
+            t.name = info.per_layer ? info.layer_prefix + std::to_string(l) + "." + info.name : info.name;
             t.kind = static_cast<ParamKind>(k);
             t.layer = info.per_layer ? static_cast<int>(l) : -1;
             t.offset = offset;

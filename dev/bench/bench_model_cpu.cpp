@@ -1,11 +1,14 @@
-// Benchmark of one CPU training step (GPT2Cpu forward + backward + llmc::AdamW update) on a randomly
+// Benchmark of one CPU training step (ModelCpu forward + backward + llmc::AdamW update) on a randomly
 // initialised model and random tokens: median milliseconds of forward, backward, optimizer and the whole
 // step after warmup, and tokens/s. By default GPT-2 124M (d12) at B=4,T=64 (llm.c's train_gpt2.c setting,
 // compared in docs/benchmarks.md) and at B=8,T=256.
 //
-// Usage: bench_gpt2_cpu [--layers L] [--heads H] [--channels C] [-B B] [-T T] [--steps N] [--warmup W]
+// Usage: bench_model_cpu [--arch gpt2|olmo|both] [--layers L] [--heads H] [--channels C] [-B B] [-T T]
+//                        [--steps N] [--warmup W]
 // Any of --layers/--heads/--channels/-B/-T replaces the two defaults with that single configuration (the
-// unspecified values keep d12 and B=4,T=64). Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS.
+// unspecified values keep d12 and B=4,T=64). --arch both runs the configuration as GPT-2 and as OLMo (vocabulary
+// 50280) and prints the ratio of their step times beside the ratio of their flops per token (llm.c's estimate,
+// model_flops_per_token), the cost OLMo's larger MLP predicts. Threads: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,7 +21,7 @@
 
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/base/error.h"
-#include "llmc/model/gpt2/gpt2_cpu.h"
+#include "llmc/model/model_cpu.h"
 #include "llmc/base/rng.h"
 #include "llmc/comm/transport.h"
 
@@ -39,8 +42,9 @@ double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void run_case(const BenchCase& bc, int steps, int warmup) {
-    llmc::GPT2Cpu model(bc.config);
+// Returns the median step time in seconds.
+double run_case(const BenchCase& bc, int steps, int warmup) {
+    llmc::ModelCpu model(bc.config);
     model.init_random(1337);
     llmc::OptimizerConfig opt_config;
     opt_config.weight_decay = 0.1f;
@@ -74,6 +78,7 @@ void run_case(const BenchCase& bc, int steps, int warmup) {
                 bc.config.describe().c_str(), bc.B, bc.T, 1e3 * step_s, 1e3 * median(fwd), 1e3 * median(bwd),
                 1e3 * median(opt), N / step_s, loss);
     std::fflush(stdout);
+    return step_s;
 }
 
 int parse_int(const char* flag, const char* value, long min_value = 1) {
@@ -92,33 +97,54 @@ int main(int argc, char** argv) {
         BenchCase custom;
         bool have_custom = false;
         int steps = 5, warmup = 1;
+        std::string arch = "gpt2";
         for (int i = 1; i < argc; i++) {
             const std::string flag = argv[i];
             const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-            if (flag == "--layers") custom.config.num_layers = parse_int(argv[i], value), have_custom = true;
+            if (flag == "--arch") {
+                LLMC_CHECK(value && (std::string(value) == "gpt2" || std::string(value) == "olmo" ||
+                                     std::string(value) == "both"),
+                           "--arch: expected gpt2, olmo or both");
+                arch = value;
+            } else if (flag == "--layers") custom.config.num_layers = parse_int(argv[i], value), have_custom = true;
             else if (flag == "--heads") custom.config.num_heads = parse_int(argv[i], value), have_custom = true;
             else if (flag == "--channels") custom.config.channels = parse_int(argv[i], value), have_custom = true;
             else if (flag == "-B") custom.B = parse_int(argv[i], value), have_custom = true;
             else if (flag == "-T") custom.T = parse_int(argv[i], value), have_custom = true;
             else if (flag == "--steps") steps = parse_int(argv[i], value);
             else if (flag == "--warmup") warmup = parse_int(argv[i], value, 0);
-            else llmc::fail("unknown flag '" + flag + "' (see the comment at the top of bench_gpt2_cpu.cpp)");
+            else llmc::fail("unknown flag '" + flag + "' (see the comment at the top of bench_model_cpu.cpp)");
             i++;
         }
-        std::vector<BenchCase> cases;
+        std::vector<BenchCase> shapes;
         if (have_custom) {
-            cases.push_back(custom);
+            shapes.push_back(custom);
         } else {
-            cases.push_back(BenchCase{llmc::ModelConfig{}, 4, 64});
-            cases.push_back(BenchCase{llmc::ModelConfig{}, 8, 256});
+            shapes.push_back(BenchCase{llmc::ModelConfig{}, 4, 64});
+            shapes.push_back(BenchCase{llmc::ModelConfig{}, 8, 256});
         }
-        std::printf("GPT2Cpu fwd+bwd+AdamW, median of %d steps after %d warmup, %d OpenMP threads\n", steps, warmup,
+        std::printf("ModelCpu fwd+bwd+AdamW, median of %d steps after %d warmup, %d OpenMP threads\n", steps, warmup,
                     omp_get_max_threads());
-        for (const BenchCase& bc : cases) {
-            llmc::validate_model_config(bc.config, "bench config");
-            LLMC_CHECK(bc.T <= bc.config.max_seq_len, "-T " + std::to_string(bc.T) + " exceeds max_seq_len " +
-                                                          std::to_string(bc.config.max_seq_len));
-            run_case(bc, steps, warmup);
+        const auto as_olmo = [](BenchCase bc) {
+            bc.config.arch = llmc::ModelArch::olmo;
+            bc.config.vocab_size = 50280;
+            return bc;
+        };
+        for (const BenchCase& shape : shapes) {
+            std::vector<BenchCase> cases;
+            if (arch != "olmo") cases.push_back(shape);
+            if (arch != "gpt2") cases.push_back(as_olmo(shape));
+            std::vector<double> seconds, flops;
+            for (const BenchCase& bc : cases) {
+                llmc::validate_model_config(bc.config, "bench config");
+                LLMC_CHECK(bc.T <= bc.config.max_seq_len, "-T " + std::to_string(bc.T) + " exceeds max_seq_len " +
+                                                              std::to_string(bc.config.max_seq_len));
+                seconds.push_back(run_case(bc, steps, warmup));
+                flops.push_back(llmc::model_flops_per_token(llmc::ParamLayout::of(bc.config), bc.T));
+            }
+            if (cases.size() == 2)
+                std::printf("OLMo / GPT-2: step time %.3fx, flops per token %.3fx\n", seconds[1] / seconds[0],
+                            flops[1] / flops[0]);
         }
     } catch (const llmc::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,9 +1,12 @@
-// The GPT-2 model on the CPU in fp32: llm.c's architecture exactly (learned positions, pre-LayerNorm blocks,
-// causal self-attention, tanh-GELU MLP of 4C, final LayerNorm, the token embedding reused as the classifier
-// over the padded vocabulary; the loss only sees the first vocab_size logits). Matmuls go through OpenBLAS,
-// everything else is OpenMP loops whose reductions run in a fixed order, so the same inputs and thread count
-// give bit-identical outputs. Parameters and gradients are flat buffers in ParamLayout::gpt2 order, which is
-// the checkpoint order, so the optimizers and model_io see them as they are. Activations (and backward's
+// The model on the CPU in fp32, for every family (model_config.h): a sequential pre-norm decoder whose token
+// embedding is also the classifier over the padded vocabulary (the loss only sees the first vocab_size logits).
+//   gpt2: llm.c's GPT-2 exactly (learned positions, affine LayerNorm, biases, tanh-GELU MLP of 4C).
+//   olmo: the DeMo paper's OLMo (RoPE on q and k, LayerNorm without parameters or RMSNorm, no biases, SwiGLU MLP
+//         of 8C -> 4C).
+// The layers are cpu_layers.h's: matmuls through OpenBLAS, everything else OpenMP loops whose reductions run in
+// a fixed order, so the same inputs and thread count give bit-identical outputs. Parameters and gradients are
+// flat buffers in ParamLayout::of order, which is the checkpoint order, so the optimizers and model_io see them
+// as they are. Activations (and backward's
 // scratch) are one allocation made by the first forward and grown only when a later (B, T) needs more.
 // While forward/backward run, OpenBLAS is set to one thread (they split each matmul over OpenMP threads
 // themselves); its previous thread count is restored when they return.
@@ -16,7 +19,7 @@
 #include <span>
 #include <vector>
 
-#include "llmc/model/gpt2/gpt2_layout.h"
+#include "llmc/model/param_layout.h"
 #include "llmc/base/host_memory.h"
 
 namespace llmc {
@@ -31,18 +34,16 @@ enum class ModelUse { training, inference };
 // on the 2-core VM, blocks of 512 took 5% longer than one matmul, blocks of 128 22% longer.
 inline constexpr size_t kClassifierRows = 512;
 
-class GPT2Cpu {
+class ModelCpu {
 public:
-    explicit GPT2Cpu(const ModelConfig& config, ModelUse use = ModelUse::training);
+    explicit ModelCpu(const ModelConfig& config, ModelUse use = ModelUse::training);
 
     const ParamLayout& layout() const { return layout_; }
     std::span<float> params() { return params_; }
     std::span<float> grads() { return grads_; }
 
-    // GPT-2 init: matrices and embeddings normal(0, 0.02), the two residual projections (attn.c_proj,
-    // mlp.c_proj) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 / bias 0, padded wte rows 0.
-    // Each 64Ki-element block of each tensor draws from its own Rng seeded from (seed, tensor, block), so
-    // the result does not depend on the thread count.
+    // The family's seeded init (model_init.h: GPT-2's normal(0, 0.02) scheme, OLMo's mitchell), independent of
+    // the thread count.
     void init_random(uint64_t seed);
 
     // Runs the model on B sequences of T tokens (inputs and targets are B*T row-major token ids). Returns
@@ -98,12 +99,13 @@ public:
     void zero_padded_vocab_rows(std::span<float> shared = {});
 
 private:
-    // Pointers to the per-kind blocks of a flat parameter (or gradient) buffer.
+    // Pointers to the per-kind blocks of a flat parameter (or gradient) buffer; null for a kind the family lacks.
     struct Weights {
         float *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
             *fcprojb, *lnfw, *lnfb;
     };
-    // Views into the single activation allocation. Per-layer tensors hold kept_layers() layers back to back.
+    // Views into the single activation allocation (F = config.mlp_input_rows()). Per-layer tensors hold
+    // kept_layers() layers back to back.
     // The d* buffers are backward scratch reused by every layer.
     struct Activations {
         float *encoded;                              // (N, C)  token + position embedding
@@ -113,7 +115,7 @@ private:
         float *atty;                                 // (L, N, C) attention output before the projection
         float *residual2;                            // (L, N, C) residual after attention
         float *ln2, *ln2_mean, *ln2_rstd;            // (L, N, C), (L, N), (L, N)
-        float *fch, *fch_gelu;                       // (L, N, 4C) MLP hidden before / after GELU
+        float *fch, *fch_gelu;                       // (L, N, F), (L, N, 4C) MLP hidden before / after GELU or SwiGLU
         float *residual3;                            // (L, N, C) residual after the MLP
         float *lnf, *lnf_mean, *lnf_rstd;            // (N, C), (N), (N)
         float *logits;                               // (N, Vp); an inference model's (kClassifierRows, Vp)
@@ -125,14 +127,15 @@ private:
         float *dln;                                  // (N, C) gradient of a LayerNorm output
         float *datty;                                // (N, C)
         float *dqkv;                                 // (N, 3C)
-        float *dfch;                                 // (N, 4C)
+        float *dfch;                                 // (N, F)
         float *datt_row;                             // (B, H, T) one softmax-gradient row per (b, h) task
+        float *dfch_act;                             // (N, 4C) SwiGLU's output gradient; empty for GPT-2
     };
     // Views into the key/value cache's allocation: the cache, then one token's activations for append().
     struct TokenCache {
         float *keys, *values;                        // (L, max_seq_len, C)
         float *x, *residual2, *ln, *ln_mean, *ln_rstd;  // (C), (C), (C), (1), (1)
-        float *qkv, *atty, *fch, *fch_gelu;          // (3C), (C), (4C), (4C)
+        float *qkv, *atty, *fch, *fch_gelu;          // (3C), (C), (F), (4C)
         float *att;                                  // (H, max_seq_len) one softmax row per head
         float *logits;                               // (Vp)
     };
@@ -145,11 +148,19 @@ private:
     float run_forward(const int* inputs, const int* targets, int B, int T, bool fill_cache);
     void cache_keys_values(size_t layer, const float* qkv, size_t tokens);
     void prepare_token_cache();
+    // The family's norm (LayerNorm with or without parameters, RMSNorm) and MLP activation (GELU, SwiGLU) on N rows.
+    void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                      size_t N) const;
+    void norm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const float* mean, const float* rstd, size_t N) const;
+    void activation_forward(float* out, const float* fch, size_t N) const;
+    void activation_backward(float* dfch, const float* dout, const float* fch, size_t N) const;
 
     ModelConfig config_;
     ModelUse use_;
     ParamLayout layout_;
     LargeVector<float> params_, grads_;
+    std::vector<float> rope_table_;  // rope_table of max_seq_len positions; empty for learned positions
     Weights weights_{}, weight_grads_{};
 
     std::unique_ptr<float[], FreeDeleter> act_memory_;

@@ -1,19 +1,27 @@
-// The GPT-2 model on the GPU: llm.c's architecture exactly as llmc/model/gpt2/gpt2_cpu.h (learned positions, pre-LayerNorm
-// blocks, causal attention, tanh-GELU MLP of 4C, final LayerNorm, tied embedding as the classifier over the
-// padded vocabulary, loss over the first vocab_size logits), built from the kernels in llmc/*.cuh.
+// The model on the GPU, for both families of llmc/model/model_config.h, as llmc/model/model_cpu.h computes them:
+//   gpt2: llm.c's GPT-2 (learned positions, pre-LayerNorm blocks with weight and bias, biases in every linear
+//         layer, tanh-GELU MLP of 4C);
+//   olmo: the DeMo paper's OLMo (RoPE on q and k right after the qkv product, LayerNorm without parameters or
+//         RMSNorm with a weight, no biases, SwiGLU MLP whose fc product writes [x | gate] (N, 8C) -> (N, 4C)).
+// Both end in a final norm and the tied embedding as the classifier over the padded vocabulary (loss over the
+// first vocab_size logits), and are built from the kernels in llmc/cuda/*.cuh; GPT-2's path runs exactly the
+// kernels it ran before OLMo existed, so its bits did not change.
 //
 // Memory, one cudaMalloc per kind (DeviceArena):
-//   parameters  floatX, flat in ParamLayout::gpt2 order (the checkpoint order), what the kernels read
+//   parameters  floatX, flat in ParamLayout::of order (the checkpoint order), what the kernels read
 //   gradients   fp32, same layout (what the optimizers and the all-reduce take); accumulated over micro-steps
 //   activations everything the forward keeps for the backward plus backward scratch, sized for the largest
-//               (B, T) given at construction; smaller batches (sampling, B=1) reuse the same buffers.
+//               (B, T) given at construction; smaller batches (sampling, B=1) reuse the same buffers. OLMo's
+//               RoPE table (llmc/base/rope_table.h, the CPU model's floats) lives there too.
 // The fp32 master weights and optimizer state belong to the DeviceOptimizer (optimizer_cuda.cuh).
 //
 // Attention: llmc/cuda/flash_attention.cuh (tensor-core tiles, online softmax, only a log-sum-exp per row kept) where
 // it can run (bf16 build, head size 64), else llmc/cuda/attention.cuh (cuBLASLt products and a softmax over the
 // stored B x NH x T x T matrices, as llm.c without cuDNN); --attention picks one. Flash drops those matrices
 // from the activations (12 x 400 MB for GPT-2 124M at B=16, T=1024) and made that model's step 23-25% shorter
-// on an H100 (docs/benchmarks.md).
+// on an H100 (docs/benchmarks.md). OLMo's RoPE turns q and k in place in the qkv product's output before either
+// attention reads it, so both keep the rotated q and k for the backward, and its transpose turns dq and dk back
+// after the attention backward.
 //
 // --cuda_graph (opt-in): a training micro-step's kernels, from the encoder to layer 0's backward, are captured
 // into one CUDA graph (at the second micro-step of a shape: the first one, run as usual, settles cuBLASLt's
@@ -24,11 +32,12 @@
 //
 // Precision: activations and parameters floatX (bf16 by default), every reduction and accumulation in fp32,
 // gradients fp32. Deterministic: no atomics anywhere (bucketed encoder backward, column reductions for bias and
-// LayerNorm gradients), so the same inputs give bit-identical gradients on the same GPU.
+// norm gradients), so the same inputs give bit-identical gradients on the same GPU.
 //
-// --bias_grad epilogue (opt-in; default reduce): the qkv and fc bias gradients come from cuBLASLt's BGRADB
-// epilogue on their weight-gradient products instead of a column reduction that reads dout once more
-// (llmc/cuda/matmul.cuh); the projections' bias gradients stay in the LayerNorm backwards, which read that dout anyway.
+// GPT-2 only (OLMo has no biases and no GELU): --gelu_fusion's cuBLASLt GELU epilogues, and --bias_grad epilogue
+// (opt-in; default reduce), where the qkv and fc bias gradients come from cuBLASLt's BGRADB epilogue on their
+// weight-gradient products instead of a column reduction that reads dout once more (llmc/cuda/matmul.cuh); the
+// projections' bias gradients stay in the LayerNorm backwards, which read that dout anyway.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -39,15 +48,19 @@
 #include <string>
 #include <vector>
 
+#include "llmc/base/rope_table.h"
 #include "llmc/cuda/attention.cuh"
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/cuda/cuda_options.h"
 #include "llmc/cuda/encoder.cuh"
 #include "llmc/cuda/flash_attention.cuh"
 #include "llmc/cuda/fused_classifier.cuh"
-#include "llmc/model/gpt2/gpt2_layout.h"
 #include "llmc/cuda/layernorm.cuh"
 #include "llmc/cuda/matmul.cuh"
+#include "llmc/cuda/norms.cuh"
+#include "llmc/cuda/rope.cuh"
+#include "llmc/cuda/swiglu.cuh"
+#include "llmc/model/param_layout.h"
 
 namespace llmc {
 
@@ -104,25 +117,26 @@ inline flash::FlashDq flash_dq_of(FlashDqMode mode) {
     return flash::FlashDq::Shares;
 }
 
-class GPT2Cuda {
+class ModelCuda {
 public:
     // max_B, max_T: the largest micro-batch forward/forward_backward will see (T <= max_seq_len).
     // `options`: the config's cuda group (attention, flash_dq, gelu_fusion, bias_grad, matmul_tune, cuda_graph).
-    GPT2Cuda(const ModelConfig& config, int max_B, int max_T, CudaEnv& env, const CudaOptions& options = {})
-        : config_(config), layout_(ParamLayout::gpt2(config)), env_(env), max_B_(max_B), max_T_(max_T) {
+    ModelCuda(const ModelConfig& config, int max_B, int max_T, CudaEnv& env, const CudaOptions& options = {})
+        : config_(config), layout_(ParamLayout::of(config)), env_(env), max_B_(max_B), max_T_(max_T) {
         const int C = config.channels;
-        LLMC_CHECK(max_B > 0 && max_T > 0, "GPT2Cuda: batch and sequence length must be positive");
+        LLMC_CHECK(max_B > 0 && max_T > 0, "ModelCuda: batch and sequence length must be positive");
         LLMC_CHECK(max_T <= config.max_seq_len, "seq_len " + std::to_string(max_T) + " exceeds the model's max_seq_len " +
                                                     std::to_string(config.max_seq_len));
         LLMC_CHECK(C % 8 == 0 && (C / config.num_heads) % 8 == 0,
                    "the CUDA trainer needs channels and head size multiples of 8 (cuBLASLt alignment); got C=" +
                        std::to_string(C) + " heads=" + std::to_string(config.num_heads));
-        gelu_fusion_ = gelu_fusion_level(options.gelu_fusion, env.props.major);
+        // OLMo has no GELU to fuse and no biases to take from an epilogue: its MLP is SwiGLU, its products plain
+        gelu_fusion_ = config.is_olmo() ? 0 : gelu_fusion_level(options.gelu_fusion, env.props.major);
         flash_attention_ = use_flash_attention(config, options.attention);
         flash_dq_ = flash_dq_of(options.flash_dq);
         env.tune_matmuls = options.matmul_tune;
         cuda_graph_ = options.cuda_graph;
-        bias_grad_epilogue_ = options.bias_grad == BiasGradMode::epilogue;
+        bias_grad_epilogue_ = config.has_biases() && options.bias_grad == BiasGradMode::epilogue;
 
         param_mem_.add(&params_, layout_.num_params);
         param_mem_.allocate("parameters (" + std::to_string(layout_.num_params) + " x " + kFloatXName + ")");
@@ -131,6 +145,10 @@ public:
         grad_mem_.zero(env_.stream);
         CUDA_CHECK(cudaMemsetAsync(params_, 0, layout_.num_params * sizeof(floatX), env_.stream));
         plan_activations();
+        if (a_.rope_table) {  // the CPU model's table (its first max_T rows), so both turn q and k by the same floats
+            const std::vector<float> table = rope_table(max_T, config.head_size(), config.rope_theta);
+            CUDA_CHECK(cudaMemcpy(a_.rope_table, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+        }
         env_.sync();
     }
 
@@ -178,7 +196,8 @@ public:
     // take_losses() returns the mean loss of each micro-step queued.
     // on_final (the last micro-step of an optimizer step): told of every gradient range once, in backward order:
     // `wte_early` once the classifier is done (runs of wte rows no input token touches, so the encoder backward
-    // leaves them alone), ln_f and the last layer, each layer down to the first, then the rest of wte and wpe.
+    // leaves them alone), ln_f and the last layer, each layer down to the first, then the rest of wte (and GPT-2's
+    // wpe).
     void queue_forward_backward(const int* inputs, const int* targets, int B, int T, float loss_scale = 1.0f,
                                 const GradsFinal& on_final = {}, std::span<const ParamRange> wte_early = {}) {
         LLMC_CHECK(targets != nullptr, "forward_backward needs targets");
@@ -262,16 +281,18 @@ public:
     }
 
 private:
+    // A kind's block in the parameters or gradients; null for a kind the family does not have (OLMo's wpe, biases
+    // and LayerNorm weights), which the kernels read as "none".
     template <typename T>
-    static T* at(T* base, ParamKind kind, const ParamLayout& layout) {
-        return base + layout.kind_offset[int(kind)];
+    T* at(T* base, ParamKind kind) const {
+        return layout_.kind_numel[int(kind)] > 0 ? base + layout_.kind_offset[int(kind)] : nullptr;
     }
-    // Tensor of one layer: kind block + layer * per-layer size.
+    // Tensor of one layer: kind block + layer * per-layer size (null for an absent kind).
     size_t layer_numel(ParamKind kind) const { return layout_.kind_numel[int(kind)] / config_.num_layers; }
     size_t layer_offset(ParamKind kind, int l) const { return layout_.kind_offset[int(kind)] + size_t(l) * layer_numel(kind); }
     template <typename T>
     T* layer(T* base, ParamKind kind, int l) const {
-        return base + layer_offset(kind, l);
+        return layout_.kind_numel[int(kind)] > 0 ? base + layer_offset(kind, l) : nullptr;
     }
 
     struct Activations {
@@ -285,8 +306,9 @@ private:
         floatX *residual2;                     // (L, N, C)
         floatX *ln2;                           // (L, N, C)
         float *ln2_mean, *ln2_rstd;            // (L, N)
-        floatX *fch;                           // (L, N, 4C) pre-GELU
-        floatX *fch_gelu;                      // (L, N, 4C)
+        floatX *fch;                           // (L, N, F) the fc product: GPT-2 pre-GELU (F = 4C), OLMo [x | gate]
+                                               // (F = 8C; its backward overwrites it with dfch)
+        floatX *fch_gelu;                      // (L, N, 4C) the activation: GELU, or OLMo's SwiGLU
         floatX *residual3;                     // (L, N, C)
         floatX *lnf;                           // (N, C)
         float *lnf_mean, *lnf_rstd;            // (N)
@@ -297,13 +319,14 @@ private:
         floatX *preatt;                        // (B, NH, T, T) forward preatt / backward datt; flash: none
         floatX *dresidual;                     // (N, C) gradient of the residual stream
         floatX *dbtc;                          // (N, C)
-        floatX *dbt4c;                         // (N, 4C) dfch, then dqkv
+        floatX *dbt4c;                         // (N, 4C) dfch (OLMo: d of the activation), then dqkv
         floatX *dqkvr;                         // (3, N, C); flash: none
         floatX *dy;                            // (N, C) attention backward scratch; flash: none
         float *flash_scratch;                  // flash: the backward's delta and dQ sums (flash_attention.cuh)
         float *fscratch;                       // column-reduction partials
         int *inputs, *targets;                 // (N)
         int *encoder_plan;                     // EncoderBackwardPlan::device_ints(N)
+        float *rope_table;                     // OLMo: (max_T, hs / 2) {cos, sin} pairs; GPT-2: none
     };
 
     void plan_activations() {
@@ -312,6 +335,7 @@ private:
         const size_t att = flash_attention_ ? 0 : size_t(max_B_) * NH * max_T_ * max_T_;
         const size_t matmul_only = flash_attention_ ? 0 : 1;  // buffers only the matmul attention uses
         const size_t flash_only = flash_attention_ ? 1 : 0;
+        const size_t F = config_.mlp_input_rows(), olmo_only = config_.is_olmo() ? 1 : 0;
         n_cap_ = N;
         att_cap_ = att;
         auto& m = act_mem_;
@@ -327,7 +351,7 @@ private:
         m.add(&a_.ln2, L * N * C);
         m.add(&a_.ln2_mean, L * N);
         m.add(&a_.ln2_rstd, L * N);
-        m.add(&a_.fch, L * N * 4 * C);
+        m.add(&a_.fch, L * N * F);
         m.add(&a_.fch_gelu, L * N * 4 * C);
         m.add(&a_.residual3, L * N * C);
         m.add(&a_.lnf, N * C);
@@ -346,11 +370,13 @@ private:
         m.add(&a_.flash_scratch, flash_only * flash_attention_backward_scratch_floats(max_B_, max_T_, int(NH), flash_dq_));
         const int Ni = static_cast<int>(N), Ci = static_cast<int>(C);
         size_t fs = layernorm_backward_scratch_floats(Ni, Ci);
-        for (int oc : {3 * Ci, Ci, 4 * Ci}) fs = std::max(fs, matmul_backward_scratch_floats(Ni, oc));
+        for (int oc : {3 * Ci, Ci, 4 * Ci, int(F)}) fs = std::max(fs, matmul_backward_scratch_floats(Ni, oc));
+        if (olmo_only) fs = std::max(fs, rmsnorm_backward_scratch_floats(Ni, Ci));
         m.add(&a_.fscratch, fs);
         m.add(&a_.inputs, N);
         m.add(&a_.targets, N);
         m.add(&a_.encoder_plan, EncoderBackwardPlan::device_ints(Ni));
+        m.add(&a_.rope_table, olmo_only * size_t(max_T_) * (C / NH));
         m.allocate("activations (B=" + std::to_string(max_B_) + ", T=" + std::to_string(max_T_) +
                    "; lower --batch_size or --seq_len if this does not fit)");
     }
@@ -374,7 +400,7 @@ private:
                 .atty = lslice(a_.atty, l, C),
                 .residual2 = lslice(a_.residual2, l, C),
                 .ln2 = lslice(a_.ln2, l, C),
-                .fch = lslice(a_.fch, l, 4 * C),
+                .fch = lslice(a_.fch, l, size_t(config_.mlp_input_rows())),
                 .fch_gelu = lslice(a_.fch_gelu, l, 4 * C),
                 .residual3 = lslice(a_.residual3, l, C),
                 .ln1_mean = lstat(a_.ln1_mean, l),
@@ -396,47 +422,93 @@ private:
         if (targets) targets_upload_.upload(a_.targets, targets, size_t(N), env_.stream);
     }
 
+    // ---- Each family's norm: GPT-2's affine LayerNorm (layernorm.cuh, as before OLMo), OLMo's LayerNorm without
+    // parameters or RMSNorm (norms.cuh). mean is not kept by RMSNorm; weight and bias are null where absent.
+
+    void norm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                      const floatX* bias, int N) {
+        const int C = config_.channels;
+        cudaStream_t s = env_.stream;
+        if (!config_.is_olmo()) layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, s);
+        else if (config_.norm == NormKind::rmsnorm) rmsnorm_forward(out, rstd, inp, weight, N, C, s);
+        else layernorm_noaffine_forward(out, mean, rstd, inp, N, C, s);
+    }
+    // residual = inp1 + inp2 (rounded to floatX), then out = the norm of residual, in one pass.
+    void fused_residual_norm_forward(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
+                                     const floatX* inp2, const floatX* weight, const floatX* bias, int N) {
+        const int C = config_.channels;
+        cudaStream_t s = env_.stream;
+        if (!config_.is_olmo())
+            fused_residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C, s);
+        else if (config_.norm == NormKind::rmsnorm)
+            fused_residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, weight, N, C, s);
+        else
+            fused_residual_layernorm_noaffine_forward(residual, out, mean, rstd, inp1, inp2, N, C, s);
+    }
+    // dinp += the norm's input gradient; its weight (and bias) gradients written or added (accumulate). GPT-2's
+    // LayerNorm backward also sums the updated dinp's columns into dinp_sum: the bias gradient of the projection
+    // whose output that residual gradient is (null for OLMo, which has no biases).
+    void norm_backward(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
+                       const floatX* weight, const float* mean, const float* rstd, int N, float* dinp_sum,
+                       bool accumulate) {
+        const int C = config_.channels;
+        cudaStream_t s = env_.stream;
+        if (!config_.is_olmo())
+            layernorm_backward(dinp, dweight, dbias, a_.fscratch, dout, inp, weight, mean, rstd, N, C, s, dinp_sum,
+                               accumulate);
+        else if (config_.norm == NormKind::rmsnorm)
+            rmsnorm_backward(dinp, dweight, a_.fscratch, dout, inp, weight, rstd, N, C, s, accumulate);
+        else
+            layernorm_noaffine_backward(dinp, dout, inp, mean, rstd, N, C, s);
+    }
+
     // The forward's kernels on the staged batch (the losses too when with_loss: the staged targets).
     void forward_kernels(int B, int T, bool with_loss, bool write_dlogits, float loss_scale) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
-        const int V = config_.vocab_size, Vp = config_.padded_vocab_size;
+        const int V = config_.vocab_size, Vp = config_.padded_vocab_size, F = config_.mlp_input_rows();
         const int N = B * T;
         cudaStream_t s = env_.stream;
         floatX* p = params_;
 
-        encoder_forward(a_.encoded, a_.inputs, at(p, ParamKind::wte, layout_), at(p, ParamKind::wpe, layout_), B, T, C, s);
-        layernorm_forward(lslice(a_.ln1, 0, C), lstat(a_.ln1_mean, 0), lstat(a_.ln1_rstd, 0), a_.encoded,
-                          layer(p, ParamKind::ln1w, 0), layer(p, ParamKind::ln1b, 0), N, C, s);
+        // OLMo has no wpe (null): the token embeddings alone
+        encoder_forward(a_.encoded, a_.inputs, at(p, ParamKind::wte), at(p, ParamKind::wpe), B, T, C, s);
+        norm_forward(lslice(a_.ln1, 0, C), lstat(a_.ln1_mean, 0), lstat(a_.ln1_rstd, 0), a_.encoded,
+                     layer(p, ParamKind::ln1w, 0), layer(p, ParamKind::ln1b, 0), N);
         for (int l = 0; l < L; l++) {
             const LayerActs la = layer_acts(l);
 
-            if (flash_attention_) {  // qkv stays in the layer's qkvr slice for the backward
-                matmul_forward(env_, la.qkvr, la.ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C,
-                               3 * C);
+            // Flash reads qkv from the layer's qkvr slice, which the backward reads too; the matmul attention
+            // permutes the qkv scratch into qkvr. OLMo's RoPE turns q and k in place before either reads them.
+            floatX* qkv = flash_attention_ ? la.qkvr : a_.qkv;
+            matmul_forward(env_, qkv, la.ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C, 3 * C);
+            if (a_.rope_table) rope_forward(qkv, a_.rope_table, B, T, C, NH, s);
+            if (flash_attention_)
                 flash_attention_forward(env_, la.atty, lse_slice(l), la.qkvr, B, T, C, NH);
-            } else {
-                matmul_forward(env_, a_.qkv, la.ln1, layer(p, ParamKind::qkvw, l), layer(p, ParamKind::qkvb, l), N, C,
-                               3 * C);
+            else
                 attention_forward(env_, la.atty, la.qkvr, la.att, a_.preatt, a_.qkv, B, T, C, NH);
-            }
             matmul_forward(env_, a_.btc, la.atty, layer(p, ParamKind::attprojw, l), layer(p, ParamKind::attprojb, l), N,
                            C, C);
-            fused_residual_layernorm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual,
-                                             a_.btc, layer(p, ParamKind::ln2w, l), layer(p, ParamKind::ln2b, l), N, C, s);
-            matmul_forward(env_, la.fch_gelu, la.ln2, layer(p, ParamKind::fcw, l), layer(p, ParamKind::fcb, l), N, C, 4 * C,
-                           la.fch, gelu_fusion_ >= 1);
-            matmul_forward(env_, a_.btc, la.fch_gelu, layer(p, ParamKind::fcprojw, l), layer(p, ParamKind::fcprojb, l), N,
-                           4 * C, C);
+            fused_residual_norm_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, la.residual, a_.btc,
+                                        layer(p, ParamKind::ln2w, l), layer(p, ParamKind::ln2b, l), N);
+            if (config_.is_olmo()) {  // fch = [x | gate] (N, 8C), then silu(gate) * x (N, 4C)
+                matmul_forward(env_, la.fch, la.ln2, layer(p, ParamKind::fcw, l), nullptr, N, C, F);
+                swiglu_forward(la.fch_gelu, la.fch, N, 4 * C, s);
+            } else {  // the GELU as the product's epilogue (--gelu_fusion) or its own kernel
+                matmul_forward(env_, la.fch_gelu, la.ln2, layer(p, ParamKind::fcw, l), layer(p, ParamKind::fcb, l), N, C,
+                               4 * C, la.fch, gelu_fusion_ >= 1);
+            }
+            matmul_forward(env_, a_.btc, la.fch_gelu, layer(p, ParamKind::fcprojw, l), layer(p, ParamKind::fcprojb, l),
+                           N, 4 * C, C);
             if (l + 1 < L) {
-                fused_residual_layernorm_forward(la.residual3, lslice(a_.ln1, l + 1, C), lstat(a_.ln1_mean, l + 1),
-                                                 lstat(a_.ln1_rstd, l + 1), la.residual2, a_.btc,
-                                                 layer(p, ParamKind::ln1w, l + 1), layer(p, ParamKind::ln1b, l + 1), N, C, s);
+                fused_residual_norm_forward(la.residual3, lslice(a_.ln1, l + 1, C), lstat(a_.ln1_mean, l + 1),
+                                            lstat(a_.ln1_rstd, l + 1), la.residual2, a_.btc,
+                                            layer(p, ParamKind::ln1w, l + 1), layer(p, ParamKind::ln1b, l + 1), N);
             } else {
-                fused_residual_layernorm_forward(la.residual3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, la.residual2, a_.btc,
-                                                 at(p, ParamKind::lnfw, layout_), at(p, ParamKind::lnfb, layout_), N, C, s);
+                fused_residual_norm_forward(la.residual3, a_.lnf, a_.lnf_mean, a_.lnf_rstd, la.residual2, a_.btc,
+                                            at(p, ParamKind::lnfw), at(p, ParamKind::lnfb), N);
             }
         }
-        matmul_forward(env_, a_.logits, a_.lnf, at(p, ParamKind::wte, layout_), nullptr, N, C, Vp);
+        matmul_forward(env_, a_.logits, a_.lnf, at(p, ParamKind::wte), nullptr, N, C, Vp);
         if (with_loss)
             fused_classifier(env_, a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits);
     }
@@ -471,7 +543,7 @@ private:
     void backward_layers(int B, int T, const GradsFinal& on_final, bool accumulate,
                          std::span<const ParamRange> wte_early = {}) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
-        const int Vp = config_.padded_vocab_size;
+        const int Vp = config_.padded_vocab_size, F = config_.mlp_input_rows();
         const int N = B * T;
         cudaStream_t s = env_.stream;
         floatX* p = params_;
@@ -481,31 +553,40 @@ private:
 
         // classifier (tied wte): logits hold dlogits. The weight gradient before the input gradient, so that the
         // early wte rows travel during the input gradient's product too.
-        matmul_backward(env_, nullptr, at(g, ParamKind::wte, layout_), nullptr, fs, a_.logits, a_.lnf,
-                        at(p, ParamKind::wte, layout_), N, C, Vp, {.accumulate = accumulate});
+        matmul_backward(env_, nullptr, at(g, ParamKind::wte), nullptr, fs, a_.logits, a_.lnf, at(p, ParamKind::wte), N,
+                        C, Vp, {.accumulate = accumulate});
         if (on_final && !wte_early.empty()) on_final(wte_early);
-        matmul_backward(env_, a_.dbtc, nullptr, nullptr, fs, a_.logits, a_.lnf, at(p, ParamKind::wte, layout_), N, C,
-                        Vp);
-        // Each LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the projection
-        // whose output that residual gradient is (the last fcproj here, then each layer's attproj and the fcproj
-        // below it), which those matmul backwards then skip.
-        layernorm_backward(a_.dresidual, at(g, ParamKind::lnfw, layout_), at(g, ParamKind::lnfb, layout_), fs, a_.dbtc,
-                           lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw, layout_), a_.lnf_mean, a_.lnf_rstd, N, C, s,
-                           layer(g, ParamKind::fcprojb, L - 1), accumulate);
+        matmul_backward(env_, a_.dbtc, nullptr, nullptr, fs, a_.logits, a_.lnf, at(p, ParamKind::wte), N, C, Vp);
+        // Each GPT-2 LayerNorm backward also sums its updated dresidual's columns: the bias gradient of the
+        // projection whose output that residual gradient is (the last fcproj here, then each layer's attproj and
+        // the fcproj below it), which those matmul backwards then skip.
+        norm_backward(a_.dresidual, at(g, ParamKind::lnfw), at(g, ParamKind::lnfb), a_.dbtc,
+                      lslice(a_.residual3, L - 1, C), at(p, ParamKind::lnfw), a_.lnf_mean, a_.lnf_rstd, N,
+                      layer(g, ParamKind::fcprojb, L - 1), accumulate);
         for (int l = L - 1; l >= 0; l--) {
             const LayerActs la = layer_acts(l);
 
-            // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-            // dfch: the DGELU epilogue of this product (--gelu_fusion both), or the product then the GELU backward
-            matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, la.fch_gelu,
-                            layer(p, ParamKind::fcprojw, l), N, 4 * C, C,
-                            {.pre_gelu = la.fch, .fuse_dgelu = gelu_fusion_ >= 2, .accumulate = accumulate});
-            matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c, la.ln2,
-                            layer(p, ParamKind::fcw, l), N, C, 4 * C,
-                            {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
-            layernorm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), fs, a_.dbtc,
-                               la.residual2, layer(p, ParamKind::ln2w, l), la.ln2_mean, la.ln2_rstd, N, C, s,
-                               layer(g, ParamKind::attprojb, l), accumulate);
+            // MLP: residual3 = residual2 + fcproj(act(fc(ln2(residual2))))
+            if (config_.is_olmo()) {
+                // the activation's gradient into dbt4c, then SwiGLU's backward writes dfch (N, 8C) over fch, which
+                // nothing reads after it (the fc weight gradient takes ln2)
+                matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, la.fch_gelu,
+                                layer(p, ParamKind::fcprojw, l), N, 4 * C, C, {.accumulate = accumulate});
+                swiglu_backward(la.fch, a_.dbt4c, la.fch, N, 4 * C, s);
+                matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), nullptr, fs, la.fch, la.ln2,
+                                layer(p, ParamKind::fcw, l), N, C, F, {.accumulate = accumulate});
+            } else {
+                // dfch: the DGELU epilogue of this product (--gelu_fusion both), or the product then the GELU backward
+                matmul_backward(env_, a_.dbt4c, layer(g, ParamKind::fcprojw, l), nullptr, fs, a_.dresidual, la.fch_gelu,
+                                layer(p, ParamKind::fcprojw, l), N, 4 * C, C,
+                                {.pre_gelu = la.fch, .fuse_dgelu = gelu_fusion_ >= 2, .accumulate = accumulate});
+                matmul_backward(env_, a_.dbtc, layer(g, ParamKind::fcw, l), layer(g, ParamKind::fcb, l), fs, a_.dbt4c,
+                                la.ln2, layer(p, ParamKind::fcw, l), N, C, 4 * C,
+                                {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
+            }
+            norm_backward(a_.dresidual, layer(g, ParamKind::ln2w, l), layer(g, ParamKind::ln2b, l), a_.dbtc,
+                          la.residual2, layer(p, ParamKind::ln2w, l), la.ln2_mean, la.ln2_rstd, N,
+                          layer(g, ParamKind::attprojb, l), accumulate);
             // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::attprojw, l), nullptr, fs, a_.dresidual, la.atty,
                             layer(p, ParamKind::attprojw, l), N, C, C, {.accumulate = accumulate});
@@ -514,27 +595,29 @@ private:
                                          NH, flash_dq_);
             else
                 attention_backward(env_, a_.dbt4c, a_.dqkvr, a_.preatt, a_.dy, a_.dbtc, la.qkvr, la.att, B, T, C, NH);
+            // dqkv holds the gradients of the rotated q and k: OLMo turns them back to the qkv product's
+            if (a_.rope_table) rope_backward(a_.dbt4c, a_.rope_table, B, T, C, NH, s);
             matmul_backward(env_, a_.dbtc, layer(g, ParamKind::qkvw, l), layer(g, ParamKind::qkvb, l), fs, a_.dbt4c, la.ln1,
                             layer(p, ParamKind::qkvw, l), N, C, 3 * C,
                             {.fuse_bias_grad = bias_grad_epilogue_, .accumulate = accumulate});
-            layernorm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), fs, a_.dbtc,
-                               la.residual, layer(p, ParamKind::ln1w, l), la.ln1_mean, la.ln1_rstd, N, C, s,
-                               l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr, accumulate);
+            norm_backward(a_.dresidual, layer(g, ParamKind::ln1w, l), layer(g, ParamKind::ln1b, l), a_.dbtc,
+                          la.residual, layer(p, ParamKind::ln1w, l), la.ln1_mean, la.ln1_rstd, N,
+                          l > 0 ? layer(g, ParamKind::fcprojb, l - 1) : nullptr, accumulate);
             if (on_final) on_final(layout_.backward_ranges_of_layer(l));
         }
     }
 
-    // The embeddings' backward (wte and wpe from the residual stream's gradient), with the plan of the batch.
-    // accumulate false: wpe written (its rows from T on, positions the batch does not reach, zeroed), wte added to
-    // the classifier's part, which backward_layers wrote.
+    // The embeddings' backward (wte, and GPT-2's wpe, from the residual stream's gradient), with the plan of the
+    // batch. accumulate false: wpe written (its rows from T on, positions the batch does not reach, zeroed), wte
+    // added to the classifier's part, which backward_layers wrote.
     void backward_embeddings(int B, int T, const GradsFinal& on_final, bool accumulate,
                              std::span<const ParamRange> wte_early = {}) {
         float* g = grads_;
-        float* dwpe = at(g, ParamKind::wpe, layout_);
-        encoder_backward(at(g, ParamKind::wte, layout_), dwpe, a_.dresidual, plan_, a_.encoder_plan, B, T,
-                         config_.channels, env_.stream, accumulate);
+        float* dwpe = at(g, ParamKind::wpe);  // null for OLMo
+        encoder_backward(at(g, ParamKind::wte), dwpe, a_.dresidual, plan_, a_.encoder_plan, B, T, config_.channels,
+                         env_.stream, accumulate);
         const size_t reached = size_t(T) * config_.channels, wpe_numel = layout_.kind_numel[int(ParamKind::wpe)];
-        if (!accumulate && reached < wpe_numel)
+        if (dwpe && !accumulate && reached < wpe_numel)
             CUDA_CHECK(cudaMemsetAsync(dwpe + reached, 0, (wpe_numel - reached) * sizeof(float), env_.stream));
         if (on_final) on_final(layout_.backward_ranges_of_embeddings(wte_early));
     }
