@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_cpu_checks import ROOT, check, failures, losses, run  # noqa: E402  (the CPU trainer checks' helpers)
+import train_cpu_checks  # noqa: E402  (the CPU trainer checks' helpers)
+from train_cpu_checks import ROOT, check, failures, losses, run  # noqa: E402
 
 TMP = os.path.join(ROOT, "build", "test-tmp", "olmo")
 BASE = ["--config", "configs/tiny_olmo.json", "--batch_size", "4", "--seq_len", "32", "--val_every", "3",
@@ -41,20 +42,7 @@ def training_run_learns():
 
 
 def resume_case(optimizer, ranks, extra=(), suffix=""):
-    tag = f"olmo-{optimizer}{suffix}-np{ranks or 1}"
-    a, b, c = fresh(tag + "-a"), fresh(tag + "-b"), fresh(tag + "-c")
-    common = BASE + ["--optimizer", optimizer, "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
-    common += list(extra)
-    run(common + ["--out_dir", a], ranks)
-    run(common + ["--out_dir", b], ranks)
-    la, lb = losses(a), losses(b)
-    check(len(la) == 8 and la == lb, f"{tag}: two identical runs give bit-identical losses")
-    run(common + ["--out_dir", c, "--resume", os.path.join(a, "checkpoints", "step_00000003")], ranks)
-    lc = losses(c)
-    check(all(lc.get(k) == la[k] for k in (4, 5, 6, "val6")) and 3 not in lc,
-          f"{tag}: resumed at step 3, steps 4-6 and val loss bit-identical "
-          f"({[la[k] for k in (4, 5, 6)]} vs {[lc.get(k) for k in (4, 5, 6)]})")
-    return a
+    return train_cpu_checks.resume_case(optimizer, ranks, extra, "-olmo" + suffix, base=BASE)
 
 
 def init_from_checks(source, fresh_loss):

@@ -132,10 +132,11 @@ def bad_input_checks_after_start(shard_dir, train_bytes, adamw_run):
           "--resume of a checkpoint with --init_from: its model is not read, and the resume line says so")
 
 
-def resume_case(optimizer, ranks, extra=(), suffix=""):
+def resume_case(optimizer, ranks, extra=(), suffix="", base=None):
+    """base: the run's first flags (BASE, the tiny GPT-2, unless given)."""
     tag = f"{optimizer}{suffix}-np{ranks or 1}"
     a, b, c = fresh(tag + "-a"), fresh(tag + "-b"), fresh(tag + "-c")
-    common = BASE + ["--optimizer", optimizer, "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
+    common = (base or BASE) + ["--optimizer", optimizer, "--steps", "6", "--checkpoint_every", "3", "--keep_checkpoints", "0"]
     common += list(extra)
     run(common + ["--out_dir", a], ranks)
     run(common + ["--out_dir", b], ranks)
