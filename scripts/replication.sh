@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The small-scale DeMo vs AdamW-DDP replication that docs/replication/ reports: 4 MPI ranks of the CPU trainer
 # on one machine, the small GPT-2 of configs/small.json, the default corpus (data/prepare_default.sh).
+# MODEL_CONFIG, TRAINER_FLAGS (words added to every run) and run_experiment.sh's data settings (TRAIN_DATA,
+# VAL_DATA, DATA_FORMAT, MEMMAP_DTYPE, EOS_TOKEN_ID) change the model and data: scripts/replication_olmo.sh
+# runs it on the paper's architecture and OLMo token files.
 #   1. Learning-rate sweep: AdamW-DDP and DeMo (top-k 32, fp32 values) each try the same grid of peak learning
 #      rates on a short run (same schedule shape, SWEEP_STEPS steps); the lowest final val loss wins. When the
 #      winner sits on the edge of the grid, the grid grows by one point (x2 or /2) on that side and the sweep
@@ -26,12 +29,18 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${RUNS:=runs/replication}" "${OUT:=docs/replication}" "${TRAINER:=./train_gpt_cpu}" "${NP:=4}"
 : "${STEPS:=1200}" "${WARMUP:=100}" "${VAL_EVERY:=50}"
 : "${SWEEP_STEPS:=400}" "${SWEEP_WARMUP:=40}" "${SWEEP_LRS:=2e-3 4e-3 8e-3}"
-: "${MICRO_BATCH:=4}" "${SEQ_LEN:=128}"
+: "${MICRO_BATCH:=4}" "${SEQ_LEN:=128}" "${MODEL_CONFIG:=configs/small.json}" "${TRAINER_FLAGS:=}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 [[ -x $TRAINER ]] || { echo "replication: error: trainer '$TRAINER' not found: run 'make train_gpt_cpu'" >&2; exit 1; }
-ls data/default/default_train_*.bin >/dev/null 2>&1 ||
-  { echo "replication: error: no shards in data/default: run 'bash data/prepare_default.sh'" >&2; exit 1; }
+if [[ -v TRAIN_DATA ]]; then
+  [[ -f $TRAIN_DATA ]] || compgen -G "$TRAIN_DATA" >/dev/null ||
+    { echo "replication: error: TRAIN_DATA $TRAIN_DATA matches no file" >&2; exit 1; }
+else
+  ls data/default/default_train_*.bin >/dev/null 2>&1 ||
+    { echo "replication: error: no shards in data/default: run 'bash data/prepare_default.sh'" >&2; exit 1; }
+fi
+read -r -a trainer_flags <<<"$TRAINER_FLAGS"
 
 final_val() {  # final_val <run dir>: the last val loss in its metrics.jsonl, "diverged", or nothing
   /usr/bin/python3 - "$1/metrics.jsonl" <<'EOF'
@@ -101,10 +110,11 @@ run() {  # run <name> <steps> <warmup> <val every> <optimizer> <lr> [trainer fla
     return
   fi
   echo "replication: $name: $optimizer lr $lr, $steps steps $(date +%H:%M:%S)"
-  NP=$NP TRAINER=$TRAINER MODEL_CONFIG=configs/small.json RUNS_DIR=$RUNS OPTIMIZER=$optimizer LR=$lr \
+  NP=$NP TRAINER=$TRAINER MODEL_CONFIG=$MODEL_CONFIG RUNS_DIR=$RUNS OPTIMIZER=$optimizer LR=$lr \
     MICRO_BATCH=$MICRO_BATCH SEQ_LEN=$SEQ_LEN BATCH=$((MICRO_BATCH * NP)) STEPS=$steps WARMUP=$warmup \
     VAL_EVERY=$val_every VAL_BATCHES=8 CHECKPOINT_EVERY=500 \
-    scripts/run_experiment.sh --name "$name" -- --sample_every 0 --log_every 50 "$@" >/dev/null || rc=$?
+    scripts/run_experiment.sh --name "$name" -- --sample_every 0 --log_every 50 \
+    ${trainer_flags[@]+"${trainer_flags[@]}"} "$@" >/dev/null || rc=$?
   local val
   val=$(final_val "$RUNS/$name")
   if [[ $rc -ne 0 && $val != diverged ]]; then  # (a diverged run exits with status 3; anything else is a failure)

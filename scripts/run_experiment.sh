@@ -34,6 +34,15 @@ launch:
   MPIRUN_ARGS        extra launcher words, split on spaces, e.g. "-x NCCL_DEBUG=INFO"
   TRAINER            trainer binary [./train_gpt]; ./train_gpt_cpu takes the same flags
   DATA_DIR           folder of token shards *_train_*.bin and *_val_*.bin [data/default]
+  TRAIN_DATA         training data: a glob or a list file (.txt, one path per line) of llm.c shards or
+                     OLMo token files; replaces DATA_DIR's glob [DATA_DIR/*_train_*.bin]
+  VAL_DATA           validation data, as TRAIN_DATA; '' for none [DATA_DIR/*_val_*.bin]
+  DATA_FORMAT        llmc, olmo or auto (by the files: llm.c shards carry a header) [auto]
+  MEMMAP_DTYPE       token type of OLMo files: uint8, uint16, uint32, uint64 [uint16]
+  EOS_TOKEN_ID       end-of-text id of the data's tokenizer [the model config's, else its family's:
+                     GPT-2 50256, OLMo 50279]
+  TOKENIZER          tokenizer for text samples: tokenizer.json, or an llm.c tokenizer.bin
+                     [DATA_DIR/tokenizer.json, else DATA_DIR/tokenizer.bin, when there]
   RUNS_DIR           parent of run folders [runs]
   RUN_NAME           (--name) run folder name: out_dir = RUNS_DIR/RUN_NAME [set by the paper script]
   RESUME             'auto' continues from the newest checkpoint in out_dir, if any; 'none' starts over
@@ -72,7 +81,8 @@ EOF
 }
 
 # ---- settings: defaults < environment < options --------------------------------------------------------
-readonly SETTINGS=(NP HOSTFILE RANKS_PER_NODE MPIRUN MPIRUN_ARGS TRAINER DATA_DIR RUNS_DIR RUN_NAME RESUME
+readonly SETTINGS=(NP HOSTFILE RANKS_PER_NODE MPIRUN MPIRUN_ARGS TRAINER DATA_DIR TRAIN_DATA VAL_DATA DATA_FORMAT
+                   MEMMAP_DTYPE EOS_TOKEN_ID TOKENIZER RUNS_DIR RUN_NAME RESUME
                    DRY_RUN MODEL_CONFIG OPTIMIZER TOPK LR WEIGHT_DECAY BATCH MICRO_BATCH SEQ_LEN TOTAL_BATCH
                    TOKENS STEPS WARMUP VAL_EVERY VAL_BATCHES CHECKPOINT_EVERY)
 # Settings whose default is derived from others (NP, SEQ_LEN, STEPS...) stay unset until resolved below.
@@ -146,6 +156,19 @@ need is_positive_number LR "a positive number"
 [[ -v WEIGHT_DECAY ]] && need is_number WEIGHT_DECAY "a number >= 0"
 [[ -f $MODEL_CONFIG ]] || die "MODEL_CONFIG '$MODEL_CONFIG' is not a file (paths are relative to $(pwd))"
 [[ -n $RUNS_DIR ]] || die "RUNS_DIR must not be empty"
+[[ -v TRAIN_DATA ]] || TRAIN_DATA="$DATA_DIR/*_train_*.bin"
+[[ -v VAL_DATA ]] || VAL_DATA="$DATA_DIR/*_val_*.bin"
+[[ -n $TRAIN_DATA ]] || die "TRAIN_DATA must not be empty"
+[[ ! -v DATA_FORMAT || $DATA_FORMAT =~ ^(llmc|olmo|auto)$ ]] || die "DATA_FORMAT must be llmc, olmo or auto, got '$DATA_FORMAT'"
+[[ ! -v MEMMAP_DTYPE || $MEMMAP_DTYPE =~ ^uint(8|16|32|64)$ ]] ||
+  die "MEMMAP_DTYPE must be uint8, uint16, uint32 or uint64, got '$MEMMAP_DTYPE'"
+[[ -v EOS_TOKEN_ID ]] && need is_count_or_zero EOS_TOKEN_ID "a token id >= 0"
+if [[ ! -v TOKENIZER ]]; then
+  TOKENIZER=
+  for candidate in "$DATA_DIR/tokenizer.bin" "$DATA_DIR/tokenizer.json"; do  # (the later one wins)
+    [[ -f $candidate ]] && TOKENIZER=$candidate
+  done
+fi
 # The run folder's place must be a folder, or one that can be made (checked in dry runs too).
 runs_dir_up=$RUNS_DIR
 while [[ ! -e $runs_dir_up && $runs_dir_up == */* ]]; do runs_dir_up=${runs_dir_up%/*}; done
@@ -285,7 +308,7 @@ fi
 
 trainer_args=(
   --config "$MODEL_CONFIG"
-  --train_data "$DATA_DIR/*_train_*.bin" --val_data "$DATA_DIR/*_val_*.bin"
+  --train_data "$TRAIN_DATA" --val_data "$VAL_DATA"
   --out_dir "$out_dir"
   --total_batch_size "$total_batch" --batch_size "$MICRO_BATCH" --seq_len "$SEQ_LEN" --steps "$STEPS"
   --lr "$LR" --warmup_steps "$WARMUP" --warmup_start_frac 0.1 --final_lr_frac 0.1 --grad_clip 1
@@ -296,7 +319,10 @@ if [[ $OPTIMIZER == demo ]]; then
 else
   trainer_args+=(--beta1 0.9 --beta2 0.95)
 fi
-[[ -f $DATA_DIR/tokenizer.bin ]] && trainer_args+=(--tokenizer "$DATA_DIR/tokenizer.bin")
+[[ -v DATA_FORMAT ]] && trainer_args+=(--data_format "$DATA_FORMAT")
+[[ -v MEMMAP_DTYPE ]] && trainer_args+=(--memmap_dtype "$MEMMAP_DTYPE")
+[[ -v EOS_TOKEN_ID ]] && trainer_args+=(--eos_token_id "$EOS_TOKEN_ID")
+[[ -n $TOKENIZER ]] && trainer_args+=(--tokenizer "$TOKENIZER")
 trainer_args+=(--val_every "$VAL_EVERY" --val_batches "$VAL_BATCHES" --checkpoint_every "$CHECKPOINT_EVERY")
 # 'none' starts over: the trainer may then delete the checkpoints an earlier run left in out_dir
 if [[ $RESUME == none ]]; then trainer_args+=(--overwrite); elif [[ -n $RESUME ]]; then trainer_args+=(--resume "$RESUME"); fi
@@ -333,6 +359,7 @@ plan=(
   "# run $RUN_NAME: $OPTIMIZER on $MODEL_CONFIG -> $out_dir"
   "# $optimizer_text; lr $LR, warmup $WARMUP steps from 0.1 x lr, cosine to 0.1 x lr, clip 1"
   "# $ranks_text; $batch_text; $STEPS steps ($(human_count "$total_tokens") tokens)"
+  "# data: train $TRAIN_DATA, val ${VAL_DATA:-none}; format ${DATA_FORMAT:-auto}${MEMMAP_DTYPE:+ ($MEMMAP_DTYPE)}${EOS_TOKEN_ID:+, eos $EOS_TOKEN_ID}"
 )
 ((WARMUP * 2 > STEPS)) && plan+=("# note: the $WARMUP warmup steps are over half of the $STEPS steps (set WARMUP)")
 if ((DRY_RUN)); then
@@ -350,9 +377,9 @@ fi
 if [[ $MPIRUN != none ]]; then command -v "$MPIRUN" >/dev/null || die "launcher '$MPIRUN' is not installed"; fi
 printf '%s\n' "${plan[@]}"
 quote_words "${command[@]}"
-if ! compgen -G "$DATA_DIR/*_train_*.bin" >/dev/null; then
-  echo "$PROG: warning: no $DATA_DIR/*_train_*.bin here (data/prepare_default.sh makes data/default; on a" \
-       "cluster the shards must exist at this path on every node)" >&2
+if [[ ! -f $TRAIN_DATA ]] && ! compgen -G "$TRAIN_DATA" >/dev/null; then
+  echo "$PROG: warning: nothing matches TRAIN_DATA $TRAIN_DATA here (data/prepare_default.sh makes data/default;" \
+       "on a cluster the data must exist at this path on every node)" >&2
 fi
 mkdir -p "$out_dir" 2>/dev/null || die "cannot create the run folder '$out_dir' (RUNS_DIR=$RUNS_DIR)"
 {

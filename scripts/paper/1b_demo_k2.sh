@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeMo paper, its 1B OLMo (configs/paper_1b.json): DeMo exchanging the top 2 DCT coefficients per 64x64 chunk of each rank's momentum
 # (lr 4e-4, decay 0.999, weight decay 0). Cluster: HOSTFILE=hosts scripts/paper/1b_demo_k2.sh; see docs/REPRODUCING.md.
-# Data: the paper trained on Dolma v1.5 in the gpt-neox-20b-pii-special tokenizer (OLMo's token files; DATA_DIR names
-# the shards); until those are read, any token shards with ids below 50280 run (data/default: GPT-2 tokens).
+# Data: the paper trained on Dolma v1.5 in the gpt-neox-20b-pii-special tokenizer, OLMo's token files:
+# TRAIN_DATA=paths.txt DATA_FORMAT=olmo (uint16, eos 50279: the config's); any ids below 50280 run (data/default).
 export MODEL_CONFIG="${MODEL_CONFIG:-configs/paper_1b.json}" RUN_NAME="${RUN_NAME:-1b_demo_k2}" LAUNCHED_BY=scripts/paper/1b_demo_k2.sh
 exec "$(dirname "$0")/../run_experiment.sh" --optimizer demo --topk 2 "$@"
