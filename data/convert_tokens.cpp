@@ -10,6 +10,7 @@
 
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
+#include "llmc/base/tool_flags.h"
 #include "llmc/data/token_files.h"
 #include "llmc/data/token_shard.h"
 
@@ -62,11 +63,7 @@ Options parse_args(int argc, char** argv) {
         } else if (arg == "--memmap-dtype") {
             o.dtype = llmc::parse_token_dtype(value, arg);
         } else if (arg == "--shard-tokens") {
-            const size_t digits = value.find_first_not_of("0123456789");
-            LLMC_CHECK(!value.empty() && value.size() <= 10 && digits == std::string::npos && std::stoll(value) >= 1 &&
-                           std::stoll(value) <= INT32_MAX,
-                       "--shard-tokens: expected an integer in [1, 2147483647], got '" + value + "'");
-            o.shard_tokens = std::stoull(value);
+            o.shard_tokens = static_cast<uint64_t>(llmc::flag_integer(arg, value, 1, INT32_MAX));
         } else if (arg == "--out-dir") {
             o.out_dir = value;
         } else {

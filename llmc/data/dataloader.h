@@ -60,7 +60,6 @@ public:
     uint64_t total_tokens() const { return total_tokens_; }
     size_t num_shards() const { return shards_.size(); }
     DataFormat format() const { return format_; }  // llmc or olmo (auto resolved)
-    TokenDtype dtype() const { return dtype_; }     // uint16 for llm.c shards
     DataFingerprint fingerprint() const;
 
 private:
