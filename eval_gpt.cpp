@@ -1,7 +1,8 @@
-// eval_gpt: the loss of a model on token shards, on the CPU: a trained checkpoint against a held-out set, or two
-// runs' checkpoints (DeMo and AdamW, say) against the same data after the fact. Reads the shards as the trainers'
-// validation does (llmc::DataLoader, one rank, no shuffling: windows of B*T+1 tokens every B*T tokens, shard after
-// shard) and averages the cross-entropy over --batches batches, or over every window of the shards.
+// eval_gpt: the loss of a model on token files, on the CPU: a trained checkpoint against a held-out set, or two
+// runs' checkpoints (DeMo and AdamW, say) against the same data after the fact. Reads the files as the trainers'
+// validation does (llmc::DataLoader, one rank, no shuffling: llm.c shards in windows of B*T+1 tokens every B*T
+// tokens, OLMo token files in instances of T tokens, file after file) and averages the cross-entropy over --batches
+// batches, or over every batch the files hold. The format and dtype are the flags', else those of the model's run.
 // With --choices, the accuracy on a multiple-choice set instead (HellaSwag, as llm.c scores it: the completion of
 // least summed or mean loss after the context; llmc/data/multiple_choice.h reads the examples).
 #include <omp.h>
@@ -33,15 +34,18 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: eval_gpt --model PATH [options]
 
-Prints a GPT-2 model's mean cross-entropy loss (and perplexity) on llm.c token shards, on the CPU.
+Prints a model's mean cross-entropy loss (and perplexity) on token files (llm.c shards or OLMo's), on the CPU.
 
   --model PATH       an llm.c model file (fp32 or bf16), a checkpoint directory (its model.bin, checked against
                      the checkpoint's checksum), or a run's --out_dir (its latest complete checkpoint); repeat it
                      to compare models on the same batches (a line each)
-  --data GLOB        token shards (default "data/default/default_val_*.bin")
+  --data GLOB        token files: a glob, or @FILE listing paths (default "data/default/default_val_*.bin")
+  --data_format F    llmc, olmo or auto (by the files); default: the model's run's, else auto
+  --memmap_dtype D   the ids' type in OLMo files: uint8, uint16, uint32, uint64; default: the run's, else uint16
   --batch_size B     sequences per batch (default 4)
   --seq_len T        tokens per sequence (default 0: the model's max_seq_len)
-  --batches N        batches to average (default 0: every window of B*T+1 tokens in the shards, once)
+  --batches N        batches to average (default 0: every batch the files hold, once: llm.c windows of B*T+1
+                     tokens, or B OLMo instances of T tokens)
   --threads N        OpenMP threads (default 0: all cores)
   --json             a JSON line per model: model, data, batch_size, seq_len, batches, tokens, loss, perplexity,
                      seconds (with --choices: model, choices, examples, acc, acc_norm, cropped, seconds)
@@ -61,7 +65,7 @@ Multiple choice (instead of --data, --batch_size, --seq_len and --batches):
   --encoder PATH     GPT-2 encoder.json for JSON Lines (default data/cache/gpt2/encoder.json)
   --vocab PATH       GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
 
-The shards are read in order, without shuffling, as the trainers read their validation shards; the loss of a
+The files are read in order, without shuffling, as the trainers read their validation files; the loss of a
 checkpoint with its run's --batch_size and --seq_len, and --batches = the run's --val_batches x its ranks (each
 rank validates on batches of its own), is the val loss the run logged (to rounding). Flags take --key value or
 --key=value; dashes and underscores are equal.
@@ -70,6 +74,8 @@ rank validates on batches of its own), is the val loss the run logged (to roundi
 struct Options {
     std::vector<std::string> models;
     std::string data = "data/default/default_val_*.bin";
+    std::optional<llmc::DataFormat> data_format;  // unset: the model's run's, else auto
+    std::optional<llmc::TokenDtype> memmap_dtype;
     long long batch_size = 4, seq_len = 0, batches = 0, threads = 0;
     bool json = false;
     std::string choices, write_eval_file;
@@ -82,16 +88,21 @@ Options parse_args(int argc, char** argv) {
     using llmc::flag_integer;
     Options o;
     std::set<std::string> shard_flags, choice_flags;
-    const auto valued = {"model",    "data",    "batch_size", "seq_len",         "batches", "threads",
-                         "choices", "examples", "encoder",   "vocab", "write_eval_file"};
+    const auto valued = {"model",    "data",     "batch_size", "seq_len", "batches",         "threads",
+                         "choices",  "examples", "encoder",    "vocab",   "write_eval_file", "data_format",
+                         "memmap_dtype"};
     llmc::for_each_flag(argc, argv, kUsage, {"json", "per_example"}, valued,
                         [&](const std::string& key, const std::string& flag, const std::string& value) {
-        if (key == "data" || key == "batch_size" || key == "seq_len" || key == "batches") shard_flags.insert(flag);
+        if (key == "data" || key == "batch_size" || key == "seq_len" || key == "batches" || key == "data_format" ||
+            key == "memmap_dtype")
+            shard_flags.insert(flag);
         if (key == "examples" || key == "per_example" || key == "encoder" || key == "vocab" ||
             key == "write_eval_file")
             choice_flags.insert(flag);
         if (key == "model") o.models.push_back(value);
         else if (key == "data") o.data = value;
+        else if (key == "data_format") o.data_format = llmc::parse_data_format(value, flag);
+        else if (key == "memmap_dtype") o.memmap_dtype = llmc::parse_token_dtype(value, flag);
         else if (key == "batch_size") o.batch_size = flag_integer(flag, value, 1, 1 << 20);
         else if (key == "seq_len") o.seq_len = flag_integer(flag, value, 0, 1 << 20);
         else if (key == "batches") o.batches = flag_integer(flag, value, 0, INT64_MAX);
@@ -123,8 +134,11 @@ void evaluate(const llmc::ModelSource& source, const llmc::ModelConfig& config, 
                                             std::to_string(config.max_seq_len) + " (" + source.file + ")");
     llmc::ModelCpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
-    llmc::DataLoader loader(o.data, B, T, 0, 1, /*shuffle=*/false, 0, config.vocab_size);
-    const uint64_t windows = loader.groups_per_epoch();  // > 0, or the loader would have refused the shards
+    const llmc::RunSettings run = llmc::read_run_settings(source.file);
+    llmc::DataLoader loader(o.data, B, T, 0, 1, /*shuffle=*/false, 0, config.vocab_size,
+                            o.data_format.value_or(run.data_format.value_or(llmc::DataFormat::auto_detect)),
+                            o.memmap_dtype.value_or(run.memmap_dtype.value_or(llmc::TokenDtype::uint16)));
+    const uint64_t windows = loader.groups_per_epoch();  // > 0, or the loader would have refused the files
     const uint64_t batches = o.batches > 0 ? static_cast<uint64_t>(o.batches) : windows;
     LLMC_CHECK(batches <= windows, "--batches " + std::to_string(batches) + ": " + o.data + " holds only " +
                                        std::to_string(windows) + " batches of B=" + std::to_string(B) +
@@ -168,7 +182,8 @@ void evaluate_choices(const llmc::ModelSource& source, const llmc::ModelConfig& 
     const auto start = std::chrono::steady_clock::now();
     // an example a forward (up to 4 rows: HellaSwag's), as long as its longest row: two examples a forward padded
     // to the longer were 1.3x slower for GPT-2 124M on 2 cores
-    const llmc::ChoiceBatching batching{row_tokens, 4, 0, false};
+    const llmc::ChoiceBatching batching{row_tokens, 4, 0, false,
+                                        llmc::read_run_settings(source.file).pad_token_id.value_or(0)};
     const std::vector<llmc::ChoiceScore> scores = llmc::score_choices(
         examples, 0, 1, batching, [&](const int* inputs, const int* targets, int B, int T) {
             model.forward(inputs, targets, B, T);

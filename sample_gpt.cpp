@@ -1,9 +1,10 @@
 // sample_gpt: text from a trained GPT-2 on the CPU. Loads an llm.c model file (ours, a checkpoint's, or llm.c's
 // own, fp32 or bf16), encodes a prompt with the GPT-2 BPE after an end-of-text token (as every training document
-// starts in prepro_gpt2's shards), and extends it token by token with temperature, top-k and top-p sampling from
-// a seed (llmc/model/sampling.h), so the same command prints the same text on any machine. The model keeps each
-// layer's keys and values (ModelCpu::start_sequence / append), so a token costs one position's work until the
-// context outgrows max_seq_len; past that the window slides and is run whole for every token.
+// starts in prepro_gpt2's shards; the run's eos_token_id when its config.json is found), and extends it token by
+// token with temperature, top-k and top-p sampling from a seed (llmc/model/sampling.h), so the same command prints
+// the same text on any machine. The model keeps each layer's keys and values (ModelCpu::start_sequence / append), so
+// a token costs one position's work until the context outgrows max_seq_len; past that the window slides and is run
+// whole for every token.
 #include <omp.h>
 
 #include <chrono>
@@ -43,7 +44,8 @@ Prints text sampled from a model (GPT-2 or OLMo) on the CPU: the prompt (after a
   --top_k K           sample among the K most likely tokens only (default 0: all)
   --top_p P           then among the fewest most likely tokens whose probability reaches P (default 1.0: all)
   --seed N            random seed (default 1337)
-  --stop_at_eot       end a sample at the first generated end-of-text token
+  --stop_at_eot       end a sample at the first generated end-of-text token (the run's eos_token_id when the
+                      model is a run's checkpoint, else the tokenizer's)
   --encoder PATH      GPT-2 encoder.json (default data/cache/gpt2/encoder.json, written by data/prepare_default.sh)
   --vocab PATH        GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
   --threads N         OpenMP threads (default 0: all cores)
@@ -109,7 +111,12 @@ int run(const Options& o) {
         const std::vector<std::byte> bytes = llmc::read_whole_file(*o.prompt_file, size_t(64) << 20);  // 64 MiB
         prompt.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     }
-    std::vector<int> prompt_tokens = {bpe.eot_token()};
+    // the run's end-of-sequence token when its config.json says (an OLMo run's 50279), else the tokenizer's
+    const int eos = llmc::read_run_settings(source.file).eos_token_id.value_or(bpe.eot_token());
+    LLMC_CHECK(eos >= 0 && eos < config.vocab_size, model_file + ": its run's eos_token_id " + std::to_string(eos) +
+                                                        " is outside the vocabulary of " +
+                                                        std::to_string(config.vocab_size));
+    std::vector<int> prompt_tokens = {eos};
     bpe.encode(prompt, prompt_tokens);
     std::fprintf(stderr, "sample_gpt: %s (%s), prompt of %zu tokens after end-of-text\n", model_file.c_str(),
                  config.describe().c_str(), prompt_tokens.size() - 1);
@@ -156,7 +163,7 @@ int run(const Options& o) {
                 std::fwrite(bytes.data(), 1, bytes.size(), stdout);
                 std::fflush(stdout);
             }
-            if (o.stop_at_eot && next == bpe.eot_token()) break;
+            if (o.stop_at_eot && next == eos) break;
         }
         if (o.json) {
             const nlohmann::json line = {{"sample", sample + 1},

@@ -60,19 +60,20 @@ using namespace llmc;
 // longest ones): that transport copies each range to the host on its own. NCCL packs any number into one all-reduce.
 constexpr size_t kStagedEarlyWteRanges = 64;
 
-// Autoregressive sample from the end-of-text token, at temperature 1 (the CPU trainer's procedure).
+// Autoregressive sample from the end-of-sequence token (--eos_token_id), at temperature 1 (the CPU trainer's
+// procedure).
 std::string sample_text(ModelCuda& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
-    std::vector<int> tokens = {tok.eot()};
+    std::vector<int> tokens = {cfg.eos_token_id};
     std::string text;
     const int max_len = std::min(cfg.seq_len, cfg.model.max_seq_len);
     for (int i = 0; i < cfg.sample_tokens; i++) {
         const size_t start = tokens.size() > static_cast<size_t>(max_len) ? tokens.size() - max_len : 0;
         const int T = static_cast<int>(tokens.size() - start);
-        // Run a length that is a multiple of 8 (cuBLASLt-friendly attention shapes); causality makes the padding
-        // tokens after position T-1 irrelevant to its logits.
+        // Run a length that is a multiple of 8 (cuBLASLt-friendly attention shapes), padded with --pad_token_id;
+        // causality makes the padding tokens after position T-1 irrelevant to its logits.
         const int T_run = std::min(max_len, (T + 7) / 8 * 8);
         std::vector<int> window(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end());
-        window.resize(T_run, tok.eot());
+        window.resize(T_run, cfg.pad_token_id);
         model.forward(window.data(), nullptr, 1, T_run);
         const std::vector<float> logits = model.logits_row(static_cast<size_t>(T - 1));
         const int next = sample_token(logits, cfg.model.vocab_size, rng);

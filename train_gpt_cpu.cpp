@@ -50,10 +50,11 @@ int default_threads(int world) {
     return std::max(1, cores / local_ranks);
 }
 
-// Autoregressive sample from the end-of-text token, at temperature 1, on the model's key/value cache: the context
-// runs once, then one position per token, until it outgrows seq_len and the window slides (run whole per token).
+// Autoregressive sample from the end-of-sequence token (--eos_token_id), at temperature 1, on the model's key/value
+// cache: the context runs once, then one position per token, until it outgrows seq_len and the window slides (run
+// whole per token).
 std::string sample_text(ModelCpu& model, const TrainConfig& cfg, const TokenizerDecoder& tok, Rng& rng) {
-    std::vector<int> tokens = {tok.eot()};
+    std::vector<int> tokens = {cfg.eos_token_id};
     std::string text;
     const int window = std::min(cfg.seq_len, cfg.model.max_seq_len);
     std::span<const float> logits = model.start_sequence(tokens);

@@ -1,11 +1,12 @@
 // prepro_gpt2: turns a corpus of text documents (a text file each, or a line each of a JSON Lines file, the form
 // most public pretraining corpora come in, either of them plain, gzip or Zstandard) into llm.c token shards with
-// the GPT-2 BPE, plus the tokenizer decode file the trainer uses to print samples. EOT (50256) goes before every
-// document; shard 0 is the validation split, the rest are training shards. Documents are encoded in parallel, but
-// their tokens are written strictly in command-line order, so the output is identical for any --threads. Everything
-// is written into a staging directory first and moved into --out-dir only once the whole corpus is encoded and
-// checked, so a failed or killed run leaves the earlier dataset of that name as it was (never a mix of old and new
-// shards).
+// the GPT-2 BPE, plus the tokenizer decode file the trainer uses to print samples, or into OLMo's token files
+// (--out-format olmo: the same tokens and split, raw ids of --memmap-dtype, as OLMo's np.memmap reads them). EOT
+// (50256) goes before every document; shard 0 is the validation split, the rest are training shards. Documents are
+// encoded in parallel, but their tokens are written strictly in command-line order, so the output is identical for
+// any --threads. Everything is written into a staging directory first and moved into --out-dir only once the whole
+// corpus is encoded and checked, so a failed or killed run leaves the earlier dataset of that name as it was (never
+// a mix of old and new shards).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
 #include "llmc/base/json_lines.h"
+#include "llmc/data/token_files.h"
 #include "llmc/data/token_shard.h"
 #include "llmc/data/tokenizer.h"
 
@@ -45,6 +47,7 @@ concatenated members or frames read as one. Documents keep command-line order. W
   DIR/NAME_val_000000.bin       validation split (shard 0)
   DIR/NAME_train_000001.bin ... training shards of --shard-tokens tokens (the last one may be shorter)
   DIR/tokenizer.bin             llm.c tokenizer decode file
+(with --out-format olmo: NAME_val_000000.npy, NAME_train_000001.npy, ... instead of the .bin shards).
 Invalid UTF-8 in a document is replaced by U+FFFD (maximal-subpart rule, as any standard decoder does).
 The files are written into DIR/.NAME.staging and moved into DIR at the end, replacing the earlier
 NAME_*.bin shards (those it does not replace are removed); a failed run leaves DIR as it was.
@@ -57,6 +60,10 @@ options:
   --threads N        encoding threads (default: number of CPUs)
   --file-list PATH   also read document paths from PATH, one per line (for corpora too big for a command line)
   --text-key KEY     the field of a JSON Lines object that holds the document (default "text")
+  --out-format F     llmc (llm.c shards: a header, then uint16 ids; default) or olmo (OLMo's token files: raw
+                     ids of --memmap-dtype, no header, no separator added beyond the EOT before each document)
+  --memmap-dtype D   uint16 (default) or uint32, the ids' type of --out-format olmo; a tokenizer with ids of
+                     65536 and above needs uint32 (llm.c shards cannot hold them)
   --help             print this help
 )";
 
@@ -67,6 +74,8 @@ struct Options {
     int threads = 0;
     std::string text_key = "text";
     std::vector<std::string> files;
+    bool olmo = false;                                  // --out-format olmo
+    llmc::TokenDtype dtype = llmc::TokenDtype::uint16;  // of the OLMo files, or llm.c's
 };
 
 bool is_json_lines(const std::string& path) {
@@ -129,6 +138,14 @@ Options parse_args(int argc, char** argv) {
         else if (arg == "--threads") options.threads = static_cast<int>(parse_count(arg, value, 1, 1024));
         else if (arg == "--file-list") read_file_list(value, options.files);
         else if (arg == "--text-key") options.text_key = value;
+        else if (arg == "--out-format") {
+            LLMC_CHECK(value == "llmc" || value == "olmo", arg + ": expected llmc or olmo, got '" + value + "'");
+            options.olmo = value == "olmo";
+        } else if (arg == "--memmap-dtype") {
+            LLMC_CHECK(value == "uint16" || value == "uint32",
+                       arg + ": expected uint16 or uint32, got '" + value + "'");
+            options.dtype = llmc::parse_token_dtype(value, arg);
+        }
         else llmc::fail("unknown flag " + arg + " (see --help)");
     }
     LLMC_CHECK(!options.encoder_json.empty(), "--encoder is required (see --help)");
@@ -147,7 +164,7 @@ std::string staging_dir(const Options& options) { return options.out_dir + "/." 
 std::string shard_name(const Options& options, bool val, size_t index) {
     char number[16];
     std::snprintf(number, sizeof number, "%06zu", index);
-    return options.name + (val ? "_val_" : "_train_") + number + ".bin";
+    return options.name + (val ? "_val_" : "_train_") + number + (options.olmo ? ".npy" : ".bin");
 }
 
 // Removes the staging directory unless the run published it (an error leaves --out-dir untouched).
@@ -169,7 +186,7 @@ class ShardSink {
 public:
     ShardSink(const Options& options, size_t val_documents) : options_(options), val_documents_(val_documents) {}
 
-    void add_document(size_t document_index, std::vector<uint16_t>& tokens) {
+    void add_document(size_t document_index, std::vector<uint32_t>& tokens) {
         size_t taken = 0;
         if (!val_written_) {
             if (options_.val_tokens < 0) {
@@ -185,7 +202,7 @@ public:
         train_.insert(train_.end(), tokens.begin() + static_cast<long>(taken), tokens.end());
         size_t start = 0;
         while (train_.size() - start >= options_.shard_tokens) {
-            write_train(std::span<const uint16_t>(train_).subspan(start, options_.shard_tokens));
+            write_train(std::span<const uint32_t>(train_).subspan(start, options_.shard_tokens));
             start += options_.shard_tokens;
         }
         train_.erase(train_.begin(), train_.begin() + static_cast<long>(start));
@@ -207,15 +224,21 @@ public:
 private:
     void write_val() {
         const std::string name = shard_name(options_, true, 0);
-        llmc::write_shard(staging_dir(options_) + "/" + name, val_);
+        write_file(staging_dir(options_) + "/" + name, val_);
         std::printf("wrote %s/%s (%zu tokens)\n", options_.out_dir.c_str(), name.c_str(), val_.size());
         val_tokens_ = val_.size();
         val_written_ = true;
-        std::vector<uint16_t>().swap(val_);
+        std::vector<uint32_t>().swap(val_);
     }
-    void write_train(std::span<const uint16_t> tokens) {
+    // The ids fit the output's type: the encoding threads checked them.
+    void write_file(const std::string& path, std::span<const uint32_t> tokens) {
+        if (options_.olmo) return llmc::write_olmo_file(path, tokens, options_.dtype);
+        const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+        llmc::write_shard(path, narrow);
+    }
+    void write_train(std::span<const uint32_t> tokens) {
         const std::string name = shard_name(options_, false, ++train_shards_);
-        llmc::write_shard(staging_dir(options_) + "/" + name, tokens);
+        write_file(staging_dir(options_) + "/" + name, tokens);
         std::printf("wrote %s/%s (%zu tokens)\n", options_.out_dir.c_str(), name.c_str(), tokens.size());
         std::fflush(stdout);
         train_tokens_ += tokens.size();
@@ -227,7 +250,7 @@ private:
             const std::string prefix = options_.name + (val ? "_val_" : "_train_");
             for (const auto& entry : std::filesystem::directory_iterator(options_.out_dir)) {
                 const std::string file = entry.path().filename().string();
-                if (!file.starts_with(prefix) || !file.ends_with(".bin")) continue;
+                if (!file.starts_with(prefix) || !file.ends_with(options_.olmo ? ".npy" : ".bin")) continue;
                 const std::string number = file.substr(prefix.size(), file.size() - prefix.size() - 4);
                 if (number.size() != 6 || number.find_first_not_of("0123456789") != std::string::npos) continue;
                 const unsigned long n = std::stoul(number);
@@ -255,7 +278,7 @@ private:
 
     const Options& options_;
     const size_t val_documents_;
-    std::vector<uint16_t> val_, train_;
+    std::vector<uint32_t> val_, train_;
     bool val_written_ = false;
     size_t val_tokens_ = 0, train_tokens_ = 0, train_shards_ = 0;
 };
@@ -436,8 +459,16 @@ int run(const Options& options) {
     }
 
     llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(options.encoder_json, options.vocab_bpe);
-    LLMC_CHECK(bpe.vocab_size() <= 65536, options.encoder_json + ": " + std::to_string(bpe.vocab_size()) +
-                                              " tokens do not fit the shards' uint16 ids");
+    // ids of 65536 and above fit only OLMo files of uint32: refused before hours of encoding, and each id is checked
+    // again as it is encoded
+    const uint64_t max_id = options.olmo ? llmc::token_dtype_max(options.dtype) : 65535;
+    const std::string no_fit = std::string(" does not fit ") +
+                               (options.olmo ? std::string("OLMo files' ") + llmc::token_dtype_name(options.dtype)
+                                             : std::string("llm.c shards' uint16")) +
+                               " ids; use " + (options.olmo ? "" : "--out-format olmo ") + "--memmap-dtype uint32";
+    LLMC_CHECK(static_cast<uint64_t>(bpe.vocab_size()) - 1 <= max_id,
+               options.encoder_json + ": " + std::to_string(bpe.vocab_size()) + " tokens: id " +
+                   std::to_string(bpe.vocab_size() - 1) + no_fit);
     const double load_seconds = seconds_since(start);
     const auto encode_start = std::chrono::steady_clock::now();
     llmc::make_dirs(options.out_dir);
@@ -450,7 +481,7 @@ int run(const Options& options) {
     const size_t n_threads = std::min(static_cast<size_t>(options.threads), n_docs);
     std::vector<llmc::Gpt2Bpe> encoders(n_threads, bpe);  // copies share the vocabulary, each has its own cache
     ShardSink sink(options, val_documents);
-    const auto eot = static_cast<uint16_t>(bpe.eot_token());
+    const auto eot = static_cast<uint32_t>(bpe.eot_token());
     // Batches bound the memory held by encoded-but-unwritten documents on large corpora.
     constexpr size_t kBatchBytes = 64u << 20;
     size_t total_tokens = 0;
@@ -466,7 +497,7 @@ int run(const Options& options) {
             if (document.line > 0 && is_compressed(options.files[document.file]))
                 compressed_lines.read(document, lines[doc - batch_begin]);
         }
-        std::vector<std::vector<uint16_t>> encoded(batch_end - batch_begin);
+        std::vector<std::vector<uint32_t>> encoded(batch_end - batch_begin);
         std::atomic<size_t> next_doc{batch_begin};
         std::exception_ptr first_error;
         std::mutex error_mutex;
@@ -477,10 +508,14 @@ int run(const Options& options) {
                 for (size_t doc = next_doc++; doc < batch_end; doc = next_doc++) {
                     ids.clear();
                     encoder.encode(reader.read(documents[doc], lines[doc - batch_begin]), ids);
-                    std::vector<uint16_t>& out = encoded[doc - batch_begin];
+                    std::vector<uint32_t>& out = encoded[doc - batch_begin];
                     out.reserve(ids.size() + 1);
                     out.push_back(eot);
-                    for (const int id : ids) out.push_back(static_cast<uint16_t>(id));
+                    for (const int id : ids) {
+                        LLMC_CHECK(static_cast<uint64_t>(id) <= max_id,
+                                   options.files[documents[doc].file] + ": token id " + std::to_string(id) + no_fit);
+                        out.push_back(static_cast<uint32_t>(id));
+                    }
                 }
             } catch (...) {
                 std::lock_guard<std::mutex> lock(error_mutex);
@@ -494,10 +529,10 @@ int run(const Options& options) {
         for (auto& thread : threads) thread.join();
         if (first_error) std::rethrow_exception(first_error);
         for (size_t doc = batch_begin; doc < batch_end; doc++) {
-            std::vector<uint16_t>& tokens = encoded[doc - batch_begin];
+            std::vector<uint32_t>& tokens = encoded[doc - batch_begin];
             total_tokens += tokens.size();
             sink.add_document(doc, tokens);
-            std::vector<uint16_t>().swap(tokens);
+            std::vector<uint32_t>().swap(tokens);
         }
         batch_begin = batch_end;
     }

@@ -1,4 +1,4 @@
-// Rank-sliced, optionally shuffled reading of llm.c token shards (see dataloader.h).
+// Rank-sliced, optionally shuffled reading of llm.c token shards and OLMo token files (see dataloader.h).
 #include "llmc/data/dataloader.h"
 
 #include <numeric>
@@ -21,24 +21,43 @@ uint64_t mix(uint64_t seed, uint64_t a, uint64_t b) {
 }  // namespace
 
 DataLoader::DataLoader(const std::string& pattern, int batch_size, int seq_len, int rank, int world, bool shuffle,
-                       uint64_t seed, int vocab_size)
+                       uint64_t seed, int vocab_size, DataFormat format, TokenDtype dtype)
     : B_(batch_size), T_(seq_len), rank_(rank), world_(world), vocab_size_(vocab_size), shuffle_(shuffle),
       seed_(seed) {
     LLMC_CHECK(B_ > 0 && T_ > 0 && world_ > 0 && rank_ >= 0 && rank_ < world_,
                "data loader: invalid batch/rank parameters");
+    const std::vector<std::string> paths = data_files(pattern);
+    format_ = resolve_data_format(paths, format, pattern);
+    dtype_ = format_ == DataFormat::llmc ? TokenDtype::uint16 : dtype;
     const uint64_t window_stride = static_cast<uint64_t>(B_) * T_;
-    for (const std::string& path : glob_files(pattern)) {
-        const uint64_t ntok = read_shard_header(path);
-        const uint64_t windows = ntok > window_stride ? (ntok - 1) / window_stride : 0;
-        const uint64_t groups = windows / world_;
+    const uint64_t group_instances = static_cast<uint64_t>(B_) * world_;  // OLMo: a group's instances
+    for (const std::string& path : paths) {
+        uint64_t ntok = 0, groups = 0;
+        if (format_ == DataFormat::llmc) {
+            ntok = read_shard_header(path);
+            const uint64_t windows = ntok > window_stride ? (ntok - 1) / window_stride : 0;
+            groups = windows / world_;
+        } else {
+            ntok = olmo_file_tokens(path, dtype_);
+            LLMC_CHECK(ntok >= static_cast<uint64_t>(T_),
+                       path + ": " + std::to_string(ntok) + " tokens, fewer than one instance of seq_len " +
+                           std::to_string(T_) + " (a file too small, or another --memmap_dtype?)");
+            groups = ntok / T_ / group_instances;
+        }
         shards_.push_back({path, ntok, groups});
         groups_per_epoch_ += groups;
         total_tokens_ += ntok;
     }
-    LLMC_CHECK(groups_per_epoch_ > 0,
-               pattern + ": shards too small: no shard holds " + std::to_string(world_) + " windows of B*T+1 = " +
-                   std::to_string(window_stride + 1) + " tokens (lower --batch_size/--seq_len or add data)");
-    buffer_.resize(window_stride + 1);
+    if (format_ == DataFormat::llmc)
+        LLMC_CHECK(groups_per_epoch_ > 0, pattern + ": shards too small: no shard holds " + std::to_string(world_) +
+                                              " windows of B*T+1 = " + std::to_string(window_stride + 1) +
+                                              " tokens (lower --batch_size/--seq_len or add data)");
+    else
+        LLMC_CHECK(groups_per_epoch_ > 0, pattern + ": files too small: no file holds ranks*B = " +
+                                              std::to_string(group_instances) + " instances of seq_len " +
+                                              std::to_string(T_) +
+                                              " tokens (lower --batch_size/--seq_len or add data)");
+    buffer_.resize(window_stride + (format_ == DataFormat::llmc));  // llm.c: a window of B*T+1; OLMo: B instances
     reset();
 }
 
@@ -47,6 +66,10 @@ DataFingerprint DataLoader::fingerprint() const {
     auto add = [&](const void* p, size_t n) {
         for (size_t i = 0; i < n; i++) f.hash = (f.hash ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
     };
+    if (format_ == DataFormat::olmo) {  // llm.c shards hash as they did before OLMo files: their checkpoints resume
+        const std::string tag = std::string("olmo ") + token_dtype_name(dtype_);
+        add(tag.data(), tag.size() + 1);
+    }
     for (const Shard& s : shards_) {
         const std::string name = s.path.substr(s.path.find_last_of('/') + 1);  // npos + 1 == 0: no directory
         add(name.data(), name.size() + 1);  // with its terminating zero: "ab" + "c" differs from "a" + "bc"
@@ -56,6 +79,12 @@ DataFingerprint DataLoader::fingerprint() const {
 }
 
 uint64_t DataLoader::shard_at(uint64_t order_index) const { return shard_order_[order_index]; }
+
+TokenReader& DataLoader::reader_for(const Shard& s) {
+    if (!reader_.is_open() || reader_.path() != s.path)
+        reader_ = TokenReader(s.path, format_ == DataFormat::llmc ? kHeaderBytes : 0, dtype_);
+    return reader_;
+}
 
 void DataLoader::reset() { set_position(DataPosition{}); }
 
@@ -77,7 +106,9 @@ void DataLoader::set_position(const DataPosition& position) {
 
 void DataLoader::start_shard() {
     const Shard& s = shards_[shard_at(pos_.shard)];
-    window_order_.resize(s.num_groups * world_);
+    // llm.c: the windows of whole groups, as before; OLMo: every instance, so that a shuffle reaches the remainder
+    // that does not fill a group in other epochs
+    window_order_.resize(format_ == DataFormat::llmc ? s.num_groups * world_ : s.num_tokens / T_);
     std::iota(window_order_.begin(), window_order_.end(), 0);
     if (shuffle_) {
         Rng rng(mix(seed_, pos_.epoch, shard_at(pos_.shard)));
@@ -99,11 +130,35 @@ void DataLoader::next_batch(std::span<int> inputs, std::span<int> targets) {
         }
     }
     const Shard& s = shards_[shard_at(pos_.shard)];
-    const uint64_t window = window_order_[pos_.group * world_ + rank_];
-    read_shard_tokens(s.path, window * n, buffer_, vocab_size_);
-    for (size_t i = 0; i < n; i++) {
-        inputs[i] = buffer_[i];
-        targets[i] = buffer_[i + 1];
+    TokenReader& reader = reader_for(s);
+    if (format_ == DataFormat::llmc) {
+        const uint64_t window = window_order_[pos_.group * world_ + rank_];
+        reader.read(window * n, buffer_, vocab_size_);
+        for (size_t i = 0; i < n; i++) {
+            inputs[i] = buffer_[i];
+            targets[i] = buffer_[i + 1];
+        }
+    } else {
+        const uint64_t* order = window_order_.data() + (pos_.group * world_ + rank_) * B_;
+        const size_t T = static_cast<size_t>(T_);
+        // in order (no shuffle), this rank's B instances are one stretch of the file: one read
+        bool contiguous = true;
+        for (int b = 1; b < B_; b++) contiguous = contiguous && order[b] == order[b - 1] + 1;
+        if (contiguous) reader.read(order[0] * T, buffer_, vocab_size_);
+        for (int b = 0; b < B_; b++) {
+            const int* row = buffer_.data() + b * T;
+            if (!contiguous) reader.read(order[b] * T, std::span(buffer_).subspan(b * T, T), vocab_size_);
+            // one fused loop, as for llm.c's windows: a std::copy of the shifted row became a memmove that ran at a
+            // third of the speed (rep movsb on a misaligned source)
+            int* x = inputs.data() + b * T;
+            int* y = targets.data() + b * T;
+            for (size_t t = 0; t + 1 < T; t++) {
+                x[t] = row[t];
+                y[t] = row[t + 1];
+            }
+            x[T - 1] = row[T - 1];
+            y[T - 1] = -1;  // the last position predicts nothing (OLMo drops its logit)
+        }
     }
     pos_.group++;
 }

@@ -1,17 +1,26 @@
-// Feeds (inputs, targets) batches from llm.c token shards to one data-parallel rank.
+// Feeds (inputs, targets) batches from token files to one data-parallel rank: llm.c shards or OLMo token files
+// (token_files.h), one format per data set.
 //
-// Each shard is cut into windows of B*T+1 tokens that start every B*T tokens (consecutive windows share one
-// token: the last target of one is the first input of the next, as in llm.c). Windows are dealt out in
-// groups of `world` — one global step's worth — and rank r takes the r-th window of each group, so ranks
-// read disjoint data and together cover what one rank with world*B sequences would. Leftover windows that
-// do not fill a group are skipped. With shuffle on, shard order and the window order inside each shard are
-// permuted afresh every epoch from (seed, epoch, shard); without it, everything is sequential. The position
-// (epoch, shard, group) is all the state, so a checkpoint restores the exact stream.
+// llm.c shards: each shard is cut into windows of B*T+1 tokens that start every B*T tokens (consecutive windows
+// share one token: the last target of one is the first input of the next, as in llm.c). Windows are dealt out in
+// groups of `world` — one global step's worth — and rank r takes the r-th window of each group.
+//
+// OLMo files, read as OLMo reads them: each file is cut into instances of T tokens (the remainder dropped), and a
+// row is one instance, whole: inputs = its T tokens, targets[t] = instance[t+1] for t < T-1 and targets[T-1] = -1,
+// "no target" (OLMo predicts input_ids[1:] and drops the last position's logit; the models skip target -1). A group
+// is world*B instances of one file, and rank r takes instances order[(g*world + r)*B + b], b < B.
+//
+// Either way ranks read disjoint data and together cover what one rank with world*B sequences would; what does not
+// fill a group is skipped. With shuffle on, file order and the window (instance) order inside each file are
+// permuted afresh every epoch from (seed, epoch, file); without it, files in the order given and everything in
+// order. The position (epoch, shard, group) is all the state, so a checkpoint restores the exact stream.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "llmc/data/token_files.h"
 
 namespace llmc {
 
@@ -24,7 +33,8 @@ struct DataPosition {
 
 // What a checkpoint keeps of the training shards, so that a resume on other files is refused (a data position
 // means nothing there): their number, their tokens, and a hash of their file names and token counts (not their
-// directory: moved data still resumes).
+// directory: moved data still resumes) and, for OLMo files, of the format and dtype (the same files read as other
+// ids are other data; llm.c shards hash as before, so their older checkpoints still resume).
 struct DataFingerprint {
     uint64_t shards = 0, tokens = 0, hash = 0;
     bool operator==(const DataFingerprint&) const = default;
@@ -32,9 +42,12 @@ struct DataFingerprint {
 
 class DataLoader {
 public:
-    // Validates every shard header up front (magic, version, size); token ids are checked as they are read.
+    // `pattern`: a glob or @list file (data_files). Validates every file up front (llm.c: magic, version, size;
+    // OLMo: not empty, whole items, at least one instance); token ids are checked as they are read. `format` auto
+    // detects it from the files; `dtype` is that of OLMo files (llm.c shards hold uint16).
     DataLoader(const std::string& pattern, int batch_size, int seq_len, int rank, int world, bool shuffle,
-               uint64_t seed, int vocab_size);
+               uint64_t seed, int vocab_size, DataFormat format = DataFormat::auto_detect,
+               TokenDtype dtype = TokenDtype::uint16);
 
     // Fills inputs/targets (each batch_size*seq_len) and advances; wraps to the next epoch after the last shard.
     void next_batch(std::span<int> inputs, std::span<int> targets);
@@ -46,6 +59,7 @@ public:
     uint64_t groups_per_epoch() const { return groups_per_epoch_; }
     uint64_t total_tokens() const { return total_tokens_; }
     size_t num_shards() const { return shards_.size(); }
+    DataFormat format() const { return format_; }  // llmc or olmo (auto resolved)
     DataFingerprint fingerprint() const;
 
 private:
@@ -56,16 +70,20 @@ private:
     };
     void start_shard();  // builds the window order of the current shard
     uint64_t shard_at(uint64_t order_index) const;
+    TokenReader& reader_for(const Shard& s);  // the open file of the shard being read
 
     std::vector<Shard> shards_;
     int B_, T_, rank_, world_, vocab_size_;
     bool shuffle_;
     uint64_t seed_;
+    DataFormat format_;
+    TokenDtype dtype_;
     uint64_t groups_per_epoch_ = 0, total_tokens_ = 0;
     DataPosition pos_;
     std::vector<uint64_t> shard_order_;   // this epoch's shard order
-    std::vector<uint64_t> window_order_;  // this shard's window order
-    std::vector<uint16_t> buffer_;
+    std::vector<uint64_t> window_order_;  // this shard's window (OLMo: instance) order
+    std::vector<int> buffer_;             // an llm.c window of B*T+1 tokens, or B OLMo instances
+    TokenReader reader_;
 };
 
 }  // namespace llmc

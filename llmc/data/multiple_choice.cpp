@@ -216,8 +216,8 @@ std::vector<ChoiceScore> score_choices(std::span<const ChoiceExample> examples, 
         for (size_t r = begin; batching.T == 0 && r < end; r++)
             T = std::max(T, static_cast<int>(rows[r].context.size() + ending_of(rows[r]).size() - 1));
         const int B = batching.pad_rows ? batching.rows : static_cast<int>(end - begin);
-        inputs.assign(static_cast<size_t>(B) * T, 0);
-        targets.assign(inputs.size(), 0);
+        inputs.assign(static_cast<size_t>(B) * T, batching.pad_token);
+        targets.assign(inputs.size(), batching.pad_token);
         for (size_t r = begin; r < end; r++) {
             tokens.assign(rows[r].context.begin(), rows[r].context.end());
             tokens.insert(tokens.end(), ending_of(rows[r]).begin(), ending_of(rows[r]).end());

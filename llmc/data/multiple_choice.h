@@ -51,11 +51,13 @@ struct ChoiceScore {
 // completion), up to `rows` rows to a forward of T positions (0: the batch's longest row, less its last token),
 // whole examples to a forward (at least one, however many rows it has). With pad_rows every forward has exactly
 // `rows` rows, an example's rows may straddle two forwards (a trainer's fixed shapes). Short and padding rows are
-// filled with token 0 after their end, which the causal model's earlier positions never see.
+// filled with `pad_token` after their end (inputs and targets), which the causal model's earlier positions never
+// see and whose losses are never summed, so its value cannot change a score (the trainers pass --pad_token_id).
 struct ChoiceBatching {
     size_t row_tokens = 0;
     int rows = 1, T = 0;
     bool pad_rows = false;
+    int pad_token = 0;
 };
 // forward(inputs, targets, B, T) runs the model and returns its B*T per-position cross-entropies.
 using PositionLosses = std::function<std::span<const float>(const int* inputs, const int* targets, int B, int T)>;

@@ -301,4 +301,35 @@ void load_model_source(const ModelSource& source, const ModelConfig& config, std
                    " bytes): the file is corrupt or from another checkpoint; use an older one");
 }
 
+RunSettings read_run_settings(const std::string& model_file) {
+    namespace fs = std::filesystem;
+    RunSettings settings;
+    const fs::path checkpoint = fs::path(model_file).parent_path();  // <out_dir>/checkpoints/step_N
+    if (checkpoint.parent_path().filename() != "checkpoints") return settings;
+    const fs::path record = checkpoint.parent_path().parent_path() / "config.json";
+    std::error_code ec;
+    if (!fs::is_regular_file(record, ec)) return settings;
+    settings.record = record.string();
+    const std::vector<std::byte> bytes = read_whole_file(settings.record, size_t(64) << 20);
+    const json j = json::parse(reinterpret_cast<const char*>(bytes.data()),
+                               reinterpret_cast<const char*>(bytes.data()) + bytes.size(), nullptr, false);
+    LLMC_CHECK(j.is_object(), settings.record + ": not a JSON object (a run's config.json)");
+    const auto integer = [&](const char* key) -> std::optional<int> {
+        if (!j.contains(key)) return std::nullopt;
+        LLMC_CHECK(j[key].is_number_integer(), settings.record + ": key '" + key + "' is not an integer");
+        return j[key].get<int>();
+    };
+    const auto text = [&](const char* key) -> std::optional<std::string> {
+        if (!j.contains(key)) return std::nullopt;
+        LLMC_CHECK(j[key].is_string(), settings.record + ": key '" + key + "' is not a string");
+        return j[key].get<std::string>();
+    };
+    settings.eos_token_id = integer("eos_token_id");
+    settings.pad_token_id = integer("pad_token_id");
+    const std::string where = settings.record + ": key ";
+    if (const auto f = text("data_format")) settings.data_format = parse_data_format(*f, where + "'data_format'");
+    if (const auto d = text("memmap_dtype")) settings.memmap_dtype = parse_token_dtype(*d, where + "'memmap_dtype'");
+    return settings;
+}
+
 }  // namespace llmc

@@ -121,4 +121,16 @@ ModelSource resolve_model_source(const std::string& path);
 // the bytes read against the marker's size and XXH64.
 void load_model_source(const ModelSource& source, const ModelConfig& config, std::span<float> params);
 
+// What the tools that read a model (sample_gpt, eval_gpt) and --init_from take from the run that trained it, when
+// they find its record: <out_dir>/config.json beside the checkpoints/ that hold the model file. Each is unset when
+// there is no record or the record lacks the key (a run from before the key, a loose model file).
+struct RunSettings {
+    std::string record;  // the config.json read, or ""
+    std::optional<int> eos_token_id, pad_token_id;
+    std::optional<DataFormat> data_format;
+    std::optional<TokenDtype> memmap_dtype;
+};
+// Throws "<record>: ..." for a record that is not JSON or holds a value of the wrong kind.
+RunSettings read_run_settings(const std::string& model_file);
+
 }  // namespace llmc

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "llmc/base/error.h"
 #include "llmc/model/model_io.h"
 #include "llmc/optim/optimizers.h"
+#include "llmc/run/checkpoint.h"
 
 namespace llmc {
 
@@ -34,10 +36,28 @@ Schema<TrainConfig> make_schema() {
     schema.add("model", model_part, model_config_keys());
     schema
         .add("data", std::vector<Key<TrainConfig>>{
-            key("train_data", &TrainConfig::train_data, "glob of llm.c train shards").fixed(),
-            key("val_data", &TrainConfig::val_data, "glob of llm.c val shards ('' disables validation)"),
+            key("train_data", &TrainConfig::train_data,
+                "train token files: a glob, or @FILE listing paths (llm.c shards or OLMo token files)").fixed(),
+            key("val_data", &TrainConfig::val_data, "val token files, as train_data ('' disables validation)"),
             key("tokenizer", &TrainConfig::tokenizer, "llm.c tokenizer decode file, for samples"),
             key("shuffle", &TrainConfig::shuffle, "seeded shuffle of shard and batch order each epoch").fixed(),
+            key("data_format", &TrainConfig::data_format,
+                "token files: llmc (llm.c shards, windows of B*T+1), olmo (OLMo's raw memmap files, instances of T "
+                "tokens), or auto (by the files: llm.c shards start with a magic number); a change of what is read "
+                "is refused on resume",
+                {{"auto", DataFormat::auto_detect}, {"llmc", DataFormat::llmc}, {"olmo", DataFormat::olmo}})
+                .fixed(),
+            key("memmap_dtype", &TrainConfig::memmap_dtype,
+                "token ids' type in OLMo files (llm.c shards hold uint16); a change is refused on resume",
+                {{"uint8", TokenDtype::uint8}, {"uint16", TokenDtype::uint16}, {"uint32", TokenDtype::uint32},
+                 {"uint64", TokenDtype::uint64}})
+                .fixed(),
+            key("eos_token_id", &TrainConfig::eos_token_id,
+                "end-of-sequence token, which starts every text sample (default: the --init_from model's run's, else by "
+                "arch: gpt2 50256, olmo 50279)"),
+            key("pad_token_id", &TrainConfig::pad_token_id,
+                "padding token for padded positions (default: the --init_from model's run's, else by arch: gpt2 50256, "
+                "olmo 1)"),
         })
         .add("batch", std::vector<Key<TrainConfig>>{
             key("batch_size", &TrainConfig::batch_size, "micro-batch sequences per rank (B)").fixed(),
@@ -129,6 +149,7 @@ void load_config_file(const std::string& path, TrainConfig& cfg) {
 bool parse_command_line(int argc, const char* const* argv, TrainConfig& cfg, const std::string& program) {
     if (!train_config_schema().parse_command_line(argc, argv, cfg, cfg.sources, program)) return false;
     take_model_from_init_file(cfg);
+    resolve_token_ids(cfg);
     validate_config(cfg);
     return true;
 }
@@ -137,6 +158,19 @@ void take_model_from_init_file(TrainConfig& cfg) {
     if (cfg.init_from.empty() || !cfg.sources.list(model_config_key_names()).empty()) return;
     cfg.model = read_model_config(cfg.init_from);
     for (const std::string& key : model_config_key_names()) cfg.sources.set_by_file(key, cfg.init_from);
+}
+
+void resolve_token_ids(TrainConfig& cfg) {
+    // --init_from a checkpoint's model: its run's tokens first (the model file does not record them)
+    const RunSettings init = cfg.init_from.empty() ? RunSettings{} : read_run_settings(cfg.init_from);
+    const bool olmo = cfg.model.is_olmo();
+    const auto resolve = [&](const char* key, int& id, const std::optional<int>& from_init, int fallback) {
+        if (!cfg.sources.origin(key).empty()) return;
+        id = from_init.value_or(fallback);
+        if (from_init) cfg.sources.set_by_file(key, init.record);
+    };
+    resolve("eos_token_id", cfg.eos_token_id, init.eos_token_id, olmo ? 50279 : 50256);
+    resolve("pad_token_id", cfg.pad_token_id, init.pad_token_id, olmo ? 1 : 50256);
 }
 
 std::string config_to_json(const TrainConfig& cfg, int indent) { return train_config_schema().to_json(cfg).dump(indent); }
@@ -167,6 +201,14 @@ void validate_config(const TrainConfig& c) {
                s.name("seq_len") + " " + std::to_string(c.seq_len) + " exceeds max_seq_len " +
                    std::to_string(c.model.max_seq_len) + (shape_file.empty() ? "" : " (" + shape_file + ")"));
     at_least("total_batch_size", c.total_batch_size, 0);
+    for (const auto& [key, id, what] : {std::tuple{"eos_token_id", c.eos_token_id, "end-of-text"},
+                                        std::tuple{"pad_token_id", c.pad_token_id, "padding"}})
+        LLMC_CHECK(id >= 0 && id < c.model.vocab_size,
+                   s.name(key) + " " + std::to_string(id) +
+                       (s.origin(key).empty() ? std::string(" (the default of arch ") + arch_name(c.model.arch) + ")"
+                                              : std::string()) +
+                       " is outside the vocabulary [0, " + std::to_string(c.model.vocab_size) + "): set it to the " +
+                       "tokenizer's " + what + " token");
     LLMC_CHECK(c.lr > 0.0f, s.name("lr") + " must be > 0 (got " + format_float(c.lr) + ")");
     at_least("warmup_steps", c.warmup_steps, 0);
     in_unit_interval("final_lr_frac", c.final_lr_frac);

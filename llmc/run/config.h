@@ -15,6 +15,7 @@
 #include "llmc/base/schema.h"
 #include "llmc/comm/comm_options.h"
 #include "llmc/cuda/cuda_options.h"
+#include "llmc/data/token_files.h"
 #include "llmc/model/model_config.h"
 #include "llmc/optim/optimizer.h"
 #include "llmc/optim/schedule.h"
@@ -28,6 +29,12 @@ struct TrainConfig {
     std::string val_data = "data/default/default_val_*.bin";
     std::string tokenizer = "data/default/tokenizer.bin";
     bool shuffle = true;
+    DataFormat data_format = DataFormat::auto_detect;  // of train_data and val_data (auto: each set by its files)
+    TokenDtype memmap_dtype = TokenDtype::uint16;       // of OLMo token files
+    // The end-of-sequence token (starts every text sample) and the padding token (fills padded positions). No
+    // source setting them: the family's (resolve_token_ids).
+    int eos_token_id = 50256;
+    int pad_token_id = 50256;
     // batch
     int batch_size = 4;             // micro-batch sequences per rank
     int seq_len = 64;               // tokens per sequence (<= max_seq_len)
@@ -88,6 +95,10 @@ void load_config_file(const std::string& path, TrainConfig& config);
 // With --init_from FILE and no model key given, the model's family and shape are FILE's header's (its keys'
 // source is FILE). Part of parse_command_line.
 void take_model_from_init_file(TrainConfig& config);
+// eos_token_id and pad_token_id that no source set take those of the --init_from model's run (its config.json, when
+// found), else the family's defaults: gpt2 50256 and 50256 (GPT-2's <|endoftext|>), olmo 50279 and 1 (the DeMo
+// paper's OLMo configs). Part of parse_command_line.
+void resolve_token_ids(TrainConfig& config);
 // Checks every key's range and the cross-key constraints that do not depend on the world size (seq_len <=
 // max_seq_len, the chosen optimizer's options...), naming each key as config.sources does.
 void validate_config(const TrainConfig& config);

@@ -44,7 +44,8 @@ template <class Model>
 ChoiceAccuracy evaluate_choices(Model& model, std::span<const ChoiceExample> examples, const TrainConfig& cfg,
                                 Transport& transport) {
     const size_t rank = transport.rank(), world = transport.world_size();
-    const ChoiceBatching batching{static_cast<size_t>(cfg.seq_len) + 1, cfg.batch_size, cfg.seq_len, true};
+    const ChoiceBatching batching{static_cast<size_t>(cfg.seq_len) + 1, cfg.batch_size, cfg.seq_len, true,
+                                  cfg.pad_token_id};
     const std::vector<ChoiceScore> scores =
         score_choices(examples, rank, world, batching, [&](const int* inputs, const int* targets, int B, int T) {
             model.forward(inputs, targets, B, T);

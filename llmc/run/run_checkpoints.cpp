@@ -59,17 +59,22 @@ TrainingState read_checkpoint(const CheckpointInfo& ck, const TrainConfig& cfg, 
     const std::string path = state_path(ck.dir, same_world ? rank : 0);
     TrainingState saved = read_training_state(path, &ck);
     check_state_matches_checkpoint(path, saved, ck, same_world ? rank : 0);
-    check_resume_compatible(path, saved.config_json, config_json,
-                            [&](const std::string& key) { return cfg.sources.origin(key); },
-                            same_world ? std::vector<std::string>{} : std::vector<std::string>{"total_batch_size"});
+    // data_format and memmap_dtype are fixed only where they change what is read: the fingerprint covers the format
+    // and dtype of OLMo files, so with the same fingerprint (auto resolved the same, or llm.c shards, which ignore
+    // the dtype) they may differ
     const DataFingerprint& was = saved.train_data;
+    std::vector<std::string> may_differ;
+    if (!same_world) may_differ.push_back("total_batch_size");
+    if (was.shards != 0 && was == train_data) may_differ.insert(may_differ.end(), {"data_format", "memmap_dtype"});
+    check_resume_compatible(path, saved.config_json, config_json,
+                            [&](const std::string& key) { return cfg.sources.origin(key); }, may_differ);
     if (was.shards != 0 && !(was == train_data)) {
         auto files = [](const DataFingerprint& f) {
             return std::to_string(f.shards) + " files of " + std::to_string(f.tokens) + " tokens";
         };
         fail(path + ": the training shards are not the checkpoint's (" +
              (was.shards == train_data.shards && was.tokens == train_data.tokens
-                  ? files(train_data) + " then and now, but other names or sizes"
+                  ? files(train_data) + " then and now, but other names, sizes or data format"
                   : files(was) + " then, " + files(train_data) + " now") +
              "); resume on the same files");
     }

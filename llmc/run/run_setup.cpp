@@ -53,13 +53,13 @@ std::string agree_on_config(const TrainConfig& cfg, Transport& world) {
 
 RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
     LLMC_CHECK(!cfg.train_data.empty(),
-               cfg.sources.name("train_data") + " is empty (give a glob of llm.c token shards)");
+               cfg.sources.name("train_data") + " is empty (give a glob or @list of token files)");
     RunData data{DataLoader(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, world, cfg.shuffle, cfg.seed,
-                            cfg.model.vocab_size),
+                            cfg.model.vocab_size, cfg.data_format, cfg.memmap_dtype),
                  nullptr, 0, nullptr, {}};
     if (!cfg.val_data.empty() && cfg.val_batches > 0) {
         data.val = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, world, false,
-                                                cfg.seed, cfg.model.vocab_size);
+                                                cfg.seed, cfg.model.vocab_size, cfg.data_format, cfg.memmap_dtype);
         const uint64_t held = data.val->groups_per_epoch();  // batches per rank (the same on every rank)
         data.val_batches = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(cfg.val_batches), held));
         if (rank == 0 && data.val_batches < cfg.val_batches)
@@ -78,11 +78,6 @@ RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
         LLMC_CHECK(data.tokenizer->size() >= static_cast<size_t>(cfg.model.vocab_size),
                    cfg.tokenizer + ": holds " + std::to_string(data.tokenizer->size()) + " tokens, fewer than the " +
                        std::to_string(cfg.model.vocab_size) + " of the model's vocabulary (another tokenizer?)");
-        LLMC_CHECK(data.tokenizer->eot() < cfg.model.vocab_size,
-                   cfg.tokenizer + ": its end-of-text token " + std::to_string(data.tokenizer->eot()) +
-                       ", which starts every sample, is outside the model's vocabulary of " +
-                       std::to_string(cfg.model.vocab_size) + " (another tokenizer, or " +
-                       cfg.sources.name("sample_every") + " 0)");
     }
     if (!cfg.choices.empty()) {
         const size_t wanted = static_cast<size_t>(cfg.choices_examples);

@@ -827,9 +827,10 @@ def main():
             f.write(struct.pack("<256I", 20240328, 2, tokens, eot, *([0] * 252)) + b"\x01a" * tokens)
         return path
     small_tokenizer = tokenizer_file("tokenizer1000.bin", 1000, 999)  # valid, but too few tokens
-    late_eot = tokenizer_file("tokenizer_eot50299.bin", 50300, 50299)  # enough tokens, but samples start outside
     for args, needle in [
-        (["--train_data", os.path.join(shard_dir, "bad_train_*.bin")], "bad_train_000.bin: bad magic"),
+        # without its magic the file is no llm.c shard: --data_format auto would read it as an OLMo token file
+        (["--train_data", os.path.join(shard_dir, "bad_train_*.bin"), "--data_format", "llmc"],
+         "bad_train_000.bin: bad magic"),
         (["--train_data", "no/such/*.bin"], "no/such/*.bin: no files match"),
         (["--train_data", os.path.join(shard_dir, "fifo_train_*.bin")], "fifo_train_000.bin: not a regular file"),
         (["--train_data", ""], "--train_data is empty"),
@@ -838,8 +839,8 @@ def main():
         (["--dry_run", "--optimizer", "demo", "--demo_topk", "0"], "--demo_topk must be >= 1"),  # as a run checks
         (["--dry_run", "--beta1", "2"], "--beta1 must be in [0, 1)"),
         (["--sample_every", "1", "--tokenizer", small_tokenizer], "holds 1000 tokens, fewer than the 50257"),
-        (["--sample_every", "1", "--tokenizer", late_eot],
-         "end-of-text token 50299, which starts every sample, is outside the model's vocabulary of 50257"),
+        (["--sample_every", "1", "--eos_token_id", "50299"],  # samples start with it
+         "--eos_token_id 50299 is outside the vocabulary [0, 50257)"),
         (["--init_from", "no_model.bin"], "no_model.bin: cannot open"),
         (["--resume", os.path.join(TMP, "nothing")], "checkpoint directory does not exist"),
         (["--lr", "abc"], "--lr: expected a number, got 'abc'"),

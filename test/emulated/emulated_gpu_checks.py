@@ -91,11 +91,13 @@ BASE = ["--config", CONFIG, "--train_data", os.path.join(DATA, "default_train_*.
 
 def write_small_vocabulary():
     """Writes CONFIG and DATA (see BASE): the default corpus's shards, headers kept, token ids mod VOCAB, and a
-    tokenizer of GPT-2's first VOCAB - 1 tokens and its end-of-text token as the last, which starts samples."""
+    tokenizer of GPT-2's first VOCAB - 1 tokens and its end-of-text token as the last, which starts samples (the
+    config's eos_token_id; the padding token too)."""
     config = {k: v for k, v in json.load(open(os.path.join(ROOT, "configs", "tiny.json"))).items()
               if not k.startswith("_")}
     with open(CONFIG, "w") as f:
-        json.dump(dict(config, vocab_size=VOCAB, padded_vocab_size=PADDED_VOCAB), f)
+        json.dump(dict(config, vocab_size=VOCAB, padded_vocab_size=PADDED_VOCAB, eos_token_id=VOCAB - 1,
+                       pad_token_id=VOCAB - 1), f)
     os.makedirs(DATA, exist_ok=True)
     source = os.path.join(ROOT, "data", "default")
     for name in sorted(os.listdir(source)):

@@ -2,7 +2,7 @@
 // batch can be checked against a direct computation: rank slicing (disjoint, complete), sequential order,
 // seeded shuffling (a permutation per epoch, reproducible, seed-dependent), epoch wrap, exact position restore,
 // one-line errors for bad shards (a directory or a named pipe among them, which must not block), and the
-// fingerprint a checkpoint keeps of the shards.
+// fingerprint a checkpoint keeps of the shards. OLMo token files are test_olmo_data's.
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -179,7 +179,9 @@ TEST(bad_shards_fail_with_file_named) {
     auto copy = bytes;
     copy[0] = std::byte{0x01};
     write_file_atomic(bad_magic, copy);
-    EXPECT_ERROR(DataLoader(bad_magic, 1, 8, 0, 1, false, 0, kVocab), bad_magic + ": bad magic");
+    EXPECT_ERROR(DataLoader(bad_magic, 1, 8, 0, 1, false, 0, kVocab, DataFormat::llmc), bad_magic + ": bad magic");
+    // without the magic, --data_format auto takes it for an OLMo token file (test_olmo_data has those)
+    EXPECT(DataLoader(bad_magic, 1, 8, 0, 1, false, 0, kVocab).format() == DataFormat::olmo);
 
     const std::string truncated = kDir + "/truncated.bin";
     write_file_atomic(truncated, std::span(bytes.data(), bytes.size() - 3));
