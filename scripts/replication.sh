@@ -34,7 +34,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 
 [[ -x $TRAINER ]] || { echo "replication: error: trainer '$TRAINER' not found: run 'make train_gpt_cpu'" >&2; exit 1; }
 if [[ -v TRAIN_DATA ]]; then
-  [[ -f $TRAIN_DATA ]] || compgen -G "$TRAIN_DATA" >/dev/null ||
+  [[ $TRAIN_DATA == @* && -f ${TRAIN_DATA#@} ]] || compgen -G "$TRAIN_DATA" >/dev/null ||
     { echo "replication: error: TRAIN_DATA $TRAIN_DATA matches no file" >&2; exit 1; }
 else
   ls data/default/default_train_*.bin >/dev/null 2>&1 ||

@@ -34,8 +34,8 @@ launch:
   MPIRUN_ARGS        extra launcher words, split on spaces, e.g. "-x NCCL_DEBUG=INFO"
   TRAINER            trainer binary [./train_gpt]; ./train_gpt_cpu takes the same flags
   DATA_DIR           folder of token shards *_train_*.bin and *_val_*.bin [data/default]
-  TRAIN_DATA         training data: a glob or a list file (.txt, one path per line) of llm.c shards or
-                     OLMo token files; replaces DATA_DIR's glob [DATA_DIR/*_train_*.bin]
+  TRAIN_DATA         training data: a glob, or @FILE for a list file (a path per line), of llm.c shards
+                     or OLMo token files; replaces DATA_DIR's glob [DATA_DIR/*_train_*.bin]
   VAL_DATA           validation data, as TRAIN_DATA; '' for none [DATA_DIR/*_val_*.bin]
   DATA_FORMAT        llmc, olmo or auto (by the files: llm.c shards carry a header) [auto]
   MEMMAP_DTYPE       token type of OLMo files: uint8, uint16, uint32, uint64 [uint16]
@@ -377,7 +377,7 @@ fi
 if [[ $MPIRUN != none ]]; then command -v "$MPIRUN" >/dev/null || die "launcher '$MPIRUN' is not installed"; fi
 printf '%s\n' "${plan[@]}"
 quote_words "${command[@]}"
-if [[ ! -f $TRAIN_DATA ]] && ! compgen -G "$TRAIN_DATA" >/dev/null; then
+if [[ ! ( $TRAIN_DATA == @* && -f ${TRAIN_DATA#@} ) ]] && ! compgen -G "$TRAIN_DATA" >/dev/null; then
   echo "$PROG: warning: nothing matches TRAIN_DATA $TRAIN_DATA here (data/prepare_default.sh makes data/default;" \
        "on a cluster the data must exist at this path on every node)" >&2
 fi

@@ -105,17 +105,17 @@ check "a trainer failure (exit 1) stops the replication with an error naming the
 
 # Another model and data (what scripts/replication_olmo.sh sets): every run gets them.
 run_replication RUNS="$TMP/runs_olmo" OUT="$TMP/out_olmo" FAKE_LOG="$TMP/launches_olmo" MODEL_CONFIG=configs/small_olmo.json \
-  TRAINER_FLAGS="--vocab_size 50257 --eos_token_id 50256" TRAIN_DATA="$TMP/fake_train.txt" DATA_FORMAT=olmo
+  TRAINER_FLAGS="--vocab_size 50257 --eos_token_id 50256" TRAIN_DATA="@$TMP/fake_train.txt" DATA_FORMAT=olmo
 rc=$?
 check "TRAIN_DATA naming no file: refused (rc $rc)" \
-  test "$rc" -ne 0 -a -n "$(grep "replication: error: TRAIN_DATA $TMP/fake_train.txt matches no file" "$TMP/log")"
+  test "$rc" -ne 0 -a -n "$(grep "replication: error: TRAIN_DATA @$TMP/fake_train.txt matches no file" "$TMP/log")"
 echo /data/part-0.npy >"$TMP/fake_train.txt"
 run_replication RUNS="$TMP/runs_olmo" OUT="$TMP/out_olmo" FAKE_LOG="$TMP/launches_olmo" MODEL_CONFIG=configs/small_olmo.json \
-  TRAINER_FLAGS="--vocab_size 50257 --eos_token_id 50256" TRAIN_DATA="$TMP/fake_train.txt" DATA_FORMAT=olmo
+  TRAINER_FLAGS="--vocab_size 50257 --eos_token_id 50256" TRAIN_DATA="@$TMP/fake_train.txt" DATA_FORMAT=olmo
 rc=$?
 check "MODEL_CONFIG, TRAINER_FLAGS and the data settings: rc $rc" test "$rc" -eq 0
 check "... every launch has the model, the data and the flags" test "$(grep -c -- \
-  "--config configs/small_olmo.json --train_data $TMP/fake_train.txt .*--data_format olmo .*--vocab_size 50257 --eos_token_id 50256" \
+  "--config configs/small_olmo.json --train_data @$TMP/fake_train.txt .*--data_format olmo .*--vocab_size 50257 --eos_token_id 50256" \
   "$TMP/launches_olmo.args")" -eq "$(wc -l <"$TMP/launches_olmo")"
 
 # The documented smoke command must not write into the full run's RUNS or OUT.

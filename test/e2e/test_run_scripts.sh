@@ -84,13 +84,13 @@ check "the plan names the accumulation" grep -q "2048 tokens/step = 8 x 64 token
 
 # ---- OLMo token files: a list of paths, the format, the dtype, the end-of-text id, a tokenizer.json --------
 printf '/dolma/part-000-00000.npy\n/dolma/part-001-00000.npy\n' >"$TMP/dolma_paths.txt"
-launch TRAIN_DATA="$TMP/dolma_paths.txt" VAL_DATA= DATA_FORMAT=olmo MEMMAP_DTYPE=uint16 EOS_TOKEN_ID=50279 \
+launch TRAIN_DATA="@$TMP/dolma_paths.txt" VAL_DATA= DATA_FORMAT=olmo MEMMAP_DTYPE=uint16 EOS_TOKEN_ID=50279 \
   TOKENIZER=/tok/tokenizer.json scripts/paper/300m_demo_k8.sh --dry-run
 check "OLMo data: exit 0" test "$rc" -eq 0
-check "TRAIN_DATA and an empty VAL_DATA replace DATA_DIR's globs" has "--train_data $TMP/dolma_paths.txt --val_data ''"
+check "TRAIN_DATA and an empty VAL_DATA replace DATA_DIR's globs" has "--train_data @$TMP/dolma_paths.txt --val_data ''"
 check "DATA_FORMAT, MEMMAP_DTYPE, EOS_TOKEN_ID and TOKENIZER reach the trainer" \
   has "--data_format olmo --memmap_dtype uint16 --eos_token_id 50279 --tokenizer /tok/tokenizer.json"
-check "the plan names the data" grep -q "^# data: train $TMP/dolma_paths.txt, val none; format olmo (uint16), eos 50279" <<<"$out"
+check "the plan names the data" grep -q "^# data: train @$TMP/dolma_paths.txt, val none; format olmo (uint16), eos 50279" <<<"$out"
 mkdir -p "$TMP/datadir" && : >"$TMP/datadir/tokenizer.json"
 launch DATA_DIR="$TMP/datadir" scripts/paper/300m_adamw.sh --dry-run
 check "DATA_DIR/tokenizer.json is the default tokenizer" has "--tokenizer $TMP/datadir/tokenizer.json"
