@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -19,7 +20,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/data/bpe.h"
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/config.h"
 #include "llmc/data/dataloader.h"
@@ -28,6 +28,7 @@
 #include "llmc/model/model_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/data/multiple_choice.h"
+#include "llmc/data/text_tokenizer.h"
 #include "llmc/base/tool_flags.h"
 
 namespace {
@@ -62,6 +63,8 @@ Multiple choice (instead of --data, --batch_size, --seq_len and --batches):
   --per_example      also a line per example: its label, predictions and each completion's summed and mean loss
   --write_eval_file PATH  also write the examples read (the first --examples) as llm.c's eval file, which
                      the trainers' --choices reads (--model may then be omitted)
+  --tokenizer PATH   a Hugging Face tokenizer.json for JSON Lines (default: the first model's run's --tokenizer
+                     when that is a tokenizer.json, else GPT-2's --encoder and --vocab)
   --encoder PATH     GPT-2 encoder.json for JSON Lines (default data/cache/gpt2/encoder.json)
   --vocab PATH       GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
 
@@ -79,7 +82,7 @@ struct Options {
     long long batch_size = 4, seq_len = 0, batches = 0, threads = 0;
     bool json = false;
     std::string choices, write_eval_file;
-    std::string encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
+    std::string tokenizer, encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
     long long examples = 0;
     bool per_example = false;
 };
@@ -90,13 +93,13 @@ Options parse_args(int argc, char** argv) {
     std::set<std::string> shard_flags, choice_flags;
     const auto valued = {"model",    "data",     "batch_size", "seq_len", "batches",         "threads",
                          "choices",  "examples", "encoder",    "vocab",   "write_eval_file", "data_format",
-                         "memmap_dtype"};
+                         "memmap_dtype", "tokenizer"};
     llmc::for_each_flag(argc, argv, kUsage, {"json", "per_example"}, valued,
                         [&](const std::string& key, const std::string& flag, const std::string& value) {
         if (key == "data" || key == "batch_size" || key == "seq_len" || key == "batches" || key == "data_format" ||
             key == "memmap_dtype")
             shard_flags.insert(flag);
-        if (key == "examples" || key == "per_example" || key == "encoder" || key == "vocab" ||
+        if (key == "examples" || key == "per_example" || key == "encoder" || key == "vocab" || key == "tokenizer" ||
             key == "write_eval_file")
             choice_flags.insert(flag);
         if (key == "model") o.models.push_back(value);
@@ -114,6 +117,7 @@ Options parse_args(int argc, char** argv) {
         else if (key == "write_eval_file") o.write_eval_file = value;
         else if (key == "encoder") o.encoder = value;
         else if (key == "vocab") o.vocab = value;
+        else if (key == "tokenizer") o.tokenizer = value;
         else llmc::fail(flag + ": unknown flag (see --help)");
     });
     LLMC_CHECK(!o.models.empty() || !o.write_eval_file.empty(), "--model is required (see --help)");
@@ -248,18 +252,17 @@ int run(const Options& o) {
     // the examples are read once, for the smallest vocabulary among the models (each model's ids must fit it)
     int vocab_size = 65535;  // what the eval file format holds
     for (const llmc::ModelConfig& c : configs) vocab_size = std::min(vocab_size, c.vocab_size);
-    std::optional<llmc::Gpt2Bpe> bpe;
+    std::unique_ptr<llmc::TextTokenizer> tokenizer;
     if (!llmc::is_eval_file(o.choices)) {
-        bpe = llmc::Gpt2Bpe::load(o.encoder, o.vocab);
-        for (size_t i = 0; i < sources.size(); i++) {
-            LLMC_CHECK(configs[i].vocab_size == bpe->vocab_size(),
-                       sources[i].file + ": a vocabulary of " + std::to_string(configs[i].vocab_size) +
-                           " tokens, but " + o.encoder + " has " + std::to_string(bpe->vocab_size()) +
-                           " (the model was not trained with this tokenizer)");
-        }
+        std::string tokenizer_json = o.tokenizer;
+        if (tokenizer_json.empty() && !sources.empty())
+            tokenizer_json = llmc::run_tokenizer_json(llmc::read_run_settings(sources[0].file));
+        tokenizer = llmc::load_text_tokenizer(tokenizer_json, o.encoder, o.vocab);
+        for (size_t i = 0; i < sources.size(); i++)
+            llmc::check_tokenizer_fits(*tokenizer, configs[i].vocab_size, sources[i].file);
     }
     const std::vector<llmc::ChoiceExample> examples = llmc::read_choice_examples(
-        o.choices, bpe ? &*bpe : nullptr, vocab_size, static_cast<size_t>(o.examples));
+        o.choices, tokenizer.get(), vocab_size, static_cast<size_t>(o.examples));
     LLMC_CHECK(o.examples == 0 || examples.size() == static_cast<size_t>(o.examples),
                "--examples " + std::to_string(o.examples) + ": " + o.choices + " holds only " +
                    std::to_string(examples.size()));

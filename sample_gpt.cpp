@@ -1,5 +1,5 @@
 // sample_gpt: text from a trained GPT-2 on the CPU. Loads an llm.c model file (ours, a checkpoint's, or llm.c's
-// own, fp32 or bf16), encodes a prompt with the GPT-2 BPE after an end-of-text token (as every training document
+// own, fp32 or bf16), encodes a prompt with GPT-2's BPE or a Hugging Face tokenizer.json after an end-of-text token (as every training document
 // starts in prepro_gpt2's shards; the run's eos_token_id when its config.json is found), and extends it token by
 // token with temperature, top-k and top-p sampling from a seed (llmc/model/sampling.h), so the same command prints
 // the same text on any machine. The model keeps each layer's keys and values (ModelCpu::start_sequence / append), so
@@ -9,13 +9,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/data/bpe.h"
+#include "llmc/data/text_tokenizer.h"
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/config.h"
 #include "llmc/base/error.h"
@@ -46,6 +47,8 @@ Prints text sampled from a model (GPT-2 or OLMo) on the CPU: the prompt (after a
   --seed N            random seed (default 1337)
   --stop_at_eot       end a sample at the first generated end-of-text token (the run's eos_token_id when the
                       model is a run's checkpoint, else the tokenizer's)
+  --tokenizer PATH    a Hugging Face tokenizer.json (default: the run's --tokenizer when that is a tokenizer.json,
+                      else GPT-2's --encoder and --vocab)
   --encoder PATH      GPT-2 encoder.json (default data/cache/gpt2/encoder.json, written by data/prepare_default.sh)
   --vocab PATH        GPT-2 vocab.bpe (default data/cache/gpt2/vocab.bpe)
   --threads N         OpenMP threads (default 0: all cores)
@@ -58,7 +61,8 @@ to stderr.
 )";
 
 struct Options {
-    std::string model, prompt, encoder = "data/cache/gpt2/encoder.json", vocab = "data/cache/gpt2/vocab.bpe";
+    std::string model, prompt, tokenizer, encoder = "data/cache/gpt2/encoder.json",
+                                      vocab = "data/cache/gpt2/vocab.bpe";
     std::optional<std::string> prompt_file;
     long long tokens = 64, num_samples = 1, seed = 1337, threads = 0;
     llmc::SamplingParams sampling;
@@ -69,7 +73,7 @@ Options parse_args(int argc, char** argv) {
     using llmc::flag_integer, llmc::flag_number;
     Options o;
     const auto valued = {"model",  "prompt", "prompt_file", "tokens",  "num_samples", "temperature",
-                         "top_k", "top_p",  "seed",        "encoder", "vocab",       "threads"};
+                         "top_k", "top_p",  "seed",        "encoder", "vocab",       "threads", "tokenizer"};
     llmc::for_each_flag(argc, argv, kUsage, {"stop_at_eot", "json"}, valued,
                         [&](const std::string& key, const std::string& flag, const std::string& value) {
         if (key == "model") o.model = value;
@@ -83,6 +87,7 @@ Options parse_args(int argc, char** argv) {
         else if (key == "seed") o.seed = flag_integer(flag, value, 0, INT64_MAX);
         else if (key == "encoder") o.encoder = value;
         else if (key == "vocab") o.vocab = value;
+        else if (key == "tokenizer") o.tokenizer = value;
         else if (key == "threads") o.threads = flag_integer(flag, value, 0, llmc::kMaxThreads);
         else if (key == "stop_at_eot") o.stop_at_eot = value == "true";
         else if (key == "json") o.json = value == "true";
@@ -94,14 +99,24 @@ Options parse_args(int argc, char** argv) {
     return o;
 }
 
+// The text of the ids the tokenizer has (a model's vocabulary may extend past it).
+std::string decode_known(const llmc::TextTokenizer& tokenizer, const std::vector<int>& tokens) {
+    std::vector<int> known;
+    for (int t : tokens)
+        if (t < tokenizer.vocab_size()) known.push_back(t);
+    return tokenizer.decode(known);
+}
+
 int run(const Options& o) {
     const llmc::ModelSource source = llmc::resolve_model_source(o.model);
     const std::string& model_file = source.file;
     const llmc::ModelConfig config = llmc::read_model_config(model_file);
-    llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(o.encoder, o.vocab);
-    LLMC_CHECK(config.vocab_size == bpe.vocab_size(),
-               model_file + ": a vocabulary of " + std::to_string(config.vocab_size) + " tokens, but " + o.encoder +
-                   " has " + std::to_string(bpe.vocab_size()) + " (the model was not trained with this tokenizer)");
+    const llmc::RunSettings run = llmc::read_run_settings(source.file);
+    const std::string tokenizer_json =
+        !o.tokenizer.empty() ? o.tokenizer : llmc::run_tokenizer_json(run);
+    const std::unique_ptr<llmc::TextTokenizer> tokenizer =
+        llmc::load_text_tokenizer(tokenizer_json, o.encoder, o.vocab);
+    llmc::check_tokenizer_fits(*tokenizer, config.vocab_size, model_file);
     if (o.threads > 0) omp_set_num_threads(static_cast<int>(o.threads));
     llmc::ModelCpu model(config, llmc::ModelUse::inference);
     llmc::load_model_source(source, config, model.params());
@@ -112,12 +127,15 @@ int run(const Options& o) {
         prompt.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     }
     // the run's end-of-sequence token when its config.json says (an OLMo run's 50279), else the tokenizer's
-    const int eos = llmc::read_run_settings(source.file).eos_token_id.value_or(bpe.eot_token());
+    LLMC_CHECK(run.eos_token_id || tokenizer->eos_token(),
+               tokenizer->source() + ": names no end-of-text token, and " + model_file +
+                   " has no run's config.json with eos_token_id");
+    const int eos = run.eos_token_id ? *run.eos_token_id : *tokenizer->eos_token();
     LLMC_CHECK(eos >= 0 && eos < config.vocab_size, model_file + ": its run's eos_token_id " + std::to_string(eos) +
                                                         " is outside the vocabulary of " +
                                                         std::to_string(config.vocab_size));
     std::vector<int> prompt_tokens = {eos};
-    bpe.encode(prompt, prompt_tokens);
+    tokenizer->encode(prompt, prompt_tokens);
     std::fprintf(stderr, "sample_gpt: %s (%s), prompt of %zu tokens after end-of-text\n", model_file.c_str(),
                  config.describe().c_str(), prompt_tokens.size() - 1);
 
@@ -158,8 +176,8 @@ int run(const Options& o) {
             context.push_back(next);
             tokens.push_back(next);
             generated++;
-            if (!o.json) {
-                const std::string& bytes = bpe.token_bytes(next);
+            if (!o.json && next < tokenizer->vocab_size()) {  // a model's ids past the tokenizer's print nothing
+                const std::string& bytes = tokenizer->token_bytes(next);
                 std::fwrite(bytes.data(), 1, bytes.size(), stdout);
                 std::fflush(stdout);
             }
@@ -170,7 +188,7 @@ int run(const Options& o) {
                                          {"prompt_tokens", std::vector<int>(prompt_tokens.begin() + 1,
                                                                             prompt_tokens.end())},
                                          {"tokens", tokens},
-                                         {"text", bpe.decode(tokens)}};
+                                         {"text", decode_known(*tokenizer, tokens)}};
             // a sample may end inside a UTF-8 sequence that its next token would have finished
             std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
         }

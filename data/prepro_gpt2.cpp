@@ -1,8 +1,8 @@
 // prepro_gpt2: turns a corpus of text documents (a text file each, or a line each of a JSON Lines file, the form
 // most public pretraining corpora come in, either of them plain, gzip or Zstandard) into llm.c token shards with
-// the GPT-2 BPE, plus the tokenizer decode file the trainer uses to print samples, or into OLMo's token files
-// (--out-format olmo: the same tokens and split, raw ids of --memmap-dtype, as OLMo's np.memmap reads them). EOT
-// (50256) goes before every document; shard 0 is the validation split, the rest are training shards. Documents are
+// the GPT-2 BPE or a Hugging Face tokenizer.json (--hf-tokenizer), plus the tokenizer the trainer uses to print
+// samples, or into OLMo's token files (--out-format olmo: the same tokens and split, raw ids of --memmap-dtype, as
+// OLMo's np.memmap reads them). The end-of-text token (GPT-2's 50256, or --eos-token-id) goes before every document; shard 0 is the validation split, the rest are training shards. Documents are
 // encoded in parallel, but their tokens are written strictly in command-line order, so the output is identical for
 // any --threads. Everything is written into a staging directory first and moved into --out-dir only once the whole
 // corpus is encoded and checked, so a failed or killed run leaves the earlier dataset of that name as it was (never
@@ -26,33 +26,38 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/data/bpe.h"
 #include "llmc/base/byte_stream.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
 #include "llmc/base/json_lines.h"
 #include "llmc/data/token_files.h"
+#include "llmc/data/text_tokenizer.h"
 #include "llmc/data/token_shard.h"
 #include "llmc/data/tokenizer.h"
 
 namespace {
 
 constexpr const char* kUsage = R"(usage: prepro_gpt2 --encoder encoder.json --vocab vocab.bpe --out-dir DIR --name NAME [options] FILE...
+       prepro_gpt2 --hf-tokenizer tokenizer.json --out-dir DIR --name NAME [options] FILE...
 
-Tokenizes each FILE as one document with the GPT-2 BPE (EOT 50256 before each document), except that a
+Tokenizes each FILE as one document with the GPT-2 BPE or a Hugging Face tokenizer.json (the end-of-text token
+before each document: GPT-2's 50256, or --eos-token-id), except that a
 FILE named *.jsonl or *.ndjson holds one document per line: each non-blank line is a JSON object whose
 string field "text" (see --text-key) is the document. A FILE named *.gz (gzip) or *.zst (Zstandard) is
 read decompressed, as what the rest of its name says (a.jsonl.zst: JSON Lines; a.txt.gz: one document);
 concatenated members or frames read as one. Documents keep command-line order. Writes
   DIR/NAME_val_000000.bin       validation split (shard 0)
   DIR/NAME_train_000001.bin ... training shards of --shard-tokens tokens (the last one may be shorter)
-  DIR/tokenizer.bin             llm.c tokenizer decode file
+  DIR/tokenizer.bin             llm.c tokenizer decode file (with --hf-tokenizer: DIR/tokenizer.json, a copy)
 (with --out-format olmo: NAME_val_000000.npy, NAME_train_000001.npy, ... instead of the .bin shards).
 Invalid UTF-8 in a document is replaced by U+FFFD (maximal-subpart rule, as any standard decoder does).
 The files are written into DIR/.NAME.staging and moved into DIR at the end, replacing the earlier
 NAME_*.bin shards (those it does not replace are removed); a failed run leaves DIR as it was.
 
 options:
+  --hf-tokenizer F   a Hugging Face tokenizer.json (byte-level BPE) instead of --encoder and --vocab; special
+                     tokens written in the text become their ids, as Hugging Face's tokenizers encode them
+  --eos-token-id N   the id put before each document (default: the tokenizer's <|endoftext|> or <|end_of_text|>)
   --shard-tokens N   tokens per training shard (default 100000000)
   --val-tokens N     validation split = exactly the first N tokens of the token stream (it may end mid-document).
                      Default: the first whole documents that together hold at least 1/20 of the input bytes
@@ -68,7 +73,8 @@ options:
 )";
 
 struct Options {
-    std::string encoder_json, vocab_bpe, out_dir, name;
+    std::string encoder_json, vocab_bpe, hf_tokenizer, out_dir, name;
+    long long eos_token_id = -1;  // -1: the tokenizer's own
     size_t shard_tokens = 100'000'000;
     long long val_tokens = -1;  // -1: whole-document default split
     int threads = 0;
@@ -131,6 +137,8 @@ Options parse_args(int argc, char** argv) {
         const std::string value = argv[++i];
         if (arg == "--encoder") options.encoder_json = value;
         else if (arg == "--vocab") options.vocab_bpe = value;
+        else if (arg == "--hf-tokenizer") options.hf_tokenizer = value;
+        else if (arg == "--eos-token-id") options.eos_token_id = parse_count(arg, value, 0, INT32_MAX);
         else if (arg == "--out-dir") options.out_dir = value;
         else if (arg == "--name") options.name = value;
         else if (arg == "--shard-tokens") options.shard_tokens = parse_count(arg, value, 1, INT32_MAX);
@@ -148,8 +156,13 @@ Options parse_args(int argc, char** argv) {
         }
         else llmc::fail("unknown flag " + arg + " (see --help)");
     }
-    LLMC_CHECK(!options.encoder_json.empty(), "--encoder is required (see --help)");
-    LLMC_CHECK(!options.vocab_bpe.empty(), "--vocab is required (see --help)");
+    if (options.hf_tokenizer.empty()) {
+        LLMC_CHECK(!options.encoder_json.empty(), "--encoder is required (or --hf-tokenizer; see --help)");
+        LLMC_CHECK(!options.vocab_bpe.empty(), "--vocab is required (or --hf-tokenizer; see --help)");
+    } else {
+        LLMC_CHECK(options.encoder_json.empty() && options.vocab_bpe.empty(),
+                   "--hf-tokenizer excludes --encoder and --vocab (see --help)");
+    }
     LLMC_CHECK(!options.out_dir.empty(), "--out-dir is required (see --help)");
     LLMC_CHECK(!options.name.empty() && options.name.find('/') == std::string::npos,
                "--name is required and must not contain '/' (see --help)");
@@ -270,7 +283,10 @@ private:
             LLMC_CHECK(std::rename(from.c_str(), to.c_str()) == 0,
                        to + ": cannot move the new file into place (" + std::strerror(errno) + ")");
         };
-        move_in("tokenizer.bin");
+        // a dataset has one tokenizer file: the other kind, left by an earlier run, would contradict it
+        const bool json = !options_.hf_tokenizer.empty();
+        std::filesystem::remove(options_.out_dir + (json ? "/tokenizer.bin" : "/tokenizer.json"));
+        move_in(json ? "tokenizer.json" : "tokenizer.bin");
         move_in(shard_name(options_, true, 0));
         for (size_t i = 1; i <= train_shards_; i++) move_in(shard_name(options_, false, i));
         std::filesystem::remove(staging);
@@ -282,6 +298,20 @@ private:
     bool val_written_ = false;
     size_t val_tokens_ = 0, train_tokens_ = 0, train_shards_ = 0;
 };
+
+// The tokenizer beside the shards, for the trainers' samples: GPT-2's as llm.c's decode file, a tokenizer.json
+// copied as it is (its tokens need not fit the decode file's 1..255 bytes).
+void write_tokenizer(const Options& options, const llmc::TextTokenizer& tokenizer, int eos, const std::string& staging) {
+    if (options.hf_tokenizer.empty()) {
+        std::vector<std::string> bytes;
+        for (int id = 0; id < tokenizer.vocab_size(); id++) bytes.push_back(tokenizer.token_bytes(id));
+        return llmc::write_tokenizer_file(staging + "/tokenizer.bin", bytes, eos);
+    }
+    const std::vector<std::byte> json = llmc::read_whole_file(options.hf_tokenizer);
+    llmc::AtomicFile out(staging + "/tokenizer.json");
+    out.write(json.data(), json.size());
+    out.commit();
+}
 
 size_t regular_file_size(const std::string& path) {
     struct stat st;
@@ -458,7 +488,14 @@ int run(const Options& options) {
             covered += documents[val_documents++].bytes;
     }
 
-    llmc::Gpt2Bpe bpe = llmc::Gpt2Bpe::load(options.encoder_json, options.vocab_bpe);
+    const std::unique_ptr<llmc::TextTokenizer> tokenizer =
+        llmc::load_text_tokenizer(options.hf_tokenizer, options.encoder_json, options.vocab_bpe);
+    const int vocab_size = tokenizer->vocab_size();
+    LLMC_CHECK(options.eos_token_id >= 0 || tokenizer->eos_token(),
+               tokenizer->source() + ": names no end-of-text token; pass --eos-token-id");
+    const int eos = options.eos_token_id >= 0 ? static_cast<int>(options.eos_token_id) : *tokenizer->eos_token();
+    LLMC_CHECK(eos < vocab_size, "--eos-token-id " + std::to_string(eos) + " is not an id of " +
+                                     tokenizer->source() + " (" + std::to_string(vocab_size) + " tokens)");
     // ids of 65536 and above fit only OLMo files of uint32: refused before hours of encoding, and each id is checked
     // again as it is encoded
     const uint64_t max_id = options.olmo ? llmc::token_dtype_max(options.dtype) : 65535;
@@ -466,9 +503,9 @@ int run(const Options& options) {
                                (options.olmo ? std::string("OLMo files' ") + llmc::token_dtype_name(options.dtype)
                                              : std::string("llm.c shards' uint16")) +
                                " ids; use " + (options.olmo ? "" : "--out-format olmo ") + "--memmap-dtype uint32";
-    LLMC_CHECK(static_cast<uint64_t>(bpe.vocab_size()) - 1 <= max_id,
-               options.encoder_json + ": " + std::to_string(bpe.vocab_size()) + " tokens: id " +
-                   std::to_string(bpe.vocab_size() - 1) + no_fit);
+    LLMC_CHECK(static_cast<uint64_t>(vocab_size) - 1 <= max_id,
+               tokenizer->source() + ": " + std::to_string(vocab_size) + " tokens: id " +
+                   std::to_string(vocab_size - 1) + no_fit);
     const double load_seconds = seconds_since(start);
     const auto encode_start = std::chrono::steady_clock::now();
     llmc::make_dirs(options.out_dir);
@@ -476,12 +513,13 @@ int run(const Options& options) {
     std::filesystem::remove_all(staging);  // left by a killed run
     llmc::make_dirs(staging);
     StagingGuard staging_guard(staging);
-    llmc::write_tokenizer_file(staging + "/tokenizer.bin", bpe.all_token_bytes(), bpe.eot_token());
+    write_tokenizer(options, *tokenizer, eos, staging);
 
     const size_t n_threads = std::min(static_cast<size_t>(options.threads), n_docs);
-    std::vector<llmc::Gpt2Bpe> encoders(n_threads, bpe);  // copies share the vocabulary, each has its own cache
+    std::vector<std::unique_ptr<llmc::TextTokenizer>> encoders;  // clones share the vocabulary, own their caches
+    for (size_t t = 0; t < n_threads; t++) encoders.push_back(tokenizer->clone());
     ShardSink sink(options, val_documents);
-    const auto eot = static_cast<uint32_t>(bpe.eot_token());
+    const auto eot = static_cast<uint32_t>(eos);
     // Batches bound the memory held by encoded-but-unwritten documents on large corpora.
     constexpr size_t kBatchBytes = 64u << 20;
     size_t total_tokens = 0;
@@ -501,7 +539,7 @@ int run(const Options& options) {
         std::atomic<size_t> next_doc{batch_begin};
         std::exception_ptr first_error;
         std::mutex error_mutex;
-        auto worker = [&](llmc::Gpt2Bpe& encoder) {
+        auto worker = [&](llmc::TextTokenizer& encoder) {
             std::vector<int> ids;
             DocumentReader reader(options);
             try {
@@ -524,8 +562,8 @@ int run(const Options& options) {
             }
         };
         std::vector<std::thread> threads;
-        for (size_t t = 1; t < n_threads; t++) threads.emplace_back(worker, std::ref(encoders[t]));
-        worker(encoders[0]);
+        for (size_t t = 1; t < n_threads; t++) threads.emplace_back(worker, std::ref(*encoders[t]));
+        worker(*encoders[0]);
         for (auto& thread : threads) thread.join();
         if (first_error) std::rethrow_exception(first_error);
         for (size_t doc = batch_begin; doc < batch_end; doc++) {
@@ -540,7 +578,8 @@ int run(const Options& options) {
     staging_guard.release();
     const double encode_seconds = seconds_since(encode_start);
     const double megabytes = static_cast<double>(total_bytes) / 1e6;
-    std::printf("wrote %s/tokenizer.bin (%d tokens)\n", options.out_dir.c_str(), bpe.vocab_size());
+    std::printf("wrote %s/%s (%d tokens, end-of-text %d)\n", options.out_dir.c_str(),
+                options.hf_tokenizer.empty() ? "tokenizer.bin" : "tokenizer.json", vocab_size, eos);
     std::printf("prepro_gpt2: %zu documents, %.2f MB -> %zu tokens (val %zu, train %zu in %zu %s); "
                 "%.3f s with %zu threads: %.1f MB/s, %.2f M tokens/s (+ %.3f s loading the vocabulary)\n",
                 n_docs, megabytes, total_tokens, sink.val_tokens(), sink.train_tokens(), sink.train_shards(),

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "llmc/data/bpe.h"
+#include "llmc/data/text_tokenizer.h"
 #include "llmc/base/byte_stream.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
@@ -83,7 +83,7 @@ std::vector<ChoiceExample> read_eval_file(const std::string& path, int vocab_siz
 }
 
 // HellaSwag's JSON Lines: {"ctx": "...", "endings": ["...", ...], "label": 2, ...} a line.
-std::vector<ChoiceExample> read_json_lines(const std::string& path, Gpt2Bpe& bpe, size_t limit) {
+std::vector<ChoiceExample> read_json_lines(const std::string& path, TextTokenizer& tokenizer, size_t limit) {
     const std::string content = read_all_content(path, kMaxChoicesFileBytes);
     std::vector<ChoiceExample> examples;
     size_t line_number = 0;
@@ -108,13 +108,13 @@ std::vector<ChoiceExample> read_json_lines(const std::string& path, Gpt2Bpe& bpe
                    where + ": label " + std::to_string(label_value) + " is not one of its " +
                        std::to_string(endings->size()) + " endings");
         example.label = static_cast<int>(label_value);
-        bpe.encode(ctx->get_ref<const std::string&>(), example.context);
+        tokenizer.encode(ctx->get_ref<const std::string&>(), example.context);
         for (const nlohmann::json& ending : *endings) {
             LLMC_CHECK(ending.is_string(), where + ": an ending that is not a string");
             std::vector<int>& tokens = example.endings.emplace_back();
             std::string text(" ");  // GPT-2 encodes the word boundary with the word that follows it
             text += ending.get_ref<const std::string&>();
-            bpe.encode(text, tokens);
+            tokenizer.encode(text, tokens);
         }
         examples.push_back(std::move(example));
     }
@@ -247,11 +247,11 @@ std::vector<ChoiceScore> score_choices(std::span<const ChoiceExample> examples, 
     return scores;
 }
 
-std::vector<ChoiceExample> read_choice_examples(const std::string& path, Gpt2Bpe* bpe, int vocab_size,
+std::vector<ChoiceExample> read_choice_examples(const std::string& path, TextTokenizer* tokenizer, int vocab_size,
                                                 size_t limit) {
     if (is_eval_file(path)) return read_eval_file(path, vocab_size, limit);
-    LLMC_CHECK(bpe != nullptr, path + ": JSON Lines examples need the GPT-2 tokenizer");
-    return read_json_lines(path, *bpe, limit);
+    LLMC_CHECK(tokenizer != nullptr, path + ": JSON Lines examples need a tokenizer");
+    return read_json_lines(path, *tokenizer, limit);
 }
 
 }  // namespace llmc

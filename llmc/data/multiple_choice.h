@@ -12,7 +12,7 @@
 
 namespace llmc {
 
-class Gpt2Bpe;
+class TextTokenizer;
 
 struct ChoiceExample {
     int label = 0;                           // index of the right completion
@@ -23,10 +23,10 @@ struct ChoiceExample {
 constexpr int32_t kEvalFileMagic = 20240522;
 constexpr int32_t kEvalFileVersion = 1;
 
-// Reads every example (at most `limit` when limit > 0). `bpe` tokenizes JSON Lines (its vocabulary must be the
+// Reads every example (at most `limit` when limit > 0). `tokenizer` tokenizes JSON Lines (its vocabulary must be the
 // model's); an llm.c eval file needs none (pass nullptr), its token ids must be below vocab_size. Throws
 // llmc::Error naming the file, and the example or line.
-std::vector<ChoiceExample> read_choice_examples(const std::string& path, Gpt2Bpe* bpe, int vocab_size,
+std::vector<ChoiceExample> read_choice_examples(const std::string& path, TextTokenizer* tokenizer, int vocab_size,
                                                 size_t limit = 0);
 
 // True when the file is llm.c's binary eval format (by its name: *.bin).

@@ -1,6 +1,9 @@
 // The GPT-2 side of TextTokenizer: an adapter over Gpt2Bpe. The Hugging Face side lives in hf_tokenizer.cpp.
 #include "llmc/data/text_tokenizer.h"
 
+#include <cstdio>
+
+#include "llmc/base/error.h"
 #include "llmc/data/bpe.h"
 
 namespace llmc {
@@ -32,6 +35,22 @@ bool is_hf_tokenizer_file(const std::string& path) {
 
 std::unique_ptr<TextTokenizer> load_gpt2_tokenizer(const std::string& encoder_json, const std::string& vocab_bpe) {
     return std::make_unique<Gpt2Tokenizer>(Gpt2Bpe::load(encoder_json, vocab_bpe), encoder_json);
+}
+
+std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& tokenizer_json, const std::string& encoder_json,
+                                                   const std::string& vocab_bpe) {
+    if (!tokenizer_json.empty()) return load_hf_tokenizer(tokenizer_json);
+    return load_gpt2_tokenizer(encoder_json, vocab_bpe);
+}
+
+void check_tokenizer_fits(const TextTokenizer& tokenizer, int model_vocab, const std::string& model_file) {
+    const int ids = tokenizer.vocab_size();
+    LLMC_CHECK(ids <= model_vocab, model_file + ": a vocabulary of " + std::to_string(model_vocab) + " tokens, but " +
+                                       tokenizer.source() + " has " + std::to_string(ids) +
+                                       " (the model was not trained with this tokenizer)");
+    if (model_vocab - ids > ids / 100)
+        std::fprintf(stderr, "warning: %s: a vocabulary of %d tokens, %d more than the %d of %s (another tokenizer?)\n",
+                     model_file.c_str(), model_vocab, model_vocab - ids, ids, tokenizer.source().c_str());
 }
 
 }  // namespace llmc

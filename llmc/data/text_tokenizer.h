@@ -43,4 +43,14 @@ std::unique_ptr<TextTokenizer> load_gpt2_tokenizer(const std::string& encoder_js
 // an unsupported model, normalizer, pre-tokenizer or decoder throws llmc::Error naming the file and the part.
 std::unique_ptr<TextTokenizer> load_hf_tokenizer(const std::string& tokenizer_json);
 
+// The tokenizer a tool's flags name: `tokenizer_json` (Hugging Face's tokenizer.json) when not empty, else GPT-2's
+// encoder.json and vocab.bpe.
+std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& tokenizer_json, const std::string& encoder_json,
+                                                   const std::string& vocab_bpe);
+
+// Throws when the tokenizer has ids the model's vocabulary of `model_vocab` lacks, naming `model_file`. A model may
+// have more ids than its tokenizer (OLMo rounds 50277 up to 50280); more than 1% more prints a warning, since that
+// looks like another tokenizer.
+void check_tokenizer_fits(const TextTokenizer& tokenizer, int model_vocab, const std::string& model_file);
+
 }  // namespace llmc

@@ -77,6 +77,22 @@ std::string TokenizerDecoder::decode(std::span<const int> ids) const {
     return text;
 }
 
+TokenizerDecoder TokenizerDecoder::from_token_bytes(const std::string& source,
+                                                   std::span<const std::string> token_bytes, int eot) {
+    LLMC_CHECK(!token_bytes.empty() && token_bytes.size() <= kMaxTokens,
+               source + ": implausible token count " + std::to_string(token_bytes.size()));
+    TokenizerDecoder decoder;
+    decoder.path_ = source;
+    decoder.eot_ = eot;
+    decoder.offsets_.reserve(token_bytes.size() + 1);
+    decoder.offsets_.push_back(0);
+    for (const std::string& bytes : token_bytes) {
+        decoder.bytes_ += bytes;
+        decoder.offsets_.push_back(static_cast<uint32_t>(decoder.bytes_.size()));
+    }
+    return decoder;
+}
+
 void write_tokenizer_file(const std::string& path, const std::vector<std::string>& token_bytes, int eot) {
     LLMC_CHECK(!token_bytes.empty() && token_bytes.size() <= kMaxTokens,
                path + ": cannot write a tokenizer of " + std::to_string(token_bytes.size()) + " tokens");

@@ -1,7 +1,7 @@
 // The llm.c tokenizer decode file, which is all the trainer needs to turn sampled token ids back into text:
 // a header of 256 little-endian uint32 (magic 20240328, version 2, token count, EOT id; version 1 files lack the
 // EOT id, which is then 50256), then for each token a uint8 length and that many raw bytes. The data-prep tool
-// writes it next to the shards; the trainer reads it to print samples.
+// writes it next to the shards; the trainer reads it (or a tokenizer.json's bytes of each token) to print samples.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +19,10 @@ public:
     // Validates magic, version, token count, EOT id, every length byte and the exact file size; each problem
     // throws llmc::Error naming the file.
     static TokenizerDecoder load(const std::string& path);
+    // A decoder over the bytes of each id (empty for an id nothing decodes to), e.g. a tokenizer.json's, which
+    // `source` names in messages.
+    static TokenizerDecoder from_token_bytes(const std::string& source, std::span<const std::string> token_bytes,
+                                             int eot);
 
     // The raw bytes of token `id` (may be a partial UTF-8 sequence); throws for ids outside [0, size()).
     std::string decode(int id) const;

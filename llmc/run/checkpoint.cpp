@@ -14,6 +14,7 @@
 #include "llmc/run/config.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
+#include "llmc/data/text_tokenizer.h"
 #include "llmc/model/model_io.h"
 
 namespace llmc {
@@ -326,10 +327,15 @@ RunSettings read_run_settings(const std::string& model_file) {
     };
     settings.eos_token_id = integer("eos_token_id");
     settings.pad_token_id = integer("pad_token_id");
+    settings.tokenizer = text("tokenizer");
     const std::string where = settings.record + ": key ";
     if (const auto f = text("data_format")) settings.data_format = parse_data_format(*f, where + "'data_format'");
     if (const auto d = text("memmap_dtype")) settings.memmap_dtype = parse_token_dtype(*d, where + "'memmap_dtype'");
     return settings;
+}
+
+std::string run_tokenizer_json(const RunSettings& run) {
+    return run.tokenizer && is_hf_tokenizer_file(*run.tokenizer) ? *run.tokenizer : "";
 }
 
 }  // namespace llmc

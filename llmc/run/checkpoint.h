@@ -127,10 +127,13 @@ void load_model_source(const ModelSource& source, const ModelConfig& config, std
 struct RunSettings {
     std::string record;  // the config.json read, or ""
     std::optional<int> eos_token_id, pad_token_id;
+    std::optional<std::string> tokenizer;  // the run's --tokenizer (its decode file or tokenizer.json)
     std::optional<DataFormat> data_format;
     std::optional<TokenDtype> memmap_dtype;
 };
 // Throws "<record>: ..." for a record that is not JSON or holds a value of the wrong kind.
 RunSettings read_run_settings(const std::string& model_file);
+// The run's tokenizer when it is a Hugging Face tokenizer.json (which sample_gpt and eval_gpt then use), else "".
+std::string run_tokenizer_json(const RunSettings& run);
 
 }  // namespace llmc

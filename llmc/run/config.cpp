@@ -39,7 +39,7 @@ Schema<TrainConfig> make_schema() {
             key("train_data", &TrainConfig::train_data,
                 "train token files: a glob, or @FILE listing paths (llm.c shards or OLMo token files)").fixed(),
             key("val_data", &TrainConfig::val_data, "val token files, as train_data ('' disables validation)"),
-            key("tokenizer", &TrainConfig::tokenizer, "llm.c tokenizer decode file, for samples"),
+            key("tokenizer", &TrainConfig::tokenizer, "tokenizer for samples: llm.c decode file, or a Hugging Face tokenizer.json"),
             key("shuffle", &TrainConfig::shuffle, "seeded shuffle of shard and batch order each epoch").fixed(),
             key("data_format", &TrainConfig::data_format,
                 "token files: llmc (llm.c shards, windows of B*T+1), olmo (OLMo's raw memmap files, instances of T "

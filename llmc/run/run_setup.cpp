@@ -5,6 +5,7 @@
 
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
+#include "llmc/data/text_tokenizer.h"
 
 #ifndef LLMC_GIT_VERSION
 #define LLMC_GIT_VERSION "unknown"
@@ -51,6 +52,17 @@ std::string agree_on_config(const TrainConfig& cfg, Transport& world) {
     return config_json;
 }
 
+// The decoder for samples: the llm.c decode file, or a tokenizer.json's bytes of each token (ids past its vocabulary,
+// which a model may have, decode to nothing).
+TokenizerDecoder load_sample_decoder(const TrainConfig& cfg) {
+    if (!is_hf_tokenizer_file(cfg.tokenizer)) return TokenizerDecoder::load(cfg.tokenizer);
+    const std::unique_ptr<TextTokenizer> tokenizer = load_hf_tokenizer(cfg.tokenizer);
+    check_tokenizer_fits(*tokenizer, cfg.model.vocab_size, cfg.sources.name("vocab_size"));
+    std::vector<std::string> bytes(static_cast<size_t>(cfg.model.vocab_size));
+    for (int id = 0; id < tokenizer->vocab_size(); id++) bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(id);
+    return TokenizerDecoder::from_token_bytes(cfg.tokenizer, bytes, cfg.eos_token_id);
+}
+
 RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
     LLMC_CHECK(!cfg.train_data.empty(),
                cfg.sources.name("train_data") + " is empty (give a glob or @list of token files)");
@@ -73,7 +85,7 @@ RunData open_run_data(const TrainConfig& cfg, int rank, int world) {
         data.val->reset();
     }
     if (cfg.sample_every > 0 && rank == 0) {
-        data.tokenizer = std::make_unique<TokenizerDecoder>(TokenizerDecoder::load(cfg.tokenizer));
+        data.tokenizer = std::make_unique<TokenizerDecoder>(load_sample_decoder(cfg));
         // checked now, not at the first sample: a sampled id may be any of the model's vocabulary
         LLMC_CHECK(data.tokenizer->size() >= static_cast<size_t>(cfg.model.vocab_size),
                    cfg.tokenizer + ": holds " + std::to_string(data.tokenizer->size()) + " tokens, fewer than the " +
