@@ -45,31 +45,20 @@ struct Options {
 
 Options parse_args(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; i++) {
-        const std::string arg = argv[i];
-        if (arg == "--help" || arg == "-h") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        }
-        if (!arg.starts_with("--")) {
-            o.inputs.push_back(arg);
-            continue;
-        }
-        LLMC_CHECK(i + 1 < argc, arg + ": missing value (see --help)");
-        const std::string value = argv[++i];
-        if (arg == "--to") {
-            o.to = llmc::parse_data_format(value, arg);
-            LLMC_CHECK(o.to != llmc::DataFormat::auto_detect, "--to: expected olmo or llmc, got 'auto'");
-        } else if (arg == "--memmap-dtype") {
-            o.dtype = llmc::parse_token_dtype(value, arg);
-        } else if (arg == "--shard-tokens") {
-            o.shard_tokens = static_cast<uint64_t>(llmc::flag_integer(arg, value, 1, INT32_MAX));
-        } else if (arg == "--out-dir") {
+    const auto valued = {"to", "memmap_dtype", "shard_tokens", "out_dir"};
+    llmc::for_each_flag(argc, argv, kUsage, {}, valued,
+                        [&](const std::string& key, const std::string& flag, const std::string& value) {
+        if (key == "to") {
+            o.to = llmc::parse_data_format(value, flag);
+            LLMC_CHECK(o.to != llmc::DataFormat::auto_detect, flag + ": expected olmo or llmc, got 'auto'");
+        } else if (key == "memmap_dtype") {
+            o.dtype = llmc::parse_token_dtype(value, flag);
+        } else if (key == "shard_tokens") {
+            o.shard_tokens = static_cast<uint64_t>(llmc::flag_integer(flag, value, 1, INT32_MAX));
+        } else if (key == "out_dir") {
             o.out_dir = value;
-        } else {
-            llmc::fail("unknown flag " + arg + " (see --help)");
         }
-    }
+    }, [&](const std::string& path) { o.inputs.push_back(path); });
     LLMC_CHECK(o.to != llmc::DataFormat::auto_detect, "--to olmo|llmc is required (see --help)");
     LLMC_CHECK(!o.out_dir.empty(), "--out-dir is required (see --help)");
     LLMC_CHECK(!o.inputs.empty(), "no input files given (see --help)");

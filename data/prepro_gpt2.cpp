@@ -30,6 +30,7 @@
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
 #include "llmc/base/json_lines.h"
+#include "llmc/base/tool_flags.h"
 #include "llmc/data/token_files.h"
 #include "llmc/data/text_tokenizer.h"
 #include "llmc/data/token_shard.h"
@@ -91,20 +92,6 @@ bool is_json_lines(const std::string& path) {
 
 bool is_compressed(const std::string& path) { return llmc::compression_of(path) != llmc::Compression::none; }
 
-long long parse_count(const std::string& flag, const std::string& text, long long min, long long max) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-        value = std::stoll(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    LLMC_CHECK(used == text.size() && !text.empty() && value >= min && value <= max,
-               flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
-                   text + "'");
-    return value;
-}
-
 void read_file_list(const std::string& path, std::vector<std::string>& files) {
     const std::vector<std::byte> raw = llmc::read_whole_file(path, size_t(256) << 20);  // 256 MiB of paths
     std::string line;
@@ -123,39 +110,31 @@ void read_file_list(const std::string& path, std::vector<std::string>& files) {
 
 Options parse_args(int argc, char** argv) {
     Options options;
-    for (int i = 1; i < argc; i++) {
-        const std::string arg = argv[i];
-        if (arg == "--help" || arg == "-h") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        }
-        if (!arg.starts_with("--")) {
-            options.files.push_back(arg);
-            continue;
-        }
-        LLMC_CHECK(i + 1 < argc, arg + ": missing value (see --help)");
-        const std::string value = argv[++i];
-        if (arg == "--encoder") options.encoder_json = value;
-        else if (arg == "--vocab") options.vocab_bpe = value;
-        else if (arg == "--hf-tokenizer") options.hf_tokenizer = value;
-        else if (arg == "--eos-token-id") options.eos_token_id = parse_count(arg, value, 0, INT32_MAX);
-        else if (arg == "--out-dir") options.out_dir = value;
-        else if (arg == "--name") options.name = value;
-        else if (arg == "--shard-tokens") options.shard_tokens = parse_count(arg, value, 1, INT32_MAX);
-        else if (arg == "--val-tokens") options.val_tokens = parse_count(arg, value, 1, INT32_MAX);
-        else if (arg == "--threads") options.threads = static_cast<int>(parse_count(arg, value, 1, 1024));
-        else if (arg == "--file-list") read_file_list(value, options.files);
-        else if (arg == "--text-key") options.text_key = value;
-        else if (arg == "--out-format") {
-            LLMC_CHECK(value == "llmc" || value == "olmo", arg + ": expected llmc or olmo, got '" + value + "'");
+    const auto valued = {"encoder",     "vocab",     "hf_tokenizer", "eos_token_id", "out_dir",     "name",
+                         "shard_tokens", "val_tokens", "threads",      "file_list",    "text_key",   "out_format",
+                         "memmap_dtype"};
+    llmc::for_each_flag(argc, argv, kUsage, {}, valued,
+                        [&](const std::string& key, const std::string& flag, const std::string& value) {
+        if (key == "encoder") options.encoder_json = value;
+        else if (key == "vocab") options.vocab_bpe = value;
+        else if (key == "hf_tokenizer") options.hf_tokenizer = value;
+        else if (key == "eos_token_id") options.eos_token_id = llmc::flag_integer(flag, value, 0, INT32_MAX);
+        else if (key == "out_dir") options.out_dir = value;
+        else if (key == "name") options.name = value;
+        else if (key == "shard_tokens") options.shard_tokens = llmc::flag_integer(flag, value, 1, INT32_MAX);
+        else if (key == "val_tokens") options.val_tokens = llmc::flag_integer(flag, value, 1, INT32_MAX);
+        else if (key == "threads") options.threads = static_cast<int>(llmc::flag_integer(flag, value, 1, 1024));
+        else if (key == "file_list") read_file_list(value, options.files);
+        else if (key == "text_key") options.text_key = value;
+        else if (key == "out_format") {
+            LLMC_CHECK(value == "llmc" || value == "olmo", flag + ": expected llmc or olmo, got '" + value + "'");
             options.olmo = value == "olmo";
-        } else if (arg == "--memmap-dtype") {
+        } else if (key == "memmap_dtype") {
             LLMC_CHECK(value == "uint16" || value == "uint32",
-                       arg + ": expected uint16 or uint32, got '" + value + "'");
-            options.dtype = llmc::parse_token_dtype(value, arg);
+                       flag + ": expected uint16 or uint32, got '" + value + "'");
+            options.dtype = llmc::parse_token_dtype(value, flag);
         }
-        else llmc::fail("unknown flag " + arg + " (see --help)");
-    }
+    }, [&](const std::string& path) { options.files.push_back(path); });
     if (options.hf_tokenizer.empty()) {
         LLMC_CHECK(!options.encoder_json.empty(), "--encoder is required (or --hf-tokenizer; see --help)");
         LLMC_CHECK(!options.vocab_bpe.empty(), "--vocab is required (or --hf-tokenizer; see --help)");

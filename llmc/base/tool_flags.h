@@ -1,5 +1,5 @@
-// Command-line flags of the standalone tools that read a model (sample_gpt, eval_gpt), spelled as the trainers'
-// flags are: --key value or --key=value, dashes equal to underscores (--top-k), booleans bare or =true/=false,
+// Command-line flags of the standalone tools (sample_gpt, eval_gpt, prepro_gpt2, convert_tokens), spelled as the
+// trainers' flags are: --key value or --key=value, dashes equal to underscores (--top-k), booleans bare or =true/=false,
 // numbers as plain decimals. Every problem throws llmc::Error naming the flag as typed.
 #pragma once
 #include <charconv>
@@ -16,12 +16,19 @@ namespace llmc {
 
 // Calls on_flag(key, flag, value) for each flag in argv[1..]: key with underscores, flag as typed (for messages).
 // The keys in `booleans` take no value ("true" when bare), those in `valued` take one; any other key is an unknown
-// flag, reported as such even where it is the last argument. --help and -h print `usage` and exit 0.
+// flag, reported as such even where it is the last argument. --help and -h print `usage` and exit 0. Arguments
+// that are not flags go to `on_path` (the input files of prepro_gpt2 and convert_tokens), or are an error without it.
 using FlagHandler = std::function<void(const std::string& key, const std::string& flag, const std::string& value)>;
+using PathHandler = std::function<void(const std::string& path)>;
 inline void for_each_flag(int argc, char** argv, const char* usage, std::initializer_list<const char*> booleans,
-                          std::initializer_list<const char*> valued, const FlagHandler& on_flag) {
+                          std::initializer_list<const char*> valued, const FlagHandler& on_flag,
+                          const PathHandler& on_path = nullptr) {
     for (int i = 1; i < argc; i++) {
         const std::string arg = argv[i];
+        if (on_path && arg != "-h" && !arg.starts_with("--")) {
+            on_path(arg);
+            continue;
+        }
         LLMC_CHECK(arg.starts_with("--") && arg.size() > 2,
                    "unexpected argument '" + arg + "': flags look like --key value (see --help)");
         std::string key = arg.substr(2), value;
