@@ -1,8 +1,9 @@
 // eval_gpt: the loss of a model on token files, on the CPU: a trained checkpoint against a held-out set, or two
 // runs' checkpoints (DeMo and AdamW, say) against the same data after the fact. Reads the files as the trainers'
 // validation does (llmc::DataLoader, one rank, no shuffling: llm.c shards in windows of B*T+1 tokens every B*T
-// tokens, OLMo token files in instances of T tokens, file after file) and averages the cross-entropy over --batches
-// batches, or over every batch the files hold. The format and dtype are the flags', else those of the model's run.
+// tokens, OLMo token files in instances of T tokens, file after file) and averages the cross-entropy over the
+// positions with a target of --batches batches, or of every batch the files hold (every position of an llm.c
+// window; all but the last of an OLMo instance, as OLMo's loss). The format and dtype are the flags', else those of the model's run.
 // With --choices, the accuracy on a multiple-choice set instead (HellaSwag, as llm.c scores it: the completion of
 // least summed or mean loss after the context; llmc/data/multiple_choice.h reads the examples).
 #include <omp.h>
@@ -25,6 +26,7 @@
 #include "llmc/data/dataloader.h"
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
+#include "llmc/base/targets.h"
 #include "llmc/model/model_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/data/multiple_choice.h"
@@ -48,8 +50,9 @@ Prints a model's mean cross-entropy loss (and perplexity) on token files (llm.c 
   --batches N        batches to average (default 0: every batch the files hold, once: llm.c windows of B*T+1
                      tokens, or B OLMo instances of T tokens)
   --threads N        OpenMP threads (default 0: all cores)
-  --json             a JSON line per model: model, data, batch_size, seq_len, batches, tokens, loss, perplexity,
-                     seconds (with --choices: model, choices, examples, acc, acc_norm, cropped, seconds)
+  --json             a JSON line per model: model, data, batch_size, seq_len, batches, tokens, targets (the
+                     positions the loss averages over: all of llm.c's, B*(T-1) a batch of OLMo's), loss,
+                     perplexity, seconds (with --choices: model, choices, examples, acc, acc_norm, cropped, seconds)
   --help             print this help
 
 Multiple choice (instead of --data, --batch_size, --seq_len and --batches):
@@ -150,29 +153,32 @@ void evaluate(const llmc::ModelSource& source, const llmc::ModelConfig& config, 
 
     const auto start = std::chrono::steady_clock::now();
     std::vector<int> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-    double sum = 0.0;
+    llmc::TargetMean mean;  // the batch means weighed by their targets (llm.c windows: the plain mean, bit for bit)
+    uint64_t targets_scored = 0;
     for (uint64_t i = 0; i < batches; i++) {
         loader.next_batch(inputs, targets);
         const double batch_loss = model.forward(inputs.data(), targets.data(), B, T);
         LLMC_CHECK(std::isfinite(batch_loss), source.file + ": the loss of batch " + std::to_string(i + 1) + " is " +
                                                   (std::isnan(batch_loss) ? "NaN" : "inf") +
                                                   " (the weights, or a diverged run's model)");
-        sum += batch_loss;
+        mean.add(batch_loss, model.target_count(), inputs.size());
+        targets_scored += model.target_count();
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double loss = sum / static_cast<double>(batches);
+    const double loss = mean.value();
     const uint64_t tokens = batches * static_cast<uint64_t>(B) * T;
     if (o.json) {
         const nlohmann::json line = {{"model", source.file}, {"data", o.data},     {"batch_size", B},
                                      {"seq_len", T},         {"batches", batches}, {"tokens", tokens},
-                                     {"loss", loss},         {"perplexity", std::exp(loss)}, {"seconds", seconds}};
+                                     {"targets", targets_scored}, {"loss", loss}, {"perplexity", std::exp(loss)},
+                                     {"seconds", seconds}};
         std::printf("%s\n", line.dump().c_str());
     } else {
-        std::printf("%s on %s: loss %.4f, perplexity %.2f, over %llu tokens (%llu batches of B=%d T=%d); %.1f s, "
-                    "%.0f tokens/s\n",
+        std::printf("%s on %s: loss %.4f, perplexity %.2f, over %llu targets of %llu tokens (%llu batches of B=%d "
+                    "T=%d); %.1f s, %.0f tokens/s\n",
                     source.file.c_str(), o.data.c_str(), loss, std::exp(loss),
-                    static_cast<unsigned long long>(tokens), static_cast<unsigned long long>(batches), B, T, seconds,
-                    tokens / seconds);
+                    static_cast<unsigned long long>(targets_scored), static_cast<unsigned long long>(tokens),
+                    static_cast<unsigned long long>(batches), B, T, seconds, tokens / seconds);
     }
     std::fflush(stdout);
 }

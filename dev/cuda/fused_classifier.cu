@@ -1,8 +1,8 @@
 // Checker for llmc/cuda/fused_classifier.cuh: per-row cross-entropy losses over the first V of Vp columns and the
-// in-place dlogits (softmax - onehot) * dloss with zeroed padding, against a CPU computation in double; the
-// evaluation variant must leave the logits untouched; the kernel fused_classifier launches (on sm_80 and newer
-// for GPT-2's rows: the staged one), and the two-pass 128-bit kernel it runs for longer rows. Timing of both at
-// B*T = 8192 rows of 50304.
+// in-place dlogits (softmax - onehot) * dloss with zeroed padding (a row without a target: loss 0, dlogits 0),
+// against a CPU computation in double; the evaluation variant must leave the logits untouched; the kernel
+// fused_classifier launches (on sm_80 and newer for GPT-2's rows: the staged one), and the two-pass 128-bit kernel
+// it runs for longer rows. Timing of both at B*T = 8192 rows of 50304.
 // Exit 0 PASS, 1 FAIL, 77 SKIP.
 #include <cstring>
 
@@ -20,10 +20,12 @@ int main() {
         for (int& t : targets) t = static_cast<int>(rng() % V);
         targets[0] = 0;
         targets[1] = V - 1;
+        targets[2] = kNoTarget;
         const float dloss = 1.0f / N;
         std::vector<float> ref_loss(N), ref_d(size_t(N) * Vp, 0.0f);
 #pragma omp parallel for
         for (int r = 0; r < N; r++) {
+            if (targets[r] == kNoTarget) continue;  // loss 0, dlogits 0
             const float* x = &logits[size_t(r) * Vp];
             double mx = -1e300;
             for (int i = 0; i < V; i++) mx = std::max(mx, double(x[i]));

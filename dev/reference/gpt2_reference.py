@@ -8,12 +8,15 @@ agreement means both implement the same maths.
 state.bin layout (little-endian):
   int32 header[256]: [0]=20240327 (magic) [1]=2 (version) [2]=B [3]=T [4]=vocab_size [5]=padded_vocab_size
                      [6]=number of optimizer steps S [7]=AdamW's lr (float32 bits), the rest 0
-  int32   x[B*T], y[B*T]          inputs and targets
+  int32   x[B*T], y[B*T]          inputs and targets (-1: no target, with --mask-targets)
   float32 logits[B*T*Vp]          of the initial model (padded columns included)
-  float32 loss                    mean cross-entropy over the first V columns
+  float32 loss                    mean cross-entropy over the first V columns, over the positions with a target
   float32 grads[num_params]       in llm.c's flat layout (the order of model.bin), before clipping
   float32 losses[S]               loss before each AdamW step
   float32 grad_norms[S]           global L2 gradient norm before clipping, at each step
+
+--mask-targets sets the last target of every row and every target of row 1 to -1 ("no target", as OLMo's rows
+end), which the loss skips as torch's cross_entropy(ignore_index=-1) does: the mean over the other positions.
 
 Run with Debian's /usr/bin/python3 (it has torch). Example:
   /usr/bin/python3 dev/reference/gpt2_reference.py --config tiny --batch 4 --seq 32 --out-dir build/reference/tiny
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 
 MODEL_MAGIC, MODEL_VERSION_FP32 = 20240326, 3
 STATE_MAGIC, STATE_VERSION = 20240327, 2
+NO_TARGET = -1  # a position that predicts nothing (llmc/base/targets.h's kNoTarget)
 CONFIGS = {
     "tiny": dict(layers=2, heads=4, channels=64, max_seq_len=64),
     "d12": dict(layers=12, heads=12, channels=768, max_seq_len=1024),
@@ -114,8 +118,9 @@ class GPT(nn.Module):
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        # padded columns are computed but take no part in the softmax / loss
-        loss = F.cross_entropy(logits[..., : self.vocab_size].reshape(-1, self.vocab_size), targets.reshape(-1))
+        # padded columns are computed but take no part in the softmax / loss; target -1 is no target
+        loss = F.cross_entropy(logits[..., : self.vocab_size].reshape(-1, self.vocab_size), targets.reshape(-1),
+                               ignore_index=NO_TARGET)
         return logits, loss
 
 
@@ -133,6 +138,15 @@ def llmc_order(model):
     for get in per_layer:
         tensors += [get(block) for block in model.h]
     return tensors + [model.ln_f.weight, model.ln_f.bias]
+
+
+def mask_targets(y):
+    """y with the last target of every row and every target of row 1 (when there is one) set to NO_TARGET."""
+    y = y.clone()
+    y[:, -1] = NO_TARGET
+    if y.shape[0] > 1:
+        y[1, :] = NO_TARGET
+    return y
 
 
 def float_bits(x):
@@ -173,6 +187,8 @@ def main():
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--mask-targets", action="store_true",
+                        help="no target (-1) at the last position of every row and in all of row 1")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
 
@@ -195,6 +211,8 @@ def main():
     batch_rng = torch.Generator().manual_seed(args.seed + 1)
     tokens = torch.randint(0, V, (B, T + 1), generator=batch_rng)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    if args.mask_targets:
+        y = mask_targets(y)
 
     # weight decay on the 2-D weights only (wte, wpe and the Linear weights), as llm.c / nanoGPT
     decay = [p for p in model.parameters() if p.dim() >= 2]

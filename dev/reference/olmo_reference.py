@@ -11,7 +11,8 @@ norm(x)))); no biases; norm is LayerNorm without parameters (eps 1e-5) or, with 
 weight (x / sqrt(mean(x^2) + 1e-5) * w); att_proj gives q, k, v; RoPE on q and k in GPT-NeoX's rotate-half layout
 (cos/sin computed in float64, rounded to float32); causal softmax attention scaled by 1/sqrt(head size); ff_proj's
 8C outputs are (x, gate) halves and swiglu = silu(gate) * x; a final norm; logits = h @ wte^T over the padded
-vocabulary, cross-entropy over the first vocab_size columns.
+vocabulary, cross-entropy over the first vocab_size columns, averaged over the positions with a target (target -1
+is none, as torch's ignore_index; --mask-targets gives state.bin's batch some: gpt2_reference.py's).
 
 demo_rN.bin layout (little-endian):
   int32 header[256]: [0]=20240329 (magic) [1]=1 (version) [2]=B [3]=T [4]=vocab_size [5]=padded_vocab_size
@@ -37,7 +38,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from demo_reference import DemoReference  # noqa: E402  (the project's DeMo oracle, beside this file)
-from gpt2_reference import float_bits, header, write_atomic  # noqa: E402  (the shared state format's writers)
+# the shared state format's writers and its "no target"
+from gpt2_reference import NO_TARGET, float_bits, header, mask_targets, write_atomic  # noqa: E402
 
 MODEL_MAGIC, MODEL_VERSION_ARCH_FP32 = 20240326, 6
 STATE_MAGIC, STATE_VERSION = 20240327, 2
@@ -145,7 +147,8 @@ class OLMo(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         logits = self.ln_f(x) @ self.wte.t()  # tied: the classifier is the token embedding
-        loss = F.cross_entropy(logits[..., : self.vocab_size].reshape(-1, self.vocab_size), targets.reshape(-1))
+        loss = F.cross_entropy(logits[..., : self.vocab_size].reshape(-1, self.vocab_size), targets.reshape(-1),
+                               ignore_index=NO_TARGET)
         return logits, loss
 
 
@@ -231,6 +234,8 @@ def main():
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-4, help="AdamW's")
+    parser.add_argument("--mask-targets", action="store_true",
+                        help="state.bin's batch: no target (-1) at the last position of every row and in all of row 1")
     parser.add_argument("--demo-ranks", type=int, nargs="*", default=[], help="write demo_rN.bin for each N")
     parser.add_argument("--demo-lr", type=float, default=1e-4)
     parser.add_argument("--demo-topk", type=int, default=32)
@@ -255,6 +260,8 @@ def main():
 
     batch_rng = torch.Generator().manual_seed(args.seed + 1)
     x, y = random_batch(batch_rng, B, T, V)
+    if args.mask_targets:
+        y = mask_targets(y)
     (logits, loss, grads), losses, grad_norms = run_adamw(model, x, y, args.steps, args.lr)
     write_atomic(os.path.join(args.out_dir, "state.bin"), [
         header([STATE_MAGIC, STATE_VERSION, B, T, V, Vp, args.steps, float_bits(args.lr)]),

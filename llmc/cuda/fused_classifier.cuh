@@ -2,8 +2,10 @@
 // of logits (B*T rows of padded_vocab_size Vp). The block computes the online-softmax statistics (max and sum
 // of exp) over the first V (= vocab_size) columns only, writes the row's loss, then overwrites the logits
 // with dlogits = (softmax - onehot(target)) * dloss, and zeros for the padded columns [V, Vp), so the full
-// (B*T, Vp) logits buffer never needs a separate gradient buffer. dloss = 1 / (B*T*grad_accum_steps) for a
-// mean loss. Without write_dlogits (evaluation) the logits are left intact.
+// (B*T, Vp) logits buffer never needs a separate gradient buffer. dloss = 1 / (targets * grad_accum_steps) for
+// a mean loss over the rows with a target. A row whose target is kNoTarget (llmc/base/targets.h) has no loss
+// (0) and no gradient: the block writes its loss and, for training, a row of zeros, and skips the softmax.
+// Without write_dlogits (evaluation) the logits are left intact.
 // Per-element maths: km::softmax_stat_* / crossentropy_loss / crossentropy_dlogit (kernel_math.h).
 // Reductions run in a fixed order (per-thread strided pushes, warp butterflies, then warp 0 over the warps).
 // VEC: logits per load and store. 128-bit (x128::size) when Vp allows it (rows 16-byte aligned): a warp then
@@ -17,6 +19,7 @@
 // a thread's in flight at once, no registers held), and makes three passes over it there: the max, the sum of
 // exp(x - max), then the loss and the gradient. Two blocks of 100 KB per SM at Vp = 50,304.
 #pragma once
+#include "llmc/base/targets.h"
 #include "llmc/cuda/cuda_common.cuh"
 
 namespace llmc {
@@ -32,6 +35,20 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int num_warps = blockDim.x / kWarpSize;
     floatX* x = logits + size_t(row) * Vp;
+    const int target = targets[row];
+    if (target == kNoTarget) {  // the whole block leaves here, before any barrier
+        if (threadIdx.x == 0) losses[row] = 0.0f;
+        if constexpr (kWriteGrad) {
+            Packed128<floatX> zeros;
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) zeros.v[k] = from_float<floatX>(0.0f);
+            for (int i0 = threadIdx.x * VEC; i0 < Vp; i0 += blockDim.x * VEC) {
+                if constexpr (VEC == 1) x[i0] = zeros.v[0];
+                else store128(x + i0, zeros);
+            }
+        }
+        return;
+    }
 
     km::SoftmaxStat s = km::softmax_stat_empty();
     for (int i0 = threadIdx.x * VEC; i0 < V; i0 += blockDim.x * VEC) {
@@ -63,7 +80,6 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     }
     __syncthreads();
     const km::SoftmaxStat stat = row_stat;
-    const int target = targets[row];
     const bool valid = target >= 0 && target < V;
     if (threadIdx.x == 0) losses[row] = valid ? km::crossentropy_loss(stat, to_float(x[target])) : NAN;
     if constexpr (kWriteGrad) {
@@ -104,6 +120,17 @@ __global__ void __launch_bounds__(kClassifierBlock, 2)
     constexpr int E = x128::size;
     const int stride = int(blockDim.x), row = blockIdx.x, chunks = Vp / E;
     floatX* x = logits + size_t(row) * Vp;
+    const int target = targets[row];
+    if (target == kNoTarget) {  // the whole block leaves here, before any copy or barrier
+        if (threadIdx.x == 0) losses[row] = 0.0f;
+        if constexpr (kWriteGrad) {
+            x128 zeros;
+#pragma unroll
+            for (int k = 0; k < E; k++) zeros.v[k] = from_float<floatX>(0.0f);
+            for (int c = threadIdx.x; c < chunks; c += stride) store128(x + size_t(c) * E, zeros);
+        }
+        return;
+    }
 
     // pass 1: the row into shared memory, every copy of the thread in flight at once (each thread then reads only
     // the chunks it copied, until thread 0 reads the target's logit after the reductions' barriers); the max
@@ -127,7 +154,6 @@ __global__ void __launch_bounds__(kClassifierBlock, 2)
             if (c * E + k < V) sum += expf(v.f(k) - mx);
     }
     const km::SoftmaxStat stat{mx, block_sum(sum, shared_red)};
-    const int target = targets[row];
     const bool valid = target >= 0 && target < V;
     if (threadIdx.x == 0)
         losses[row] = valid ? km::crossentropy_loss(stat, to_float(reinterpret_cast<const floatX*>(srow)[target])) : NAN;
@@ -158,7 +184,8 @@ inline bool fused_classifier_staged(const floatX* logits, int Vp, int major) {
 }
 
 // logits (N, Vp) -> losses (N); with write_dlogits the logits become d(loss)/d(logits) scaled by dloss.
-// targets (N) on the device; an out-of-range target gives a NaN loss (and no one-hot term).
+// targets (N) on the device; kNoTarget gives loss 0 and a zero gradient row, any other target outside [0, V) a
+// NaN loss (and no one-hot term).
 inline void fused_classifier(const CudaEnv& env, floatX* logits, float* losses, const int* targets, float dloss, int N,
                              int V, int Vp, bool write_dlogits) {
     if (N == 0) return;

@@ -6,6 +6,7 @@
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
 #include "llmc/base/rng.h"
+#include "llmc/base/targets.h"
 #include "llmc/data/token_shard.h"
 
 namespace llmc {
@@ -157,7 +158,7 @@ void DataLoader::next_batch(std::span<int> inputs, std::span<int> targets) {
                 y[t] = row[t + 1];
             }
             x[T - 1] = row[T - 1];
-            y[T - 1] = -1;  // the last position predicts nothing (OLMo drops its logit)
+            y[T - 1] = kNoTarget;  // the last position predicts nothing (OLMo drops its logit)
         }
     }
     pos_.group++;

@@ -7,8 +7,9 @@
 //
 // OLMo files, read as OLMo reads them: each file is cut into instances of T tokens (the remainder dropped), and a
 // row is one instance, whole: inputs = its T tokens, targets[t] = instance[t+1] for t < T-1 and targets[T-1] = -1,
-// "no target" (OLMo predicts input_ids[1:] and drops the last position's logit; the models skip target -1). A group
-// is world*B instances of one file, and rank r takes instances order[(g*world + r)*B + b], b < B.
+// "no target" (kNoTarget, llmc/base/targets.h: OLMo predicts input_ids[1:] and drops the last position's logit;
+// the models' loss skips it). A group is world*B instances of one file, and rank r takes instances
+// order[(g*world + r)*B + b], b < B.
 //
 // Either way ranks read disjoint data and together cover what one rank with world*B sequences would; what does not
 // fill a group is skipped. With shuffle on, file order and the window (instance) order inside each file are

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "llmc/base/targets.h"
+
 namespace llmc::cpu {
 
 namespace {
@@ -413,8 +415,8 @@ void gelu_backward(float* d, const float* inp, size_t n) {
 
 // ---- classifier loss: softmax over the first V of Vp logits + cross-entropy ----
 
-// Per row: logsumexp over the first V logits and the loss at the target. Two passes over a row (max, then
-// exp-sum) while it sits in L2.
+// Per row: logsumexp over the first V logits and the loss at the target (0 for kNoTarget). Two passes over a
+// row (max, then exp-sum) while it sits in L2.
 void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, size_t N,
                           size_t V, size_t Vp) {
 #pragma omp parallel for schedule(static)
@@ -429,25 +431,29 @@ void crossentropy_forward(float* losses, float* logsumexp, const float* logits, 
         for (; i < V; i++) sum += exp_nonpositive(l[i] - maxval);
         for (float lane : lanes) sum += lane;
         logsumexp[row] = maxval + static_cast<float>(std::log(sum));
-        losses[row] = logsumexp[row] - l[targets[row]];
+        losses[row] = targets[row] == kNoTarget ? 0.0f : logsumexp[row] - l[targets[row]];
     }
 }
 
-// The mean of the N losses, summed in order.
-double mean_loss(const float* losses, size_t N) {
+// The N losses summed in order (a row without a target adds its 0), over the `count` rows with one.
+double mean_loss(const float* losses, size_t N, size_t count) {
     double total = 0.0;
     for (size_t row = 0; row < N; row++) total += losses[row];
-    return total / static_cast<double>(N);
+    return mean_over_targets(total, count);
 }
 
 // dlogits = dloss * (softmax - onehot(target)) over the first V columns, 0 in the padding (padded logits
-// take no part in the loss). One pass per row.
+// take no part in the loss), and a row of zeros for kNoTarget. One pass per row.
 void crossentropy_softmax_backward(float* dlogits, const float* logits, const float* logsumexp,
                                    const int* targets, float dloss, size_t N, size_t V, size_t Vp) {
 #pragma omp parallel for schedule(static)
     for (size_t row = 0; row < N; row++) {
         const float* l = logits + row * Vp;
         float* dl = dlogits + row * Vp;
+        if (targets[row] == kNoTarget) {
+            std::fill(dl, dl + Vp, 0.0f);
+            continue;
+        }
         const float lse = logsumexp[row];
         for (size_t i = 0; i < V; i++) dl[i] = exp_nonpositive(l[i] - lse) * dloss;
         for (size_t i = V; i < Vp; i++) dl[i] = 0.0f;

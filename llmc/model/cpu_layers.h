@@ -78,11 +78,14 @@ void gelu_backward(float* d, const float* inp, size_t n);
 void swiglu_forward(float* out, const float* inp, size_t N, size_t width);
 void swiglu_backward(float* dinp, const float* dout, const float* inp, size_t N, size_t width);
 
-// Per row: logsumexp over the first V of Vp logits and the loss at the target.
+// Per row: logsumexp over the first V of Vp logits and the loss at the target; a row whose target is kNoTarget
+// (llmc/base/targets.h) gets loss 0 (its logsumexp is still written).
 void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, size_t N,
                           size_t V, size_t Vp);
-double mean_loss(const float* losses, size_t N);  // summed in order
-// dlogits = dloss * (softmax - onehot(target)) over the first V columns, 0 in the padding.
+// The N losses summed in order, divided by `count` (the rows with a target); 0 when count is 0.
+double mean_loss(const float* losses, size_t N, size_t count);
+// dlogits = dloss * (softmax - onehot(target)) over the first V columns, 0 in the padding; all zeros in a row
+// whose target is kNoTarget.
 void crossentropy_softmax_backward(float* dlogits, const float* logits, const float* logsumexp, const int* targets,
                                    float dloss, size_t N, size_t V, size_t Vp);
 

@@ -10,6 +10,7 @@
 
 #include "llmc/base/error.h"
 #include "llmc/base/rope_table.h"
+#include "llmc/base/targets.h"
 #include "llmc/model/cpu_layers.h"
 #include "llmc/model/model_init.h"
 
@@ -124,18 +125,16 @@ float ModelCpu::run_forward(const int* inputs, const int* targets, int B, int T,
                                              std::to_string(config_.max_seq_len));
     const size_t N = static_cast<size_t>(B) * T;
     const int V = config_.vocab_size;
-    for (size_t i = 0; i < N; i++) {
+    for (size_t i = 0; i < N; i++)
         LLMC_CHECK(inputs[i] >= 0 && inputs[i] < V, "ModelCpu::forward: input token id " + std::to_string(inputs[i]) +
                                                         " at position " + std::to_string(i) +
                                                         " is outside the vocabulary [0, " + std::to_string(V) + ")");
-        LLMC_CHECK(targets == nullptr || (targets[i] >= 0 && targets[i] < V),
-                   "ModelCpu::forward: target token id " + std::to_string(targets[i]) + " at position " +
-                       std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
-    }
+    const size_t target_count = targets ? count_targets(targets, N, V, "ModelCpu::forward") : 0;
     prepare_activations(B, T);
     const cpu::SingleThreadedBlas single_threaded_blas;
     inputs_.assign(inputs, inputs + N);
     have_targets_ = targets != nullptr;
+    target_count_ = target_count;
     if (have_targets_) targets_.assign(targets, targets + N);
 
     const size_t L = config_.num_layers, C = config_.channels, H = config_.num_heads,
@@ -186,7 +185,7 @@ float ModelCpu::run_forward(const int* inputs, const int* targets, int B, int T,
         for (size_t b = r0 / Tn; b < size_t(B) && b * Tn + Tn - 1 < r0 + rows; b++)
             std::memcpy(a.last_logits + b * Vp, logits + (b * Tn + Tn - 1 - r0) * Vp, Vp * sizeof(float));
     }
-    return have_targets_ ? static_cast<float>(cpu::mean_loss(a.losses, N)) : 0.0f;
+    return have_targets_ ? static_cast<float>(cpu::mean_loss(a.losses, N, target_count_)) : 0.0f;
 }
 
 void ModelCpu::prepare_token_cache() {
@@ -325,7 +324,7 @@ void ModelCpu::backward(float loss_scale, const GradsFinal& on_final, std::span<
     const Activations& a = acts_;
     const cpu::SingleThreadedBlas single_threaded_blas;
 
-    const float dloss = loss_scale / static_cast<float>(N);
+    const float dloss = loss_scale_per_target(loss_scale, target_count_);  // the mean over the targets
     cpu::crossentropy_softmax_backward(a.dlogits, a.logits, a.logsumexp, targets_.data(), dloss, N, V, Vp);
     // The classifier's weight gradient before its input gradient, so that the early wte rows travel during the
     // input gradient's product too.

@@ -47,15 +47,19 @@ public:
     void init_random(uint64_t seed);
 
     // Runs the model on B sequences of T tokens (inputs and targets are B*T row-major token ids). Returns
-    // the mean cross-entropy over the B*T positions, or 0 when targets is null. Throws llmc::Error for
-    // T > max_seq_len or a token id outside [0, vocab_size).
+    // the mean cross-entropy over the positions with a target (a target of kNoTarget, llmc/base/targets.h, is
+    // none: torch's ignore_index), 0 when there are none or targets is null. Throws llmc::Error for
+    // T > max_seq_len, an input outside [0, vocab_size) or a target neither in it nor kNoTarget.
     float forward(const int* inputs, const int* targets, int B, int T);
+    // The positions with a target in the last forward (B*T when none is kNoTarget; 0 without targets).
+    size_t target_count() const { return target_count_; }
 
     void zero_grad();
 
     // Adds the gradient of loss_scale * (mean loss of the last forward) into grads(), so micro-batches
-    // accumulate (pass 1/steps as loss_scale). Needs a preceding forward() with targets. `on_final`, if set,
-    // is called on this thread with the gradient ranges nothing later in this backward writes, in the order of
+    // accumulate (pass 1/steps as loss_scale): each position with a target weighs loss_scale / target_count(),
+    // one without 0 (a forward without any adds nothing). Needs a preceding forward() with targets. `on_final`,
+    // if set, is called on this thread with the gradient ranges nothing later in this backward writes, in the order of
     // ParamLayout::backward_ranges_of_*: `wte_early` once the classifier is done (runs of wte rows the inputs do
     // not touch), each layer's, then the embeddings' others. AdamW-DDP starts their all-reduce.
     using GradsFinal = std::function<void(std::span<const ParamRange>)>;
@@ -72,7 +76,8 @@ public:
     std::span<const float> last_logits() const {
         return {acts_.last_logits, size_t(batch_) * size_t(config_.padded_vocab_size)};
     }
-    // (B, T) cross-entropy at each position of the last forward with targets (forward's loss is their mean).
+    // (B, T) cross-entropy at each position of the last forward with targets, 0 where the target is kNoTarget
+    // (forward's loss is their sum over target_count()).
     std::span<const float> losses() const { return {acts_.losses, have_targets_ ? num_tokens_ : 0}; }
 
     // Inference with a key/value cache, for sampling. start_sequence runs the model on `tokens` (1 to max_seq_len
@@ -170,6 +175,7 @@ private:
     size_t num_tokens_ = 0;  // batch_ * seq_len_
     std::vector<int> inputs_, targets_;
     bool have_targets_ = false;
+    size_t target_count_ = 0;  // positions of targets_ that are not kNoTarget
 
     std::unique_ptr<float[], FreeDeleter> cache_memory_;
     TokenCache cache_{};

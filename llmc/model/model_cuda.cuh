@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "llmc/base/rope_table.h"
+#include "llmc/base/targets.h"
 #include "llmc/cuda/attention.cuh"
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/cuda/cuda_options.h"
@@ -68,19 +69,19 @@ namespace llmc {
 struct StepGraph {
     cudaGraphExec_t exec = nullptr;
     int B = 0, T = 0;
-    float loss_scale = 0.0f;
+    float dloss = 0.0f;
     StepGraph() = default;
     StepGraph(const StepGraph&) = delete;
     StepGraph& operator=(const StepGraph&) = delete;
     ~StepGraph() {
         if (exec) (void)cudaGraphExecDestroy(exec);
     }
-    bool is_for(int b, int t, float scale) const { return B == b && T == t && loss_scale == scale; }
-    // Drops the graph; the next one is for (b, t, scale).
-    void reset(int b, int t, float scale) {
+    bool is_for(int b, int t, float d) const { return B == b && T == t && dloss == d; }
+    // Drops the graph; the next one is for (b, t, d).
+    void reset(int b, int t, float d) {
         if (exec) (void)cudaGraphExecDestroy(exec);
         exec = nullptr;
-        B = b, T = t, loss_scale = scale;
+        B = b, T = t, dloss = d;
     }
 };
 
@@ -177,19 +178,24 @@ public:
     // it held (the trainer stages the starting weights there).
     void zero_grad() { overwrite_grads_ = true; }
 
-    // Runs the model (evaluation: the logits stay intact). Returns the mean loss, or 0 when targets is null.
-    // inputs/targets: B*T token ids in host memory.
+    // Runs the model (evaluation: the logits stay intact). Returns the mean loss over the positions with a
+    // target (kNoTarget, llmc/base/targets.h, is none: torch's ignore_index), 0 when there are none or targets
+    // is null. inputs/targets: B*T token ids in host memory.
     float forward(const int* inputs, const int* targets, int B, int T) {
-        stage_batch(inputs, targets, B, T);
+        const size_t count = stage_batch(inputs, targets, B, T);
         forward_kernels(B, T, targets != nullptr, false, 1.0f);
-        return targets ? mean_loss(B * T) : 0.0f;
+        target_count_ = count;
+        return targets ? mean_loss(B * T, count) : 0.0f;
     }
+    // The positions with a target in the last forward() (B*T when none is kNoTarget; 0 without targets).
+    size_t target_count() const { return target_count_; }
 
     // The backward's report of gradient ranges no later kernel of it writes (DeviceOptimizer::on_gradients_final):
     // called on the host while the GPU still runs the backward, once the kernels producing the ranges are queued.
     using GradsFinal = std::function<void(std::span<const ParamRange>)>;
 
-    // One training micro-step: forward, then backward of loss_scale * mean loss, ADDING into grads() (call
+    // One training micro-step: forward, then backward of loss_scale * mean loss (over the positions with a
+    // target: each weighs loss_scale / their count, a kNoTarget one 0), ADDING into grads() (call
     // zero_grad() at the start of each optimizer step: the first micro-step after it writes instead; pass
     // 1/grad_accum as loss_scale). Queued without waiting for the GPU, so the host prepares the next micro-step
     // or the optimizer step while the GPU runs this one: the per-row losses follow into pinned memory, and
@@ -204,21 +210,22 @@ public:
         LLMC_CHECK(wte_early.empty() ||
                        layout_.wte_rows_untouched(wte_early, std::span<const int>(inputs, size_t(B) * T)),
                    "forward_backward: an early wte range holds a row this batch's input tokens use");
-        stage_batch(inputs, targets, B, T);
+        const size_t count = stage_batch(inputs, targets, B, T);
+        const float dloss = loss_scale_per_target(loss_scale, count);
         const bool accumulate = !overwrite_grads_;
         if (cuda_graph_ && !on_final) {
-            forward_backward_layers_graph(B, T, loss_scale, accumulate);
+            forward_backward_layers_graph(B, T, dloss, accumulate);
             plan_.build(inputs, B * T);  // host work overlaps the graph
             plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
         } else {
-            forward_kernels(B, T, true, true, loss_scale);
+            forward_kernels(B, T, true, true, dloss);
             plan_.build(inputs, B * T);  // host work overlaps the GPU's forward
             plan_.upload(a_.encoder_plan, plan_upload_, env_.stream);
             backward_layers(B, T, on_final, accumulate, wte_early);
         }
         backward_embeddings(B, T, on_final, accumulate, wte_early);
         overwrite_grads_ = false;
-        queue_losses(B * T);
+        queue_losses(B * T, count);
     }
     // The mean loss of each of the first `count` micro-steps queued and not yet taken (all of them by default), in
     // queue order, each summed on the host in row order as forward() does. Waits for the last of them only (nothing
@@ -232,7 +239,7 @@ public:
         for (size_t i = 0; i < count; i++) {
             const QueuedLoss q = queued_losses_.front();
             queued_losses_.pop_front();
-            means.push_back(mean_of_rows(loss_slots_[q.slot].rows.data(), q.rows));
+            means.push_back(mean_of_rows(loss_slots_[q.slot].rows.data(), q.rows, q.targets));
             free_loss_slots_.push_back(q.slot);
         }
         return means;
@@ -244,7 +251,8 @@ public:
         return take_losses().back();
     }
 
-    // The per-position cross-entropies of the last forward() with targets, on the host.
+    // The per-position cross-entropies of the last forward() with targets, on the host; 0 where the target is
+    // kNoTarget.
     std::span<const float> losses() const { return host_losses_; }
 
     // Logits of the last forward() for row (b * T + t), fp32, padded_vocab_size values.
@@ -410,16 +418,19 @@ private:
     }
 
     // The batch checked and queued for upload (outside any graph: the copies leave pinned staging buffers).
-    void stage_batch(const int* inputs, const int* targets, int B, int T) {
+    // Returns the number of positions with a target (0 without targets).
+    size_t stage_batch(const int* inputs, const int* targets, int B, int T) {
         LLMC_CHECK(B > 0 && T > 0 && B <= max_B_ && T <= max_T_ && size_t(B) * T <= n_cap_,
                    "forward: batch " + std::to_string(B) + "x" + std::to_string(T) + " exceeds the allocated " +
                        std::to_string(max_B_) + "x" + std::to_string(max_T_));
         const int V = config_.vocab_size, N = B * T;
         for (int i = 0; i < N; i++)
-            LLMC_CHECK(inputs[i] >= 0 && inputs[i] < V && (!targets || (targets[i] >= 0 && targets[i] < V)),
+            LLMC_CHECK(inputs[i] >= 0 && inputs[i] < V,
                        "forward: token id out of range [0, " + std::to_string(V) + ") at position " + std::to_string(i));
+        const size_t count = targets ? count_targets(targets, size_t(N), V, "forward") : 0;
         inputs_upload_.upload(a_.inputs, inputs, size_t(N), env_.stream);
         if (targets) targets_upload_.upload(a_.targets, targets, size_t(N), env_.stream);
+        return count;
     }
 
     // ---- Each family's norm: GPT-2's affine LayerNorm (layernorm.cuh, as before OLMo), OLMo's LayerNorm without
@@ -462,8 +473,9 @@ private:
             layernorm_noaffine_backward(dinp, dout, inp, mean, rstd, N, C, s);
     }
 
-    // The forward's kernels on the staged batch (the losses too when with_loss: the staged targets).
-    void forward_kernels(int B, int T, bool with_loss, bool write_dlogits, float loss_scale) {
+    // The forward's kernels on the staged batch (the losses too when with_loss: the staged targets; with
+    // write_dlogits the logits become their gradient, dloss per position with a target).
+    void forward_kernels(int B, int T, bool with_loss, bool write_dlogits, float dloss) {
         const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
         const int V = config_.vocab_size, Vp = config_.padded_vocab_size, F = config_.mlp_input_rows();
         const int N = B * T;
@@ -510,24 +522,25 @@ private:
         }
         matmul_forward(env_, a_.logits, a_.lnf, at(p, ParamKind::wte), nullptr, N, C, Vp);
         if (with_loss)
-            fused_classifier(env_, a_.logits, a_.losses, a_.targets, loss_scale / float(N), N, V, Vp, write_dlogits);
+            fused_classifier(env_, a_.logits, a_.losses, a_.targets, dloss, N, V, Vp, write_dlogits);
     }
 
     // --cuda_graph: forward_kernels and backward_layers of a training micro-step, as one graph replayed per
-    // shape (B, T, loss_scale), one for the micro-steps that write the gradients and one for those that add to
-    // them; the first micro-step of each runs the kernels directly, the second captures them.
-    void forward_backward_layers_graph(int B, int T, float loss_scale, bool accumulate) {
+    // shape (B, T, dloss: the classifier's argument, loss_scale over the batch's targets, which OLMo rows keep
+    // at B*(T-1)), one for the micro-steps that write the gradients and one for those that add to them; the
+    // first micro-step of each runs the kernels directly, the second captures them.
+    void forward_backward_layers_graph(int B, int T, float dloss, bool accumulate) {
         StepGraph& sg = step_graphs_[accumulate ? 1 : 0];
-        if (!sg.is_for(B, T, loss_scale)) {
-            sg.reset(B, T, loss_scale);
-            forward_kernels(B, T, true, true, loss_scale);  // a first run: cuBLASLt picks and caches its algorithms
+        if (!sg.is_for(B, T, dloss)) {
+            sg.reset(B, T, dloss);
+            forward_kernels(B, T, true, true, dloss);  // a first run: cuBLASLt picks and caches its algorithms
             backward_layers(B, T, {}, accumulate);
             return;
         }
         if (!sg.exec) {
             cudaGraph_t graph = nullptr;
             CUDA_CHECK(cudaStreamBeginCapture(env_.stream, cudaStreamCaptureModeRelaxed));
-            forward_kernels(B, T, true, true, loss_scale);
+            forward_kernels(B, T, true, true, dloss);
             backward_layers(B, T, {}, accumulate);
             CUDA_CHECK(cudaStreamEndCapture(env_.stream, &graph));
             const cudaError_t instantiated = cudaGraphInstantiate(&sg.exec, graph, 0);
@@ -624,7 +637,7 @@ private:
 
     // A queued micro-step's per-row losses into a free pinned slot (one per micro-step queued and not yet taken,
     // each of the batch capacity, kept for reuse once take_losses has read it), an event recorded behind the copy.
-    void queue_losses(int N) {
+    void queue_losses(int N, size_t targets) {
         if (free_loss_slots_.empty()) {
             free_loss_slots_.push_back(loss_slots_.size());
             loss_slots_.push_back(LossSlot{PinnedHostBuffer<float>(n_cap_), CudaEvent()});
@@ -635,19 +648,20 @@ private:
         CUDA_CHECK(cudaMemcpyAsync(s.rows.data(), a_.losses, size_t(N) * sizeof(float), cudaMemcpyDeviceToHost,
                                    env_.stream));
         s.copied.record(env_.stream);
-        queued_losses_.push_back(QueuedLoss{slot, N});
+        queued_losses_.push_back(QueuedLoss{slot, N, targets});
     }
-    // Mean of the per-row losses, summed on the host in a fixed order (synchronizes).
-    float mean_loss(int N) {
+    // Mean of the per-row losses over the `targets` rows with one, summed on the host in a fixed order (a row
+    // without a target adds its 0; synchronizes).
+    float mean_loss(int N, size_t targets) {
         host_losses_.resize(N);
         CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), a_.losses, size_t(N) * sizeof(float), cudaMemcpyDeviceToHost, env_.stream));
         CUDA_CHECK(cudaStreamSynchronize(env_.stream));
-        return mean_of_rows(host_losses_.data(), N);
+        return mean_of_rows(host_losses_.data(), N, targets);
     }
-    static float mean_of_rows(const float* losses, int N) {
+    static float mean_of_rows(const float* losses, int N, size_t targets) {
         double sum = 0.0;
         for (int r = 0; r < N; r++) sum += losses[r];
-        return static_cast<float>(sum / N);
+        return static_cast<float>(mean_over_targets(sum, targets));
     }
 
     ModelConfig config_;
@@ -669,6 +683,7 @@ private:
     EncoderBackwardPlan plan_;
     PinnedUpload<int> inputs_upload_, targets_upload_, plan_upload_;
     std::vector<float> host_losses_;
+    size_t target_count_ = 0;  // of the last forward()
     struct LossSlot {
         PinnedHostBuffer<float> rows;  // a micro-step's per-row losses
         CudaEvent copied;              // recorded behind their copy
@@ -676,6 +691,7 @@ private:
     struct QueuedLoss {
         size_t slot;  // into loss_slots_
         int rows;
+        size_t targets;  // the rows with a target
     };
     std::vector<LossSlot> loss_slots_;    // queue_losses' pinned slots
     std::vector<size_t> free_loss_slots_;

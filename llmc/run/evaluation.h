@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/base/targets.h"
 #include "llmc/comm/transport.h"
 #include "llmc/data/dataloader.h"
 #include "llmc/data/multiple_choice.h"
@@ -16,20 +17,25 @@
 
 namespace llmc {
 
-// Mean validation loss over `batches` batches of every rank (the loader restarts from its beginning).
-// Model: anything with double forward(const int* inputs, const int* targets, int B, int T).
+// Mean validation loss over the positions with a target of `batches` batches of every rank (the loader restarts
+// from its beginning), as TargetMean (llmc/base/targets.h) weighs the batch means: OLMo rows give torch's mean over
+// their B*(T-1) targets, llm.c windows the plain mean of the batch means.
+// Model: anything with double forward(const int* inputs, const int* targets, int B, int T) and
+// size_t target_count(), the positions with a target in the last forward.
 template <class Model>
 double evaluate_loss(Model& model, DataLoader& loader, int batches, const TrainConfig& cfg, Transport& transport) {
     const size_t n = static_cast<size_t>(cfg.batch_size) * cfg.seq_len;
     std::vector<int> x(n), y(n);
     loader.reset();
-    double sum[1] = {0.0};
+    TargetMean mean;
     for (int i = 0; i < batches; i++) {
         loader.next_batch(x, y);
-        sum[0] += model.forward(x.data(), y.data(), cfg.batch_size, cfg.seq_len);
+        const double batch_mean = model.forward(x.data(), y.data(), cfg.batch_size, cfg.seq_len);
+        mean.add(batch_mean, model.target_count(), n);
     }
-    transport.allreduce_sum(sum);
-    return sum[0] / (static_cast<double>(batches) * transport.world_size());
+    double sums[2] = {mean.weighted, mean.weights};
+    transport.allreduce_sum(sums);
+    return TargetMean{sums[0], sums[1]}.value();
 }
 
 // Multiple-choice accuracy (--choices) over every rank: rank r scores examples r, r + world, ..., each completion a

@@ -11,6 +11,9 @@ printed, and the loss of the windows eval_gpt reads.
 
   loss MODEL GLOB B T N     eval_gpt's loss over N batches (0: all) of B x T tokens equals the reference's mean
                            cross-entropy over the same windows (B*T+1 tokens every B*T, shard after shard)
+  loss_olmo MODEL GLOB B T N  the same on OLMo uint16 token files: B instances of T tokens a batch, file after
+                           file, the last position of each without a target (-1); the reference's mean is
+                           cross_entropy(ignore_index=-1) over all the batches' B*(T-1) targets each
   choices MODEL JSONL BIN TOKENS  eval_gpt --choices on HellaSwag-style JSON Lines and on the same examples in
                            llm.c's eval file (BIN, written from js-tiktoken's tokens in TOKENS) agree line for line;
                            each completion's summed and mean loss equals the reference's, on each row run alone with
@@ -28,6 +31,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "dev", "reference"))
 from gpt2_reference import GPT, llmc_order  # noqa: E402
@@ -192,6 +196,38 @@ def loss(model_path, pattern, batch, seq, batches):
           f"{expected:.6f}")
 
 
+def loss_olmo(model_path, pattern, batch, seq, batches):
+    batch, seq, batches = int(batch), int(seq), int(batches)
+    model, _, _ = load_model(model_path)
+    command = ["./eval_gpt", "--model", model_path, "--data", pattern, "--data_format", "olmo", "--memmap_dtype",
+               "uint16", "--batch_size", str(batch), "--seq_len", str(seq), "--batches", str(batches), "--json"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        fail(f"{' '.join(command)}: exit {result.returncode}: {result.stderr.strip()}")
+    ours = json.loads(result.stdout)
+    inputs, targets = [], []
+    for path in sorted(glob.glob(pattern)):
+        tokens = np.asarray(np.memmap(path, dtype="<u2", mode="r")).astype(np.int64)
+        instances = len(tokens) // seq
+        for b in range(instances // batch):
+            if batches and len(inputs) == batches:
+                break
+            x = torch.from_numpy(tokens[b * batch * seq:(b + 1) * batch * seq].reshape(batch, seq).copy())
+            inputs.append(x)
+            targets.append(torch.cat([x[:, 1:], torch.full((batch, 1), -1)], dim=1))
+    with torch.no_grad():  # one cross-entropy over every batch's positions: the mean over all their targets
+        logits = torch.cat([model(x, y)[0][..., :model.vocab_size] for x, y in zip(inputs, targets)])
+        expected = F.cross_entropy(logits.reshape(-1, model.vocab_size), torch.cat(targets).reshape(-1),
+                                   ignore_index=-1).item()
+    if ours["batches"] != len(inputs) or ours["targets"] != len(inputs) * batch * (seq - 1):
+        fail(f"loss_olmo: eval_gpt read {ours['batches']} batches ({ours['targets']} targets), the reference "
+             f"{len(inputs)} of B={batch} T={seq}")
+    if abs(ours["loss"] - expected) > 1e-5 * abs(expected):
+        fail(f"loss_olmo: eval_gpt {ours['loss']:.7f}, the reference {expected:.7f} over {len(inputs)} batches")
+    print(f"ok    loss on OLMo files over {len(inputs)} batches of B={batch} T={seq} ({ours['targets']} targets): "
+          f"{ours['loss']:.6f}, the reference's {expected:.6f}")
+
+
 def eval_choices(model_path, choices_path):
     command = ["./eval_gpt", "--model", model_path, "--choices", choices_path, "--per_example", "--json"]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -257,4 +293,5 @@ def choices(model_path, jsonl_path, bin_path, tokens_path):
 
 
 if __name__ == "__main__":
-    {"greedy": greedy, "distribution": distribution, "loss": loss, "choices": choices}[sys.argv[1]](*sys.argv[2:])
+    {"greedy": greedy, "distribution": distribution, "loss": loss, "loss_olmo": loss_olmo,
+     "choices": choices}[sys.argv[1]](*sys.argv[2:])

@@ -9,8 +9,10 @@
 #   - the trainer: --data_format / --memmap_dtype / --eos_token_id validation, a --dry_run on OLMo files, one-line
 #     errors for bad OLMo files when the data opens, a resume on the same llm.c shards with another memmap_dtype
 #     allowed and one with another data_format refused;
-#   - eval_gpt and sample_gpt take the format, dtype and eos of the model's run (its config.json), flags first.
-# Training on OLMo files needs the models to skip target -1 (another change); this script does not train on them.
+#   - eval_gpt and sample_gpt take the format, dtype and eos of the model's run (its config.json), flags first;
+#   - training on OLMo files (each instance's last target -1, "no target"): the run's val loss is eval_gpt's on its
+#     checkpoint, and eval_gpt's loss on OLMo files is PyTorch's cross_entropy(ignore_index=-1) over the same
+#     instances (test/e2e/model_tools_checks.py loss_olmo; skipped without torch).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 python=/usr/bin/python3
@@ -246,6 +248,29 @@ c = json.load(open(sys.argv[1])); c.update(eos_token_id=99999); json.dump(c, ope
 EOF
 expect_error "its run's eos_token_id 99999 is outside the vocabulary of 50257" \
   ./sample_gpt --model "$tmp/run" --tokens 2
+
+# ---- training and evaluation on OLMo files: the loss over the positions with a target ----
+olmo_run=(./train_gpt_cpu "${tiny[@]}" --data_format olmo --memmap_dtype uint16 --out_dir "$tmp/olmo_run"
+          --train_data "@$tmp/olmo_uint16/train.txt" --val_data "$tmp/olmo_uint16/default_val_000000.npy")
+if "${olmo_run[@]}" >"$tmp/olmo_run.log" 2>&1; then
+  logged=$("$python" -c 'import json, math, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+train = [l["loss"] for l in lines if l.get("type") == "train"]
+assert len(train) == 2 and all(math.isfinite(x) for x in train), train
+print([l["val_loss"] for l in lines if l.get("type") == "val"][-1])' "$tmp/olmo_run/metrics.jsonl")
+  evaluated=$(./eval_gpt --model "$tmp/olmo_run" --data "$tmp/olmo_uint16/default_val_000000.npy" --batch_size 2 \
+              --seq_len 32 --batches 8 --json |
+              "$python" -c 'import json, sys; l = json.load(sys.stdin); print(l["loss"], l["targets"])')
+  check "train_gpt_cpu on OLMo files: 2 finite train losses; eval_gpt on its checkpoint with its B, T and \
+val_batches gives the val loss it logged ($logged), over 8 x 2 x 31 targets" \
+    test -n "$logged" -a "$logged 496" == "$evaluated"
+else
+  fail "train_gpt_cpu on OLMo files: $(tail -n 2 "$tmp/olmo_run.log")"
+fi
+if "$python" -c "import torch" 2>/dev/null; then
+  "$python" test/e2e/model_tools_checks.py loss_olmo "$tmp/olmo_run/checkpoints/step_00000002/model.bin" \
+    "$tmp/olmo_uint16/default_val_000000.npy" 2 32 6 || failures=$((failures + 1))
+fi
 
 [[ $failures -eq 0 ]] && echo "all OLMo data checks passed" || echo "$failures check(s) failed"
 [[ $failures -eq 0 ]]

@@ -327,11 +327,13 @@ def same(what, a, b, keys=("loss", "grad_norm")):
 
 def gpu_tests():
     """The GPU tests (test/gpu/gpu_test_*.cu) on the emulated device, against the PyTorch references that
-    test/emulated/test_emulated_gpu.sh wrote into TMP/tiny and TMP/hs64, and the NCCL transport's checker (its
-    collectives over MPI) at 1, 2 and 3 ranks (3: the ring model's rounding). Each prints its own comparisons,
-    shown with its check; `expect` names the path it must have taken. The longest are submitted first."""
+    test/emulated/test_emulated_gpu.sh wrote into TMP/tiny, TMP/tiny_masked and TMP/hs64, and the NCCL transport's
+    checker (its collectives over MPI) at 1, 2 and 3 ranks (3: the ring model's rounding). Each prints its own
+    comparisons, shown with its check; `expect` names the path it must have taken. The longest are submitted
+    first."""
     emu, fp32 = os.path.join(ROOT, "build", "emu"), os.path.join(ROOT, "build", "emu-fp32")
     tiny, hs64 = os.path.join(TMP, "tiny"), os.path.join(TMP, "hs64")  # hs64: head size 64, flash attention's
+    masked = os.path.join(TMP, "tiny_masked")  # targets -1: every row's last position and all of row 1
     tests = (
         # bf16 DeMo: the trainer checks below
         (None, {}, f"{fp32}/gpu_test_demo", tiny),
@@ -348,7 +350,10 @@ def gpu_tests():
         # the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue (the emulated cuBLASLt's own sums)
         ("bias gradients from the BGRADB epilogue", {"bias_grad": "epilogue"}, f"{emu}/gpu_test_gpt2", tiny),
         ("bias gradients from the BGRADB epilogue", {"bias_grad": "epilogue"}, f"{fp32}/gpu_test_gpt2", tiny),
-        (None, {}, f"{fp32}/gpu_test_gpt2", tiny))
+        (None, {}, f"{fp32}/gpu_test_gpt2", tiny),
+        # positions without a target: the classifier's zero rows, the loss and its scale over the others
+        ("micro-steps as a CUDA graph", {"cuda_graph": "true"}, f"{emu}/gpu_test_gpt2", masked),
+        (None, {}, f"{fp32}/gpu_test_gpt2", masked))
     commands = [(expect, [binary, ref] + split_knobs(knobs)[0], 1) for expect, knobs, binary, ref in tests]
     commands += [(None, ["mpirun", "-np", str(n), f"{emu}/nccl_transport"], n) for n in (1, 2, 3)]
     for expect, cmd, cost in commands:

@@ -4,7 +4,7 @@
 # NCCL-over-MPI from emu/{runtime,cublas,nccl}.cpp). This runs
 #  - the GPU tests: the CUDA GPT-2 against the independent PyTorch reference (logits, loss, every gradient, 10
 #    AdamW steps; bf16 with both attentions, the three flash dQ summations, the DGELU epilogue and the micro-step
-#    as a CUDA graph, and fp32) and
+#    as a CUDA graph, and fp32; a batch with targets -1, bf16 and fp32) and
 #    CudaDemo against the CPU DeMo optimizer (10 steps, fp32; also with LLMC_DEMO_MOMENTUM=dct, the state blob
 #    converted both ways; and both with --demo_delay 1, eager and stale, the state blob's pending round moved both
 #    ways);
@@ -54,6 +54,8 @@ reference() {
 # checked in test_llmc_kernels_emu and test_demo_kernels_emu. On a GPU the tests take GPT-2's vocabulary.
 vocab=(--vocab-size 1001 --padded-vocab-size 1024)
 reference tiny --config tiny --batch 4 --seq 32 "${vocab[@]}"
+# targets -1 (no target) at every row's last position and in all of row 1, which torch's ignore_index skips
+reference tiny_masked --config tiny --batch 4 --seq 32 "${vocab[@]}" --mask-targets
 reference hs64 --config tiny --channels 128 --heads 2 --max-seq-len 128 --batch 4 --seq 96 "${vocab[@]}"  # head size 64
 
 exec "$python" test/emulated/emulated_gpu_checks.py

@@ -791,13 +791,16 @@ TEST(causal_softmax) {
 }
 
 // =========================================================================================================
-// Fused classifier: losses and in-place dlogits over the first V of Vp columns
-void check_fused_classifier(int N, int V, int Vp) {
+// Fused classifier: losses and in-place dlogits over the first V of Vp columns; a row without a target (kNoTarget)
+// has loss 0 and a zero gradient row; `masked`: every row is one.
+void check_fused_classifier(int N, int V, int Vp, bool masked = false) {
     const auto logits = random_floatX_values(size_t(N) * Vp, 2.0f, uint32_t(61 + V));
     std::vector<int> targets = random_ints(size_t(N), V, uint32_t(62 + V));
     targets[0] = 0;
     targets[1] = V - 1;
-    targets[2] = -1;  // out of range: NaN loss, no one-hot term
+    targets[2] = llmc::kNoTarget;
+    if (N > 3) targets[3] = V;  // out of range: NaN loss, no one-hot term
+    if (masked) targets.assign(size_t(N), llmc::kNoTarget);
     const float dloss = 1.0f / float(N);
     std::vector<double> ref_loss(static_cast<size_t>(N)), ref_d(size_t(N) * Vp, 0.0);
     for (int r = 0; r < N; r++) {
@@ -806,10 +809,12 @@ void check_fused_classifier(int N, int V, int Vp) {
         for (int i = 0; i < V; i++) mx = std::max(mx, double(x[i]));
         for (int i = 0; i < V; i++) sum += std::exp(x[i] - mx);
         const int t = targets[size_t(r)];
-        ref_loss[size_t(r)] = t >= 0 ? std::log(sum) + mx - x[t] : NAN;
+        if (t == llmc::kNoTarget) continue;  // loss 0, dlogits 0
+        ref_loss[size_t(r)] = t < V ? std::log(sum) + mx - x[t] : NAN;
         for (int i = 0; i < V; i++) ref_d[size_t(r) * Vp + i] = (std::exp(x[i] - mx) / sum - (i == t ? 1.0 : 0.0)) * dloss;
     }
-    const std::string shape = "(N=" + std::to_string(N) + ",V=" + std::to_string(V) + ",Vp=" + std::to_string(Vp) + ")";
+    const std::string shape = "(N=" + std::to_string(N) + ",V=" + std::to_string(V) + ",Vp=" + std::to_string(Vp) +
+                              (masked ? ", no targets)" : ")");
     auto check_losses = [&](const std::string& what, const std::vector<float>& got) {
         std::vector<float> valid;
         std::vector<double> want;
@@ -861,8 +866,13 @@ void check_fused_classifier(int N, int V, int Vp) {
                    smem);
         }
         check_losses(name + " losses ", l[0]);
-        // probabilities ~1/V times dloss, rounded once; padded columns exact zeros
+        // probabilities ~1/V times dloss, rounded once; padded columns and rows without a target exact zeros
         expect_close(name + " dlogits " + shape, fl(d[0]), ref_d, 1e-6 * dloss, kRound);
+        size_t masked_nonzero = 0;
+        for (int r = 0; r < N; r++)
+            for (int i = 0; i < Vp && targets[size_t(r)] == llmc::kNoTarget; i++)
+                masked_nonzero += !(llmc::host_from_floatX(d[0][size_t(r) * Vp + i]) == 0.0f);
+        EXPECT_EQ(masked_nonzero, size_t{0});
         expect_same_bits("  forward vs reverse thread order", d[1], d[0]);
         expect_same_bits("  forward vs one warp at a time", d[2], d[0]);
         size_t pad_nonzero = 0;
@@ -879,6 +889,7 @@ TEST(fused_classifier) {
     check_fused_classifier(3, 1500, 1536);   // V > 1024: the block strides over the row
     check_fused_classifier(3, 9000, 9008);   // 128-bit: more than one 8192-column stride, a partial last chunk
     check_fused_classifier(4, 37, 44);       // Vp not a multiple of 8: scalar only
+    check_fused_classifier(3, 9000, 9008, true);  // no row has a target: every path's early exit
 }
 
 // =========================================================================================================

@@ -1,7 +1,8 @@
 // Checks ModelCpu (every family), llmc::AdamW and demo::DemoOptimizer against the independent PyTorch models
 // (dev/reference/gpt2_reference.py, dev/reference/olmo_reference.py): the same initial model and batch must give
 // the same logits, loss and every parameter's gradient, and 10 AdamW steps on that batch the same losses and
-// gradient norms, up to fp32 rounding. Where the reference also wrote DeMo runs (olmo_reference.py --demo-ranks:
+// gradient norms, up to fp32 rounding. A batch with targets -1 (no target: torch's ignore_index) must also give
+// per-position losses of 0 there, and count only the other positions. Where the reference also wrote DeMo runs (olmo_reference.py --demo-ranks:
 // demo_rN.bin), 10 DeMo steps on N simulated ranks, each on its own batch, must give the same losses and end at
 // the same parameters, up to the few signs that rounding decides.
 //
@@ -24,6 +25,7 @@
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/base/fileio.h"
+#include "llmc/base/targets.h"
 #include "llmc/model/model_cpu.h"
 #include "llmc/model/model_io.h"
 #include "llmc/comm/transport.h"
@@ -38,9 +40,10 @@ namespace {
 // to 50304 terms. Measured (tiny / d12): logits 3.4e-7 / 2.7e-6 absolute (max |logit| 1.1 / 3.1), loss
 // 9e-8 / 0 relative, worst gradient tensor 7e-7 / 1.8e-6 of its max. OLMo (tiny LayerNorm / tiny RMSNorm /
 // C=1024): logits 4.1e-6 / 4.4e-6 / 6.9e-6 absolute (max |logit| 5.3 / 5.7 / 5.2), loss 8.4e-8 / 0 / 8.6e-8,
-// worst gradient tensor 8.7e-7 / 1.2e-6 / 1.4e-6 of its max. The bounds below leave 15-100x of
-// headroom and stay far below what a real bug produces (a wrong mask, scale, bias or transposition changes
-// results at the 1e-3..1 level; the finite-difference test in test_model_io catches 5% errors).
+// worst gradient tensor 8.7e-7 / 1.2e-6 / 1.4e-6 of its max. With targets -1 (tiny GPT-2 / tiny RMSNorm OLMo):
+// loss 0 / 8.3e-8, worst gradient tensor 5.3e-7 / 9.7e-7. The bounds below leave 15-100x of headroom and stay
+// far below what a real bug produces (a wrong mask, scale, bias or transposition changes results at the 1e-3..1
+// level; the finite-difference test in test_model_io catches 5% errors).
 constexpr double kLogitTolerance = 1e-4;     // max |diff| relative to max(1, max |logit|)
 constexpr double kLossTolerance = 1e-5;      // initial loss, relative (~10.8 for random init)
 // Gradients: per tensor, max |diff| / max |reference grad|. Relative to the max because many entries are
@@ -71,6 +74,16 @@ void compare_with_torch(const std::string& model_path, const std::string& state_
     model.zero_grad();
     const float loss = model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
     model.backward();
+    const size_t masked = size_t(std::count(ref.targets.begin(), ref.targets.end(), llmc::kNoTarget));
+    if (masked > 0) {
+        size_t nonzero = 0;
+        for (size_t i = 0; i < ref.targets.size(); i++)
+            nonzero += ref.targets[i] == llmc::kNoTarget && model.losses()[i] != 0.0f;
+        std::printf("  %zu of %zu positions without a target; their losses nonzero: %zu\n", masked,
+                    ref.targets.size(), nonzero);
+        EXPECT_EQ(nonzero, size_t{0});
+    }
+    EXPECT_EQ(model.target_count(), ref.targets.size() - masked);
 
     const auto logits = model.logits();
     double max_logit_diff = 0.0, max_logit = 0.0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compares the C++ GPT-2 and AdamW with the independent PyTorch reference (dev/reference/gpt2_reference.py) on
-# a tiny model (B=4, T=32) and on GPT-2 124M (B=4, T=64). The reference files go to build/reference/<config>/
+# a tiny model (B=4, T=32), the same with targets -1 (no target: every row's last and all of row 1, torch's
+# ignore_index) and on GPT-2 124M (B=4, T=64). The reference files go to build/reference/<name>/
 # and are written again only when missing or older than the generator or this script (d12's take ~1 GB and
 # the longest part of the run). Skips when /usr/bin/python3 has no torch. check_model_vs_torch.cpp compares.
 set -euo pipefail
@@ -18,18 +19,20 @@ if [[ ! -x "$binary" ]]; then
   exit 1
 fi
 
-# generate CONFIG B T: writes build/reference/CONFIG/{model.bin,state.bin} unless they are up to date
+# generate NAME CONFIG B T [ARGS...]: writes build/reference/NAME/{model.bin,state.bin} unless they are up to date
 generate() {
-  local config="$1" batch="$2" seq="$3" dir="build/reference/$1"
+  local name="$1" config="$2" batch="$3" seq="$4" dir="build/reference/$1"
+  shift 4
   if [[ -f "$dir/model.bin" && -f "$dir/state.bin" && "$dir/state.bin" -nt "$generator" && "$dir/state.bin" -nt "$0" ]]; then
-    echo "reference $config: up to date in $dir"
+    echo "reference $name: up to date in $dir"
     return
   fi
-  echo "reference $config: writing $dir (B=$batch T=$seq)"
+  echo "reference $name: writing $dir (B=$batch T=$seq $*)"
   rm -f "$dir/model.bin" "$dir/state.bin"
-  "$python" "$generator" --config "$config" --batch "$batch" --seq "$seq" --seed 1337 --out-dir "$dir"
+  "$python" "$generator" --config "$config" --batch "$batch" --seq "$seq" --seed 1337 --out-dir "$dir" "$@"
 }
 
-generate tiny 4 32
-generate d12 4 64
-"$binary" build/reference/tiny build/reference/d12
+generate tiny tiny 4 32
+generate tiny_masked tiny 4 32 --mask-targets
+generate d12 d12 4 64
+"$binary" build/reference/tiny build/reference/tiny_masked build/reference/d12
