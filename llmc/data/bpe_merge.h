@@ -169,47 +169,106 @@ inline void merge(const PairTable& pairs, std::vector<int>& ids) {
     ids.resize(out);
 }
 
-// Piece bytes -> tokens, in flat arenas so a hit costs one hash, one probe and one memcmp. Memory is bounded by
-// starting over once the keys pass kMaxKeyBytes.
+// Piece bytes -> tokens. A slot is one 64-byte cache line holding the hash, a key of up to kInlineKey bytes and up
+// to kInlineTokens ids, so a hit on a common word costs one hash and one cache line; longer keys and token lists
+// live in flat arenas. Memory is bounded by starting over once the arenas pass kMaxArenaBytes.
 class WordCache {
 public:
     static constexpr size_t kMaxWordBytes = 64;  // longer pieces are rare; caching them would only churn memory
-    static constexpr size_t kMaxKeyBytes = 64u << 20;
+    static constexpr size_t kMaxArenaBytes = 64u << 20;
 
     WordCache() { reset(1u << 14); }
 
     // The cached tokens of `word` (empty when absent: pieces are never empty, so neither are their tokens).
-    std::span<const int> find(std::string_view word, uint64_t hash) const {
+    // Valid until the next call.
+    std::span<const int> find(std::string_view word, uint64_t hash) {
+        Front& front = front_[(hash >> 40) & (kFrontSize - 1)];
+        if (front.key_length == word.size() && front.hash == static_cast<uint32_t>(hash) &&
+            std::memcmp(front.key, word.data(), word.size()) == 0)
+            return {front.tokens, front.token_count};
         for (size_t at = hash & mask_;; at = (at + 1) & mask_) {
             const Slot& slot = slots_[at];
             if (slot.key_length == 0) return {};
-            if (slot.hash == hash && slot.key_length == word.size() &&
-                std::memcmp(keys_.data() + slot.key_offset, word.data(), word.size()) == 0)
-                return {tokens_.data() + slot.token_offset, slot.token_count};
+            if (slot.hash == hash && slot.key_length == word.size() && key_equals(slot, word)) {
+                const std::span<const int> tokens{
+                    slot.token_count <= kInlineTokens ? slot.tokens : tokens_.data() + slot.token_offset,
+                    slot.token_count};
+                remember(word, hash, tokens);
+                return tokens;
+            }
         }
     }
 
     void insert(std::string_view word, uint64_t hash, std::span<const int> tokens) {
-        if (keys_.size() + word.size() > kMaxKeyBytes) reset(slots_.size());
+        if (word.empty() || word.size() > kMaxWordBytes || tokens.empty() || tokens.size() > 255) return;
+        if (keys_.size() + tokens_.size() * sizeof(int) > kMaxArenaBytes) reset(slots_.size());
         if (2 * (used_ + 1) > slots_.size()) grow();
-        Slot slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(word.size()),
-                  static_cast<uint32_t>(tokens_.size()), static_cast<uint32_t>(tokens.size())};
-        keys_.append(word);
-        tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+        Slot slot{};
+        slot.hash = hash;
+        slot.key_length = static_cast<uint8_t>(word.size());
+        slot.token_count = static_cast<uint8_t>(tokens.size());
+        if (word.size() <= kInlineKey) {
+            std::memcpy(slot.key, word.data(), word.size());
+        } else {
+            const uint32_t offset = static_cast<uint32_t>(keys_.size());
+            std::memcpy(slot.key, &offset, sizeof offset);
+            keys_.append(word);
+        }
+        if (tokens.size() <= kInlineTokens) {
+            std::copy(tokens.begin(), tokens.end(), slot.tokens);
+        } else {
+            slot.token_offset = static_cast<uint32_t>(tokens_.size());
+            tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+        }
         place(slot);
         used_++;
+        remember(word, hash, tokens);
     }
 
     size_t size() const { return used_; }
 
 private:
-    struct Slot {
-        uint64_t hash = 0;
-        uint32_t key_offset = 0, key_length = 0;  // key_length 0 marks an empty slot
-        uint32_t token_offset = 0, token_count = 0;
+    // A direct-mapped front of short, frequent words (512 KB, so it stays in L2): in prose most pieces hit here
+    // and never touch the main table, whose slots are cache misses once it holds tens of thousands of words.
+    static constexpr size_t kFrontSize = 16384;
+    struct Front {
+        uint32_t hash = 0;
+        uint8_t key_length = 0;  // 0: empty
+        uint8_t token_count = 0;
+        int tokens[2];
+        char key[16];
     };
+    static_assert(sizeof(Front) == 32);
+    void remember(std::string_view word, uint64_t hash, std::span<const int> tokens) {
+        if (word.size() > sizeof(Front::key) || tokens.size() > 2) return;
+        Front& front = front_[(hash >> 40) & (kFrontSize - 1)];
+        front.hash = static_cast<uint32_t>(hash);
+        front.key_length = static_cast<uint8_t>(word.size());
+        front.token_count = static_cast<uint8_t>(tokens.size());
+        std::copy(tokens.begin(), tokens.end(), front.tokens);
+        std::memcpy(front.key, word.data(), word.size());
+    }
 
+    static constexpr size_t kInlineTokens = 3;
+    static constexpr size_t kInlineKey = 36;
+    struct alignas(64) Slot {
+        uint64_t hash;
+        uint8_t key_length;  // 0 marks an empty slot (pieces are never empty)
+        uint8_t token_count;
+        uint32_t token_offset;  // into tokens_ when token_count > kInlineTokens
+        int tokens[kInlineTokens];
+        char key[kInlineKey];   // the key, or its uint32 offset into keys_ when longer than kInlineKey
+    };
+    static_assert(sizeof(Slot) == 64);
+
+    bool key_equals(const Slot& slot, std::string_view word) const {
+        if (word.size() <= kInlineKey) return std::memcmp(slot.key, word.data(), word.size()) == 0;
+        uint32_t offset;
+        std::memcpy(&offset, slot.key, sizeof offset);
+        return std::memcmp(keys_.data() + offset, word.data(), word.size()) == 0;
+    }
     void reset(size_t capacity) {
+        front_.assign(kFrontSize, Front{});
         slots_.assign(capacity, Slot{});
         mask_ = capacity - 1;
         keys_.clear();
@@ -230,6 +289,7 @@ private:
             if (slot.key_length != 0) place(slot);
     }
 
+    std::vector<Front> front_;
     std::vector<Slot> slots_;
     size_t mask_ = 0, used_ = 0;
     std::string keys_;

@@ -340,7 +340,9 @@ private:
                 greedy = false;
                 at_++;
             } else if (more() && peek() == '+' && c != '{') {
-                unsupported("'" + std::string(1, static_cast<char>(c)) + "+' (possessive quantifier)");
+                std::string construct = "'";
+                construct += static_cast<char>(c);
+                unsupported(construct + "+' (possessive quantifier)");
             }
             if (atom.kind == Node::kLook || atom.kind == Node::kAssert) fail_here("quantifies a zero-width assertion");
             if (max == kUnbounded && nullable(atom)) unsupported("unbounded repetition of a group that can match empty");
@@ -591,12 +593,12 @@ private:
 // ---------------------------------------------------------------------------------------------------------------
 // Program
 
-enum Op : uint8_t { kClass, kRun, kSplit, kJmp, kMatch, kLook, kAssertOp };
+enum Op : uint8_t { kClass, kRun, kSplit, kAltSet, kJmp, kMatch, kLook, kAssertOp };
 
 struct Inst {
     Op op;
     uint8_t arg = 0;     // class index (kClass, kRun), negate (kLook), anchor (kAssertOp)
-    uint32_t x = 0;      // kSplit: preferred branch; kJmp: target; kLook: body
+    uint32_t x = 0;      // kSplit: preferred branch; kJmp: target; kLook: body; kAltSet: index into alts
     uint32_t y = 0;      // kSplit: other branch
     uint32_t min = 0, max = 0;  // kRun
     uint64_t first = kAnyFirst; // kSplit: class bits the preferred branch can start with
@@ -604,8 +606,15 @@ struct Inst {
 
 }  // namespace
 
+// One alternative of an alternation: where its code starts and the class bits it can start with.
+struct Branch {
+    uint32_t pc;
+    uint64_t first;
+};
+
 struct PretokenRegex::Program {
     std::vector<Inst> code;
+    std::vector<std::vector<Branch>> alts;  // kAltSet's alternatives, tried in order
     uint64_t first = kAnyFirst;           // class bits a match can start with
     std::vector<CharClass> classes;
     std::vector<uint64_t> bmp_bits;       // class bits of every code point below U+10000
@@ -631,18 +640,18 @@ struct PretokenRegex::Program {
             for (const Node& kid : node.kids) compile(kid);
             break;
         case Node::kAlt: {
+            // One instruction picks the first alternative whose first character can match, without stepping
+            // through a chain of splits (the top-level alternations of real patterns have 7-10 branches).
+            const uint32_t alt = emit({kAltSet});
+            const uint32_t table = static_cast<uint32_t>(alts.size());
+            code[alt].x = table;
+            alts.emplace_back();
             std::vector<uint32_t> jumps;
-            for (size_t i = 0; i < node.kids.size(); i++) {
-                if (i + 1 < node.kids.size()) {
-                    const uint32_t split = emit({kSplit});
-                    code[split].x = split + 1;
-                    code[split].first = first_mask(node.kids[i]);
-                    compile(node.kids[i]);
-                    jumps.push_back(emit({kJmp}));
-                    code[split].y = static_cast<uint32_t>(code.size());
-                } else {
-                    compile(node.kids[i]);
-                }
+            for (const Node& kid : node.kids) {
+                const Branch branch{static_cast<uint32_t>(code.size()), first_mask(kid)};
+                alts[table].push_back(branch);
+                compile(kid);
+                jumps.push_back(emit({kJmp}));
             }
             for (const uint32_t j : jumps) code[j].x = static_cast<uint32_t>(code.size());
             break;
@@ -702,6 +711,13 @@ namespace {
 using Frame = PretokenRegex::Scratch::Frame;
 constexpr uint32_t kPlain = UINT32_MAX;
 
+// The first branch from `from` on whose first character `bits` can be (branches.size() when none).
+inline uint32_t next_branch(const std::vector<Branch>& branches, uint32_t from, uint64_t bits) {
+    const uint32_t n = static_cast<uint32_t>(branches.size());
+    while (from < n && !(branches[from].first & bits) && branches[from].first != kAnyFirst) from++;
+    return from;
+}
+
 // Runs the program from `pc` at character `pos`; returns the end of the first match in backtracking order, or -1.
 // The stack above `base` belongs to this call (a lookahead runs as a nested call and leaves nothing behind).
 int64_t run(const PretokenRegex::Program& prog, const uint64_t* bits, const uint32_t* offsets, const char* text,
@@ -737,6 +753,15 @@ int64_t run(const PretokenRegex::Program& prog, const uint64_t* bits, const uint
                 pc = in.y;
             }
             continue;
+        case kAltSet: {
+            const std::vector<Branch>& branches = prog.alts[in.x];
+            const uint32_t first = next_branch(branches, 0, bits[pos]);
+            if (first == branches.size()) break;
+            const uint32_t later = next_branch(branches, first + 1, bits[pos]);
+            if (later < branches.size()) stack.push_back({pc, pos, later});
+            pc = branches[first].pc;
+            continue;
+        }
         case kJmp: pc = in.x; continue;
         case kMatch: stack.resize(base); return pos;
         case kLook: {
@@ -762,17 +787,23 @@ int64_t run(const PretokenRegex::Program& prog, const uint64_t* bits, const uint
             break;
         }
         }
-        // Backtrack.
+        // Backtrack. A frame is a plain (pc, pos), a greedy run to retry one shorter (len: the length to try), or
+        // an alternation to resume (len: the next branch whose first character can match).
         if (stack.size() == base) return -1;
         const Frame f = stack.back();
         stack.pop_back();
+        pos = f.pos;
         if (f.len == kPlain) {
             pc = f.pc;
-            pos = f.pos;
-        } else {
+        } else if (code[f.pc].op == kRun) {
             if (f.len > code[f.pc].min) stack.push_back({f.pc, f.pos, f.len - 1});
             pos = f.pos + f.len;
             pc = f.pc + 1;
+        } else {  // kAltSet
+            const std::vector<Branch>& branches = prog.alts[code[f.pc].x];
+            const uint32_t later = next_branch(branches, f.len + 1, bits[pos]);
+            if (later < branches.size()) stack.push_back({f.pc, f.pos, later});
+            pc = branches[f.len].pc;
         }
     }
 }
