@@ -323,10 +323,12 @@ private:
             std::string spelled;
             append_utf8(spelled, byte_to_unicode[b]);
             const auto it = id_of.find(spelled);
-            if (it == id_of.end())
+            // Bytes that never occur in (repaired) UTF-8 may lack a token, as C0, C1 and F5..FF do in GPT-NeoX's.
+            const bool never_in_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
+            if (it == id_of.end() && !never_in_utf8)
                 fail("model.vocab: no token for byte " + std::to_string(b) + " (\"" + spelled +
                      "\"); not a byte-level BPE vocabulary");
-            model.byte_token[b] = it->second;
+            model.byte_token[b] = it == id_of.end() ? -1 : it->second;
         }
 
         const json& merges = field(m, "merges", "model");
