@@ -1,7 +1,7 @@
 // The parts of byte-level BPE that do not depend on where the vocabulary came from: a hash for short byte
 // strings, the (left, right) -> (rank, merged) pair table, the rank-ordered merge loop (lowest rank first,
 // leftmost on ties, as both tiktoken and Hugging Face's tokenizers merge), and a word cache in flat arenas.
-// Used by the Hugging Face tokenizer.json encoder (hf_tokenizer.cpp).
+// Shared by GPT-2's encoder (bpe.cpp) and the Hugging Face tokenizer.json encoder (hf_tokenizer.cpp).
 #pragma once
 #include <array>
 #include <cstdint>
