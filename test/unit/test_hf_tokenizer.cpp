@@ -128,6 +128,11 @@ TEST(digits_and_byte_level_prefix) {
     file["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
     EXPECT_EQ(pieces(file, "hello world"), (Pieces{" hello", " world"}));
     EXPECT_EQ(pieces(file, "  x"), (Pieces{" ", " x"}));  // already starts with a space: nothing added
+    // ByteLevel's GPT-2 regex with Oniguruma's \s (White_Space), as Hugging Face's Rust library compiles it:
+    // U+0085 is space, U+FEFF is not. (The JavaScript port uses JavaScript's \s there, the other way round.)
+    file["pre_tokenizer"]["add_prefix_space"] = false;
+    EXPECT_EQ(pieces(file, "x \uFEFFy"), (Pieces{"x", " \uFEFF", "y"}));
+    EXPECT_EQ(pieces(file, "a\u0085\u0085b"), (Pieces{"a", "\u0085", "\u0085", "b"}));
 }
 
 TEST(merges_and_ignore_merges) {
