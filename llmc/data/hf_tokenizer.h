@@ -10,6 +10,8 @@
 //      (lowest rank first, leftmost on ties; with ignore_merges a pre-token that is itself a token is emitted
 //      whole), with a word cache.
 // Nothing is added around the ids: the post_processor (BOS/EOS templates) and truncation/padding are ignored.
+// decode() concatenates the tokens' bytes (a vocab token's through the byte-to-unicode map, an added token's
+// content), which is what the ByteLevel decoder gives; a file without a decoder decodes the same way.
 // Anything else (WordPiece/Unigram/WordLevel models, dropout, byte_fallback, subword prefixes, other normalizers,
 // pre-tokenizers or decoders) is refused when loading with a one-line llmc::Error naming the file and the part.
 //
