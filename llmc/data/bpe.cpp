@@ -12,6 +12,7 @@
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
 #include "llmc/data/bpe_merge.h"
+#include "llmc/data/utf8.h"
 
 namespace llmc {
 
@@ -50,43 +51,6 @@ inline size_t utf8_sequence_length(const unsigned char* s, size_t n, size_t i, s
         }
     }
     return need + 1;
-}
-
-// Decodes one code point of already-valid UTF-8.
-inline char32_t decode_valid(const unsigned char* s, size_t i, size_t& len) {
-    const unsigned b = s[i];
-    if (b < 0x80) {
-        len = 1;
-        return b;
-    }
-    if (b < 0xE0) {
-        len = 2;
-        return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-    }
-    if (b < 0xF0) {
-        len = 3;
-        return ((b & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-    }
-    len = 4;
-    return ((b & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
 }
 
 }  // namespace
@@ -166,7 +130,7 @@ inline CharClass class_at(const unsigned char* s, size_t i, size_t& len) {
         len = 1;
         return kAsciiClass[s[i]];
     }
-    return unicode_class(decode_valid(s, i, len));
+    return unicode_class(utf8::decode(s, i, len));
 }
 
 // End of the run of `cls` characters starting at j.
@@ -293,7 +257,7 @@ bool unmap_bytes(std::string_view spelled, const UnicodeToByte& unicode_to_byte,
         const size_t len = utf8_sequence_length(s, spelled.size(), i, bad_length);
         if (len == 0) return false;
         size_t decoded_length;
-        const char32_t cp = decode_valid(s, i, decoded_length);
+        const char32_t cp = utf8::decode(s, i, decoded_length);
         if (cp >= unicode_to_byte.size() || unicode_to_byte[cp] < 0) return false;
         bytes += static_cast<char>(unicode_to_byte[cp]);
         i += len;
@@ -498,7 +462,7 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& encoder_json, const std::string& vocab_
     for (int b = 0; b < 256; b++) {
         vocab->byte_token[b] = vocab->find_token(std::string(1, static_cast<char>(b)));
         std::string spelled;
-        append_utf8(spelled, byte_to_unicode[b]);
+        utf8::append(spelled, byte_to_unicode[b]);
         LLMC_CHECK(vocab->byte_token[b] >= 0, encoder_json + ": no token for byte " + std::to_string(b) + " (\"" +
                                                   spelled + "\"); not a byte-level BPE vocabulary");
     }

@@ -17,6 +17,7 @@
 #include "llmc/data/bpe.h"
 #include "llmc/data/bpe_merge.h"
 #include "llmc/data/pretoken_regex.h"
+#include "llmc/data/utf8.h"
 
 namespace llmc {
 
@@ -31,48 +32,12 @@ constexpr int kMaxVocabulary = 1 << 24;
 // ---------------------------------------------------------------------------------------------------------------
 // UTF-8 helpers (the text is valid UTF-8 once repaired)
 
-inline char32_t decode_at(const unsigned char* s, size_t i, size_t& len) {
-    const unsigned b = s[i];
-    if (b < 0x80) {
-        len = 1;
-        return b;
-    }
-    if (b < 0xE0) {
-        len = 2;
-        return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-    }
-    if (b < 0xF0) {
-        len = 3;
-        return ((b & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-    }
-    len = 4;
-    return ((b & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
-}
-
 // The code point that ends just before byte `end` (> 0), and its start.
 inline char32_t decode_before(const unsigned char* s, size_t end, size_t& start) {
     start = end - 1;
     while (start > 0 && (s[start] & 0xC0) == 0x80) start--;
     size_t len;
-    return decode_at(s, start, len);
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
+    return utf8::decode(s, start, len);
 }
 
 inline bool is_white_space(char32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)); }
@@ -308,7 +273,7 @@ private:
             const auto* s = reinterpret_cast<const unsigned char*>(key.data());
             for (size_t i = 0; i < key.size() && mapped;) {
                 size_t len;
-                const char32_t cp = decode_at(s, i, len);
+                const char32_t cp = utf8::decode(s, i, len);
                 if (cp >= unicode_to_byte.size() || unicode_to_byte[cp] < 0) mapped = false;
                 else bytes += static_cast<char>(unicode_to_byte[cp]);
                 i += len;
@@ -321,7 +286,7 @@ private:
         if (id_of.empty()) fail("model.vocab: empty");
         for (int b = 0; b < 256; b++) {
             std::string spelled;
-            append_utf8(spelled, byte_to_unicode[b]);
+            utf8::append(spelled, byte_to_unicode[b]);
             const auto it = id_of.find(spelled);
             // Bytes that never occur in (repaired) UTF-8 may lack a token, as C0, C1 and F5..FF do in GPT-NeoX's.
             const bool never_in_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
@@ -546,7 +511,7 @@ void split_added(const AddedMatcher& matcher, std::string_view text, Emit emit) 
                 size_t at;
                 if (i > 0 && is_word_char(decode_before(s, i, at))) continue;
                 size_t l;
-                if (i + len < n && is_word_char(decode_at(s, i + len, l))) continue;
+                if (i + len < n && is_word_char(utf8::decode(s, i + len, l))) continue;
             }
             found = token;
             break;
@@ -565,7 +530,7 @@ void split_added(const AddedMatcher& matcher, std::string_view text, Emit emit) 
         if (found->rstrip)
             while (end < n) {
                 size_t len;
-                if (!is_white_space(decode_at(s, end, len))) break;
+                if (!is_white_space(utf8::decode(s, end, len))) break;
                 end += len;
             }
         if (start > last) emit(text.substr(last, start - last), -1);
@@ -708,12 +673,12 @@ void HfTokenizer::run_stages(size_t k, std::string_view piece, std::vector<int>&
         size_t i = 0;
         while (i < piece.size()) {
             size_t len;
-            const bool digit = is_numeric(decode_at(s, i, len));
+            const bool digit = is_numeric(utf8::decode(s, i, len));
             size_t j = i + len;
             if (!digit || !stage.individual_digits)
                 while (j < piece.size()) {
                     size_t l;
-                    if (is_numeric(decode_at(s, j, l)) != digit) break;
+                    if (is_numeric(utf8::decode(s, j, l)) != digit) break;
                     j += l;
                 }
             parts.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(j), digit});

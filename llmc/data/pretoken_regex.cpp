@@ -11,6 +11,7 @@
 #include <map>
 
 #include "llmc/base/error.h"
+#include "llmc/data/utf8.h"
 
 namespace llmc {
 
@@ -851,17 +852,9 @@ void PretokenRegex::find_all(std::string_view text, Scratch& scratch, std::vecto
             i++;
             continue;
         }
-        char32_t cp;
-        if (b < 0xE0) {
-            cp = ((b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-            i += 2;
-        } else if (b < 0xF0) {
-            cp = ((b & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-            i += 3;
-        } else {
-            cp = ((b & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
-            i += 4;
-        }
+        size_t len;
+        const char32_t cp = utf8::decode(s, i, len);
+        i += len;
         bits[n++] = prog.bits_of(cp);
     }
     offsets[n] = static_cast<uint32_t>(size);
