@@ -175,31 +175,33 @@ bool nullable(const Node& node) {
 
 constexpr uint64_t kAnyFirst = ~uint64_t(0);
 
-// The class bits one of which the first character of any match must have; kAnyFirst when a match may be empty.
-uint64_t first_mask(const Node& node) {
+// The classes the first character a node consumes can be in (ignoring that the node may consume nothing).
+uint64_t first_set(const Node& node) {
     switch (node.kind) {
     case Node::kEmpty:
     case Node::kLook:
-    case Node::kAssert: return kAnyFirst;
+    case Node::kAssert: return 0;
     case Node::kSet: return uint64_t(1) << node.set;
     case Node::kConcat: {
         uint64_t mask = 0;
         for (const Node& kid : node.kids) {
-            if (kid.kind == Node::kLook || kid.kind == Node::kAssert) continue;  // zero-width: look further
-            mask |= first_mask(kid);
-            if (!nullable(kid)) return mask;
+            mask |= first_set(kid);
+            if (!nullable(kid)) break;  // zero-width and optional parts let the next part start the match
         }
-        return kAnyFirst;
+        return mask;
     }
     case Node::kAlt: {
         uint64_t mask = 0;
-        for (const Node& kid : node.kids) mask |= first_mask(kid);
+        for (const Node& kid : node.kids) mask |= first_set(kid);
         return mask;
     }
-    case Node::kRepeat: return node.min == 0 ? kAnyFirst : first_mask(node.kids[0]);
+    case Node::kRepeat: return node.max == 0 ? 0 : first_set(node.kids[0]);
     }
     return kAnyFirst;
 }
+
+// The class bits one of which the first character of any match must have; kAnyFirst when a match may be empty.
+uint64_t first_mask(const Node& node) { return nullable(node) ? kAnyFirst : first_set(node); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Parser
