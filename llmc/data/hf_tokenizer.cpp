@@ -258,10 +258,13 @@ private:
 
         const json& vocab = field(m, "vocab", "model");
         if (!vocab.is_object()) fail("model.vocab: expected an object mapping token strings to ids");
-        std::unordered_map<std::string, int> id_of;
+        // Keys are views of the DOM's strings, which outlive this function's use of them.
+        std::unordered_map<std::string_view, int> id_of;
         id_of.reserve(vocab.size() * 2);
         std::string bytes;
-        for (const auto& [key, value] : vocab.items()) {
+        for (auto entry = vocab.begin(); entry != vocab.end(); ++entry) {
+            const std::string& key = entry.key();  // the object's own key: id_of may keep a view of it
+            const json& value = entry.value();
             if (!value.is_number_integer()) fail("model.vocab: token \"" + printable(key) + "\" has a non-integer id");
             const int64_t id = value.get<int64_t>();
             grow_to(model, id, "model.vocab: token \"" + printable(key) + "\"");
@@ -299,7 +302,8 @@ private:
         const json& merges = field(m, "merges", "model");
         if (!merges.is_array()) fail("model.merges: expected an array");
         model.pairs.reserve(merges.size());
-        std::string left, right;
+        std::string_view left, right;
+        std::string joined;
         for (size_t rank = 0; rank < merges.size(); rank++) {
             const json& merge = merges[rank];
             const std::string where = "model.merges[" + std::to_string(rank) + "]";
@@ -309,15 +313,17 @@ private:
                 if (space == std::string::npos || space == 0 || space + 1 >= line.size() ||
                     line.find(' ', space + 1) != std::string::npos)
                     fail(where + ": expected two tokens separated by one space, got \"" + printable(line) + "\"");
-                left = line.substr(0, space);
-                right = line.substr(space + 1);
+                left = std::string_view(line).substr(0, space);
+                right = std::string_view(line).substr(space + 1);
             } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-                left = merge[0].get<std::string>();
-                right = merge[1].get<std::string>();
+                left = merge[0].get_ref<const std::string&>();
+                right = merge[1].get_ref<const std::string&>();
             } else {
                 fail(where + ": expected \"a b\" or [\"a\", \"b\"]");
             }
-            const auto l = id_of.find(left), r = id_of.find(right), merged = id_of.find(left + right);
+            joined.assign(left);
+            joined += right;
+            const auto l = id_of.find(left), r = id_of.find(right), merged = id_of.find(joined);
             if (l == id_of.end() || r == id_of.end() || merged == id_of.end())
                 fail(where + ": merge \"" + printable(left) + " " + printable(right) +
                      "\" uses or makes a token missing from model.vocab");
