@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <functional>
 #include <nlohmann/json.hpp>
-#include <queue>
 
 #include "llmc/base/error.h"
 #include "llmc/base/fileio.h"
+#include "llmc/data/bpe_merge.h"
+#include "llmc/data/utf8.h"
 
 namespace llmc {
 
@@ -51,43 +51,6 @@ inline size_t utf8_sequence_length(const unsigned char* s, size_t n, size_t i, s
         }
     }
     return need + 1;
-}
-
-// Decodes one code point of already-valid UTF-8.
-inline char32_t decode_valid(const unsigned char* s, size_t i, size_t& len) {
-    const unsigned b = s[i];
-    if (b < 0x80) {
-        len = 1;
-        return b;
-    }
-    if (b < 0xE0) {
-        len = 2;
-        return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-    }
-    if (b < 0xF0) {
-        len = 3;
-        return ((b & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-    }
-    len = 4;
-    return ((b & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
 }
 
 }  // namespace
@@ -167,7 +130,7 @@ inline CharClass class_at(const unsigned char* s, size_t i, size_t& len) {
         len = 1;
         return kAsciiClass[s[i]];
     }
-    return unicode_class(decode_valid(s, i, len));
+    return unicode_class(utf8::decode(s, i, len));
 }
 
 // End of the run of `cls` characters starting at j.
@@ -229,38 +192,6 @@ void gpt2_pretokenize(std::string_view text, std::vector<std::string_view>& piec
 
 namespace {
 
-// GPT-2's reversible byte -> printable code point map (bytes_to_unicode in OpenAI's encoder.py): printable
-// Latin-1 bytes map to themselves, the other 68 bytes to U+0100.. in byte order.
-std::array<char32_t, 256> make_byte_to_unicode() {
-    std::array<char32_t, 256> table{};
-    std::array<bool, 256> printable{};
-    for (int b = '!'; b <= '~'; b++) printable[b] = true;
-    for (int b = 0xA1; b <= 0xAC; b++) printable[b] = true;
-    for (int b = 0xAE; b <= 0xFF; b++) printable[b] = true;
-    char32_t next = 256;
-    for (int b = 0; b < 256; b++) table[b] = printable[b] ? static_cast<char32_t>(b) : next++;
-    return table;
-}
-
-// A fast 64-bit hash for short byte strings (words, tokens): 8 bytes per multiply, strong enough final mix for
-// power-of-two tables.
-inline uint64_t hash_bytes(std::string_view s) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (s.size() * 0xFF51AFD7ED558CCDull);
-    size_t i = 0;
-    for (; i + 8 <= s.size(); i += 8) {
-        uint64_t word;
-        std::memcpy(&word, s.data() + i, 8);
-        h = (h ^ word) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-    }
-    uint64_t tail = 0;
-    std::memcpy(&tail, s.data() + i, s.size() - i);
-    h = (h ^ tail) * 0x94D049BB133111EBull;
-    h ^= h >> 29;
-    h *= 0xBF58476D1CE4E5B9ull;
-    return h ^ (h >> 32);
-}
-
 std::string one_line(std::string message) {
     std::replace(message.begin(), message.end(), '\n', ' ');
     return message;
@@ -286,13 +217,13 @@ struct Gpt2Bpe::Vocabulary {
         index_mask = capacity - 1;
         for (size_t id = 0; id < token_bytes.size(); id++) {
             if (static_cast<int>(id) == eot) continue;
-            size_t at = hash_bytes(token_bytes[id]) & index_mask;
+            size_t at = bpe::hash_bytes(token_bytes[id]) & index_mask;
             while (index_slots[at] >= 0) at = (at + 1) & index_mask;
             index_slots[at] = static_cast<int32_t>(id);
         }
     }
     int find_token(std::string_view bytes) const {
-        for (size_t at = hash_bytes(bytes) & index_mask;; at = (at + 1) & index_mask) {
+        for (size_t at = bpe::hash_bytes(bytes) & index_mask;; at = (at + 1) & index_mask) {
             const int32_t id = index_slots[at];
             if (id < 0 || token_bytes[id] == bytes) return id;
         }
@@ -306,43 +237,7 @@ struct Gpt2Bpe::Vocabulary {
     // mergeable tokens. tiktoken merges any adjacent pair whose concatenation is a token (ranked by that token),
     // a superset of vocab.bpe's pairs; using all splits reproduces it exactly. Open addressing over a power-of-two
     // table: lookups are the inner loop of merging.
-    struct PairSlot {
-        uint64_t key = kEmpty;
-        int32_t merged = -1;
-        int32_t rank = -1;
-    };
-    static constexpr uint64_t kEmpty = ~0ull;
-    std::vector<PairSlot> pair_slots;
-    uint64_t pair_mask = 0;
-
-    static uint64_t pair_key(int left, int right) {
-        return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-    }
-    static size_t pair_hash(uint64_t key) { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20); }
-
-    void add_pair(int left, int right, int merged, int rank) {
-        const uint64_t key = pair_key(left, right);
-        for (size_t at = pair_hash(key) & pair_mask;; at = (at + 1) & pair_mask) {
-            PairSlot& slot = pair_slots[at];
-            if (slot.key == key) {
-                if (rank < slot.rank) slot = {key, merged, rank};
-                return;
-            }
-            if (slot.key == kEmpty) {
-                slot = {key, merged, rank};
-                return;
-            }
-        }
-    }
-    // Returns the slot for (left, right), or nullptr when they do not merge.
-    const PairSlot* find_pair(int left, int right) const {
-        const uint64_t key = pair_key(left, right);
-        for (size_t at = pair_hash(key) & pair_mask;; at = (at + 1) & pair_mask) {
-            const PairSlot& slot = pair_slots[at];
-            if (slot.key == key) return &slot;
-            if (slot.key == kEmpty) return nullptr;
-        }
-    }
+    bpe::PairTable pairs;
 };
 
 namespace {
@@ -362,7 +257,7 @@ bool unmap_bytes(std::string_view spelled, const UnicodeToByte& unicode_to_byte,
         const size_t len = utf8_sequence_length(s, spelled.size(), i, bad_length);
         if (len == 0) return false;
         size_t decoded_length;
-        const char32_t cp = decode_valid(s, i, decoded_length);
+        const char32_t cp = utf8::decode(s, i, decoded_length);
         if (cp >= unicode_to_byte.size() || unicode_to_byte[cp] < 0) return false;
         bytes += static_cast<char>(unicode_to_byte[cp]);
         i += len;
@@ -520,10 +415,7 @@ void build_pair_table(Vocabulary& vocab, const std::vector<int>& merge_rank) {
     size_t total_splits = 0;
     for (size_t id = 0; id < merge_rank.size(); id++)
         if (merge_rank[id] >= 0) total_splits += vocab.token_bytes[id].size() - 1;
-    size_t capacity = 1024;
-    while (capacity < 2 * total_splits) capacity *= 2;
-    vocab.pair_slots.assign(capacity, {});
-    vocab.pair_mask = capacity - 1;
+    vocab.pairs.reserve(total_splits);
     for (size_t id = 0; id < merge_rank.size(); id++) {
         if (merge_rank[id] < 0) continue;
         const std::string_view bytes = vocab.token_bytes[id];
@@ -531,7 +423,8 @@ void build_pair_table(Vocabulary& vocab, const std::vector<int>& merge_rank) {
             const int left = vocab.find_mergeable(bytes.substr(0, k));
             if (left < 0) continue;
             const int right = vocab.find_mergeable(bytes.substr(k));
-            if (right >= 0) vocab.add_pair(left, right, static_cast<int>(id), merge_rank[id]);
+            // A pair's concatenation names one token, so no pair is ever set twice.
+            if (right >= 0) vocab.pairs.set(left, right, static_cast<int>(id), merge_rank[id]);
         }
     }
 }
@@ -539,71 +432,9 @@ void build_pair_table(Vocabulary& vocab, const std::vector<int>& merge_rank) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
-// Word cache: piece bytes -> tokens, in flat arenas so a hit costs one hash, one probe and one memcmp.
+// Word cache: piece bytes -> tokens (bpe_merge.h's, shared with the tokenizer.json encoder).
 
-class Gpt2Bpe::WordCache {
-public:
-    static constexpr size_t kMaxWordBytes = 64;  // longer pieces are rare; caching them would only churn memory
-    static constexpr size_t kMaxKeyBytes = 64u << 20;
-
-    WordCache() { reset(1u << 14); }
-
-    std::span<const int> find(std::string_view word, uint64_t hash) const {
-        for (size_t at = hash & mask_;; at = (at + 1) & mask_) {
-            const Slot& slot = slots_[at];
-            if (slot.key_length == 0) return {};
-            if (slot.hash == hash && slot.key_length == word.size() &&
-                std::memcmp(keys_.data() + slot.key_offset, word.data(), word.size()) == 0)
-                return {tokens_.data() + slot.token_offset, slot.token_count};
-        }
-    }
-
-    void insert(std::string_view word, uint64_t hash, std::span<const int> tokens) {
-        if (keys_.size() + word.size() > kMaxKeyBytes) reset(slots_.size());  // bound memory on huge corpora
-        if (2 * (used_ + 1) > slots_.size()) grow();
-        Slot slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(word.size()),
-                  static_cast<uint32_t>(tokens_.size()), static_cast<uint32_t>(tokens.size())};
-        keys_.append(word);
-        tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
-        place(slot);
-        used_++;
-    }
-
-    size_t size() const { return used_; }
-
-private:
-    struct Slot {
-        uint64_t hash = 0;
-        uint32_t key_offset = 0, key_length = 0;  // key_length 0 marks an empty slot (pieces are never empty)
-        uint32_t token_offset = 0, token_count = 0;
-    };
-
-    void reset(size_t capacity) {
-        slots_.assign(capacity, Slot{});
-        mask_ = capacity - 1;
-        keys_.clear();
-        tokens_.clear();
-        used_ = 0;
-    }
-    void place(const Slot& slot) {
-        size_t at = slot.hash & mask_;
-        while (slots_[at].key_length != 0) at = (at + 1) & mask_;
-        slots_[at] = slot;
-    }
-    void grow() {
-        std::vector<Slot> old;
-        old.swap(slots_);
-        slots_.assign(old.size() * 2, Slot{});
-        mask_ = slots_.size() - 1;
-        for (const Slot& slot : old)
-            if (slot.key_length != 0) place(slot);
-    }
-
-    std::vector<Slot> slots_;
-    size_t mask_ = 0, used_ = 0;
-    std::string keys_;
-    std::vector<int> tokens_;
-};
+class Gpt2Bpe::WordCache : public bpe::WordCache {};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Gpt2Bpe
@@ -621,7 +452,7 @@ Gpt2Bpe& Gpt2Bpe::operator=(Gpt2Bpe&&) noexcept = default;
 Gpt2Bpe::~Gpt2Bpe() = default;
 
 Gpt2Bpe Gpt2Bpe::load(const std::string& encoder_json, const std::string& vocab_bpe) {
-    const std::array<char32_t, 256> byte_to_unicode = make_byte_to_unicode();
+    const std::array<char32_t, 256> byte_to_unicode = bpe::byte_to_unicode();
     UnicodeToByte unicode_to_byte;
     unicode_to_byte.fill(-1);
     for (int b = 0; b < 256; b++) unicode_to_byte[byte_to_unicode[b]] = b;
@@ -631,7 +462,7 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& encoder_json, const std::string& vocab_
     for (int b = 0; b < 256; b++) {
         vocab->byte_token[b] = vocab->find_token(std::string(1, static_cast<char>(b)));
         std::string spelled;
-        append_utf8(spelled, byte_to_unicode[b]);
+        utf8::append(spelled, byte_to_unicode[b]);
         LLMC_CHECK(vocab->byte_token[b] >= 0, encoder_json + ": no token for byte " + std::to_string(b) + " (\"" +
                                                   spelled + "\"); not a byte-level BPE vocabulary");
     }
@@ -640,87 +471,6 @@ Gpt2Bpe Gpt2Bpe::load(const std::string& encoder_json, const std::string& vocab_
     return Gpt2Bpe(std::move(vocab));
 }
 
-namespace {
-
-// Merges `ids` in place, tiktoken's way: repeatedly merge the adjacent pair of lowest rank, leftmost on ties.
-// Short words (nearly all) use flat arrays; long pieces (base64 blobs, long runs of symbols) use a heap with
-// lazily invalidated entries so a pathological input costs O(n log n), not O(n^2).
-constexpr size_t kShortWord = 96;
-constexpr int32_t kNoRank = INT32_MAX;
-
-void merge_short(const Vocabulary& vocab, std::vector<int>& ids) {
-    size_t n = ids.size();
-    std::array<int32_t, kShortWord> rank;
-    std::array<int32_t, kShortWord> merged;
-    auto set_pair = [&](size_t i) {
-        const auto* slot = vocab.find_pair(ids[i], ids[i + 1]);
-        rank[i] = slot ? slot->rank : kNoRank;
-        merged[i] = slot ? slot->merged : -1;
-    };
-    for (size_t i = 0; i + 1 < n; i++) set_pair(i);
-    while (n > 1) {
-        size_t best = 0;
-        for (size_t i = 1; i + 1 < n; i++)
-            if (rank[i] < rank[best]) best = i;
-        if (rank[best] == kNoRank) break;
-        ids[best] = merged[best];
-        // Pairs right of the merge shift left by one; the two pairs touching the new token are recomputed.
-        for (size_t i = best + 1; i + 1 < n; i++) {
-            ids[i] = ids[i + 1];
-            if (i + 2 < n) {
-                rank[i] = rank[i + 1];
-                merged[i] = merged[i + 1];
-            }
-        }
-        n--;
-        if (best + 1 < n) set_pair(best);
-        if (best > 0) set_pair(best - 1);
-    }
-    ids.resize(n);
-}
-
-void merge_long(const Vocabulary& vocab, std::vector<int>& ids) {
-    const size_t n = ids.size();
-    struct Candidate {
-        int32_t rank;
-        uint32_t left, right;
-        int32_t merged;
-        bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-    };
-    std::vector<uint32_t> next(n), prev(n);
-    std::vector<bool> alive(n, true);
-    const uint32_t kNone = UINT32_MAX;
-    for (size_t i = 0; i < n; i++) {
-        next[i] = i + 1 < n ? static_cast<uint32_t>(i + 1) : kNone;
-        prev[i] = i > 0 ? static_cast<uint32_t>(i - 1) : kNone;
-    }
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-    auto push = [&](uint32_t left) {
-        if (left == kNone || next[left] == kNone) return;
-        const auto* slot = vocab.find_pair(ids[left], ids[next[left]]);
-        if (slot) heap.push({slot->rank, left, next[left], slot->merged});
-    };
-    for (size_t i = 0; i + 1 < n; i++) push(static_cast<uint32_t>(i));
-    while (!heap.empty()) {
-        const Candidate c = heap.top();
-        heap.pop();
-        if (!alive[c.left] || next[c.left] != c.right) continue;
-        const auto* slot = vocab.find_pair(ids[c.left], ids[c.right]);
-        if (!slot || slot->merged != c.merged) continue;  // stale: one side changed since this was pushed
-        ids[c.left] = c.merged;
-        alive[c.right] = false;
-        next[c.left] = next[c.right];
-        if (next[c.right] != kNone) prev[next[c.right]] = c.left;
-        push(prev[c.left]);
-        push(c.left);
-    }
-    size_t out = 0;
-    for (uint32_t i = 0; i != kNone; i = next[i]) ids[out++] = ids[i];
-    ids.resize(out);
-}
-
-}  // namespace
-
 void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<int>& out) {
     const Vocabulary& vocab = *vocab_;
     if (piece.size() == 1) {
@@ -728,7 +478,7 @@ void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<int>& out) {
         return;
     }
     const bool cacheable = piece.size() <= WordCache::kMaxWordBytes;
-    const uint64_t hash = cacheable ? hash_bytes(piece) : 0;
+    const uint64_t hash = cacheable ? bpe::hash_bytes(piece) : 0;
     if (cacheable) {
         const std::span<const int> hit = cache_->find(piece, hash);
         if (!hit.empty()) {
@@ -743,10 +493,7 @@ void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<int>& out) {
     } else {
         ids.resize(piece.size());
         for (size_t i = 0; i < piece.size(); i++) ids[i] = vocab.byte_token[static_cast<unsigned char>(piece[i])];
-        if (ids.size() <= kShortWord)
-            merge_short(vocab, ids);
-        else
-            merge_long(vocab, ids);
+        bpe::merge(vocab.pairs, ids);  // tiktoken's order: lowest rank first, leftmost on ties
     }
     out.insert(out.end(), ids.begin(), ids.end());
     if (cacheable) cache_->insert(piece, hash, ids);
