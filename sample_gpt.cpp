@@ -103,7 +103,7 @@ Options parse_args(int argc, char** argv) {
 std::string decode_known(const llmc::TextTokenizer& tokenizer, const std::vector<int>& tokens) {
     std::vector<int> known;
     for (int t : tokens)
-        if (t < tokenizer.vocab_size()) known.push_back(t);
+        if (tokenizer.is_assigned(t)) known.push_back(t);
     return tokenizer.decode(known);
 }
 
@@ -176,7 +176,7 @@ int run(const Options& o) {
             context.push_back(next);
             tokens.push_back(next);
             generated++;
-            if (!o.json && next < tokenizer->vocab_size()) {  // a model's ids past the tokenizer's print nothing
+            if (!o.json && tokenizer->is_assigned(next)) {  // a model's ids the tokenizer lacks print nothing
                 const std::string& bytes = tokenizer->token_bytes(next);
                 std::fwrite(bytes.data(), 1, bytes.size(), stdout);
                 std::fflush(stdout);

@@ -55,5 +55,5 @@ fi
 export TRAIN_DATA="$OLMO_DATA/default_train_*.npy" VAL_DATA="$OLMO_DATA/default_val_*.npy" DATA_FORMAT=olmo
 export MEMMAP_DTYPE=$dtype MODEL_CONFIG=configs/small_olmo.json RUNS OUT
 export TRAINER_FLAGS="--vocab_size $vocab --eos_token_id $eos --pad_token_id $pad ${TRAINER_FLAGS:-}"
-echo "replication_olmo: ${TOKENIZER_JSON:-GPT-2's encoder.json/vocab.bpe} (vocabulary $vocab, eos $eos, pad $pad) -> $OLMO_DATA ($dtype)" >&2
+echo "replication_olmo: ${TOKENIZER_JSON:-GPT-2 encoder.json/vocab.bpe} (vocabulary $vocab, eos $eos, pad $pad) -> $OLMO_DATA ($dtype)" >&2
 exec bash scripts/replication.sh

@@ -45,7 +45,7 @@ public:
     const std::string& source() const override;
 
     // Whether `id` is assigned by the file (a vocab entry or an added token).
-    bool is_assigned(int id) const;
+    bool is_assigned(int id) const override;
     // The pre-tokens `text` (valid UTF-8, no added tokens) splits into before BPE, as raw bytes; for tests.
     std::vector<std::string> pretokenize(std::string_view text);
     size_t cached_words() const;

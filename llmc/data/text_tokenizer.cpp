@@ -17,6 +17,7 @@ public:
     void encode(std::string_view text, std::vector<int>& out) override { bpe_.encode(text, out); }
     std::string decode(std::span<const int> ids) const override { return bpe_.decode(ids); }
     const std::string& token_bytes(int id) const override { return bpe_.token_bytes(id); }
+    bool is_assigned(int id) const override { return id >= 0 && id < bpe_.vocab_size(); }
     int vocab_size() const override { return bpe_.vocab_size(); }
     std::optional<int> eos_token() const override { return bpe_.eot_token(); }
     std::unique_ptr<TextTokenizer> clone() const override { return std::make_unique<Gpt2Tokenizer>(bpe_, source_); }

@@ -21,8 +21,11 @@ public:
     // The text of `ids` as raw bytes (not necessarily valid UTF-8 when a multi-byte character is cut); throws
     // llmc::Error for an id outside [0, vocab_size()) or one the file leaves unassigned.
     virtual std::string decode(std::span<const int> ids) const = 0;
-    // The bytes token `id` decodes to on its own (a special token: its text), for printing tokens as they come.
+    // The bytes token `id` decodes to on its own (a special token: its text), for printing tokens as they come;
+    // throws like decode() for an id that is not assigned.
     virtual const std::string& token_bytes(int id) const = 0;
+    // Whether the file gives `id` a token (a tokenizer.json may leave ids below vocab_size() unassigned).
+    virtual bool is_assigned(int id) const = 0;
     // 1 + the largest id the file assigns; the model's vocab_size must be at least this.
     virtual int vocab_size() const = 0;
     // The end-of-text token the file itself names, if any (a run's eos_token_id takes precedence).

@@ -52,14 +52,15 @@ std::string agree_on_config(const TrainConfig& cfg, Transport& world) {
     return config_json;
 }
 
-// The decoder for samples: the llm.c decode file, or a tokenizer.json's bytes of each token (ids past its vocabulary,
-// which a model may have, decode to nothing).
+// The decoder for samples: the llm.c decode file, or a tokenizer.json's bytes of each token (ids it leaves
+// unassigned, and those past its vocabulary that a model may have, decode to nothing).
 TokenizerDecoder load_sample_decoder(const TrainConfig& cfg) {
     if (!is_hf_tokenizer_file(cfg.tokenizer)) return TokenizerDecoder::load(cfg.tokenizer);
     const std::unique_ptr<TextTokenizer> tokenizer = load_hf_tokenizer(cfg.tokenizer);
     check_tokenizer_fits(*tokenizer, cfg.model.vocab_size, cfg.sources.name("vocab_size"));
     std::vector<std::string> bytes(static_cast<size_t>(cfg.model.vocab_size));
-    for (int id = 0; id < tokenizer->vocab_size(); id++) bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(id);
+    for (int id = 0; id < tokenizer->vocab_size(); id++)
+        if (tokenizer->is_assigned(id)) bytes[static_cast<size_t>(id)] = tokenizer->token_bytes(id);
     return TokenizerDecoder::from_token_bytes(cfg.tokenizer, bytes, cfg.eos_token_id);
 }
 
