@@ -25,7 +25,8 @@ TMP = os.path.join(ROOT, "build", "test-tmp", "hf_olmo")
 DATA = os.path.join(TMP, "data")
 EOS = 128001  # Llama 3's <|end_of_text|>
 VOCAB = 128256
-BASE = ["--config", "configs/tiny_olmo.json", "--vocab_size", str(VOCAB), "--eos_token_id", str(EOS),
+BASE = ["--config", "configs/tiny_olmo.json", "--vocab_size", str(VOCAB), "--padded_vocab_size", str(VOCAB),
+        "--eos_token_id", str(EOS),
         "--pad_token_id", str(EOS), "--train_data", os.path.join(DATA, "default_train_*.npy"),
         "--val_data", os.path.join(DATA, "default_val_*.npy"), "--data_format", "olmo", "--memmap_dtype", "uint32",
         "--tokenizer", os.path.join(DATA, "tokenizer.json"), "--batch_size", "4", "--seq_len", "32",
@@ -79,12 +80,14 @@ def tokenize_corpus():
           and not os.path.exists(DATA + "/default_val_000000.bin"),
           f"prepro_gpt2: Llama 3's ids refused for llm.c shards with one line ({p.stderr.strip()[:140]})")
     tool(common + ["--out-format", "olmo", "--memmap-dtype", "uint32"])
-    files = sorted(glob.glob(os.path.join(DATA, "default_*.npy")))
+    files = sorted(glob.glob(os.path.join(DATA, "default_val_*.npy"))) + \
+        sorted(glob.glob(os.path.join(DATA, "default_train_*.npy")))  # the token stream's order
     tokens = [np.asarray(np.memmap(f, dtype="<u4", mode="r")) for f in files]
     stream = np.concatenate(tokens)
-    check(len(files) >= 3 and int(stream.max()) > 65535 and int(stream.max()) < VOCAB,
+    text_max = int(stream[stream != EOS].max())
+    check(len(files) >= 3 and text_max > 65535 and int(stream.max()) < VOCAB,
           f"prepro_gpt2 --hf-tokenizer Llama 3 --out-format olmo --memmap-dtype uint32: {len(files)} files, "
-          f"{len(stream)} tokens, largest id {int(stream.max())}")
+          f"{len(stream)} tokens, largest text id {text_max}")
     check(int((stream == EOS).sum()) == len(docs) and int(tokens[0][0]) == EOS,
           f"... <|end_of_text|> ({EOS}) before each of the {len(docs)} documents ({int((stream == EOS).sum())} found)")
     check(open(os.path.join(DATA, "tokenizer.json"), "rb").read() == open(TOKENIZER, "rb").read(),
@@ -100,8 +103,12 @@ def tokenize_corpus():
 
 def training_learns():
     out = os.path.join(TMP, "learns")
-    run(BASE + ["--steps", "30", "--val_every", "30", "--sample_every", "30", "--out_dir", out,
-                "--checkpoint_every", "0"])
+    # (its printed sample, of a barely trained model, may cut a UTF-8 sequence: read as bytes)
+    p = subprocess.run([train_cpu_checks.TRAINER] + BASE + ["--steps", "30", "--val_every", "30", "--sample_every",
+                        "30", "--out_dir", out, "--checkpoint_every", "0", "--threads", "2"], cwd=ROOT,
+                       capture_output=True, timeout=300)
+    if p.returncode != 0:
+        raise SystemExit(f"training failed ({p.returncode}): {p.stderr.decode(errors='replace')[-2000:]}")
     l = losses(out)
     first, last = l[1], sum(l[k] for k in range(26, 31)) / 5
     check(last < first - 1.5, f"tiny OLMo (vocabulary {VOCAB}) on Llama 3 OLMo files, 30 AdamW steps: loss "
