@@ -205,29 +205,13 @@ struct Gpt2Bpe::Vocabulary {
     std::array<int, 256> byte_token{};     // byte -> id of its single-byte token
     int eot = -1;
 
-    // bytes -> id for every token but EOT (which is special, never produced by merging): open addressing over
-    // ids, so the keys are the token_bytes strings themselves.
-    std::vector<int32_t> index_slots;
-    uint64_t index_mask = 0;
+    // bytes -> id for every token but EOT (which is special, never produced by merging)
+    bpe::TokenIndex index;
 
     void build_index() {
-        size_t capacity = 1024;
-        while (capacity < 2 * token_bytes.size()) capacity *= 2;
-        index_slots.assign(capacity, -1);
-        index_mask = capacity - 1;
-        for (size_t id = 0; id < token_bytes.size(); id++) {
-            if (static_cast<int>(id) == eot) continue;
-            size_t at = bpe::hash_bytes(token_bytes[id]) & index_mask;
-            while (index_slots[at] >= 0) at = (at + 1) & index_mask;
-            index_slots[at] = static_cast<int32_t>(id);
-        }
+        index.build(token_bytes, [&](size_t id) { return static_cast<int>(id) == eot; });
     }
-    int find_token(std::string_view bytes) const {
-        for (size_t at = bpe::hash_bytes(bytes) & index_mask;; at = (at + 1) & index_mask) {
-            const int32_t id = index_slots[at];
-            if (id < 0 || token_bytes[id] == bytes) return id;
-        }
-    }
+    int find_token(std::string_view bytes) const { return index.find(token_bytes, bytes); }
     int find_mergeable(std::string_view bytes) const {
         const int id = find_token(bytes);
         return id >= 0 && mergeable[id] ? id : -1;
@@ -265,19 +249,7 @@ bool unmap_bytes(std::string_view spelled, const UnicodeToByte& unicode_to_byte,
     return true;
 }
 
-std::string printable(std::string_view s) {
-    std::string out;
-    for (unsigned char c : s.substr(0, 40)) {
-        if (c >= 0x20 && c < 0x7F) {
-            out += static_cast<char>(c);
-        } else {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\x%02X", c);
-            out += buf;
-        }
-    }
-    return out;
-}
+using bpe::printable;
 
 // Streams encoder.json's {"token": id, ...} through nlohmann's SAX parser: no DOM of 50k std::map nodes.
 class EncoderJsonReader : public nlohmann::json_sax<nlohmann::json> {

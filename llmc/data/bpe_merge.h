@@ -34,6 +34,50 @@ inline uint64_t hash_bytes(std::string_view s) {
     return h ^ (h >> 32);
 }
 
+// bytes -> id over a table of token bytes that its owner keeps, by open addressing over ids, so the keys are the
+// table's strings themselves; the ids for which skip(id) holds are left out.
+class TokenIndex {
+public:
+    template <class Skip>
+    void build(const std::vector<std::string>& token_bytes, Skip skip) {
+        size_t capacity = 1024;
+        while (capacity < 2 * token_bytes.size()) capacity *= 2;
+        slots_.assign(capacity, -1);
+        mask_ = capacity - 1;
+        for (size_t id = 0; id < token_bytes.size(); id++) {
+            if (skip(id)) continue;
+            size_t at = hash_bytes(token_bytes[id]) & mask_;
+            while (slots_[at] >= 0) at = (at + 1) & mask_;
+            slots_[at] = static_cast<int32_t>(id);
+        }
+    }
+    // The id of `bytes`, or -1; `token_bytes` is the table given to build().
+    int find(const std::vector<std::string>& token_bytes, std::string_view bytes) const {
+        for (size_t at = hash_bytes(bytes) & mask_;; at = (at + 1) & mask_) {
+            const int32_t id = slots_[at];
+            if (id < 0 || token_bytes[id] == bytes) return id;
+        }
+    }
+
+private:
+    std::vector<int32_t> slots_;
+    uint64_t mask_ = 0;
+};
+
+// The first `limit` bytes of `s` for an error message, control bytes as \xHH (UTF-8 stays readable).
+inline std::string printable(std::string_view s, size_t limit = 60) {
+    std::string out;
+    for (unsigned char c : s.substr(0, limit)) {
+        if (c >= 0x20 && c != 0x7F) {
+            out += static_cast<char>(c);
+        } else {
+            static constexpr char kHex[] = "0123456789ABCDEF";
+            out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+        }
+    }
+    return out;
+}
+
 // GPT-2's reversible byte -> printable code point map (bytes_to_unicode in OpenAI's encoder.py), which spells
 // every byte-level vocabulary: printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100.. in order.
 inline std::array<char32_t, 256> byte_to_unicode() {

@@ -47,19 +47,7 @@ inline bool is_word_char(char32_t cp) {
 }
 inline bool is_numeric(char32_t cp) { return (U_MASK(u_charType(static_cast<UChar32>(cp))) & U_GC_N_MASK) != 0; }
 
-std::string printable(std::string_view s) {
-    std::string out;
-    for (unsigned char c : s.substr(0, 60)) {
-        if (c >= 0x20 && c != 0x7F) {
-            out += static_cast<char>(c);
-        } else {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\x%02X", c);
-            out += buf;
-        }
-    }
-    return out;
-}
+using bpe::printable;
 
 std::string one_line(std::string message) {
     std::replace(message.begin(), message.end(), '\n', ' ');
@@ -122,29 +110,14 @@ struct HfTokenizer::Model {
     std::vector<Stage> stages;
     std::optional<int> eos;
 
-    // bytes -> id of the byte-level vocab tokens (ignore_merges' whole-word lookup), by open addressing.
-    std::vector<int32_t> index_slots;
-    uint64_t index_mask = 0;
+    // bytes -> id of the byte-level vocab tokens (ignore_merges' whole-word lookup)
+    bpe::TokenIndex index;
     std::vector<bool> indexed;
 
     void build_index() {
-        size_t capacity = 1024;
-        while (capacity < 2 * token_bytes.size()) capacity *= 2;
-        index_slots.assign(capacity, -1);
-        index_mask = capacity - 1;
-        for (size_t id = 0; id < token_bytes.size(); id++) {
-            if (!indexed[id]) continue;
-            size_t at = bpe::hash_bytes(token_bytes[id]) & index_mask;
-            while (index_slots[at] >= 0) at = (at + 1) & index_mask;
-            index_slots[at] = static_cast<int32_t>(id);
-        }
+        index.build(token_bytes, [&](size_t id) { return !indexed[id]; });
     }
-    int find_token(std::string_view bytes) const {
-        for (size_t at = bpe::hash_bytes(bytes) & index_mask;; at = (at + 1) & index_mask) {
-            const int32_t id = index_slots[at];
-            if (id < 0 || token_bytes[id] == bytes) return id;
-        }
-    }
+    int find_token(std::string_view bytes) const { return index.find(token_bytes, bytes); }
 };
 
 struct HfTokenizer::State {
