@@ -17,6 +17,7 @@
 #include "llmc/model/cpu_layers.h"
 #include "llmc/model/model_cpu.h"
 #include "test/support/testing.h"
+#include "test/support/tiny_models.h"
 
 namespace {
 
@@ -44,23 +45,7 @@ Batch rows_of(const std::vector<int>& tokens, int B, int stride, int T, int skip
     return b;
 }
 
-llmc::ModelConfig tiny(llmc::ModelArch arch, llmc::NormKind norm) {
-    llmc::ModelConfig c;
-    c.arch = arch;
-    c.norm = norm;
-    c.max_seq_len = 16;
-    c.vocab_size = 100;
-    c.padded_vocab_size = 128;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.channels = 32;
-    return c;
-}
-std::vector<llmc::ModelConfig> every_family() {
-    return {tiny(llmc::ModelArch::gpt2, llmc::NormKind::layernorm),
-            tiny(llmc::ModelArch::olmo, llmc::NormKind::layernorm),
-            tiny(llmc::ModelArch::olmo, llmc::NormKind::rmsnorm)};
-}
+using testing::every_family;
 
 // max |a - b| / max |b| over all entries.
 double relative_max_diff(std::span<const float> a, std::span<const float> b) {

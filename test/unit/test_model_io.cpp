@@ -22,28 +22,12 @@
 #include "llmc/model/model_io.h"
 #include "llmc/base/rng.h"
 #include "test/support/testing.h"
+#include "test/support/tiny_models.h"
 
 namespace {
 
-// Small enough to be instant, with a padded vocabulary and more than one layer and head.
-llmc::ModelConfig tiny_config() {
-    llmc::ModelConfig c;
-    c.max_seq_len = 16;
-    c.vocab_size = 100;
-    c.padded_vocab_size = 128;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.channels = 32;
-    return c;
-}
-
-// tiny_config in each family and norm: the checks that hold for any model run on all three.
-std::vector<llmc::ModelConfig> every_family() {
-    llmc::ModelConfig olmo = tiny_config(), olmo_rms = tiny_config();
-    olmo.arch = olmo_rms.arch = llmc::ModelArch::olmo;
-    olmo_rms.norm = llmc::NormKind::rmsnorm;
-    return {tiny_config(), olmo, olmo_rms};
-}
+using testing::every_family;
+using testing::tiny_config;
 
 // A fresh directory for this test process, removed at exit.
 struct ScratchDir {
