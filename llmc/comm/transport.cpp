@@ -9,6 +9,57 @@
 
 namespace llmc {
 
+Transport::~Transport() {
+    if (parent_) std::erase(parent_->children_, this);
+    for (Transport* child : children_) child->parent_ = nullptr;
+}
+
+std::unique_ptr<Transport> Transport::split(int color, int key, Link link) {
+    std::unique_ptr<Transport> child = split_group(color, key);
+    child->link_ = link;
+    child->parent_ = this;
+    children_.push_back(child.get());
+    child->set_collective_timeout(timeout_seconds_);
+    return child;
+}
+
+std::unique_ptr<Transport> Transport::split_group(int, int) {
+    fail("the " + std::string(name()) + " transport cannot form groups of ranks (--shard_group_size)");
+}
+
+void Transport::reduce_scatter_mean(std::span<float>, std::span<const size_t>) {
+    fail("the " + std::string(name()) + " transport has no reduce-scatter (--shard_group_size)");
+}
+
+void Transport::allgather_inplace(std::span<std::byte>, std::span<const size_t>) {
+    fail("the " + std::string(name()) + " transport has no in-place all-gather (--shard_group_size)");
+}
+
+namespace {
+void add_counters(CommCounters& into, const CommCounters& c) {
+    into.bytes_sent += c.bytes_sent;
+    into.bytes_sent_intra += c.bytes_sent_intra;
+    into.bytes_sent_inter += c.bytes_sent_inter;
+    into.bytes_recv += c.bytes_recv;
+    into.payload_bytes += c.payload_bytes;
+    into.seconds += c.seconds;
+    into.collectives += c.collectives;
+    into.size_exchanges += c.size_exchanges;
+}
+}  // namespace
+
+CommCounters Transport::counters() const {
+    CommCounters total = counters_;
+    (link_ == Link::intra ? total.bytes_sent_intra : total.bytes_sent_inter) = counters_.bytes_sent;
+    for (const Transport* child : children_) add_counters(total, child->counters());
+    return total;
+}
+
+void Transport::reset_counters() {
+    counters_ = CommCounters{};
+    for (Transport* child : children_) child->reset_counters();
+}
+
 void Transport::allreduce_mean_bf16(std::span<float>) {
     fail("--grad_wire bf16 is not supported by the " + std::string(name()) + " transport");
 }

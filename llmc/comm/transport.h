@@ -43,8 +43,14 @@ inline GatherSizes next_gather_sizes(std::span<const size_t> offsets, size_t siz
     return offsets.size() >= 2 ? GatherSizes::equal : GatherSizes::exchange;
 }
 
+// Which kind of link a transport's collectives cross. A world transport's traffic is `inter` (every rank its own
+// node); FlexDeMo's and sharded AdamW's node group (Transport::split) is `intra`, their replica group `inter`.
+enum class Link { inter, intra };
+
 struct CommCounters {
     uint64_t bytes_sent = 0;
+    // bytes_sent split by link (Link): with sub-transports, what crossed the node's fast link and the slow one
+    uint64_t bytes_sent_intra = 0, bytes_sent_inter = 0;
     uint64_t bytes_recv = 0;
     uint64_t payload_bytes = 0;
     double seconds = 0.0;
@@ -56,7 +62,7 @@ struct CommCounters {
 
 class Transport {
 public:
-    virtual ~Transport() = default;
+    virtual ~Transport();
     virtual std::string_view name() const = 0;
     // The config's comm options, before any collective but the config check (which every rank runs with the
     // defaults): the MPI transport's message sizes and helper threads. The others have nothing to set.
@@ -121,8 +127,30 @@ public:
     // Ends every rank of the job (after an error on one rank, so the others do not hang in a collective).
     [[noreturn]] virtual void abort(int exit_code) = 0;
 
-    const CommCounters& counters() const { return counters_; }
-    void reset_counters() { counters_ = CommCounters{}; }
+    // ---- groups of ranks (FlexDeMo, sharded AdamW) ----
+    // A transport over the ranks of this one that pass the same `color`, ordered by `key` (ties: by this rank):
+    // a collective call of every rank. The sub-transport's counted traffic is also this one's (counters(), under
+    // `link`); it takes this one's options and collective timeout, and must be destroyed before this one.
+    std::unique_ptr<Transport> split(int color, int key, Link link);
+    // The ranks that share this rank's host (MPI's shared-memory split): how many, this rank's place among them,
+    // and the lowest and highest rank of them (--shard_group_size auto). Collective. One rank per host by default.
+    struct HostGroup {
+        int size = 1, index = 0, first_rank = 0, last_rank = 0;
+    };
+    virtual HostGroup host_group() { return {1, 0, rank(), rank()}; }
+    // The reduce half of a sharded step: on return data[offsets[r], offsets[r+1]) of rank r holds the mean over
+    // ranks of that range (summed in rank order); the rest of data is unspecified. offsets has world+1 entries,
+    // the same on every rank. Counted as a ring reduce-scatter: sends the ranges of the others, receives W-1
+    // copies of its own; payload: the whole buffer.
+    virtual void reduce_scatter_mean(std::span<float> data, std::span<const size_t> offsets);
+    // The gather half: rank r's bytes data[offsets[r], offsets[r+1]) reach every rank, in place (the updated
+    // weights of each shard, fp32 or bf16). Counted as a ring all-gather; payload: this rank's range.
+    virtual void allgather_inplace(std::span<std::byte> data, std::span<const size_t> offsets);
+
+    // This step's traffic: this transport's and its live sub-transports' together, split by link.
+    CommCounters counters() const;
+    void reset_counters();
+    Link link() const { return link_; }
 
     // From now on a collective that has not returned after `seconds` ends this process with a message
     // (0: wait forever). A world of one has nothing to wait for and starts no watchdog.
@@ -134,6 +162,8 @@ public:
     double collective_timeout() const { return timeout_seconds_; }
 
 protected:
+    // split()'s backend half: the sub-transport of the ranks with this color, ordered by key.
+    virtual std::unique_ptr<Transport> split_group(int color, int key);
     // A backend's half of the overlapped all-reduce. start_allreduce_ranges gets ranges already checked (inside
     // the buffer, the same buffer and wire format as those started before it; `elems` floats in all);
     // finish_allreduce_ranges waits for every range started since the last finish, `elems` floats in all (0 if
@@ -177,6 +207,9 @@ private:
 
     double timeout_seconds_ = 0.0;
     std::unique_ptr<CollectiveWatchdog> watchdog_;
+    Link link_ = Link::inter;
+    Transport* parent_ = nullptr;         // split()'s parent, which counts this one's traffic
+    std::vector<Transport*> children_;    // the live sub-transports of split()
 };
 
 // World of one: collectives are identities, nothing is counted as sent.
@@ -199,8 +232,15 @@ public:
     void broadcast(std::span<std::byte>, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(int exit_code) override;
+    void reduce_scatter_mean(std::span<float> data, std::span<const size_t>) override {
+        counters_.payload_bytes += data.size_bytes();
+    }
+    void allgather_inplace(std::span<std::byte> data, std::span<const size_t>) override {
+        counters_.payload_bytes += data.size();
+    }
 
 protected:
+    std::unique_ptr<Transport> split_group(int, int) override { return std::make_unique<LocalTransport>(); }
     void start_allreduce_ranges(float*, size_t, std::span<const ParamRange>, bool, size_t) override {}
     void finish_allreduce_ranges(size_t elems, bool bf16) override {
         counters_.payload_bytes += elems * (bf16 ? 2 : 4);

@@ -1,4 +1,4 @@
-// MpiTransport: collectives over MPI_COMM_WORLD with the byte counters of transport.h. Failures of MPI calls
+// MpiTransport: collectives over MPI_COMM_WORLD (or a group of its ranks: split) with the byte counters of transport.h. Failures of MPI calls
 // abort the whole job (MPI_ERRORS_ARE_FATAL), so a rank that dies takes the others down instead of leaving
 // them blocked in a collective; mpirun reports which rank failed.
 // The gradient all-reduces sum every element in rank order (RankOrderMean: a reduce-scatter and an
@@ -8,7 +8,7 @@
 // (direct exchange) in pieces MPI sends without a handshake, so a phase costs one message latency where a ring
 // pays W-1 rounds (and Open MPI's handshake two more per round above 64 KB), for the same bytes through each
 // rank's link. What that is worth on links with a delay: docs/BANDWIDTH.md.
-// The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of MPI_COMM_WORLD, so
+// The overlapped all-gather (allgather_bytes_start / _finish) runs on its own duplicate of the communicator, so
 // it can be in flight while the main thread's collectives go on. With MPI_THREAD_MULTIPLE (Open MPI provides
 // it) a helper thread runs the blocking all-gather, which moves the bytes while the trainer computes;
 // otherwise (or with --mpi_helper_threads false) its messages are posted in start() and waited for in finish(), and
@@ -76,8 +76,16 @@ public:
         }
         thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
         comm_thread_ok_ = thread_multiple_;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-        MPI_Comm_size(MPI_COMM_WORLD, &world_);
+        MPI_Comm_rank(comm_, &rank_);
+        MPI_Comm_size(comm_, &world_);
+    }
+    // A group of the parent's ranks (split_group): its own communicator, the parent's options.
+    MpiTransport(MPI_Comm comm, const MpiTransport& parent)
+        : comm_(comm), reduce_slice_(parent.reduce_slice_), message_bytes_(parent.message_bytes_),
+          thread_multiple_(parent.thread_multiple_), comm_thread_ok_(parent.comm_thread_ok_),
+          reduce_jobs_in_flight_(parent.reduce_jobs_in_flight_) {
+        MPI_Comm_rank(comm_, &rank_);
+        MPI_Comm_size(comm_, &world_);
     }
     ~MpiTransport() override {
         // an all-gather still in flight (DeMo's last delayed round) completes: every rank started it
@@ -88,6 +96,7 @@ public:
         stop_reducer();
         if (gather_comm_ != MPI_COMM_NULL) MPI_Comm_free(&gather_comm_);
         if (reduce_comm_ != MPI_COMM_NULL) MPI_Comm_free(&reduce_comm_);
+        if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
         if (owns_mpi_) MPI_Finalize();
     }
     std::string_view name() const override { return "mpi"; }
@@ -107,7 +116,7 @@ public:
         if (world_ == 1) return;
         Timer t(counters_);
         const auto watched = watch("MPI all-reduce of the gradients");
-        mean_fp32(data.data(), data.size(), stage_, MPI_COMM_WORLD);
+        mean_fp32(data.data(), data.size(), stage_, comm_);
         count_allreduce(data.size_bytes());
     }
 
@@ -117,18 +126,92 @@ public:
         Timer t(counters_);
         const auto watched = watch("MPI all-reduce of the gradients (bf16)");
         wire_.resize(data.size());
-        mean_bf16(data.data(), wire_.data(), data.size(), stage_bf16_, MPI_COMM_WORLD);
+        mean_bf16(data.data(), wire_.data(), data.size(), stage_bf16_, comm_);
         count_allreduce(data.size_bytes() / 2);
     }
 
+    HostGroup host_group() override {
+        MPI_Comm host;
+        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host);
+        HostGroup g;
+        MPI_Comm_size(host, &g.size);
+        MPI_Comm_rank(host, &g.index);
+        MPI_Allreduce(&rank_, &g.first_rank, 1, MPI_INT, MPI_MIN, host);
+        MPI_Allreduce(&rank_, &g.last_rank, 1, MPI_INT, MPI_MAX, host);
+        MPI_Comm_free(&host);
+        return g;
+    }
+
+    // Direct exchange, as the all-gathers: every rank posts its pieces of the others' ranges and receives the
+    // others' pieces of its own, then sums them in rank order.
+    void reduce_scatter_mean(std::span<float> data, std::span<const size_t> offsets) override {
+        check_offsets(offsets, data.size(), "reduce-scatter");
+        counters_.payload_bytes += data.size_bytes();
+        if (world_ == 1) return;
+        Timer t(counters_);
+        const auto watched = watch("MPI reduce-scatter of the gradients (sharded step)");
+        const size_t begin = offsets[rank_], n = offsets[rank_ + 1] - begin;
+        stage_.resize(n * static_cast<size_t>(world_));
+        std::vector<MPI_Request> requests;
+        for (int k = 1; k < world_; k++) {
+            const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
+            post_recv(stage_.data() + n * static_cast<size_t>(from), n, MPI_FLOAT, from, kScatterTag, comm_, requests);
+            post_send(data.data() + offsets[to], offsets[to + 1] - offsets[to], MPI_FLOAT, to, kScatterTag, comm_,
+                      requests);
+        }
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+        std::copy(data.begin() + static_cast<std::ptrdiff_t>(begin),
+                  data.begin() + static_cast<std::ptrdiff_t>(begin + n),
+                  stage_.begin() + static_cast<std::ptrdiff_t>(n * static_cast<size_t>(rank_)));
+        float* mine = data.data() + begin;
+        const float inv = 1.0f / static_cast<float>(world_);
+        for (size_t i = 0; i < n; i++) {
+            float sum = stage_[i];
+            for (int r = 1; r < world_; r++) sum += stage_[n * static_cast<size_t>(r) + i];
+            mine[i] = sum * inv;
+        }
+        uint64_t others = 0;
+        for (int r = 0; r < world_; r++)
+            if (r != rank_) others += offsets[r + 1] - offsets[r];
+        counters_.bytes_sent += others * sizeof(float);
+        counters_.bytes_recv += static_cast<uint64_t>(world_ - 1) * n * sizeof(float);
+    }
+
+    void allgather_inplace(std::span<std::byte> data, std::span<const size_t> offsets) override {
+        check_offsets(offsets, data.size(), "in-place all-gather");
+        const size_t begin = offsets[rank_], n = offsets[rank_ + 1] - begin;
+        counters_.payload_bytes += n;
+        if (world_ == 1) return;
+        Timer t(counters_);
+        const auto watched = watch("MPI all-gather of the updated weights (sharded step)");
+        std::vector<MPI_Request> requests;
+        for (int k = 1; k < world_; k++) {
+            const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
+            post_recv(data.data() + offsets[from], offsets[from + 1] - offsets[from], MPI_BYTE, from, kInplaceTag,
+                      comm_, requests);
+            post_send(data.data() + begin, n, MPI_BYTE, to, kInplaceTag, comm_, requests);
+        }
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+        const uint64_t others = offsets[world_] - n;
+        counters_.bytes_sent += static_cast<uint64_t>(world_ - 1) * n;
+        counters_.bytes_recv += others;
+    }
+
 protected:
+    std::unique_ptr<Transport> split_group(int color, int key) override {
+        LLMC_CHECK(!gather_in_flight_, "internal: MpiTransport::split while an all-gather is in flight");
+        MPI_Comm sub;
+        MPI_Comm_split(comm_, color, key, &sub);
+        return std::make_unique<MpiTransport>(sub, *this);
+    }
+
     // the overlapped all-reduce (transport.h's books): ranges queued for the reducer thread, finish waits for it
     void start_allreduce_ranges(float* base, size_t, std::span<const ParamRange> ranges, bool bf16,
                                 size_t elems) override {
         Timer t(counters_, /*counts=*/false);
         if (world_ == 1) return;
         const auto watched = watch("MPI all-reduce of the gradients (start)");
-        if (reduce_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &reduce_comm_);  // every rank's first start
+        if (reduce_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm_, &reduce_comm_);  // every rank's first start
         if (elems == 0) return;
         {
             std::lock_guard lock(reduce_mutex_);
@@ -186,12 +269,12 @@ public:
         const auto watched = watch("MPI all-gather of the DeMo buckets");
         LLMC_CHECK(mine.size() <= static_cast<size_t>(INT32_MAX), "allgather: bucket larger than 2 GiB");
         std::vector<int> sizes;
-        learn_sizes(static_cast<int>(mine.size()), how, sizes, MPI_COMM_WORLD);
+        learn_sizes(static_cast<int>(mine.size()), how, sizes, comm_);
         if (how == GatherSizes::exchange && world_ > 1) counters_.size_exchanges++;
         offsets = offsets_of(sizes);
         all.resize(offsets[world_]);
         std::vector<MPI_Request> requests;
-        post_gather(mine.data(), sizes, offsets, all.data(), MPI_COMM_WORLD, requests);
+        post_gather(mine.data(), sizes, offsets, all.data(), comm_, requests);
         MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
         count_gather(sizes, offsets);
     }
@@ -214,7 +297,7 @@ public:
         }
         const auto watched = watch("MPI all-gather of the DeMo buckets (start)");
         if (how == GatherSizes::exchange) counters_.size_exchanges++;  // here: the helper thread must not count
-        if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_);
+        if (gather_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm_, &gather_comm_);
         if (comm_thread_ok_) {
             gather_thread_ = std::thread([this, how] {
                 lay_out_gather(how);
@@ -269,11 +352,11 @@ public:
     }
     void broadcast(std::span<std::byte> data, int root) override {
         const auto watched = watch("MPI broadcast");
-        MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD);
+        MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, comm_);
     }
     void barrier() override {
         const auto watched = watch("MPI barrier");
-        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(comm_);
     }
     [[noreturn]] void abort(int exit_code) override {
         if (world_ > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
@@ -282,6 +365,11 @@ public:
     }
 
 private:
+    void check_offsets(std::span<const size_t> offsets, size_t size, const char* what) const {
+        bool ok = offsets.size() == static_cast<size_t>(world_) + 1 && offsets[0] == 0 && offsets[world_] == size;
+        for (int r = 0; ok && r < world_; r++) ok = offsets[r] <= offsets[r + 1];
+        LLMC_CHECK(ok, std::string("MPI ") + what + ": the offsets do not cut the buffer into one range per rank");
+    }
     // Every rank's contribution to an all-gather: exchanged (one MPI_Allgather of an int), or this rank's own
     // size everywhere (GatherSizes::equal: the caller vouches for it).
     void learn_sizes(int my_size, GatherSizes how, std::vector<int>& sizes, MPI_Comm comm) const {
@@ -611,7 +699,7 @@ private:
     void small_allreduce(std::span<T> values, MPI_Datatype type, MPI_Op op, Combine combine) {
         if (world_ == 1 || values.empty()) return;
         if (world_ > kDirectReduceRanks) {
-            MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), type, op, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), type, op, comm_);
             return;
         }
         std::vector<T> all;
@@ -630,8 +718,8 @@ private:
         std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(n * rank_));
         for (int k = 1; k < world_; k++) {
             const int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
-            post_recv(all.data() + n * static_cast<size_t>(from), n, type, from, tag, MPI_COMM_WORLD, requests);
-            post_send(mine.data(), n, type, to, tag, MPI_COMM_WORLD, requests);
+            post_recv(all.data() + n * static_cast<size_t>(from), n, type, from, tag, comm_, requests);
+            post_send(mine.data(), n, type, to, tag, comm_, requests);
         }
     }
     template <typename T, class Combine>
@@ -663,7 +751,7 @@ private:
         if (world_ == 1 || values.empty()) return;
         if (world_ > kDirectReduceRanks) {
             r.requests.emplace_back();
-            MPI_Iallreduce(MPI_IN_PLACE, r.mine.data(), static_cast<int>(r.mine.size()), type, op, MPI_COMM_WORLD,
+            MPI_Iallreduce(MPI_IN_PLACE, r.mine.data(), static_cast<int>(r.mine.size()), type, op, comm_,
                            &r.requests.back());
             return;
         }
@@ -718,8 +806,10 @@ private:
     // all-reduce's jobs from kFirstJobTag up (job_tag: at most 16,399, under the 32,767 every MPI allows); the
     // split reductions kSplitSumTag and kSplitOrTag, as other small reductions run while they are in flight.
     static constexpr int kMeanTag = 1, kGatherTag = 3, kSmallReduceTag = 4, kSplitSumTag = 5, kSplitOrTag = 6,
+                         kScatterTag = 7, kInplaceTag = 8,
                          kFirstJobTag = 16;
 
+    MPI_Comm comm_ = MPI_COMM_WORLD;  // the world, or a group of it (split_group)
     int rank_ = 0, world_ = 1;
     bool owns_mpi_ = false;
     // CommOptions (configure): an all-reduce's slice (bounds `stage`), the largest message piece, and whether the

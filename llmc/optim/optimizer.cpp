@@ -6,6 +6,30 @@
 
 namespace llmc {
 
+namespace {
+// An integer >= 1 or "auto" (kShardGroupAuto), which the JSON config also writes as "auto".
+Key<OptimizerConfig> shard_group_size_key() {
+    const auto parse = [](const std::string& text, const std::string& where) {
+        return text == "auto" ? kShardGroupAuto
+                              : static_cast<int>(schema::int_from_text(text, 1, INT32_MAX, where));
+    };
+    Key<OptimizerConfig> k{
+        key_info("shard_group_size",
+                 "ranks per node for the sharded step: the node averages gradients over its fast link and splits the "
+                 "optimizer state, DeMo (FlexDeMo) or AdamW's all-reduce runs across nodes; 1: flat; auto: the ranks "
+                 "that share a host; the world size with AdamW: ZeRO-1"),
+        [parse](OptimizerConfig& c, const std::string& t, const std::string& w) { c.shard_group_size = parse(t, w); },
+        [parse](OptimizerConfig& c, const schema::Json& v, const std::string& w) {
+            c.shard_group_size = v.is_string() ? parse(v.get<std::string>(), w)
+                                               : static_cast<int>(schema::int_from_json(v, 1, INT32_MAX, w));
+        },
+        [](const OptimizerConfig& c) {
+            return c.shard_group_size == kShardGroupAuto ? schema::Json("auto") : schema::Json(c.shard_group_size);
+        }};
+    return std::move(k).fixed();
+}
+}  // namespace
+
 std::vector<Key<OptimizerConfig>> optimizer_config_keys() {
     return {
         key("weight_decay", &OptimizerConfig::weight_decay, "decoupled weight decay"),
@@ -13,6 +37,7 @@ std::vector<Key<OptimizerConfig>> optimizer_config_keys() {
             "which tensors decay: 2d (matrices only) or all (the DeMo reference)",
             {{"2d", DecayGroups::matrices}, {"all", DecayGroups::all}}),
         key("grad_clip", &OptimizerConfig::grad_clip, "max gradient L2 norm (<= 0 disables)"),
+        shard_group_size_key(),
     };
 }
 

@@ -22,12 +22,18 @@
 
 namespace llmc {
 
+inline constexpr int kShardGroupAuto = 0;  // --shard_group_size auto
+
 enum class DecayGroups { matrices, all };  // "2d" (default): weight decay on 2-D weights only; "all": everything
 
 struct OptimizerConfig {
     float weight_decay = 0.0f;
     DecayGroups decay_groups = DecayGroups::matrices;
     float grad_clip = 1.0f;  // max global L2 norm; <= 0 disables clipping
+    // Ranks per node for the sharded step (FlexDeMo; sharded AdamW / ZeRO-1): the node's ranks average their
+    // gradients and split the optimizer state; 1: every rank its own replica (flat DeMo, AdamW-DDP);
+    // kShardGroupAuto: the ranks that share a host.
+    int shard_group_size = 1;
     AdamWConfig adamw;
     DemoConfig demo;
 };

@@ -34,6 +34,10 @@ std::vector<Key<DemoConfig>> demo_config_keys() {
         key("demo_eager", &DemoConfig::eager,
             "DeMo with --demo_delay 1: each rank takes its own share of an update at once, until the gathered update "
             "lands a step later (false: nothing until then)"),
+        key("demo_replicate_every", &DemoConfig::replicate_every,
+            "DeMo: exchange across nodes only at steps divisible by N; in between each node (--shard_group_size) "
+            "steps on the sign of its own averaged gradient (FlexDeMo's schedule; 1: every step)")
+            .fixed(),
     };
 }
 
@@ -72,6 +76,14 @@ void validate_demo_options(const llmc::OptimizerConfig& c, const llmc::ConfigSou
           llmc::format_float(d.feedback_alpha));
     check(c.weight_decay >= 0.0f, "weight_decay", ">= 0", llmc::format_float(c.weight_decay));
     check(d.delay == 0 || d.delay == 1, "demo_delay", "0 or 1", std::to_string(d.delay));
+    check(d.replicate_every >= 1, "demo_replicate_every", ">= 1", std::to_string(d.replicate_every));
+    LLMC_CHECK(d.replicate_every == 1 || d.delay == 0,
+               sources.list({"demo_replicate_every", "demo_delay"}) +
+                   ": --demo_replicate_every above 1 runs with --demo_delay 0 only");
+    LLMC_CHECK(c.shard_group_size == 1 || d.delay == 0 || !d.eager,
+               sources.list({"shard_group_size", "demo_delay", "demo_eager"}) +
+                   ": a sharded DeMo step (--shard_group_size) with --demo_delay 1 needs --demo_eager false (each "
+                   "rank holds the shared weights of its shard only)");
     const int t = d.kernel_tuning;
     check(t >= -1 && t < kNumTunings, "demo_kernel_tuning",
           ("-1 or a row of demo::kTunings, 0 to " + std::to_string(kNumTunings - 1)).c_str(), std::to_string(t));

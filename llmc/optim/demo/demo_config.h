@@ -27,6 +27,9 @@ struct DemoConfig {
     // whole until the all-gather lands (eager updates). The ranks' working weights then differ by that share;
     // the shared weights (master_weights) stay identical and are what checkpoints hold.
     bool eager = true;
+    // FlexDeMo (--shard_group_size > 1): the exchange across nodes runs at steps divisible by this; in between
+    // each node steps on the sign of its own averaged gradient (DeToNATION's replicate_every).
+    int replicate_every = 1;
     // The CUDA kernels (train_gpt; the CPU optimizer computes the same step either way).
     DemoDct dct = DemoDct::fp32;
     DemoMomentumDomain momentum_domain = DemoMomentumDomain::spatial;
