@@ -35,6 +35,7 @@
 #include "llmc/run/run_setup.h"
 #include "llmc/run/step_reporter.h"
 #include "llmc/run/trainer_main.h"
+#include "llmc/run/weight_check.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -75,7 +76,9 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     openblas_set_num_threads(threads);
 
     const int grad_accum = resolve_batch_geometry(cfg, world);
-    const bool ddp_overlap = cfg.optim.adamw.ddp_overlap && cfg.optimizer == "adamw" && world > 1;
+    // the sharded step reduce-scatters after the backward
+    const bool ddp_overlap =
+        cfg.optim.adamw.ddp_overlap && cfg.optimizer == "adamw" && world > 1 && cfg.optim.shard_group_size == 1;
     const int64_t tokens_per_micro = cfg.total_batch_size / grad_accum;
     transport.set_collective_timeout(cfg.comm_timeout);
     const std::string config_json = agree_on_config(cfg, transport);
@@ -150,6 +153,8 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
+        if (cfg.weight_check_every > 0 && (step + 1) % cfg.weight_check_every == 0)
+            check_weights_agree(transport, optimizer->master_weights(model.params()), step + 1);
         reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
         StepDuties due = step_duties(cfg, step);

@@ -41,7 +41,9 @@ std::vector<Key<OptimizerConfig>> optimizer_config_keys() {
     };
 }
 
-double grad_norm(std::span<const float> g) {
+double grad_norm(std::span<const float> g) { return std::sqrt(sum_of_squares(g)); }
+
+double sum_of_squares(std::span<const float> g) {
     // Fixed-size blocks summed in order: the result does not depend on the number of OpenMP threads.
     constexpr size_t kBlock = 1 << 16;
     const size_t nblocks = (g.size() + kBlock - 1) / kBlock;
@@ -55,7 +57,7 @@ double grad_norm(std::span<const float> g) {
     }
     double sum = 0.0;
     for (double p : partial) sum += p;
-    return std::sqrt(sum);
+    return sum;
 }
 
 float clip_scale(double norm, float max_norm) {

@@ -48,6 +48,10 @@ struct StepTimings {
     double topk = 0.0;       // DeMo: per-chunk selection + packing
     double exchange = 0.0;   // time inside transport collectives
     double apply = 0.0;      // AdamW update, or DeMo scatter-mean + decode + sign + update
+    // The sharded step (--shard_group_size): the node's reduce-scatter of the gradients and all-gather of the
+    // updated weights; `exchange` is then the traffic across nodes (DeMo's buckets, AdamW's shard all-reduce).
+    double reduce_scatter = 0.0;
+    double allgather = 0.0;
 };
 
 struct StepResult {
@@ -108,7 +112,9 @@ inline bool decays(const ParamTensor& t, DecayGroups groups) {
     return groups == DecayGroups::all || t.is_matrix();
 }
 
-// L2 norm of g, accumulated in double in a fixed order (deterministic for any thread count).
+// Sum of g[i]^2 in double, in a fixed order (deterministic for any thread count).
+double sum_of_squares(std::span<const float> g);
+// L2 norm of g: sqrt(sum_of_squares(g)).
 double grad_norm(std::span<const float> g);
 // The factor that brings a gradient of norm `norm` to at most max_norm (1 when no clipping is needed or
 // max_norm <= 0), with torch.nn.utils.clip_grad_norm_'s rule: max_norm / (norm + 1e-6) when that is below 1.

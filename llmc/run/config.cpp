@@ -89,6 +89,9 @@ Schema<TrainConfig> make_schema() {
             key("sample_tokens", &TrainConfig::sample_tokens, "tokens per sample"),
             key("out_dir", &TrainConfig::out_dir, "metrics.jsonl, config.json and checkpoints go here"),
             key("checkpoint_every", &TrainConfig::checkpoint_every, "checkpoint every N steps (0 = only at the end, -1 = never)"),
+            key("weight_check_every", &TrainConfig::weight_check_every,
+                "every N steps compare a hash of every rank's shared weights and stop with an error if any differ "
+                "(0 = never)"),
             key("checkpoint_every_minutes", &TrainConfig::checkpoint_every_minutes,
                 "also checkpoint at the first step that ends this many minutes after the last checkpoint or the start "
                 "(0 = by steps only; nothing with --checkpoint_every -1)"),
@@ -227,6 +230,7 @@ void validate_config(const TrainConfig& c) {
     at_least("threads", c.threads, 0);
     at_most("threads", c.threads, kMaxThreads, "OpenMP threads per rank");
     at_least("checkpoint_every", c.checkpoint_every, -1, "0: only at the end, -1: never");
+    at_least("weight_check_every", c.weight_check_every, 0, "0: never");
     at_least("log_every", c.log_every, 1);
     LLMC_CHECK(c.comm_timeout >= 0.0f, s.name("comm_timeout") + " must be >= 0 (got " + format_float(c.comm_timeout) +
                                            "; seconds, 0 waits forever)");

@@ -66,6 +66,7 @@ struct TrainConfig {
     int sample_tokens = 48;
     std::string out_dir = "out";
     int checkpoint_every = 0;
+    int weight_check_every = 0;  // compare every rank's shared weights every N steps (0: never)
     float checkpoint_every_minutes = 0.0f;  // also one when this much wall time has passed since the last (0 = off)
     int keep_checkpoints = 2;
     std::string resume;                  // "", "auto" (latest in out_dir) or a checkpoint directory

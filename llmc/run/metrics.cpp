@@ -73,6 +73,8 @@ void MetricsLog::log_step(const StepMetrics& m) {
     j["model_tflops"] = m.model_tflops;
     if (m.mfu) j["mfu"] = *m.mfu;
     j["bytes_sent"] = m.comm.bytes_sent;
+    j["bytes_sent_intra"] = m.comm.bytes_sent_intra;
+    j["bytes_sent_inter"] = m.comm.bytes_sent_inter;
     j["bytes_recv"] = m.comm.bytes_recv;
     j["payload_bytes"] = m.comm.payload_bytes;
     j["cum_bytes_sent"] = m.cumulative_bytes_sent;
@@ -80,7 +82,9 @@ void MetricsLog::log_step(const StepMetrics& m) {
                    {"transform", m.optimizer.transform * 1e3},
                    {"topk", m.optimizer.topk * 1e3},
                    {"exchange", m.optimizer.exchange * 1e3},
-                   {"apply", m.optimizer.apply * 1e3}};
+                   {"apply", m.optimizer.apply * 1e3},
+                   {"reduce_scatter", m.optimizer.reduce_scatter * 1e3},
+                   {"allgather", m.optimizer.allgather * 1e3}};
     write_line(j.dump());
 }
 
@@ -156,12 +160,16 @@ std::string format_progress(const StepMetrics& m) {
     const int width = static_cast<int>(std::to_string(m.total_steps).size());
     char mfu[32] = "";
     if (m.mfu) std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", *m.mfu * 100.0);
-    char buf[320];
+    // a sharded step's traffic by link: inside the node and across nodes
+    std::string sent = format_bytes(static_cast<double>(m.comm.bytes_sent));
+    if (m.comm.bytes_sent_intra > 0)
+        sent += " (intra " + format_bytes(static_cast<double>(m.comm.bytes_sent_intra)) + ", inter " +
+                format_bytes(static_cast<double>(m.comm.bytes_sent_inter)) + ")";
+    char buf[400];
     std::snprintf(buf, sizeof buf,
                   "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s%s | sent %s | ETA %s", width,
                   m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second, mfu,
-                  format_bytes(static_cast<double>(m.comm.bytes_sent)).c_str(),
-                  format_duration(m.eta_seconds).c_str());
+                  sent.c_str(), format_duration(m.eta_seconds).c_str());
     return buf;
 }
 

@@ -74,6 +74,66 @@ ModelPlan plan_model(const std::vector<std::vector<size_t>>& shapes, size_t chun
     return m;
 }
 
+std::vector<size_t> shard_boundaries(const ModelPlan& plan, size_t parts) {
+    LLMC_CHECK(parts >= 1, "--shard_group_size must be >= 1");
+    size_t expected = 0, block_rows = 0;
+    for (const TensorPlan& t : plan.tensors) {
+        LLMC_CHECK(t.offset == expected, "DeMo shards: the plan's tensors are not back to back from 0");
+        expected += t.numel();
+        block_rows += t.block_rows;
+    }
+    LLMC_CHECK(block_rows >= parts, "--shard_group_size " + std::to_string(parts) + ": the model has only " +
+                                        std::to_string(block_rows) + " DeMo block rows to share out");
+    // A boundary goes before the first block row at which the chunks so far reach the part's share; each part
+    // keeps at least one block row.
+    std::vector<size_t> bounds = {0};
+    size_t chunks_before = 0, rows_left = block_rows;
+    for (const TensorPlan& t : plan.tensors) {
+        for (size_t r = 0; r < t.block_rows; r++, rows_left--) {
+            const size_t part = bounds.size();  // the boundary looked for next: that of part `part`
+            const bool due = part < parts && chunks_before * parts >= part * plan.total_chunks;
+            const bool forced = part < parts && rows_left == parts - part;  // one row left per remaining part
+            if (chunks_before > 0 && bounds.back() != t.offset + r * t.n1 * t.cols && (due || forced))
+                bounds.push_back(t.offset + r * t.n1 * t.cols);
+            chunks_before += t.block_cols;
+        }
+    }
+    bounds.push_back(plan.num_params);
+    LLMC_CHECK(bounds.size() == parts + 1, "internal: DeMo shards cut into " + std::to_string(bounds.size() - 1) +
+                                               " parts, not " + std::to_string(parts));
+    return bounds;
+}
+
+ModelPlan slice_plan(const ModelPlan& plan, size_t begin, size_t end, std::vector<size_t>* tensors) {
+    ModelPlan m;
+    m.chunk = plan.chunk;
+    m.topk = plan.topk;
+    if (tensors) tensors->clear();
+    for (size_t i = 0; i < plan.tensors.size(); i++) {
+        const TensorPlan& t = plan.tensors[i];
+        const size_t row_elems = t.n1 * t.cols;  // one block row
+        const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel());
+        if (lo >= hi) continue;
+        LLMC_CHECK((lo - t.offset) % row_elems == 0 && (hi - t.offset) % row_elems == 0,
+                   "internal: a DeMo shard boundary inside a block row");
+        TensorPlan p = t;
+        p.rows = (hi - lo) / t.cols;
+        p.block_rows = p.rows / p.n1;
+        p.num_chunks = p.block_rows * p.block_cols;
+        p.offset = lo - begin;
+        p.chunk_offset = m.total_chunks;
+        p.select_offset = m.total_selected;
+        m.num_params += p.numel();
+        m.total_chunks += p.num_chunks;
+        m.total_selected += p.selected();
+        m.max_chunk_elems = std::max(m.max_chunk_elems, p.chunk_elems);
+        m.max_n = std::max({m.max_n, p.n1, p.n2});
+        m.tensors.push_back(p);
+        if (tensors) tensors->push_back(i);
+    }
+    return m;
+}
+
 size_t ModelPlan::tensor_of_chunk(size_t g) const {
     // Last tensor whose first chunk is <= g, skipping tensors without chunks (none exist: every tensor has
     // at least one chunk, but the search stays correct either way).

@@ -68,4 +68,15 @@ TensorPlan plan_tensor(std::span<const size_t> shape, size_t chunk, size_t topk)
 ModelPlan plan_model(const std::vector<std::vector<size_t>>& shapes, size_t chunk, size_t topk,
                      std::span<const size_t> offsets = {});
 
+// ---- shards (FlexDeMo: each rank of a node steps on one part of the plan) ----
+// A shard is a run of consecutive block rows (n1 rows of a tensor: whole chunks, contiguous in the flat buffer), so
+// its chunks and their top-k are those of the whole plan. shard_boundaries cuts the plan's block rows, in parameter
+// order, into `parts` runs of about equal chunk counts and returns their flat offsets (parts + 1 entries, from 0
+// to num_params). It needs tensors laid out back to back from 0 and at least `parts` block rows (llmc::Error
+// naming --shard_group_size otherwise).
+std::vector<size_t> shard_boundaries(const ModelPlan& plan, size_t parts);
+// The plan of the block rows in flat range [begin, end) (boundaries of shard_boundaries), offsets counted from
+// begin; `tensors` receives, per tensor of the slice, the index of its tensor in `plan`.
+ModelPlan slice_plan(const ModelPlan& plan, size_t begin, size_t end, std::vector<size_t>* tensors = nullptr);
+
 }  // namespace demo

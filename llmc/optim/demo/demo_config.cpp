@@ -2,11 +2,14 @@
 // the registry of optimizers.
 #include "llmc/optim/demo/demo_config.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "llmc/base/error.h"
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/demo_optimizer.h"
+#include "llmc/optim/flexdemo/flexdemo.h"
 #include "llmc/optim/demo/kernels/tunings.h"
 #include "llmc/optim/demo/traffic_report.h"
 
@@ -124,6 +127,28 @@ std::vector<std::string> demo_warnings(const llmc::OptimizerConfig& cfg, const l
             "): their k is clamped to a chunk's elements, so they send every coefficient"};
 }
 
+// The sharded step's part of the dry run: the state one rank holds, measured on the optimizer of its shard, against
+// the flat step's, and the node's traffic. --shard_group_size auto counts as 1 here (the dry run sees no hosts).
+void print_sharded_report(std::ostream& out, const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout,
+                          int world) {
+    const int s = std::max(1, cfg.shard_group_size);
+    const double flat = static_cast<double>(flexdemo_state_bytes_per_rank(cfg, layout, 1));
+    const double mine = s == 1 ? flat : static_cast<double>(flexdemo_state_bytes_per_rank(cfg, layout, s));
+    const double grads = static_cast<double>(layout.num_params) * 4.0;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "sharded step, %d ranks in nodes of %d (--shard_group_size):\n"
+                  "  optimizer state per rank, measured   %12.3f MB (flat DeMo %.3f MB: %.3f of it)\n"
+                  "  intra-node reduce-scatter sent       %12.3f MB\n"
+                  "  intra-node all-gather sent           %12.3f MB\n",
+                  world, s, mine / 1e6, flat / 1e6, mine / flat, grads * (s - 1) / s / 1e6,
+                  grads * (s - 1) / s / 1e6);
+    out << line;
+    if (s > 1 && world % s == 0)
+        out << "  across nodes: the buckets above for " << world / s << " replicas of a shard of about 1/" << s
+            << " of the model\n";
+}
+
 void demo_dry_run_report(std::ostream& out, const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout,
                          int world) {
     TrafficOptions traffic;
@@ -135,11 +160,21 @@ void demo_dry_run_report(std::ostream& out, const llmc::OptimizerConfig& cfg, co
                          "traffic per rank per step, " + layout.config.describe() + ", " + std::to_string(world) +
                              " ranks",
                          shapes, traffic);
+    print_sharded_report(out, cfg, layout, world);
 }
 
 std::string demo_describe(const llmc::OptimizerConfig& cfg) {
-    if (cfg.demo.delay == 0) return "";
-    return cfg.demo.eager ? "applied a step late, own share at once" : "applied a step late";
+    std::string d;
+    if (cfg.shard_group_size != 1)
+        d = cfg.shard_group_size == llmc::kShardGroupAuto ? "FlexDeMo, nodes of the ranks on a host"
+                                                          : "FlexDeMo, nodes of " + std::to_string(cfg.shard_group_size);
+    if (cfg.demo.replicate_every != 1)
+        d += (d.empty() ? "" : ", ") + std::string("across nodes every ") + std::to_string(cfg.demo.replicate_every) +
+             " steps";
+    if (cfg.demo.delay == 1)
+        d += (d.empty() ? "" : ", ") +
+             std::string(cfg.demo.eager ? "applied a step late, own share at once" : "applied a step late");
+    return d;
 }
 
 }  // namespace
@@ -149,7 +184,9 @@ llmc::OptimizerFamily demo_family() {
             demo_warnings, demo_dry_run_report, demo_describe,
             [](const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout,
                llmc::Transport& t) -> std::unique_ptr<llmc::Optimizer> {
-                return std::make_unique<DemoOptimizer>(c, layout, t);
+                const int s = llmc::resolve_shard_group_size(t, c.shard_group_size);
+                if (s == 1 && c.demo.replicate_every == 1) return std::make_unique<DemoOptimizer>(c, layout, t);
+                return std::make_unique<FlexDemo>(c, layout, t, s);
             }};
 }
 

@@ -26,6 +26,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
 
+size_t selection_bytes(const Selection& s) {
+    return s.indices.capacity() * sizeof(uint32_t) + (s.values.capacity() + s.scales.capacity()) * sizeof(float);
+}
+
 // Integer key with the order of |v| (for non-NaN floats the bit pattern of |v| orders like its value).
 inline uint32_t magnitude_key(float v) {
     uint32_t u;
@@ -98,6 +102,18 @@ DemoOptimizer::DemoOptimizer(const llmc::OptimizerConfig& config, const llmc::Pa
     : config_(config), transport_(transport) {
     validate_demo_options(config_);
     plan_ = cm::plan_for_layout(config_, layout, &decays_);
+    init();
+}
+
+DemoOptimizer::DemoOptimizer(const llmc::OptimizerConfig& config, ModelPlan plan, std::vector<uint8_t> decays,
+                             llmc::Transport& transport)
+    : config_(config), transport_(transport), plan_(std::move(plan)), decays_(std::move(decays)) {
+    validate_demo_options(config_);
+    LLMC_CHECK(decays_.size() == plan_.tensors.size(), "internal: DeMo shard plan and decay flags differ in count");
+    init();
+}
+
+void DemoOptimizer::init() {
     format_.values = config_.demo.values;
     format_.indices = config_.demo.indices;
     check_wire_format(plan_, format_);
@@ -110,8 +126,13 @@ DemoOptimizer::DemoOptimizer(const llmc::OptimizerConfig& config, const llmc::Pa
         max_block_row_ = std::max(max_block_row_, tp.n1 * tp.cols);
         max_block_row_scratch_ = std::max(max_block_row_scratch_, block_row_scratch_elems(tp.cols, tp.n1));
     }
-    momentum_.assign(layout.num_params, 0.0f);
+    momentum_.assign(plan_.num_params, 0.0f);
     selection_.resize(plan_);
+}
+
+size_t DemoOptimizer::state_bytes() const {
+    return momentum_.size() * sizeof(float) + master_.size() * sizeof(float) + pending_.bucket.capacity() +
+           bucket_.capacity() + selection_bytes(selection_) + gathered_.capacity();
 }
 
 void DemoOptimizer::check_buffers(size_t params, size_t grads, const char* what) const {
@@ -281,10 +302,20 @@ void DemoOptimizer::apply(std::span<const std::byte> all_buckets, std::span<cons
 }
 
 llmc::StepResult DemoOptimizer::step(std::span<float> params, std::span<float> grads, float lr) {
+    const auto t0 = now();
+    const double norm = llmc::grad_norm(grads);
+    const double clip_seconds = seconds_since(t0);
+    llmc::StepResult result = step_with_norm(params, grads, lr, norm);
+    result.seconds.clip += clip_seconds;
+    return result;
+}
+
+llmc::StepResult DemoOptimizer::step_with_norm(std::span<float> params, std::span<float> grads, float lr,
+                                               double norm) {
     llmc::StepResult result;
     auto t0 = now();
     // Clip the local gradient; the scaling itself is folded into compress's single pass over it.
-    result.grad_norm = llmc::grad_norm(grads);
+    result.grad_norm = norm;
     const float scale = llmc::clip_scale(result.grad_norm, config_.grad_clip);
     result.seconds.clip = seconds_since(t0);
     if (config_.demo.delay == 0) {

@@ -46,6 +46,10 @@ public:
     // Validates the options (one-line llmc::Error naming --demo_topk, --demo_chunk, --demo_decay,
     // --demo_alpha, --weight_decay or --demo_indices) and plans every tensor of the layout.
     DemoOptimizer(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& transport);
+    // DeMo on a given plan (FlexDeMo: one shard's slice_plan, offsets from the shard's start), with its tensors'
+    // weight-decay flags; params and grads are then the shard's.
+    DemoOptimizer(const llmc::OptimizerConfig& config, ModelPlan plan, std::vector<uint8_t> decays,
+                  llmc::Transport& transport);
 
     std::string_view name() const override { return "demo"; }
 
@@ -60,6 +64,12 @@ public:
     // pending round, the update this rank can see before the all-gather ends. step() applies the rounds to the
     // shared weights and rewrites params from them after each compress.
     llmc::StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
+    // step() with the gradient's norm given (FlexDeMo: that of the node's averaged gradient, of which grads is
+    // one shard): clips by it and reports it.
+    llmc::StepResult step_with_norm(std::span<float> params, std::span<float> grads, float lr, double norm);
+    // Bytes of the state this optimizer holds (momentum, buckets, selections, shared weights): the dry run's
+    // per-rank figure.
+    size_t state_bytes() const;
 
     // This rank's half of the step: decoupled weight decay on the tensors in config.decay_groups, momentum
     // update, block DCT, per-chunk top-k, value quantization, error feedback with the dequantized values,
@@ -86,11 +96,13 @@ public:
     std::span<float> master_weights(std::span<float> params) override;
 
     std::span<const float> momentum() const { return momentum_; }
+    bool has_pending_round() const { return pending_.present; }  // --demo_delay 1: a round not yet applied
     const ModelPlan& plan() const { return plan_; }
     WireFormat wire_format() const { return format_; }
     size_t bucket_bytes() const { return demo::bucket_bytes(plan_, format_); }
 
 private:
+    void init();  // everything the constructors share once plan_ and decays_ are set
     void check_buffers(size_t params, size_t grads, const char* what) const;
     bool eager() const { return config_.demo.delay == 1 && config_.demo.eager; }
     // --demo_delay 1: finishes the pending round's all-gather (starting it first if load_state brought the
