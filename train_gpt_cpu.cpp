@@ -154,7 +154,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
         if (cfg.weight_check_every > 0 && (step + 1) % cfg.weight_check_every == 0)
-            check_weights_agree(transport, optimizer->master_weights(model.params()), step + 1);
+            check_weights_agree(optimizer->weight_group(transport), optimizer->master_weights(model.params()), step + 1);
         reporter.report(step, t0, loss, lr, result, transport.counters(), transport, state);
 
         StepDuties due = step_duties(cfg, step);

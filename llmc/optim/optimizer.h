@@ -77,6 +77,9 @@ public:
     // The shared weights that step() updates and checkpoints hold: params itself unless the optimizer keeps its
     // own copy (set_weights).
     virtual std::span<float> master_weights(std::span<float> params) { return params; }
+    // The ranks of `world` whose shared weights are identical after every step (--weight_check_every compares
+    // them): all of them, except where the method lets groups part (FlexDeMo's --demo_replicate_every: a node).
+    virtual Transport& weight_group(Transport& world) { return world; }
     // Called during the last backward before step() (in backward order) with ranges of `grads` that nothing
     // later in this step's backward writes: an optimizer may start exchanging them while the backward goes on
     // (AdamW-DDP's overlapped all-reduce). Every range of the buffer is reported exactly once per step, or none

@@ -96,6 +96,7 @@ public:
     std::span<float> master_weights(std::span<float> params) override;
 
     std::span<const float> momentum() const { return momentum_; }
+    const Selection& selection() const { return selection_; }  // what this rank sent at its last compress
     bool has_pending_round() const { return pending_.present; }  // --demo_delay 1: a round not yet applied
     const ModelPlan& plan() const { return plan_; }
     WireFormat wire_format() const { return format_; }

@@ -80,6 +80,7 @@ llmc::StepResult FlexDemo::step(std::span<float> params, std::span<float> grads,
     }
     add_timings(result.seconds, timings);
     gather_weights(params, result.seconds);
+    if (config_.demo.replicate_every > 1) saved_shard_.assign(shard.begin(), shard.end());
     return result;
 }
 
@@ -121,6 +122,11 @@ void FlexDemo::save_state(llmc::ByteWriter& out) const {
     out.put<uint64_t>(shard_end());
     out.put<int64_t>(steps_);
     inner_->save_state(out);
+    // the nodes' weights part between rounds: each rank keeps its own shard's (the model file holds node 0's)
+    if (config_.demo.replicate_every > 1) {
+        out.put<uint64_t>(saved_shard_.size());
+        out.put_array(std::span<const float>(saved_shard_));
+    }
 }
 
 void FlexDemo::load_state(llmc::ByteReader& in) {
@@ -138,6 +144,27 @@ void FlexDemo::load_state(llmc::ByteReader& in) {
                    ") is not this rank's [" + std::to_string(shard_begin()) + ", " + std::to_string(shard_end()) + ")");
     steps_ = in.get<int64_t>("step count");
     inner_->load_state(in);
+    loaded_shard_.clear();
+    if (config_.demo.replicate_every > 1) {
+        const uint64_t n = in.get<uint64_t>("shard weight count");
+        LLMC_CHECK(n == shard_end() - shard_begin(), in.source() + ": the saved shard weights do not fit this shard");
+        loaded_shard_.resize(n);
+        in.get_array(std::span<float>(loaded_shard_), "shard weights");
+    }
+}
+
+void FlexDemo::set_weights(std::span<float> params) {
+    if (config_.demo.replicate_every == 1) return;
+    if (!loaded_shard_.empty()) {  // a resume: this node's weights, not node 0's from the model file
+        std::copy(loaded_shard_.begin(), loaded_shard_.end(), params.begin() + static_cast<std::ptrdiff_t>(shard_begin()));
+        loaded_shard_.clear();
+    }
+    llmc::StepTimings unused;
+    gather_weights(params, unused);
+}
+
+llmc::Transport& FlexDemo::weight_group(llmc::Transport& world) {
+    return config_.demo.replicate_every > 1 ? *topology_.node_group : world;
 }
 
 size_t flexdemo_state_bytes_per_rank(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout,
@@ -149,7 +176,8 @@ size_t flexdemo_state_bytes_per_rank(const llmc::OptimizerConfig& config, const 
     for (int p = 1; p < group_size; p++)
         if (bounds[p + 1] - bounds[p] > bounds[largest + 1] - bounds[largest]) largest = p;
     llmc::LocalTransport local;
-    const DemoOptimizer shard(config, shard_plan_of(full, decays, bounds, largest, shard_decays), shard_decays, local);
+    ModelPlan plan = shard_plan_of(full, decays, bounds, largest, shard_decays);
+    const DemoOptimizer shard(config, std::move(plan), shard_decays, local);
     return shard.state_bytes();
 }
 

@@ -6,7 +6,8 @@
 // Shards are runs of whole DCT block rows (chunk_plan.h: shard_boundaries), so the chunks and their top-k are
 // flat DeMo's: N nodes x S ranks of batch B step as flat DeMo on N ranks of batch S x B, up to the rounding of
 // the average. --demo_replicate_every N exchanges across nodes at steps divisible by N only; at the others each
-// node steps on the sign of its own averaged gradient and the momentum rests (DeToNATION's replicate_every).
+// node steps on the sign of its own averaged gradient and the momentum rests (DeToNATION's replicate_every), so
+// the nodes' weights part: only a node's ranks hold the same weights then.
 #pragma once
 #include <memory>
 #include <vector>
@@ -29,8 +30,14 @@ public:
     // another topology with one line.
     void save_state(llmc::ByteWriter& out) const override;
     void load_state(llmc::ByteReader& in) override;
+    // --demo_replicate_every > 1: the nodes' weights part between rounds, so the state holds this rank's shard of
+    // them and set_weights puts it back (and the node gathers its weights); weight_group is then the node.
+    void set_weights(std::span<float> params) override;
+    llmc::Transport& weight_group(llmc::Transport& world) override;
 
     size_t state_bytes() const { return inner_->state_bytes(); }
+    const DemoOptimizer& shard_optimizer() const { return *inner_; }
+    const llmc::Topology& topology() const { return topology_; }
     size_t shard_begin() const { return bounds_[topology_.local_rank]; }
     size_t shard_end() const { return bounds_[topology_.local_rank + 1]; }
 
@@ -49,6 +56,8 @@ private:
     std::vector<uint8_t> shard_decays_;  // per tensor of shard_plan_
     std::unique_ptr<DemoOptimizer> inner_;  // DeMo on this rank's shard, over the replica group
     int64_t steps_ = 0;                     // steps taken (the replicate_every schedule counts from 1)
+    std::vector<float> saved_shard_;        // replicate_every > 1: this shard's weights after the last step
+    std::vector<float> loaded_shard_;       // the same from load_state, until set_weights
 };
 
 // The optimizer state one rank of a node of `group_size` holds for `layout` (the largest shard), measured on a
