@@ -20,10 +20,13 @@
 #   --latency L        tbf queue limit as time (tc syntax); default 50ms, at least 2 Mbit of queue (200ms at 10mbit)
 #   --delay D          one-way delay between any two hosts, <number>us|ms|s (round trip 2 D); default 0 (a bridge)
 #   --slots S          MPI slots per host in the hostfile (default 1: one rank per host)
+#   --intra shm|tcp    how ranks of one host talk (with --slots > 1): shm (default) adds Open MPI's shared-memory
+#                      btl (vader), so only inter-host bytes cross the shaped eth0; tcp keeps btl tcp,self only
 #   --measure-iface    after the command, print per-host eth0 tx/rx bytes and packets counted during the command
 #   --iface-json FILE  also write those counts as JSON to FILE
 #   --quiet            no setup/teardown messages on stderr
 #   --cleanup-stale    (alone) remove namespaces and temp dirs of labs that were killed with SIGKILL
+# Every host has its own hostname (its namespace name with - for _), as Open MPI needs to tell hosts apart.
 # The command sees: PATH with lab-mpirun and lab-exec (`lab-exec I cmd...` runs cmd in host I), LAB_PREFIX,
 # LAB_DIR, LAB_HOSTS (namespace names), LAB_IPS, LAB_SUBNET, LAB_HOSTFILE, LAB_RSH_AGENT, LAB_MPI_FLAGS,
 # LAB_RATE, LAB_DELAY_US.
@@ -33,9 +36,9 @@ set -uo pipefail
 
 PROG=bandwidth_lab
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
-die_usage() { echo "$PROG: $*" >&2; echo "usage: $0 --hosts N --rate RATE [--burst B] [--latency L] [--delay D] [--slots S] [--measure-iface] [--iface-json FILE] -- command..." >&2; exit 2; }
+die_usage() { echo "$PROG: $*" >&2; echo "usage: $0 --hosts N --rate RATE [--burst B] [--latency L] [--delay D] [--slots S] [--intra shm|tcp] [--measure-iface] [--iface-json FILE] -- command..." >&2; exit 2; }
 
-hosts="" rate="" burst="" latency="" delay="0ms" slots=1 measure=0 iface_json="" quiet=0 cleanup_stale=0
+hosts="" rate="" burst="" latency="" delay="0ms" slots=1 intra=shm measure=0 iface_json="" quiet=0 cleanup_stale=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="${2:-}"; shift 2 || die_usage "--hosts needs a value" ;;
@@ -50,6 +53,8 @@ while [[ $# -gt 0 ]]; do
     --delay=*) delay="${1#*=}"; shift ;;
     --slots) slots="${2:-}"; shift 2 || die_usage "--slots needs a value" ;;
     --slots=*) slots="${1#*=}"; shift ;;
+    --intra) intra="${2:-}"; shift 2 || die_usage "--intra needs a value" ;;
+    --intra=*) intra="${1#*=}"; shift ;;
     --measure-iface) measure=1; shift ;;
     --iface-json) iface_json="${2:-}"; measure=1; shift 2 || die_usage "--iface-json needs a value" ;;
     --iface-json=*) iface_json="${1#*=}"; measure=1; shift ;;
@@ -87,6 +92,7 @@ decimal() { [[ "$1" =~ ^[0-9]{1,9}$ ]] && echo $((10#$1)); }
 hosts_given=$hosts slots_given=$slots
 hosts=$(decimal "$hosts") && ((hosts >= 1 && hosts <= 250)) || die_usage "--hosts must be 1..250, got '$hosts_given'"
 slots=$(decimal "$slots") && ((slots >= 1)) || die_usage "--slots must be a whole number >= 1, got '$slots_given'"
+[[ "$intra" == shm || "$intra" == tcp ]] || die_usage "--intra must be shm or tcp, got '$intra'"
 [[ -n "$rate" ]] || die_usage "--rate is required (e.g. 100mbit, 1gbit or none)"
 
 # Delay in microseconds, for build/lab_delay_switch (the bridge when 0).
@@ -268,10 +274,23 @@ agent="$lab_dir/bin/lab-rsh"
   echo "# Each host gets its own TMPDIR: all hosts share this file system and hostname, so Open MPI daemons"
   echo "# would otherwise share one session directory (and its hwloc/pmix files), which kills some at start."
   echo "mkdir -p $lab_dir/tmp/\$ns"
-  echo "exec ip netns exec \"\$ns\" env TMPDIR=$lab_dir/tmp/\$ns sh -c \"\$*\""
+  echo "# Each host also gets its own UTS hostname (its namespace name): Open MPI tells nodes apart by hostname,"
+  echo "# and with one shared name it takes every rank for a local peer (shared-memory and MPI_COMM_TYPE_SHARED"
+  echo "# splits across hosts; ranks crashed at the first collective with 2 slots per host)."
+  echo "exec ip netns exec \"\$ns\" unshare --uts $lab_dir/bin/lab-uts \"\$ns\" env TMPDIR=$lab_dir/tmp/\$ns sh -c \"\$*\""
 } >"$agent"
+{
+  echo '#!/bin/sh'
+  echo "# lab-uts NAME COMMAND...: sets the hostname to NAME with - for _ (in a new UTS namespace; hostnames take"
+  echo "# no underscore) and runs COMMAND (lab $prefix)."
+  echo 'hostname "$(echo "$1" | tr _ -)" && shift && exec "$@"'
+} >"$lab_dir/bin/lab-uts"
 
-mpi_flags="--hostfile $hostfile --mca plm_rsh_agent $agent --mca btl tcp,self"
+# Ranks of one host share memory through vader; with tcp only, they crashed Open MPI 4.1 here (a segfault in
+# ob1's receive path at the first all-reduce, 2 hosts x 2 slots).
+btl="tcp,self"
+[[ $slots -gt 1 && "$intra" == shm ]] && btl="vader,tcp,self"
+mpi_flags="--hostfile $hostfile --mca plm_rsh_agent $agent --mca btl $btl"
 mpi_flags+=" --mca btl_tcp_if_include $subnet --mca oob_tcp_if_include $subnet --mca btl_tcp_flags send"
 mpi_flags+=" --mca mpi_yield_when_idle 1"
 # lab-mpirun: mpirun inside host 0. TMPDIR (one per host, also set by the agent) keeps Open MPI's session
@@ -283,15 +302,15 @@ mpi_flags+=" --mca mpi_yield_when_idle 1"
   echo "# mpirun across the emulated hosts of lab $prefix (see scripts/bandwidth_lab.sh)."
   echo "mkdir -p $lab_dir/tmp/${host_ns[0]}"
   echo "export TMPDIR=$lab_dir/tmp/${host_ns[0]} OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-  echo "exec ip netns exec ${host_ns[0]} mpirun $mpi_flags \"\$@\""
+  echo "exec ip netns exec ${host_ns[0]} unshare --uts $lab_dir/bin/lab-uts ${host_ns[0]} mpirun $mpi_flags \"\$@\""
 } >"$lab_dir/bin/lab-mpirun"
 {
   echo '#!/bin/sh'
   echo "# lab-exec I COMMAND...: runs COMMAND inside emulated host I of lab $prefix."
   echo 'i=$1; shift'
-  echo "exec ip netns exec ${prefix}_h\$i \"\$@\""
+  echo "exec ip netns exec ${prefix}_h\$i unshare --uts $lab_dir/bin/lab-uts ${prefix}_h\$i \"\$@\""
 } >"$lab_dir/bin/lab-exec"
-chmod +x "$agent" "$lab_dir/bin/lab-mpirun" "$lab_dir/bin/lab-exec"
+chmod +x "$agent" "$lab_dir/bin/lab-uts" "$lab_dir/bin/lab-mpirun" "$lab_dir/bin/lab-exec"
 
 export LAB_PREFIX="$prefix" LAB_DIR="$lab_dir" LAB_HOSTS="${host_ns[*]}" LAB_IPS="${ips[*]}" LAB_SUBNET="$subnet"
 export LAB_HOSTFILE="$hostfile" LAB_RSH_AGENT="$agent" LAB_MPI_FLAGS="$mpi_flags" LAB_RATE="$rate"

@@ -73,8 +73,15 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+SHARD = re.compile(r"(.*)_s(\d+)")
+
+
 def setting_flags(name, args):
-    """Trainer flags of a setting name (and raises UserError for an unknown one)."""
+    """Trainer flags of a setting name (and raises UserError for an unknown one). A suffix _s<S> shards over
+    nodes of S ranks (--shard_group_size S: hybrid AdamW, FlexDeMo)."""
+    m = SHARD.fullmatch(name)
+    if m and not re.fullmatch(r"demo_k\d+_(fp32|bf16|sign)", name):
+        return setting_flags(m.group(1), args) + ["--shard_group_size", m.group(2)]
     m = re.fullmatch(r"adamw_(fp32|bf16)", name)
     if m:
         flags = ["--optimizer", "adamw", "--lr", f"{args.lr_adamw:g}", "--weight_decay", f"{args.wd_adamw:g}"]
@@ -92,6 +99,9 @@ def setting_flags(name, args):
 
 
 def label_of(name):
+    m = SHARD.fullmatch(name)
+    if m and not re.fullmatch(r"demo_k\d+_(fp32|bf16|sign)", name):
+        return label_of(m.group(1)) + f" S={m.group(2)}"
     m = re.fullmatch(r"demo_k(\d+)_([a-z0-9]+)(_delay|_stale)?", name)
     if m:
         suffix = {None: "", "_delay": " delayed", "_stale": " delayed stale"}[m.group(3)]
@@ -108,6 +118,8 @@ def parse_args(argv):
     p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, metavar="NAME",
                    help="optimizer settings, or 'all' [%(default)s]")
     p.add_argument("--hosts", type=int, default=4, help="emulated hosts, one rank each [4]")
+    p.add_argument("--slots", type=int, default=1,
+                   help="ranks per host (bandwidth_lab.sh --slots; ranks of a host talk through shared memory) [1]")
     p.add_argument("--link-delay", default="0ms", metavar="D",
                    help="one-way delay between hosts at every rate, bandwidth_lab.sh's --delay (20ms: a 40 ms "
                         "round trip; not the _delay settings' --demo_delay) [0ms]")
@@ -146,7 +158,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.settings == ["all"]:
         args.settings = list(ALL_SETTINGS)
-    for name, value in (("--hosts", args.hosts), ("--steps", args.steps), ("--batch-size", args.batch_size),
+    for name, value in (("--hosts", args.hosts), ("--slots", args.slots), ("--steps", args.steps), ("--batch-size", args.batch_size),
                         ("--seq-len", args.seq_len), ("--threads", args.threads), ("--val-every", args.val_every),
                         ("--val-batches", args.val_batches)):
         if value < 1:
@@ -212,9 +224,9 @@ def trainer_flags(args, setting, out_dir):
 
 
 def lab_command(args, rate, setting, out_dir):
-    return (["bash", LAB, "--hosts", str(args.hosts), "--rate", rate, "--delay", args.link_delay, "--quiet",
-             "--iface-json", os.path.join(out_dir, "iface.json"), "--", "lab-mpirun", "-np", str(args.hosts),
-             args.trainer] + trainer_flags(args, setting, out_dir))
+    return (["bash", LAB, "--hosts", str(args.hosts), "--slots", str(args.slots), "--rate", rate, "--delay",
+             args.link_delay, "--quiet", "--iface-json", os.path.join(out_dir, "iface.json"), "--", "lab-mpirun",
+             "-np", str(args.hosts * args.slots), "--map-by", "slot", args.trainer] + trainer_flags(args, setting, out_dir))
 
 
 # ---- reading a run ----------------------------------------------------------------------------------------
@@ -320,6 +332,7 @@ def summarize_run(out_dir, setting, wall_s, exit_code, hosts):
     s["comm_fraction"] = sum_comm / sum_step if sum_comm is not None and timed and sum_step > 0 else None
     s["counter_sent_bytes"] = total(train, "bytes_sent")
     s["counter_recv_bytes"] = total(train, "bytes_recv")
+    s["counter_inter_bytes"] = total(train, "bytes_sent_inter")  # rank 0's bytes to other nodes (sharded runs)
     s["mb_per_step"] = s["counter_sent_bytes"] / n / 1e6 if s["counter_sent_bytes"] is not None else None
     payload = total(train, "payload_bytes")
     s["payload_mb_per_step"] = payload / n / 1e6 if payload is not None else None
@@ -378,7 +391,8 @@ def rate_table(rate, runs, target, target_given, args):
             "step ms (median)", "comm share", "MB/step/rank", "payload MB/step", "counter MB (rank 0 sent)",
             "iface MB (h0 tx)", "iface/counter", "run wall s", "load"]
     link = link_text(rate, args)
-    lines = [f"### {link}, {args.hosts} hosts", "",
+    hosts = f"{args.hosts} hosts" + (f" x {args.slots} ranks" if args.slots > 1 else "")
+    lines = [f"### {link}, {hosts}", "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for s in runs:
         if not s.get("steps"):
@@ -412,7 +426,7 @@ def rate_table(rate, runs, target, target_given, args):
               "bytes_sent counter per step (ring model: all-reduce 2(W-1)/W n, all-gather W-1 buckets); payload: its "
               "own buffer. iface: bytes leaving host 0's eth0 while the job ran (headers, ACKs, MPI wireup and "
               "uncounted scalar reductions included). run wall s: the whole lab invocation. load: 1-minute load "
-              f"average after the run; the {args.hosts} ranks alone make about {args.hosts * args.threads}, more "
+              f"average after the run; the {args.hosts * args.slots} ranks alone make about {args.hosts * args.slots * args.threads}, more "
               "means other work "
               "shared the cores and slowed the run. diverged: the loss, gradient norm or val loss stopped being "
               "finite (null in metrics.jsonl; the trainer's exit status 3); its numbers cover the steps before. "
@@ -441,7 +455,7 @@ def plot_rate(rate, runs, target, path, args):
     if math.isfinite(target):
         ax_val.axhline(target, color="gray", linewidth=0.8, linestyle=":")
     link = link_text(rate, args)
-    ax_val.set_title(f"val loss, {args.hosts} hosts, {link} (dotted: target {fmt(target, '.4f')})")
+    ax_val.set_title(f"val loss, {args.hosts}x{args.slots} ranks, {link} (dotted: target {fmt(target, '.4f')})")
     ax_train.set_title("train loss (moving average)")
     for ax in (ax_val, ax_train):
         ax.set_xlabel("wall-clock seconds (sum of step_ms)")
@@ -521,7 +535,7 @@ def main(argv):
     summary = [f"# Bandwidth study: DeMo vs AdamW-DDP on {args.hosts} emulated hosts", "",
                f"Model {os.path.relpath(os.path.join(REPO, args.model_config), REPO)}, {args.steps} steps of "
                f"{args.batch_size}x{args.seq_len} "
-               f"tokens per rank ({args.steps * args.batch_size * args.seq_len * args.hosts:,} tokens in all), seed "
+               f"tokens per rank ({args.steps * args.batch_size * args.seq_len * args.hosts * args.slots:,} tokens in all), seed "
                f"{args.seed}, lr AdamW {args.lr_adamw:g} / DeMo {args.lr_demo:g}, {args.threads} thread(s) per rank"
                + (f", {args.link_delay} one-way link delay." if has_link_delay(args) else "."), ""]
     summary += [f"Note: {n}" for n in notes] + ([""] if notes else [])

@@ -12,6 +12,8 @@
 #      the rate limit still holds through build/lab_delay_switch, the switch is gone after the lab, a bad value
 #      is refused, and an AdamW step of the trainer across 2 hosts waits at least 190 ms for its all-reduce over
 #      100 ms links (its two phases cross a link in turn: 200), 100 ms more than without;
+#  (g) --slots 2: each host has its own hostname, so `--shard_group_size auto` takes the 2 ranks of a host as a
+#      node, and rank-to-rank bytes inside a host stay off eth0 (host 0's tx is the inter-host counters, not more);
 #  (c) exits 77 with a line "SKIP: ..." without root or network namespaces, and checks that the lab
 #      itself says "needs root and network namespaces" and exits 77 when not run as root; numbers with leading
 #      zeros are decimal;
@@ -469,6 +471,30 @@ if [[ -n "${least_comm[0ms]:-}" && -n "${least_comm[100ms]:-}" ]]; then
   ok=$(awk -v a="$without" -v b="$with" 'BEGIN { print (b >= 190 && b >= a + 100) }')
   [[ $ok -eq 1 ]] && pass "(e) adamw: comm_ms $with over 100 ms links, $without without ($want)" ||
     fail "(e) adamw: comm_ms $with over 100 ms links, $without without, expected $want"
+fi
+
+# ---- (g) 2 hosts x 2 slots: nodes by hostname, intra-host bytes off the shaped link ----
+out="$work/run_slots"
+timeout -k 5 180 "$lab" --quiet --hosts 2 --slots 2 --rate none --iface-json "$work/iface_slots.json" -- \
+  sh -c 'lab-exec 1 hostname >"$0/hostname"; lab-mpirun -np 4 --map-by slot "$@"' "$work" ./train_gpt_cpu "${common[@]}" \
+  --optimizer adamw --shard_group_size auto --steps 3 --out_dir "$out" >"$work/log_slots" 2>&1
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail "(g) 2 hosts x 2 slots, --shard_group_size auto: failed (exit $rc):"; tail -n 20 "$work/log_slots"
+else
+  grep -q "sharded over nodes of the ranks on a host" "$work/log_slots" && [[ "$(cat "$work/hostname")" == *-h1 ]] &&
+    pass "(g) host 1 is named $(cat "$work/hostname"); auto made nodes of the ranks on a host" ||
+    fail "(g) hostname '$(cat "$work/hostname")', trainer: $(grep -m1 optimizer "$work/log_slots")"
+  verdict=$(/usr/bin/python3 -c 'import json, sys
+train = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "train"]
+inter = 2 * sum(r["bytes_sent_inter"] for r in train)  # host 0 = ranks 0 and 1
+intra = 2 * sum(r["bytes_sent_intra"] for r in train)
+tx = json.load(open(sys.argv[2]))["hosts"][0]["tx_bytes"]
+# On top of the counted bytes: the weights rank 0 broadcasts at start (3.32M fp32: 13.3 MB) and headers.
+ok = intra > 0 and inter <= tx <= inter * 1.15 + 4 * 3.4e6 and tx < inter + intra
+print(("ok" if ok else "bad") + " h0 tx %d, inter-host counters %d, intra-host %d" % (tx, inter, intra))' \
+    "$out/metrics.jsonl" "$work/iface_slots.json")
+  [[ "$verdict" == ok* ]] && pass "(g) ${verdict#ok }: only inter-host bytes on eth0" || fail "(g) ${verdict#bad }"
 fi
 
 echo
