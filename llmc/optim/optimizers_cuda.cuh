@@ -18,6 +18,8 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
                                                               const ParamLayout& layout, Transport& transport,
                                                               cudaStream_t stream, bool stochastic_rounding,
                                                               uint32_t seed, bool overlap) {
+    LLMC_CHECK(config.shard_group_size == 1 && config.demo.replicate_every == 1,
+               "--shard_group_size / --demo_replicate_every: the sharded steps run in train_gpt_cpu only so far");
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap);
     if (name == "demo")

@@ -21,7 +21,7 @@
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/demo_optimizer.h"
-#include "llmc/optim/flexdemo/flexdemo.h"
+#include "llmc/optim/demo/flexdemo.h"
 #include "llmc/run/weight_check.h"
 #include "test/support/testing.h"
 

@@ -9,7 +9,7 @@
 #include "llmc/base/error.h"
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/demo_optimizer.h"
-#include "llmc/optim/flexdemo/flexdemo.h"
+#include "llmc/optim/demo/flexdemo.h"
 #include "llmc/optim/demo/kernels/tunings.h"
 #include "llmc/optim/demo/traffic_report.h"
 

@@ -1,5 +1,5 @@
 // FlexDeMo on the CPU (see flexdemo.h).
-#include "llmc/optim/flexdemo/flexdemo.h"
+#include "llmc/optim/demo/flexdemo.h"
 
 #include <chrono>
 #include <cmath>
