@@ -118,13 +118,13 @@ check(p.returncode != 0 and "shard_group_size is 4 here" in p.stderr, "a checkpo
 # --- the dry run measures the state one rank holds: about 1/S of the flat step's
 for opt in ("demo", "adamw"):
     ratios = {}
-    for s in (1, 2, 4):
+    for s in (2, 4):
         p = subprocess.run(["./train_gpt_cpu", "--config", "configs/small.json", "--optimizer", opt, "--dry_run",
                             "--shard_group_size", str(s)], capture_output=True, text=True, timeout=120)
         m = re.search(r"optimizer state per rank, measured\s+([\d.]+) MB \(flat \w+ ([\d.]+) MB", p.stdout)
         ratios[s] = float(m.group(1)) / float(m.group(2)) if m else None
     ok = all(ratios[s] is not None and abs(ratios[s] * s - 1) < 0.1 for s in ratios)
-    check(ok, f"{opt} dry run, state per rank vs flat at S=1, 2, 4: {ratios}")
+    check(ok, f"{opt} dry run, state per rank vs flat at S=2, 4: {ratios}")
 
 print(f"{failures} failure(s)")
 sys.exit(1 if failures else 0)

@@ -59,6 +59,7 @@ void adamw_dry_run_report(std::ostream& out, const OptimizerConfig& config, cons
     out << line;
     // The sharded step: the moments one rank holds, measured on its shard's buffers (auto counts as 1 here).
     const int s = std::max(1, config.shard_group_size);
+    if (s == 1 || layout.num_params > (size_t{1} << 30)) return;  // measured: a sharded run of a model that fits
     const std::vector<size_t> bounds = adamw_shard_boundaries(layout.num_params, s);
     size_t largest = 0;
     for (int p = 0; p < s; p++) largest = std::max(largest, bounds[p + 1] - bounds[p]);

@@ -132,6 +132,8 @@ std::vector<std::string> demo_warnings(const llmc::OptimizerConfig& cfg, const l
 void print_sharded_report(std::ostream& out, const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout,
                           int world) {
     const int s = std::max(1, cfg.shard_group_size);
+    // measured by building the optimizers: only for a sharded run, and a model that fits here
+    if (s == 1 || layout.num_params > (size_t{1} << 30)) return;
     const double flat = static_cast<double>(flexdemo_state_bytes_per_rank(cfg, layout, 1));
     const double mine = s == 1 ? flat : static_cast<double>(flexdemo_state_bytes_per_rank(cfg, layout, s));
     const double grads = static_cast<double>(layout.num_params) * 4.0;
