@@ -48,6 +48,20 @@ TensorPlan plan_tensor(std::span<const size_t> shape, size_t chunk, size_t topk)
     return p;
 }
 
+namespace {
+// Adds tensor p (its offset set) to the plan: its first chunk and selection follow the plan's, and the totals grow.
+void append_tensor(ModelPlan& m, TensorPlan p) {
+    p.chunk_offset = m.total_chunks;
+    p.select_offset = m.total_selected;
+    m.num_params += p.numel();
+    m.total_chunks += p.num_chunks;
+    m.total_selected += p.selected();
+    m.max_chunk_elems = std::max(m.max_chunk_elems, p.chunk_elems);
+    m.max_n = std::max({m.max_n, p.n1, p.n2});
+    m.tensors.push_back(p);
+}
+}  // namespace
+
 ModelPlan plan_model(const std::vector<std::vector<size_t>>& shapes, size_t chunk, size_t topk,
                      std::span<const size_t> offsets) {
     LLMC_CHECK(chunk >= 1, "--demo_chunk must be >= 1, got " + std::to_string(chunk));
@@ -61,15 +75,8 @@ ModelPlan plan_model(const std::vector<std::vector<size_t>>& shapes, size_t chun
     for (size_t t = 0; t < shapes.size(); t++) {
         TensorPlan p = plan_tensor(shapes[t], chunk, topk);
         p.offset = offsets.empty() ? next_offset : offsets[t];
-        p.chunk_offset = m.total_chunks;
-        p.select_offset = m.total_selected;
         next_offset = p.offset + p.numel();
-        m.num_params += p.numel();
-        m.total_chunks += p.num_chunks;
-        m.total_selected += p.selected();
-        m.max_chunk_elems = std::max(m.max_chunk_elems, p.chunk_elems);
-        m.max_n = std::max({m.max_n, p.n1, p.n2});
-        m.tensors.push_back(p);
+        append_tensor(m, p);
     }
     return m;
 }
@@ -121,14 +128,7 @@ ModelPlan slice_plan(const ModelPlan& plan, size_t begin, size_t end, std::vecto
         p.block_rows = p.rows / p.n1;
         p.num_chunks = p.block_rows * p.block_cols;
         p.offset = lo - begin;
-        p.chunk_offset = m.total_chunks;
-        p.select_offset = m.total_selected;
-        m.num_params += p.numel();
-        m.total_chunks += p.num_chunks;
-        m.total_selected += p.selected();
-        m.max_chunk_elems = std::max(m.max_chunk_elems, p.chunk_elems);
-        m.max_n = std::max({m.max_n, p.n1, p.n2});
-        m.tensors.push_back(p);
+        append_tensor(m, p);
         if (tensors) tensors->push_back(i);
     }
     return m;
