@@ -46,18 +46,10 @@ ParamLayout awkward_layout() {
 }
 
 std::vector<float> gradient(size_t n, int rank, int step, double scale = 1.0) {
-    Rng rng(7919ull * static_cast<uint64_t>(rank + 1) + static_cast<uint64_t>(step));
-    std::vector<float> g(n);
-    for (float& x : g) x = static_cast<float>(rng.normal() * scale);
-    return g;
+    return testing::random_normal(n, 7919ull * static_cast<uint64_t>(rank + 1) + static_cast<uint64_t>(step), scale);
 }
 
-std::vector<float> initial_params(size_t n) {
-    Rng rng(11);
-    std::vector<float> p(n);
-    for (float& x : p) x = static_cast<float>(rng.normal() * 0.02);
-    return p;
-}
+std::vector<float> initial_params(size_t n) { return testing::random_normal(n, 11, 0.02); }
 
 // The node's average as the reduce-scatter forms it: summed in rank order, times 1/S.
 std::vector<float> node_average(size_t n, int node, int S, int step, double scale) {
