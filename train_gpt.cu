@@ -51,6 +51,7 @@
 #include "llmc/run/run_setup.h"
 #include "llmc/run/step_reporter.h"
 #include "llmc/run/trainer_main.h"
+#include "llmc/run/weight_check.h"
 
 namespace {
 
@@ -97,10 +98,22 @@ void write_gpu_run_record(const TrainConfig& cfg, int world, int grad_accum, con
     write_run_record(cfg.out_dir, record);
 }
 
-std::vector<float> download_master(DeviceOptimizer& optimizer, size_t n) {
-    std::vector<float> host(n);
-    CUDA_CHECK(cudaMemcpy(host.data(), optimizer.master_weights(), n * sizeof(float), cudaMemcpyDeviceToHost));
-    return host;
+// The padded vocabulary rows of wte kept at zero in the parameters and in the master weights this rank holds.
+void zero_padded_vocab_rows(ModelCuda& model, DeviceOptimizer& optimizer) {
+    const DeviceOptimizer::MasterShard shard = optimizer.master_shard();
+    model.zero_padded_vocab_rows(shard.data, shard.begin, shard.count);
+}
+
+// --weight_check_every: the shared weights compared across the weight group: the fp32 master weights where every
+// rank holds them all (eager delayed DeMo's floatX copy is this rank's working weights), else the floatX
+// parameters the node's all-gather wrote.
+void check_device_weights(ModelCuda& model, DeviceOptimizer& optimizer, Transport& transport, int step) {
+    const bool sharded = optimizer.master_shard().count != SIZE_MAX;
+    const size_t n = model.num_params();
+    std::vector<std::byte> host(n * (sharded ? sizeof(floatX) : sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(host.data(), sharded ? static_cast<const void*>(model.params()) : optimizer.master_weights(),
+                          host.size(), cudaMemcpyDeviceToHost));
+    check_weights_agree(optimizer.weight_group(transport), host, step);
 }
 
 int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
@@ -130,7 +143,8 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     else training_transport = std::make_unique<NcclTransport>(world_transport, env.stream);
     Transport& transport = *training_transport;
     // AdamW-DDP's all-reduce during the backward, with several ranks (either transport)
-    const bool overlap = cfg.optim.adamw.ddp_overlap && cfg.optimizer == "adamw" && world > 1;
+    const bool overlap = cfg.optim.adamw.ddp_overlap && cfg.optimizer == "adamw" && world > 1 &&
+                         cfg.optim.shard_group_size == 1;
     const size_t early_wte_runs = staged ? kStagedEarlyWteRanges : SIZE_MAX;
     ModelCuda model(cfg.model, cfg.batch_size, cfg.seq_len, env, cfg.cuda);
     std::unique_ptr<DeviceOptimizer> optimizer =
@@ -159,7 +173,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     // fp32 weights -> device (through the gradient buffer, which is fp32 and the same size) -> master + params
     CUDA_CHECK(cudaMemcpy(model.grads(), weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
     optimizer->set_weights(model.grads(), model.params());
-    model.zero_padded_vocab_rows(optimizer->master_weights());  // eager delayed DeMo: a resumed round's own share
+    zero_padded_vocab_rows(model, *optimizer);  // eager delayed DeMo: a resumed round's own share
     model.zero_grad();
     weights = std::vector<float>();
 
@@ -258,7 +272,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         const float lr = schedule.at(step);
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
-        model.zero_padded_vocab_rows(optimizer->master_weights());
+        zero_padded_vocab_rows(model, *optimizer);
         step_end.record(env.stream);
         const CommCounters comm = transport.counters();
         bool a_rank_failed_to_load = false;
@@ -280,6 +294,8 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         loss /= grad_accum;
         if (step == profile_step) CUDA_CHECK(cudaProfilerStop());
         reporter.report(step, t0, loss, lr, result, comm, transport, state);
+        if (cfg.weight_check_every > 0 && (step + 1) % cfg.weight_check_every == 0)
+            check_device_weights(model, *optimizer, transport, step + 1);
         if (a_rank_failed_to_load) reporter.flush(transport);  // the job ends: every rank writes this step first
         if (next_step_error) std::rethrow_exception(next_step_error);
         t0 = step_done;  // a step queued ahead starts on the GPU when this one ends
@@ -293,8 +309,9 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
             state.data = train_loader.position();
             state.sample_rng = sample_rng.state();
             const auto saving = StepReporter::Clock::now();
-            // The checkpoint holds the fp32 master weights: the same llm.c file the CPU trainer writes.
-            const std::vector<float> master = main_rank ? download_master(*optimizer, model.num_params()) : std::vector<float>();
+            // The checkpoint holds the fp32 master weights: the same llm.c file the CPU trainer writes (a sharded
+            // step gathers them over the node, through the gradient buffer: every rank takes part).
+            const std::vector<float> master = optimizer->download_master_weights(model.num_params(), model.grads(), main_rank);
             save_checkpoint(cfg, transport, master, [&](ByteWriter& w) { optimizer->save_state(w); }, state);
             reporter.checkpoint_saved(saving, state.step);
         }

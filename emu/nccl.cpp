@@ -138,6 +138,31 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int ra
     return ncclSuccess;
 }
 
+// The ranks of `comm` with the same color, ordered by key: MPI_Comm_split of its duplicate (NCCL_SPLIT_NOCOLOR:
+// no communicator). The config is ignored (the emulation has no tuning).
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
+    if (!comm || !newcomm) return ncclInvalidArgument;
+    *newcomm = nullptr;
+    if (comm->nranks == 1) {
+        if (color != NCCL_SPLIT_NOCOLOR) *newcomm = new ncclComm{};
+        return ncclSuccess;
+    }
+#if defined(LLMC_USE_MPI)
+    MPI_Comm sub = MPI_COMM_NULL;
+    if (MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &sub) != MPI_SUCCESS)
+        return ncclSystemError;
+    if (sub == MPI_COMM_NULL) return ncclSuccess;
+    auto* c = new ncclComm{};
+    MPI_Comm_size(sub, &c->nranks);
+    MPI_Comm_rank(sub, &c->rank);
+    c->mpi = sub;
+    *newcomm = c;
+    return ncclSuccess;
+#else
+    return ncclInvalidUsage;
+#endif
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclInvalidArgument;
 #if defined(LLMC_USE_MPI)
@@ -184,6 +209,31 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
             else
                 for (size_t i = 0; i < count; i++) reinterpret_cast<double*>(out)[i] /= double(comm->nranks);
         }
+        return true;
+    });
+}
+
+// The sum (or average) of every rank's `send` lands in `recv` of `root` alone (the sharded steps' reduce-scatter,
+// one reduce per shard in a group); the other ranks' `recv` is untouched. fp32 only: the gradients.
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+    if (!comm || !send || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
+    if (comm->rank == root && !recv) return ncclInvalidArgument;
+    if ((op != ncclSum && op != ncclAvg) || type != ncclFloat32) return ncclInvalidArgument;
+    if (count > size_t(0x7fffffff)) return ncclInvalidArgument;
+    const size_t bytes = count * sizeof(float), delivered = comm->rank == root ? bytes : 0;
+    return collective("ncclReduce", stream, send, bytes, recv, std::make_shared<std::vector<char>>(delivered), [=](char* out) {
+        std::vector<float> sum(static_cast<const float*>(send), static_cast<const float*>(send) + count);
+#if defined(LLMC_USE_MPI)
+        if (comm->nranks > 1 && count > 0 &&
+            MPI_Reduce(comm->rank == root ? MPI_IN_PLACE : sum.data(), comm->rank == root ? sum.data() : nullptr,
+                       int(count), MPI_FLOAT, MPI_SUM, root, comm->mpi) != MPI_SUCCESS)
+            return false;
+#endif
+        if (comm->rank != root) return true;
+        if (op == ncclAvg)
+            for (float& x : sum) x /= float(comm->nranks);
+        std::memcpy(out, sum.data(), bytes);
         return true;
     });
 }

@@ -9,7 +9,8 @@
 // ncclAllGather), device broadcast, scalar reductions and the byte counters' ring model; and
 // HostStagedTransport's overlapped all-reduce (--transport mpi: through pinned host memory on a copy stream,
 // neither start nor finish waiting for the compute stream; allreduce_mean_wait brings the early ranges back
-// before finish).
+// before finish); groups (split): the reduce-scatter and in-place all-gather of the sharded steps, through NCCL and
+// through host memory, and their counters by link.
 // The emulated build (build/emu/nccl_transport, NCCL over MPI) runs in `make test` at 1, 2 and 3 ranks.
 // Exit 0 PASS, 1 FAIL, 77 SKIP (no GPU).
 #include <algorithm>
@@ -327,6 +328,53 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaMemset(grads.data(), 0, grads.bytes()));
         const float ms = check::time_ms(env.stream, 5, [&] { t.allreduce_mean(std::span<float>(grads.data(), grads.size())); });
         if (r == 0) check::report_bandwidth("allreduce_mean 124M fp32 (bus bw)", ms, 2.0 * (W - 1) / std::max(W, 1) * grads.bytes() + (W == 1 ? grads.bytes() : 0));
+        // Groups (the sharded steps): the ranks of each parity split off (ncclCommSplit beside the MPI split), and
+        // in each group the in-place reduce-scatter (uneven ranges, an empty one) and all-gather, through NCCL and
+        // through host memory. Values g + (i % 4) / 4 and their sums are exact: the mean is sum * (1 / size).
+        {
+            HostStagedTransport staged_world(*world, env.stream);
+            for (Transport* parent : {static_cast<Transport*>(&t), static_cast<Transport*>(&staged_world)}) {
+                const std::string who = parent == &t ? "NCCL group" : "host-staged group";
+                std::unique_ptr<Transport> group = parent->split(r % 2, r, Link::intra);
+                const int S = group->world_size(), g = group->rank();
+                ck.expect(S == (W + 1 - r % 2) / 2 && g == r / 2, who + ": size and rank of the split");
+                const size_t ng = 10007;
+                std::vector<size_t> offsets = {0};
+                for (int p = 0; p < S; p++) offsets.push_back(p == 0 && S > 1 ? 0 : ng * size_t(p + 1) / size_t(S));
+                offsets.back() = ng;
+                std::vector<float> x(ng), mean(ng);
+                for (size_t i = 0; i < ng; i++) x[i] = float(r) + 0.25f * float(i % 4);
+                for (size_t i = 0; i < ng; i++) {
+                    float sum = 0.0f;
+                    for (int q = 0; q < S; q++) sum += float(2 * q + r % 2) + 0.25f * float(i % 4);
+                    mean[i] = sum * (1.0f / float(S));
+                }
+                DeviceBuffer<float> xd(ng);
+                xd.upload(x);
+                parent->reset_counters();
+                group->reduce_scatter_mean(std::span<float>(xd.data(), ng), offsets);
+                const std::vector<float> got = xd.download();
+                const size_t lo = offsets[size_t(g)], hi = offsets[size_t(g) + 1];
+                ck.compare(who + ": reduce_scatter_mean, this rank's range",
+                           std::vector<float>(got.begin() + lo, got.begin() + hi),
+                           std::vector<float>(mean.begin() + lo, mean.begin() + hi), 0.0f, 0.0f);
+                const CommCounters rs = parent->counters();
+                ck.expect(rs.bytes_sent == (ng - (hi - lo)) * sizeof(float) * (S > 1) && rs.bytes_sent_intra == rs.bytes_sent &&
+                              rs.bytes_sent_inter == 0 && rs.payload_bytes == ng * sizeof(float),
+                          who + ": reduce-scatter counted as intra-node traffic in the parent");
+                // the all-gather: every rank's range of bytes (its group rank in them) reaches the others
+                std::vector<size_t> byte_offsets;
+                for (size_t o : offsets) byte_offsets.push_back(o * sizeof(float));
+                std::vector<float> mine(ng, -1.0f), all(ng);
+                for (int q = 0; q < S; q++)
+                    for (size_t i = offsets[size_t(q)]; i < offsets[size_t(q) + 1]; i++) all[i] = float(q) + float(i);
+                std::copy(all.begin() + lo, all.begin() + hi, mine.begin() + lo);
+                xd.upload(mine);
+                group->allgather_inplace(std::as_writable_bytes(std::span<float>(xd.data(), ng)), byte_offsets);
+                ck.compare(who + ": allgather_inplace", xd.download(), all, 0.0f, 0.0f);
+            }
+        }
+
         // timing: DeMo's bucket all-gather (GPT-2 124M, k=32, fp32 values: 6,132,512 bytes per rank) with the size
         // exchange (the first round's; every round's before 2026-11-28) and with the sizes known (every later
         // round); GB/s of the bytes each rank receives (one rank: the copy)

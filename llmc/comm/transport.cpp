@@ -27,6 +27,13 @@ std::unique_ptr<Transport> Transport::split_group(int, int) {
     fail("the " + std::string(name()) + " transport cannot form groups of ranks (--shard_group_size)");
 }
 
+void Transport::check_group_offsets(std::span<const size_t> offsets, size_t size, const char* what) const {
+    const size_t W = static_cast<size_t>(world_size());
+    bool ok = offsets.size() == W + 1 && offsets[0] == 0 && offsets[W] == size;
+    for (size_t r = 0; ok && r < W; r++) ok = offsets[r] <= offsets[r + 1];
+    LLMC_CHECK(ok, std::string(name()) + " " + what + ": the offsets do not cut the buffer into one range per rank");
+}
+
 void Transport::reduce_scatter_mean(std::span<float>, std::span<const size_t>) {
     fail("the " + std::string(name()) + " transport has no reduce-scatter (--shard_group_size)");
 }

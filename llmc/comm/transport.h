@@ -164,6 +164,8 @@ public:
 protected:
     // split()'s backend half: the sub-transport of the ranks with this color, ordered by key.
     virtual std::unique_ptr<Transport> split_group(int color, int key);
+    // Throws unless `offsets` cut a buffer of `size` into one range per rank (reduce_scatter_mean, allgather_inplace).
+    void check_group_offsets(std::span<const size_t> offsets, size_t size, const char* what) const;
     // A backend's half of the overlapped all-reduce. start_allreduce_ranges gets ranges already checked (inside
     // the buffer, the same buffer and wire format as those started before it; `elems` floats in all);
     // finish_allreduce_ranges waits for every range started since the last finish, `elems` floats in all (0 if

@@ -145,7 +145,7 @@ public:
     // Direct exchange, as the all-gathers: every rank posts its pieces of the others' ranges and receives the
     // others' pieces of its own, then sums them in rank order.
     void reduce_scatter_mean(std::span<float> data, std::span<const size_t> offsets) override {
-        check_offsets(offsets, data.size(), "reduce-scatter");
+        check_group_offsets(offsets, data.size(), "reduce-scatter");
         counters_.payload_bytes += data.size_bytes();
         if (world_ == 1) return;
         Timer t(counters_);
@@ -178,7 +178,7 @@ public:
     }
 
     void allgather_inplace(std::span<std::byte> data, std::span<const size_t> offsets) override {
-        check_offsets(offsets, data.size(), "in-place all-gather");
+        check_group_offsets(offsets, data.size(), "in-place all-gather");
         const size_t begin = offsets[rank_], n = offsets[rank_ + 1] - begin;
         counters_.payload_bytes += n;
         if (world_ == 1) return;
@@ -365,11 +365,6 @@ public:
     }
 
 private:
-    void check_offsets(std::span<const size_t> offsets, size_t size, const char* what) const {
-        bool ok = offsets.size() == static_cast<size_t>(world_) + 1 && offsets[0] == 0 && offsets[world_] == size;
-        for (int r = 0; ok && r < world_; r++) ok = offsets[r] <= offsets[r + 1];
-        LLMC_CHECK(ok, std::string("MPI ") + what + ": the offsets do not cut the buffer into one range per rank");
-    }
     // Every rank's contribution to an all-gather: exchanged (one MPI_Allgather of an int), or this rank's own
     // size everywhere (GatherSizes::equal: the caller vouches for it).
     void learn_sizes(int my_size, GatherSizes how, std::vector<int>& sizes, MPI_Comm comm) const {

@@ -27,6 +27,9 @@
 //    with one rank, whose "collective" is a device copy with nothing to watch). allgather_device is start then
 //    finish (one code path). The host-vector all-gather keeps transport.h's default split (the whole
 //    collective inside allgather_bytes_start): CudaDemo uses the device split whenever the transport is NCCL.
+//  - Groups (split, the sharded steps' node and replica groups): ncclCommSplit of this communicator beside the
+//    same split of the process transport. reduce_scatter_mean: grouped in-place ncclReduce (sum) per rank's
+//    range, then the own range times 1 / world; allgather_inplace: grouped in-place ncclBroadcast per range.
 //  - allreduce_sum / allreduce_max (host doubles), host broadcast, barrier, abort: delegated to the process
 //    transport (MPI), where scalars belong; a device buffer passed to broadcast() goes through ncclBroadcast.
 //  - Counters follow transport.h's ring model (the same numbers MpiTransport reports for the same sizes; the
@@ -48,6 +51,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -152,6 +156,12 @@ __global__ void unpack_ranges_bf16_kernel(float* x, const uint16_t* packed, cons
         x[packed_source(table, n, i)] = km::bf16_bits_to_float(packed[i]) * inv_world;
 }
 
+// x *= factor (the reduce-scatter's mean)
+__global__ void scale_kernel(float* x, size_t n, float factor) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        x[i] *= factor;
+}
+
 class NcclTransport final : public Transport {
 public:
     // `world`: the process transport (rank, size, id broadcast, scalars). `compute_stream`: where the buffers
@@ -169,6 +179,12 @@ public:
             const auto watched = watch("NCCL communicator setup (ncclCommInitRank)");
             NCCL_CHECK(ncclCommInitRank(&comm_, world_.world_size(), id, world_.rank()));
         }
+    }
+    // A group of split(): `comm` (ncclCommSplit of the parent's; null for a group of one) over the ranks of
+    // `world`, the matching split of the process transport, which this one owns (scalars, the host group).
+    NcclTransport(std::unique_ptr<Transport> world, ncclComm_t comm, cudaStream_t compute_stream)
+        : owned_world_(std::move(world)), world_(*owned_world_), compute_(compute_stream), comm_(comm) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     }
     ~NcclTransport() override {
         // a device all-gather still in flight (DeMo's last delayed round) completes: every rank enqueued it
@@ -393,6 +409,61 @@ public:
     }
     bool allgather_device_in_flight() const { return device_gather_in_flight_; }
 
+    HostGroup host_group() override { return world_.host_group(); }
+
+    // The sharded step's reduce-scatter on a device buffer: one ncclReduce (sum) per rank's range, grouped, in
+    // place, then this rank's range times 1 / world (the MPI transport's arithmetic), on the communication stream.
+    void reduce_scatter_mean(std::span<float> data, std::span<const size_t> offsets) override {
+        check_group_offsets(offsets, data.size(), "reduce-scatter");
+        counters_.payload_bytes += data.size_bytes();
+        const int W = world_size(), r = rank();
+        if (comm_ == nullptr || data.empty()) return;
+        LLMC_CHECK(is_device_pointer(data.data()), "NCCL reduce-scatter: the gradients must be in device memory");
+        Timed timed(counters_);
+        const auto watched = watch("NCCL reduce-scatter of the gradients (sharded step)");
+        wait_for_compute();
+        NCCL_CHECK(ncclGroupStart());
+        for (int root = 0; root < W; root++) {
+            float* range = data.data() + offsets[root];
+            const size_t n = offsets[root + 1] - offsets[root];
+            if (n) NCCL_CHECK(ncclReduce(range, range, n, ncclFloat, ncclSum, root, comm_, comm_stream_));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        const size_t mine = offsets[r + 1] - offsets[r];
+        if (mine) {
+            LLMC_LAUNCH(grid_stride_blocks(mine, 256), 256, 0, comm_stream_, scale_kernel)(
+                data.data() + offsets[r], mine, 1.0f / static_cast<float>(W));
+            CUDA_CHECK_LAUNCH();
+        }
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+        counters_.bytes_sent += (offsets[W] - mine) * sizeof(float);
+        counters_.bytes_recv += static_cast<uint64_t>(W - 1) * mine * sizeof(float);
+    }
+
+    // The sharded step's all-gather of the updated weights on a device buffer: one ncclBroadcast per rank's
+    // range, grouped, in place.
+    void allgather_inplace(std::span<std::byte> data, std::span<const size_t> offsets) override {
+        check_group_offsets(offsets, data.size(), "in-place all-gather");
+        const int W = world_size(), r = rank();
+        const size_t mine = offsets[r + 1] - offsets[r];
+        counters_.payload_bytes += mine;
+        if (comm_ == nullptr || data.empty()) return;
+        LLMC_CHECK(is_device_pointer(data.data()), "NCCL in-place all-gather: the weights must be in device memory");
+        Timed timed(counters_);
+        const auto watched = watch("NCCL all-gather of the updated weights (sharded step)");
+        wait_for_compute();
+        NCCL_CHECK(ncclGroupStart());
+        for (int root = 0; root < W; root++) {
+            std::byte* range = data.data() + offsets[root];
+            const size_t n = offsets[root + 1] - offsets[root];
+            if (n) NCCL_CHECK(ncclBroadcast(range, range, n, ncclUint8, root, comm_, comm_stream_));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
+        counters_.bytes_sent += static_cast<uint64_t>(W - 1) * mine;
+        counters_.bytes_recv += offsets[W] - mine;
+    }
+
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
     void allreduce_sum_start(std::span<const double> values) override { world_.allreduce_sum_start(values); }
     void allreduce_sum_finish(std::span<double> values) override { world_.allreduce_sum_finish(values); }
@@ -420,6 +491,22 @@ public:
         comm_ = nullptr;
         world_.abort(exit_code);
         std::_Exit(exit_code);  // not reached: Transport::abort does not return
+    }
+
+protected:
+    // A communicator of the ranks with this color (ncclCommSplit), beside the same split of the process transport.
+    std::unique_ptr<Transport> split_group(int color, int key) override {
+        std::unique_ptr<Transport> world = world_.split(color, key, Link::inter);
+        ncclComm_t sub = nullptr;
+        if (comm_) {
+            const auto watched = watch("NCCL communicator split (ncclCommSplit)");
+            NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
+        }
+        if (sub && world->world_size() == 1) {  // a group of one moves nothing, as a world of one
+            NCCL_CHECK(ncclCommDestroy(sub));
+            sub = nullptr;
+        }
+        return std::make_unique<NcclTransport>(std::move(world), sub, compute_);
     }
 
 private:
@@ -515,6 +602,7 @@ private:
         return {W > 1 ? total - (offsets[next + 1] - offsets[next]) : 0, total - own};
     }
 
+    std::unique_ptr<Transport> owned_world_;  // a group's split of the process transport (null for the world)
     Transport& world_;
     cudaStream_t compute_;
     cudaStream_t comm_stream_ = nullptr;

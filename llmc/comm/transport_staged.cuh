@@ -6,6 +6,8 @@
 // Byte counters and communication time are the wrapped transport's (the same ring model as NcclTransport);
 // the staging copies of the blocking collectives are counted as communication time, since they exist only to
 // communicate.
+// Groups (split, the sharded steps) wrap the same split of the process transport; their reduce-scatter and
+// in-place all-gather stage the whole buffer.
 // The split all-gather (allgather_bytes_start / _finish, DeMo's --demo_delay 1) is the wrapped transport's, so
 // MPI overlaps it with the next step's compute; a device `mine` is staged in a host buffer of its own, which
 // the collectives in between do not touch.
@@ -25,6 +27,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -38,6 +41,11 @@ namespace llmc {
 class HostStagedTransport final : public Transport {
 public:
     HostStagedTransport(Transport& world, cudaStream_t compute_stream) : world_(world), stream_(compute_stream) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    }
+    // A group of split(): over `world`, the same split of the process transport, which this one owns.
+    HostStagedTransport(std::unique_ptr<Transport> world, cudaStream_t compute_stream)
+        : owned_world_(std::move(world)), world_(*owned_world_), stream_(compute_stream) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     }
     ~HostStagedTransport() override {
@@ -88,6 +96,21 @@ public:
     void allgather_bytes_finish(std::vector<std::byte>& all, std::vector<size_t>& offsets) override {
         timed_world([&] { world_.allgather_bytes_finish(all, offsets); });
     }
+    HostGroup host_group() override { return world_.host_group(); }
+    void reduce_scatter_mean(std::span<float> data, std::span<const size_t> offsets) override {
+        staged(data, [&](std::span<float> host) { world_.reduce_scatter_mean(host, offsets); });
+    }
+    void allgather_inplace(std::span<std::byte> data, std::span<const size_t> offsets) override {
+        timed_world([&] {
+            if (data.empty() || !is_device_pointer(data.data())) return world_.allgather_inplace(data, offsets);
+            reserve(data.size());
+            CUDA_CHECK(cudaMemcpyAsync(host_, data.data(), data.size(), cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            world_.allgather_inplace(std::span<std::byte>(host_, data.size()), offsets);
+            CUDA_CHECK(cudaMemcpyAsync(data.data(), host_, data.size(), cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+        });
+    }
     void allreduce_sum(std::span<double> values) override { world_.allreduce_sum(values); }
     void allreduce_sum_start(std::span<const double> values) override { world_.allreduce_sum_start(values); }
     void allreduce_sum_finish(std::span<double> values) override { world_.allreduce_sum_finish(values); }
@@ -114,6 +137,9 @@ public:
     }
 
 protected:
+    std::unique_ptr<Transport> split_group(int color, int key) override {
+        return std::make_unique<HostStagedTransport>(world_.split(color, key, Link::inter), stream_);
+    }
     void start_allreduce_ranges(float* base, size_t total, std::span<const ParamRange> ranges, bool bf16,
                                 size_t) override {
         if (!is_device_pointer(base)) {  // host gradients: the wrapped transport's own overlap
@@ -233,6 +259,7 @@ private:
         host_bytes_ = bytes;
     }
 
+    std::unique_ptr<Transport> owned_world_;  // a group's split of the process transport (null for the world)
     Transport& world_;
     cudaStream_t stream_;                 // the compute stream
     cudaStream_t copy_stream_ = nullptr;  // the overlapped all-reduce's copies

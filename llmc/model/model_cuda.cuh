@@ -278,14 +278,18 @@ public:
     }
 
     // Keeps the padded rows [vocab_size, padded_vocab_size) of wte at zero in the parameters and in `master`
-    // (fp32, same layout; may be null), as llm.c files expect.
-    void zero_padded_vocab_rows(float* master) {
+    // (fp32, same layout; may be null), as llm.c files expect. A sharded step's master weights are the flat range
+    // [master_begin, master_begin + master_count) of the layout: the rows inside it are zeroed.
+    void zero_padded_vocab_rows(float* master, size_t master_begin = 0, size_t master_count = SIZE_MAX) {
         const size_t C = config_.channels;
         const size_t begin = layout_.kind_offset[int(ParamKind::wte)] + size_t(config_.vocab_size) * C;
         const size_t count = size_t(config_.padded_vocab_size - config_.vocab_size) * C;
         if (count == 0) return;
         CUDA_CHECK(cudaMemsetAsync(params_ + begin, 0, count * sizeof(floatX), env_.stream));
-        if (master) CUDA_CHECK(cudaMemsetAsync(master + begin, 0, count * sizeof(float), env_.stream));
+        const size_t lo = std::max(begin, master_begin);
+        const size_t hi = std::min(begin + count, master_count == SIZE_MAX ? SIZE_MAX : master_begin + master_count);
+        if (master && lo < hi)
+            CUDA_CHECK(cudaMemsetAsync(master + (lo - master_begin), 0, (hi - lo) * sizeof(float), env_.stream));
     }
 
 private:

@@ -52,6 +52,18 @@ struct StepTimings {
     // updated weights; `exchange` is then the traffic across nodes (DeMo's buckets, AdamW's shard all-reduce).
     double reduce_scatter = 0.0;
     double allgather = 0.0;
+
+    // Phase by phase (a sharded step adds its own phases to its inner step's).
+    StepTimings& operator+=(const StepTimings& t) {
+        clip += t.clip;
+        transform += t.transform;
+        topk += t.topk;
+        exchange += t.exchange;
+        apply += t.apply;
+        reduce_scatter += t.reduce_scatter;
+        allgather += t.allgather;
+        return *this;
+    }
 };
 
 struct StepResult {

@@ -10,11 +10,14 @@
 // scatter-mean, inverse DCT and the sign update on the master weights); train_gpt.cu picks one in
 // make_device_optimizer.
 #pragma once
+#include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/base/fileio.h"
+#include "llmc/comm/transport.h"
 #include "llmc/optim/optimizer.h"
 
 namespace llmc {
@@ -54,8 +57,26 @@ public:
     // interface's rule), rewriting the master weights and `params`; its time is added to `result`.
     virtual void finish_updates(floatX* /*params*/, StepResult& /*result*/) {}
     // The fp32 master weights on the device (model checkpoints are written from these; the trainer also
-    // re-zeroes the padded vocabulary rows of wte in them after each step, as the CPU trainer does).
+    // re-zeroes the padded vocabulary rows of wte in them after each step, as the CPU trainer does). A sharded
+    // step holds only its shard: it refuses this; master_shard() and download_master_weights() serve every kind.
     virtual float* master_weights() = 0;
+    // The master weights this rank holds: [begin, begin + count) of the flat layout at `data` (all of them, from
+    // 0, for an optimizer that is not sharded: count SIZE_MAX).
+    struct MasterShard {
+        float* data = nullptr;
+        size_t begin = 0, count = SIZE_MAX;
+    };
+    virtual MasterShard master_shard() { return {master_weights(), 0, SIZE_MAX}; }
+    // All n master weights on the host where `wanted` (else an empty vector). A sharded step gathers them over its
+    // node through `scratch` (device, n floats, overwritten: the trainer's gradient buffer between steps); then
+    // every rank must call it, wanted or not.
+    virtual std::vector<float> download_master_weights(size_t n, float* /*scratch*/, bool wanted) {
+        std::vector<float> host(wanted ? n : 0);
+        if (wanted) CUDA_CHECK(cudaMemcpy(host.data(), master_weights(), n * sizeof(float), cudaMemcpyDeviceToHost));
+        return host;
+    }
+    // The ranks whose weights must agree bit for bit after every step (llmc::Optimizer::weight_group's rule).
+    virtual Transport& weight_group(Transport& world) { return world; }
     // Same blobs as the CPU optimizers, so checkpoints move between the CPU and CUDA trainers.
     virtual void save_state(ByteWriter& out) const = 0;
     virtual void load_state(ByteReader& in) = 0;

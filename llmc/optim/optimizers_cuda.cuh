@@ -8,23 +8,29 @@
 #include "llmc/base/error.h"
 #include "llmc/comm/transport.h"
 #include "llmc/optim/adamw/adamw.cuh"
+#include "llmc/comm/topology.h"
 #include "llmc/optim/demo/demo_cuda.cuh"
+#include "llmc/optim/demo/flexdemo_cuda.cuh"
 #include "llmc/optim/optimizer_cuda.cuh"
 
 namespace llmc {
 
 // `overlap`: AdamW-DDP's all-reduce overlapped with the backward (the trainer reports the final gradient ranges).
+// --shard_group_size S > 1 (resolved here, a collective: auto asks the transport for the ranks on a host): sharded
+// AdamW (ZeRO-1 at S = world), and FlexDeMo for demo (also at S = 1 with --demo_replicate_every > 1).
 inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string& name, const OptimizerConfig& config,
                                                               const ParamLayout& layout, Transport& transport,
                                                               cudaStream_t stream, bool stochastic_rounding,
                                                               uint32_t seed, bool overlap) {
-    LLMC_CHECK(config.shard_group_size == 1 && config.demo.replicate_every == 1,
-               "--shard_group_size / --demo_replicate_every: the sharded steps run in train_gpt_cpu only so far");
+    if (name != "adamw" && name != "demo") fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+    const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
-        return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap);
-    if (name == "demo")
+        return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,
+                                           group_size);
+    if (group_size == 1 && config.demo.replicate_every == 1)
         return std::make_unique<demo::CudaDemo>(config, layout, transport, stream, stochastic_rounding, seed);
-    fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+    return std::make_unique<demo::CudaFlexDemo>(config, layout, transport, group_size, stream, stochastic_rounding,
+                                                seed);
 }
 
 }  // namespace llmc

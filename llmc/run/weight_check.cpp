@@ -9,8 +9,8 @@
 
 namespace llmc {
 
-void check_weights_agree(Transport& transport, std::span<const float> weights, int step) {
-    const uint64_t h = digest_bytes(std::as_bytes(weights)).xxh64;
+void check_weights_agree(Transport& transport, std::span<const std::byte> weights, int step) {
+    const uint64_t h = digest_bytes(weights).xxh64;
     // a double holds 32 bits exactly: the hash's halves, their max and (negated) min over ranks
     const double hi = static_cast<double>(h >> 32), lo = static_cast<double>(h & 0xffffffffu);
     std::vector<double> v = {hi, lo, -hi, -lo};

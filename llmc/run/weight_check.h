@@ -10,6 +10,9 @@ namespace llmc {
 
 // Throws a one-line llmc::Error naming `step` (1-based) unless every rank's `weights` hash alike (XXH64 of the
 // bytes). Collective; uncounted (two scalar reductions).
-void check_weights_agree(Transport& transport, std::span<const float> weights, int step);
+void check_weights_agree(Transport& transport, std::span<const std::byte> weights, int step);
+inline void check_weights_agree(Transport& transport, std::span<const float> weights, int step) {
+    check_weights_agree(transport, std::as_bytes(weights), step);
+}
 
 }  // namespace llmc

@@ -75,20 +75,28 @@ TEST(cached_logits_equal_the_full_forward_at_every_position) {
             const std::span<const float> l = cached.start_sequence(std::span<const int>(tokens).first(prompt));
             logits.assign(l.begin(), l.end());
         }
-        double worst = 0.0;
+        double worst = 0.0, off_by_one = 1e30;  // the least difference to the position before: a bug's size
+        std::vector<float> previous;
         for (int t = prompt; t <= config.max_seq_len; t++) {
             EXPECT_EQ(cached.sequence_length(), t);
             full.forward(tokens.data(), nullptr, 1, t);
             const std::span<const float> expected = full.logits().subspan((t - 1) * Vp, Vp);
             EXPECT_EQ(logits.size(), Vp);
             worst = std::max(worst, max_relative_difference(logits, expected, Vp));
+            if (!previous.empty()) off_by_one = std::min(off_by_one, max_relative_difference(logits, previous, Vp));
+            previous.assign(expected.begin(), expected.end());
             if (t < config.max_seq_len) {
                 const std::span<const float> l = cached.append(tokens[t]);
                 logits.assign(l.begin(), l.end());
             }
         }
-        std::printf("  prompt of %d: largest difference %.2e of the largest logit\n", prompt, worst);
-        EXPECT(worst < 1e-5);
+        std::printf("  prompt of %d: largest difference %.2e of the largest logit (%.2e to the previous position)\n",
+                    prompt, worst, off_by_one);
+        EXPECT(off_by_one > 1e-2);
+        // The paths' matmuls block differently (one row against t rows), so their rounding depends on the BLAS
+        // kernels the machine picks: 1.3e-5 seen with RMSNorm on one machine, 2e-6 on another. A wrong position,
+        // key or value moves the logits by far more than 1e-4.
+        EXPECT(worst < 1e-4);
     }
   }
 }

@@ -205,7 +205,7 @@ TEST(groups_reduce_scatter_and_gather_in_place) {
     EXPECT(r[0] == static_cast<float>(W / 2 - 1) / 2.0f);
     EXPECT_EQ(c.bytes_sent_intra, uint64_t{0});
     EXPECT_EQ(c.bytes_sent_inter, c.bytes_sent);
-    EXPECT_EQ(c.bytes_sent, uint64_t{2 * (W / 2 - 1) * 256 / (W / 2)});
+    EXPECT_EQ(c.bytes_sent, static_cast<uint64_t>(2 * (W / 2 - 1) * 256 / (W / 2)));
 }
 
 TEST(shard_group_size_must_divide_the_world) {

@@ -49,7 +49,7 @@ void adamw_dry_run_report(std::ostream& out, const OptimizerConfig& config, cons
     const bool bf16 = config.adamw.grad_wire == GradWire::bf16;
     const double payload = static_cast<double>(layout.num_params) * (bf16 ? 2.0 : 4.0);
     const double ring = 2.0 * (world - 1) / world * payload;
-    char line[256];
+    char line[512];
     std::snprintf(line, sizeof line,
                   "AdamW-DDP traffic per rank per step, %s, %d ranks (MB = 1e6 bytes):\n"
                   "  gradient (payload), %zu x %s       %12.3f MB\n"

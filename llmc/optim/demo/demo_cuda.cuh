@@ -123,16 +123,42 @@ __global__ void demo_weight_decay_kernel(float* x, size_t n, float wd_factor) {
         x[i] = cm::mul_rn(x[i], wd_factor);
 }
 
+// FlexDeMo's step between exchanges: x = x * decay_factor - lr * sign(g) (the CPU's order and rounding).
+__global__ void demo_sign_step_kernel(float* x, const float* g, size_t n, float decay_factor, float lr) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const float sign = static_cast<float>((g[i] > 0.0f) - (g[i] < 0.0f));
+        x[i] = cm::mul_rn(x[i], decay_factor) - lr * sign;
+    }
+}
+
 class CudaDemo final : public llmc::DeviceOptimizer {
 public:
     // transport: NcclTransport (buckets exchanged on the device) or any Transport (through host memory).
     CudaDemo(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& transport,
              cudaStream_t stream, bool stochastic_rounding = true, uint32_t seed = 1337)
-        : config_(config), layout_(layout), transport_(transport), stream_(stream),
+        : CudaDemo(config, validated_tables(config, layout), layout.num_params, transport, stream, stochastic_rounding,
+                   seed) {}
+    // DeMo on `plan`, a plan of `n` parameters (FlexDeMo's shard of a model: slice_plan), whose tensors' weight
+    // decay flags are `decays`.
+    CudaDemo(const llmc::OptimizerConfig& config, const ModelPlan& plan, const std::vector<uint8_t>& decays, size_t n,
+             llmc::Transport& transport, cudaStream_t stream, bool stochastic_rounding, uint32_t seed)
+        : CudaDemo(config, validated_tables(config, plan, decays), n, transport, stream, stochastic_rounding, seed) {}
+
+private:
+    static cm::PlanTables validated_tables(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout) {
+        validate_demo_options(config);
+        return cm::plan_tables(config, layout);
+    }
+    static cm::PlanTables validated_tables(const llmc::OptimizerConfig& config, const ModelPlan& plan,
+                                           const std::vector<uint8_t>& decays) {
+        validate_demo_options(config);
+        return cm::make_plan_tables(plan, WireFormat{config.demo.values, config.demo.indices}, decays);
+    }
+    CudaDemo(const llmc::OptimizerConfig& config, cm::PlanTables tables, size_t num_params, llmc::Transport& transport,
+             cudaStream_t stream, bool stochastic_rounding, uint32_t seed)
+        : config_(config), n_(num_params), transport_(transport), stream_(stream),
           stochastic_(stochastic_rounding && !llmc::kFloatXIsFloat), seed_(seed),
-          kernel_choice_(kernel_choice(config.demo)) {
-        validate_demo_options(config_);
-        tables_ = cm::plan_tables(config_, layout);
+          kernel_choice_(kernel_choice(config.demo)), tables_(std::move(tables)) {
         world_ = transport.world_size();
         LLMC_CHECK(world_ >= 1, "DeMo: transport reports no ranks");
         kernels_ = make_kernel_config(tables_, world_);
@@ -147,7 +173,7 @@ public:
         }
         nccl_ = dynamic_cast<llmc::NcclTransport*>(&transport);
 
-        const size_t n = layout.num_params, bytes = tables_.bucket_bytes;
+        const size_t n = n_, bytes = tables_.bucket_bytes;
         memory_.add(&master_, n);
         memory_.add(&momentum_, n);
         memory_.add(&norm_scratch_, llmc::kNormScratchFloats);
@@ -180,6 +206,8 @@ public:
         }
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+
+public:
     ~CudaDemo() override {
         // the last delayed round's all-gather still reads bucket_ / host_bucket_ and writes gathered_: every rank
         // started it, so it completes (the transport outlives the optimizer)
@@ -201,7 +229,7 @@ public:
     // weights: the shared weights. params: their floatX copy, or with eager updates and a pending round (a
     // resume) the working weights, the master weights minus that round's own share.
     void set_weights(const float* weights, llmc::floatX* params) override {
-        const size_t n = layout_.num_params;
+        const size_t n = n_;
         if (weights != master_)
             CUDA_CHECK(cudaMemcpyAsync(master_, weights, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
         const bool sr = stochastic_ && t_ > 0;
@@ -225,13 +253,41 @@ public:
     }
 
     llmc::StepResult step(llmc::floatX* params, float* grads, float lr) override {
-        const size_t n = layout_.num_params;
         LLMC_CHECK(!step_pending_, "DeMo: step() again before complete_step() of the last one");
+        // the local norm, read back by complete_step; the compress kernel reads the clip coefficient on the device
+        const float* clip = clip_norm_.queue(norm_scratch_, grads, n_, config_.grad_clip, stream_);
+        given_norm_ = -1.0;
+        return step_clipped(params, grads, lr, clip);
+    }
+    // The sharded step's (FlexDeMo's): the clip coefficient `clip` (on the device) of `norm`, the norm of the
+    // node's whole gradient, of which `grads` is this rank's shard; complete_step reports `norm`.
+    llmc::StepResult step_with_clip(llmc::floatX* params, float* grads, float lr, const float* clip, double norm) {
+        LLMC_CHECK(!step_pending_, "DeMo: step() again before complete_step() of the last one");
+        given_norm_ = norm;
+        return step_clipped(params, grads, lr, clip);
+    }
+    // FlexDeMo's step between exchanges (--demo_replicate_every): weight decay, then master -= lr * sign(grads),
+    // the floatX copy rounded as a step rounds. Counts as a step (the stochastic rounding's counter).
+    void local_sign_step(llmc::floatX* params, const float* grads, float lr) {
+        t_++;
+        const float wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
+        for (size_t t = 0; t < tables_.tensors.size(); t++) {
+            const size_t offset = tables_.plan.tensors[t].offset, count = tables_.plan.tensors[t].numel();
+            if (count == 0) continue;
+            const float factor = config_.weight_decay != 0.0f && tables_.tensors[t].decays ? wd_factor : 1.0f;
+            LLMC_LAUNCH(llmc::grid_stride_blocks(count, 512), 512, 0, stream_, demo_sign_step_kernel)(
+                master_ + offset, grads + offset, count, factor, lr);
+        }
+        if (n_)
+            LLMC_LAUNCH(llmc::grid_stride_blocks(n_, 512), 512, 0, stream_, demo_round_params_kernel)(
+                params, master_, n_, step_seed(t_), stochastic_);
+        CUDA_CHECK_LAUNCH();
+    }
+
+private:
+    llmc::StepResult step_clipped(llmc::floatX* params, float* grads, float lr, const float* clip) {
         step_pending_ = true;
         llmc::StepResult result;
-
-        // the local norm, read back by complete_step; the compress kernel reads the clip coefficient on the device
-        const float* clip = clip_norm_.queue(norm_scratch_, grads, n, config_.grad_clip, stream_);
         t_++;
 
         if (config_.demo.delay == 0) {
@@ -256,13 +312,16 @@ public:
         return result;  // complete_step finishes both updates
     }
 
+public:
+
     // The step's updates finished (finish_updates: the gathered headers and the apply kernels' error flags
     // checked, their times read, the compress kernel's too); the local norm and its GPU time (StepTimings::clip).
     void complete_step(llmc::StepResult& result) override {
         if (!step_pending_) return;
         step_pending_ = false;
         finish_updates_queued(result);
-        clip_norm_.read(result.grad_norm, result.seconds.clip);
+        if (given_norm_ >= 0.0) result.grad_norm = given_norm_;
+        else clip_norm_.read(result.grad_norm, result.seconds.clip);
     }
 
     // --demo_delay 1 after the last step: finish the pending round's exchange and apply it with its own lr and
@@ -286,7 +345,7 @@ public:
     // A pending round (--demo_delay 1) is saved as this rank's bucket (its all-gather, if in flight, only reads
     // it) and lr, as the CPU optimizer saves it.
     void save_state(llmc::ByteWriter& out) const override {
-        std::vector<float> m(layout_.num_params);
+        std::vector<float> m(n_);
         CUDA_CHECK(cudaMemcpyAsync(m.data(), momentum_, m.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
         PendingRound pending;
         if (pending_) {
@@ -428,7 +487,7 @@ private:
     // floatX copy alone (keep_params): the own share (apply_own_share, after the compress) rewrites it. The first
     // step has no round to apply: a decay pass, then (stale) a rounding pass.
     void apply_delayed(llmc::floatX* params, float lr) {
-        const size_t n = layout_.num_params;
+        const size_t n = n_;
         if (pending_) {
             cm::ApplyParams ap = cm::apply_params(config_, pending_lr_, world_, tables_.bucket_bytes);
             ap.wd_factor = cm::apply_params(config_, lr, world_, tables_.bucket_bytes).wd_factor;
@@ -552,7 +611,7 @@ private:
     }
 
     llmc::OptimizerConfig config_;
-    const llmc::ParamLayout& layout_;
+    size_t n_ = 0;  // parameters: the model's, or the shard's
     llmc::Transport& transport_;
     cudaStream_t stream_;
     bool stochastic_;
@@ -583,6 +642,7 @@ private:
     int queued_updates_ = 0;  // updates queued since the last finish_updates_queued
     llmc::QueuedClipNorm clip_norm_;
     bool step_pending_ = false;  // step() ran, complete_step() not yet
+    double given_norm_ = -1.0;   // step_with_clip's norm (-1: step()'s own, from clip_norm_)
     std::vector<std::byte> host_bucket_, host_all_;
     std::vector<size_t> offsets_;
     // The first exchange of a process learns the bucket sizes; once every rank's matched (a bucket's size follows

@@ -16,7 +16,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The shard plan of part `part` of `group_size` and its tensors' weight-decay flags.
+}  // namespace
+
 ModelPlan shard_plan_of(const ModelPlan& full, const std::vector<uint8_t>& decays, const std::vector<size_t>& bounds,
                         int part, std::vector<uint8_t>& shard_decays) {
     std::vector<size_t> tensors;
@@ -25,18 +26,6 @@ ModelPlan shard_plan_of(const ModelPlan& full, const std::vector<uint8_t>& decay
     for (size_t t : tensors) shard_decays.push_back(decays[t]);
     return plan;
 }
-
-void add_timings(llmc::StepTimings& into, const llmc::StepTimings& t) {
-    into.clip += t.clip;
-    into.transform += t.transform;
-    into.topk += t.topk;
-    into.exchange += t.exchange;
-    into.apply += t.apply;
-    into.reduce_scatter += t.reduce_scatter;
-    into.allgather += t.allgather;
-}
-
-}  // namespace
 
 FlexDemo::FlexDemo(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& world,
                    int group_size)
@@ -78,7 +67,7 @@ llmc::StepResult FlexDemo::step(std::span<float> params, std::span<float> grads,
         result.grad_norm = norm;
         result.seconds.apply = seconds_since(t0);
     }
-    add_timings(result.seconds, timings);
+    result.seconds += timings;
     gather_weights(params, result.seconds);
     if (config_.demo.replicate_every > 1) saved_shard_.assign(shard.begin(), shard.end());
     return result;
@@ -110,7 +99,7 @@ void FlexDemo::finish_updates(std::span<float> params, llmc::StepResult& result)
     const size_t begin = shard_begin(), n = shard_end() - begin;
     llmc::StepResult inner;
     inner_->finish_updates(params.subspan(begin, n), inner);
-    add_timings(result.seconds, inner.seconds);
+    result.seconds += inner.seconds;
     gather_weights(params, result.seconds);
 }
 

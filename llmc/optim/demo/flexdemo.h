@@ -60,6 +60,11 @@ private:
     std::vector<float> loaded_shard_;       // the same from load_state, until set_weights
 };
 
+// The plan of shard `part` of a node (bounds: shard_boundaries of `full`) and its tensors' weight-decay flags,
+// from those of `full` (`decays`).
+ModelPlan shard_plan_of(const ModelPlan& full, const std::vector<uint8_t>& decays, const std::vector<size_t>& bounds,
+                        int part, std::vector<uint8_t>& shard_decays);
+
 // The optimizer state one rank of a node of `group_size` holds for `layout` (the largest shard), measured on a
 // DemoOptimizer built for that shard: the dry run's figure.
 size_t flexdemo_state_bytes_per_rank(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout,
