@@ -74,7 +74,7 @@ replicate = demo22 + ["--demo_replicate_every", "2"]
 # them; DeMo's sign can flip on near-zero coefficients, so its tolerance is wider)
 for name, flags, rel in (("demo_2x2", demo22, 1e-4), ("adamw_2x2", adamw22, 2e-5), ("zero1_1x4", zero1, 2e-5),
                          ("replicate2_2x2", replicate, 1e-4)):
-    cpu, _ = train(CPU, "cpu_" + name, *flags)
+    cpu, _ = train(CPU, "cpu_" + name, *flags, "--checkpoint_every", "2")  # the step-2 checkpoint for below
     gpu, p = train(FP32, "gpu_" + name, *flags)
     compare(f"fp32 {name} (NCCL sub-communicators, weights compared after every step) vs CPU trainer", gpu, cpu, rel)
     same_bytes(f"fp32 {name}", gpu, cpu)
@@ -96,8 +96,7 @@ for name, flags in (("demo_2x2", demo22), ("adamw_2x2", adamw22)):
 # --- checkpoints: the CPU trainer's step-2 checkpoint continued on the GPU trainer; a bf16 run resumed bit for bit
 for name, flags in (("demo", demo22), ("adamw", adamw22), ("replicate2", replicate)):
     cpu = os.path.join(TMP, f"cpu_{name}_2x2")
-    train(CPU, f"cpu_{name}_ckpt", *flags, "--checkpoint_every", "2")
-    step2 = os.path.join(TMP, f"cpu_{name}_ckpt", "checkpoints", "step_00000002")
+    step2 = os.path.join(cpu, "checkpoints", "step_00000002")
     handover, _ = train(FP32, f"gpu_{name}_from_cpu", *flags, "--resume", step2)
     compare(f"the CPU trainer's 2x2 {name} step-2 checkpoint continued by the fp32 GPU trainer: steps 3-4",
             handover, cpu, 1e-4, skip=2)
