@@ -65,13 +65,16 @@ float clip_scale(double norm, float max_norm) {
     return max_norm > 0.0f && coef < 1.0 ? static_cast<float>(coef) : 1.0f;
 }
 
+void clip_by_norm(std::span<float> g, double norm, float max_norm) {
+    const float scale = clip_scale(norm, max_norm);
+    if (scale == 1.0f) return;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < g.size(); i++) g[i] *= scale;
+}
+
 double clip_grad_norm(std::span<float> g, float max_norm) {
     const double norm = grad_norm(g);
-    const float scale = clip_scale(norm, max_norm);
-    if (scale != 1.0f) {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < g.size(); i++) g[i] *= scale;
-    }
+    clip_by_norm(g, norm, max_norm);
     return norm;
 }
 

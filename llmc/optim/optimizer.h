@@ -136,5 +136,7 @@ double grad_norm(std::span<const float> g);
 float clip_scale(double norm, float max_norm);
 // Scales g in place by clip_scale(grad_norm(g), max_norm). Returns the norm before clipping.
 double clip_grad_norm(std::span<float> g, float max_norm);
+// g *= clip_scale(norm, max_norm), for a gradient whose norm is known (a shard of one, whose norm the node summed).
+void clip_by_norm(std::span<float> g, double norm, float max_norm);
 
 }  // namespace llmc

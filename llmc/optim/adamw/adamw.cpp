@@ -137,11 +137,7 @@ StepResult AdamW::step(std::span<float> params, std::span<float> grads, float lr
         double squares = sum_of_squares(shard);  // the whole averaged gradient's norm, from its shards
         topology_.node_group->allreduce_sum(std::span<double>(&squares, 1));
         result.grad_norm = std::sqrt(squares);
-        const float scale = clip_scale(result.grad_norm, config_.grad_clip);
-        if (scale != 1.0f) {
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < shard.size(); i++) shard[i] *= scale;
-        }
+        clip_by_norm(shard, result.grad_norm, config_.grad_clip);
         result.seconds.clip = seconds_since(start);
     } else {
         if (overlapped_ > 0) {
