@@ -113,18 +113,24 @@ void diloco_dry_run_report(std::ostream& out, const OptimizerConfig& config, con
                                : static_cast<double>(layout.num_params) * (d.wire == DilocoWire::bf16 ? 2.0 : 4.0);
     const double sent = diloco_sync_bytes_sent(d.wire, layout, world);
     const double adamw = 2.0 * (world - 1) / world * static_cast<double>(layout.num_params) * 4.0;
-    char line[768];
+    const std::string sent_label =
+        std::string("sent per sync (") + (d.wire == DilocoWire::int8 ? "all-gather, (W-1) n)" : "ring, 2(W-1)/W n)");
+    char line[1024];
     std::snprintf(line, sizeof line,
                   "DiLoCo traffic per rank, %s, %d ranks, a sync every %d steps, %s wire (MB = 1e6 bytes):\n"
-                  "  pseudo-gradient (payload) per sync  %12.3f MB\n"
-                  "  sent per sync (%s)     %12.3f MB (%.0f bytes; %zu parameters)\n"
-                  "  sent per step, averaged             %12.3f MB\n"
-                  "  AdamW-DDP fp32 per step             %12.3f MB (%.1fx DiLoCo's)\n",
-                  layout.config.describe().c_str(), world, d.inner_steps, wire_name(d.wire), payload / 1e6,
-                  d.wire == DilocoWire::int8 ? "all-gather, (W-1) n " : "ring, 2(W-1)/W n   ", sent / 1e6, sent,
-                  layout.num_params,
-                  sent / d.inner_steps / 1e6, adamw / 1e6, sent > 0 ? adamw * d.inner_steps / sent : 0.0);
+                  "  %-38s %12.3f MB\n"
+                  "  %-38s %12.3f MB (%.0f bytes; %zu parameters)\n"
+                  "  %-38s %12.3f MB\n"
+                  "  %-38s %12.3f MB (%.1fx DiLoCo's)\n",
+                  layout.config.describe().c_str(), world, d.inner_steps, wire_name(d.wire),
+                  "pseudo-gradient (payload) per sync", payload / 1e6, sent_label.c_str(), sent / 1e6, sent,
+                  layout.num_params, "sent per step, averaged", sent / d.inner_steps / 1e6, "AdamW-DDP fp32 per step",
+                  adamw / 1e6, sent > 0 ? adamw * d.inner_steps / sent : 0.0);
     out << line;
+    // every rank forwards the other W-1 int8 messages: from about 8 ranks on that is more than the fp32 ring
+    if (d.wire == DilocoWire::int8 && sent > diloco_sync_bytes_sent(DilocoWire::fp32, layout, world))
+        out << "  note: at " << world << " ranks the int8 all-gather sends more per sync than an fp32 all-reduce ("
+            << diloco_sync_bytes_sent(DilocoWire::fp32, layout, world) / 1e6 << " MB)\n";
 }
 }  // namespace
 
