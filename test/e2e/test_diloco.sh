@@ -106,6 +106,9 @@ expect_error "--diloco_outer_lr must be > 0 (got -1)" "${one[@]}" --diloco_outer
 expect_error "--diloco_outer_momentum must be in [0, 1) (got 1)" "${one[@]}" --diloco_outer_momentum 1
 expect_error "--diloco_wire" "${one[@]}" --diloco_wire fp16
 expect_error "--shard_group_size" "${one[@]}" --shard_group_size 2
+./train_gpt_cpu "${base[@]}" --steps 12 --out_dir "$tmp/warn" --dry_run >/dev/null 2>"$tmp/warn.err"
+check "--steps 12 with H = 5 warns that the last 2 steps end unsynced" \
+  grep -q "warning: steps 12 is not a multiple of diloco_inner_steps 5: the last 2 steps end unsynced" "$tmp/warn.err"
 if [[ -x train_gpt ]]; then
   expect_error "has no CUDA implementation" ./train_gpt "${base[@]}" --steps 2 --out_dir "$tmp/cuda"
 fi

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "llmc/base/error.h"
 #include "llmc/base/kernel_math.h"
@@ -76,8 +77,13 @@ void diloco_int8_encode(const ParamLayout& layout, std::span<const float> x, std
             const size_t hi = std::min(t.numel, lo + kDilocoInt8Block);
             const float* v = x.data() + t.offset;
             float absmax = 0.0f;
-            for (size_t i = lo; i < hi; i++) absmax = std::max(absmax, std::fabs(v[i]));
-            const float s = absmax / 127.0f;
+            bool finite = true;
+            for (size_t i = lo; i < hi; i++) {
+                absmax = std::max(absmax, std::fabs(v[i]));
+                finite = finite && std::isfinite(v[i]);
+            }
+            // a non-finite value makes the block's scale NaN, so the mean shows it (as an fp32 all-reduce would)
+            const float s = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
             std::memcpy(scales + b * sizeof(float), &s, sizeof s);
             for (size_t i = lo; i < hi; i++) {
                 const float q = s > 0.0f ? std::clamp(std::nearbyint(v[i] / s), -127.0f, 127.0f) : 0.0f;
@@ -207,7 +213,8 @@ void Diloco::inner_update(std::span<float> params, std::span<const float> grads,
     for (size_t ti = 0; ti < layout_.tensors.size(); ti++) {
         const ParamTensor& t = layout_.tensors[ti];
         const km::AdamWParams h =
-            km::adamw_params(lr, a.beta1, a.beta2, a.eps, config_.weight_decay, decay_mask_[ti] != 0, steps_, grad_scale);
+            km::adamw_params(lr, a.beta1, a.beta2, a.eps, config_.weight_decay, decay_mask_[ti] != 0, steps_,
+                             grad_scale);
         float* p = params.data() + t.offset;
         const float* g = grads.data() + t.offset;
         float* m = m_.data() + t.offset;

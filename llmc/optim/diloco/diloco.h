@@ -12,7 +12,8 @@
 //   fp32  Transport::allreduce_mean (summed in rank order, times 1/W).
 //   bf16  Transport::allreduce_mean_bf16 (values and every partial sum rounded to bf16; nothing rounds at W = 1).
 //   int8  each tensor is cut into blocks of kDilocoInt8Block elements (the last one shorter); a block's scale is
-//         s = absmax / 127 (fp32 division; 0 for an all-zero block) and its values q = rint(x / s) clamped to
+//         s = absmax / 127 (fp32 division; 0 for an all-zero block, NaN for a block holding a non-finite value,
+//         so the mean shows it as an fp32 all-reduce would) and its values q = rint(x / s) clamped to
 //         [-127, 127] (rint: nearest, ties to even; q = 0 where s = 0). A rank's message is its scales (fp32,
 //         block order) followed by its int8 values (parameter order), exchanged with allgather_bytes; every rank
 //         then forms mean = (sum over ranks in rank order of float(q_r) * s_r) * (1 / W) in fp32. Applied at
