@@ -83,9 +83,8 @@ else
   fail "resume from $ck"; tail -n 10 "$tmp/resume.log"
 fi
 # another world size with --reset_momentum: a fresh DiLoCo from the checkpoint's global weights (the last sync's)
-check "the 2-rank checkpoint continues on 1 rank with --reset_momentum" \
-  timeout 300 ./train_gpt_cpu "${base[@]}" --steps 10 --out_dir "$tmp/one" --resume "$ck" --reset_momentum \
-  >/dev/null 2>&1
+one_rank() { timeout 300 ./train_gpt_cpu "${base[@]}" --steps 10 --out_dir "$tmp/one" "$@" >"$tmp/one.log" 2>&1; }
+check "the 2-rank checkpoint continues on 1 rank with --reset_momentum" one_rank --resume "$ck" --reset_momentum
 # refused resumes: under mpirun the first line of stderr is the trainer's one-line error (mpirun adds its own)
 expect_error_mpi() {
   local needle=$1
