@@ -2,7 +2,7 @@
 // other ranks only through a Transport. AdamW-DDP averages gradients and then clips and updates; DeMo clips the
 // local gradient, compresses its own momentum and exchanges that. Both see parameters as the named tensors of a
 // ParamLayout, and choose weight-decay groups by shape/name (2-D weights by default), never by index.
-// Each optimizer lives in its own folder (adamw/, demo/) with its options, and registers an OptimizerFamily
+// Each optimizer lives in its own folder (adamw/, demo/, signum/) with its options, and registers an OptimizerFamily
 // (optimizers.h): its checks, warnings, dry-run report and constructor, which the run layer asks for by name.
 #pragma once
 #include <cstdint>
@@ -19,6 +19,7 @@
 #include "llmc/model/param_layout.h"
 #include "llmc/optim/adamw/adamw_config.h"
 #include "llmc/optim/demo/demo_config.h"
+#include "llmc/optim/signum/signum_config.h"
 
 namespace llmc {
 
@@ -36,6 +37,7 @@ struct OptimizerConfig {
     int shard_group_size = 1;
     AdamWConfig adamw;
     DemoConfig demo;
+    SignumConfig signum;
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.

@@ -19,6 +19,7 @@ ModelConfig& model_part(TrainConfig& c) { return c.model; }
 OptimizerConfig& optim_part(TrainConfig& c) { return c.optim; }
 AdamWConfig& adamw_part(TrainConfig& c) { return c.optim.adamw; }
 DemoConfig& demo_part(TrainConfig& c) { return c.optim.demo; }
+SignumConfig& signum_part(TrainConfig& c) { return c.optim.signum; }
 CudaOptions& cuda_part(TrainConfig& c) { return c.cuda; }
 CommOptions& comm_part(TrainConfig& c) { return c.comm; }
 
@@ -123,6 +124,7 @@ Schema<TrainConfig> make_schema() {
     schema.add("optimizer", optim_part, optimizer_config_keys())
         .add("optimizer", adamw_part, adamw_config_keys())
         .add("optimizer", demo_part, demo_config_keys())
+        .add("optimizer", signum_part, signum_config_keys())
         .add("cuda", cuda_part, cuda_option_keys())
         .add("cuda", demo_part, demo_cuda_keys())
         .add("comm", comm_part, comm_option_keys());
