@@ -245,11 +245,16 @@ TEST(vote_counts_packed_signs_and_ties_are_zero) {
     for (int r = 0; r < 4; r++)
         for (size_t i = 0; i < 9; i++)
             if ((plus[i] >> r) & 1u) all[r * 2 + i / 8] |= std::byte{static_cast<unsigned char>(1u << (i % 8))};
-    for (size_t i = 0; i < 9; i++) EXPECT_EQ(signum_vote(all.data(), 2, 4, i), expect4[i]);
+    const auto vote = [&](int world, size_t i) {
+        int8_t v[8];
+        signum_votes_of_byte(all.data(), 2, world, i / 8, v);
+        return static_cast<float>(v[i % 8]);
+    };
+    for (size_t i = 0; i < 9; i++) EXPECT_EQ(vote(4, i), expect4[i]);
     // the first 3 ranks alone: an odd world never ties
     for (size_t i = 0; i < 9; i++) {
         const int p = std::popcount(plus[i] & 0b0111u);
-        EXPECT_EQ(signum_vote(all.data(), 2, 3, i), p >= 2 ? 1.0f : -1.0f);
+        EXPECT_EQ(vote(3, i), p >= 2 ? 1.0f : -1.0f);
     }
     EXPECT_EQ(signum_packed_bytes(0), size_t{0});
     EXPECT_EQ(signum_packed_bytes(8), size_t{1});

@@ -33,15 +33,18 @@ OptimizerFamily signum_family();
 // Bytes of one rank's packed signs for n elements.
 inline size_t signum_packed_bytes(size_t n) { return (n + 7) / 8; }
 
-// The vote for element i from the packed signs of `world` ranks laid back to back, rank r's at all[r * stride]:
-// sign(2 * (ranks voting +1) - world), so +1, -1, or 0 on a tie.
-inline float signum_vote(const std::byte* all, size_t stride, int world, size_t i) {
-    const size_t byte = i >> 3;
-    const unsigned bit = static_cast<unsigned>(i & 7);
-    int plus = 0;
-    for (int r = 0; r < world; r++) plus += (std::to_integer<unsigned>(all[r * stride + byte]) >> bit) & 1u;
-    const int sum = 2 * plus - world;
-    return static_cast<float>((sum > 0) - (sum < 0));
+// The votes of the 8 elements of byte b from the packed signs of `world` ranks laid back to back, rank r's at
+// all[r * stride]: out[j] = sign(2 * (ranks voting +1 for element 8 b + j) - world), so +1, -1, or 0 on a tie.
+inline void signum_votes_of_byte(const std::byte* all, size_t stride, int world, size_t b, int8_t out[8]) {
+    int plus[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < world; r++) {
+        const unsigned x = std::to_integer<unsigned>(all[r * stride + b]);
+        for (unsigned j = 0; j < 8; j++) plus[j] += static_cast<int>((x >> j) & 1u);
+    }
+    for (int j = 0; j < 8; j++) {
+        const int sum = 2 * plus[j] - world;
+        out[j] = static_cast<int8_t>((sum > 0) - (sum < 0));
+    }
 }
 
 class Signum final : public Optimizer {
@@ -71,6 +74,7 @@ private:
     std::vector<std::byte> bits_;      // this rank's packed signs
     std::vector<std::byte> gathered_;  // every rank's, back to back
     std::vector<size_t> offsets_;
+    std::vector<int8_t> votes_;        // this step's vote per element: +1, -1, 0
     int64_t steps_ = 0;
     // The first all-gather exchanges the sizes; once every rank's matched (ceil(n / 8) is fixed for the run) the
     // later ones skip that round trip.
