@@ -46,10 +46,10 @@ std::vector<Key<OptimizerConfig>> optimizer_config_keys();
 // Wall time of the parts of one step, for the metrics and the benchmark breakdown.
 struct StepTimings {
     double clip = 0.0;       // norm + scaling (and, for AdamW, nothing else)
-    double transform = 0.0;  // DeMo: momentum update + DCT encode + error feedback
+    double transform = 0.0;  // DeMo: momentum update + DCT encode + error feedback; Signum: momentum + sign + pack
     double topk = 0.0;       // DeMo: per-chunk selection + packing
     double exchange = 0.0;   // time inside transport collectives
-    double apply = 0.0;      // AdamW update, or DeMo scatter-mean + decode + sign + update
+    double apply = 0.0;      // AdamW update, DeMo scatter-mean + decode + sign + update, Signum vote + update
     // The sharded step (--shard_group_size): the node's reduce-scatter of the gradients and all-gather of the
     // updated weights; `exchange` is then the traffic across nodes (DeMo's buckets, AdamW's shard all-reduce).
     double reduce_scatter = 0.0;

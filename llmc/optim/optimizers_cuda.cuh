@@ -18,7 +18,8 @@ namespace llmc {
 // Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum): train_gpt calls it before
 // it touches the GPU, so the message comes first on any machine.
 inline void check_device_optimizer(const std::string& name) {
-    if (name != "adamw" && name != "demo") fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+    if (name != "adamw" && name != "demo")
+        fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
 }
 
 // `overlap`: AdamW-DDP's all-reduce overlapped with the backward (the trainer reports the final gradient ranges).

@@ -85,7 +85,8 @@ check(same and "resumed from" in p.stdout, "5 steps + checkpoint + --resume to 1
 p = subprocess.run(["mpirun", "-np", "2", "./train_gpt_cpu", *BASE, "--dry_run"], capture_output=True, text=True,
                    timeout=120)
 m = re.search(r"all-gather sent, \(W-1\) x payload\s+([\d.]+) MB", p.stdout)
-check(m is not None and abs(float(m.group(1)) * 1e6 - bits) < 1, f"dry run at 2 ranks: {m.group(0) if m else p.stdout[-300:]}")
+check(m is not None and abs(float(m.group(1)) * 1e6 - bits) < 1,
+      f"dry run at 2 ranks: {m.group(0) if m else p.stdout[-300:]}")
 
 
 # --- one-line errors (one process: nothing but the trainer's own line on stderr)

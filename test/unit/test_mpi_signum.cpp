@@ -162,7 +162,8 @@ struct Diff {
 Diff diff(const float* a, const float* b, size_t n) {
     Diff d;
     for (size_t i = 0; i < n; i++) {
-        d.worst = std::max(d.worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(double{b[i]})));
+        const double scale = std::max(1.0, std::fabs(static_cast<double>(b[i])));
+        d.worst = std::max(d.worst, std::fabs(static_cast<double>(a[i]) - b[i]) / scale);
         d.differ += a[i] != b[i];
     }
     return d;
