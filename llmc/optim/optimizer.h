@@ -1,10 +1,11 @@
 // The optimizer interface. An optimizer owns data parallelism: it gets this rank's local gradient and talks to the
 // other ranks only through a Transport. AdamW-DDP averages gradients and then clips and updates; DeMo clips the
 // local gradient, compresses its own momentum and exchanges that; DiLoCo steps on the local gradient alone and
-// averages pseudo-gradients every H steps. All see parameters as the named tensors of a
-// ParamLayout, and choose weight-decay groups by shape/name (2-D weights by default), never by index.
-// Each optimizer lives in its own folder (adamw/, demo/, diloco/) with its options, and registers an OptimizerFamily
-// (optimizers.h): its checks, warnings, dry-run report and constructor, which the run layer asks for by name.
+// averages pseudo-gradients every H steps; Signum votes on the signs of the ranks' momenta. All see parameters as
+// the named tensors of a ParamLayout, and choose weight-decay groups by shape/name (2-D weights by default), never
+// by index. Each optimizer lives in its own folder (adamw/, demo/, diloco/, signum/) with its options, and
+// registers an OptimizerFamily (optimizers.h): its checks, warnings, dry-run report and constructor, which the run
+// layer asks for by name.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "llmc/optim/adamw/adamw_config.h"
 #include "llmc/optim/demo/demo_config.h"
 #include "llmc/optim/diloco/diloco_config.h"
+#include "llmc/optim/signum/signum_config.h"
 
 namespace llmc {
 
@@ -39,6 +41,7 @@ struct OptimizerConfig {
     AdamWConfig adamw;
     DemoConfig demo;
     DilocoConfig diloco;
+    SignumConfig signum;
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.
@@ -47,10 +50,10 @@ std::vector<Key<OptimizerConfig>> optimizer_config_keys();
 // Wall time of the parts of one step, for the metrics and the benchmark breakdown.
 struct StepTimings {
     double clip = 0.0;       // norm + scaling (and, for AdamW, nothing else)
-    double transform = 0.0;  // DeMo: momentum update + DCT encode + error feedback
+    double transform = 0.0;  // DeMo: momentum update + DCT encode + error feedback; Signum: momentum + sign + pack
     double topk = 0.0;       // DeMo: per-chunk selection + packing
     double exchange = 0.0;   // time inside transport collectives
-    double apply = 0.0;      // AdamW update, or DeMo scatter-mean + decode + sign + update
+    double apply = 0.0;      // AdamW update, DeMo scatter-mean + decode + sign + update, Signum vote + update
     // The sharded step (--shard_group_size): the node's reduce-scatter of the gradients and all-gather of the
     // updated weights; `exchange` is then the traffic across nodes (DeMo's buckets, AdamW's shard all-reduce).
     double reduce_scatter = 0.0;

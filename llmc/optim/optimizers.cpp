@@ -5,11 +5,13 @@
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/diloco/diloco.h"
+#include "llmc/optim/signum/signum.h"
 
 namespace llmc {
 
 const std::vector<OptimizerFamily>& optimizer_families() {
-    static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family()};
+    static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
+                                                          signum_family()};
     return families;
 }
 

@@ -15,6 +15,13 @@
 
 namespace llmc {
 
+// Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum): train_gpt calls it before
+// it touches the GPU, so the message comes first on any machine.
+inline void check_device_optimizer(const std::string& name) {
+    if (name != "adamw" && name != "demo")
+        fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+}
+
 // `overlap`: AdamW-DDP's all-reduce overlapped with the backward (the trainer reports the final gradient ranges).
 // --shard_group_size S > 1 (resolved here, a collective: auto asks the transport for the ranks on a host): sharded
 // AdamW (ZeRO-1 at S = world), and FlexDeMo for demo (also at S = 1 with --demo_replicate_every > 1).
@@ -22,7 +29,7 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
                                                               const ParamLayout& layout, Transport& transport,
                                                               cudaStream_t stream, bool stochastic_rounding,
                                                               uint32_t seed, bool overlap) {
-    if (name != "adamw" && name != "demo") fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+    check_device_optimizer(name);
     const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,

@@ -91,6 +91,10 @@ check "--flash_dq ordered (retired) -> one-line error" one_line_error \
   "--flash_dq: 'ordered' is not one of: shares, shares_last, shares_bf16, atomic"
 run ./train_gpt --transport gloo --steps 1 --out_dir "$TMP/run"
 check "--transport gloo -> one-line error" one_line_error "--transport: 'gloo' is not one of: nccl, mpi"
+# an optimizer of the CPU trainer only (Signum) is refused before the GPU is looked for
+run ./train_gpt --config configs/tiny.json --optimizer signum --steps 1 --out_dir "$TMP/run"
+check "--optimizer signum -> one-line error" one_line_error \
+  "--optimizer: 'signum' has no CUDA implementation (train_gpt_cpu runs it)"
 for knob in LLMC_ATTENTION LLMC_TRANSPORT LLMC_DEMO_MOMENTUM; do  # retired as environment variables: ignored
   export "$knob=bogus"
   run ./train_gpt --steps 1 --out_dir "$TMP/run"
