@@ -747,6 +747,13 @@ bool check_case(const std::string& dir, const RefCase& c, const CaseData& d) {
     const float* last_ref = ref.data() + (c.steps - 1) * per_step;
     for (size_t i = 0; i < n; i++) differ_at_end += sim.params_per_step.back()[i] != last_ref[i];
     ok = ok && param_failures == 0 && working_failures == 0;
+    // With the bases' exact zeros (dct.h) the excused elements of the signed cases end equal too: at most 1 in 1000
+    // may differ at the end. Before, cos(pi/2) = 6e-17 on each side left 4456 of the 64014 parameters of
+    // r1_k1_wd_all and 72 of r1_delay_stale_fp32_wd_all different (pre-sign values of pure rounding noise).
+    if (use_sign && differ_at_end > n / 1000) {
+        ok = false;
+        std::printf("  %s: %zu of %zu params differ at the end (more than 1 in 1000)\n", c.name.c_str(), differ_at_end, n);
+    }
     if (eager) {
         // the working weights must be more than the shared ones: most of them moved by the own share
         const bool moved = working_differ > c.steps * c.ranks * n / 2;
