@@ -64,10 +64,9 @@ size_t block_row_scratch_elems(size_t cols, size_t n1);
 
 // Block DCT of one block row (n1 rows x cols, row-major, contiguous) into e (same shape, must not overlap
 // x): its column transform (the n1*cols/n2 row segments of n2 times C2^T) and its row transform (C1 times
-// the [n1, cols] result, halved by the even/odd symmetry of C1 when n1 is even and the bases are the DCT's), as
-// sgemm calls of at most
-// 64^3 multiply-adds, which OpenBLAS runs in the calling thread: safe and efficient to call from many
-// OpenMP threads at once. bases must hold n1 and n2.
+// the [n1, cols] result, halved by the even/odd symmetry of C1 when n1 is even and the bases are the DCT's),
+// as sgemm calls of at most 64^3 multiply-adds, which OpenBLAS runs in the calling thread: safe and efficient
+// to call from many OpenMP threads at once. bases must hold n1 and n2.
 void encode_block_row(const float* x, float* e, size_t cols, size_t n1, size_t n2, const DctBases& bases,
                       float* scratch);
 

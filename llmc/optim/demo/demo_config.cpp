@@ -184,6 +184,9 @@ std::string demo_describe(const llmc::OptimizerConfig& cfg) {
     if (cfg.demo.delay == 1)
         d += (d.empty() ? "" : ", ") +
              std::string(cfg.demo.eager ? "applied a step late, own share at once" : "applied a step late");
+    if (!cfg.demo.sign) d += (d.empty() ? "" : ", ") + std::string("unsigned update");
+    if (cfg.demo.transform == llmc::DemoTransform::random)
+        d += (d.empty() ? "" : ", ") + std::string("random orthogonal transform");
     return d;
 }
 
