@@ -20,10 +20,16 @@ Eager delayed update ("eager": 1 with "delay": 1, --demo_eager): the shared para
 each rank's working parameters (what its next forward sees) are the shared ones after the step minus
 lr[s] * sign(decode(that rank's own top-k of step s)), the rank's own share applied alone, without weight decay.
 
+Unsigned update ("sign": 0, --demo_sign false): params -= lr * decode(G) instead of lr * sign(decode(G)), and
+the eager working parameters likewise. Random transform ("transform": "random", --demo_transform random): every
+chunk length's DCT basis replaced by random_orthogonal_basis(n), for encode and decode.
+
 Usage: demo_reference.py CASE [CASE ...]   (reads CASE.json and CASE.bin, writes CASE.out)
   CASE.json: {"ranks", "steps", "shapes", "lr": [per step], "weight_decay", "decay_groups": "all"|"matrices",
               "grad_clip" (<= 0: off), "decay", "topk", "chunk", "momentum": "lr_scaled"|"ema",
-              "alpha", "values": "fp32"|"bf16"|"sign", "delay": 0|1, "eager": 0|1 (both optional, default 0)}
+              "alpha", "values": "fp32"|"bf16"|"sign", "delay": 0|1, "eager": 0|1 (both optional, default 0),
+              "sign": 0|1 (optional, default 1: --demo_sign), "transform": "dct"|"random" (optional, default
+              "dct": --demo_transform)}
   CASE.bin:  float32 initial parameters (all tensors flat, in order), then for each step, for each rank,
              that rank's gradient (same layout).
   CASE.out:  for each step: parameters after the step, the pre-sign update decode(G) applied in the step
@@ -49,10 +55,65 @@ def chunk_length(size, chunk):
 
 
 def dct_basis(n):
-    k = np.arange(n, dtype=np.float64)[:, None]
-    i = np.arange(n, dtype=np.float64)[None, :]
+    """C[k][i] = sqrt((k == 0 ? 1 : 2) / n) cos(pi (2i+1) k / (2n)); where (2i+1) k is a multiple of n the angle
+    is a multiple of pi/2 and the cosine is exactly 1, 0, -1 or 0 (np.cos(pi/2) would be 6e-17)."""
+    k = np.arange(n, dtype=np.int64)[:, None]
+    i = np.arange(n, dtype=np.int64)[None, :]
+    m = ((2 * i + 1) * k) % (4 * n)  # the angle in units of pi / (2n), reduced by the period 4n
     scale = np.where(k == 0, math.sqrt(1.0 / n), math.sqrt(2.0 / n))
-    return torch.from_numpy((scale * np.cos(math.pi * (2 * i + 1) * k / (2 * n))).astype(np.float32))
+    cosine = np.cos(math.pi * m.astype(np.float64) / (2 * n))
+    quarter = np.array([1.0, 0.0, -1.0, 0.0])[m // n % 4]
+    cosine = np.where(m % n == 0, quarter, cosine)
+    return torch.from_numpy((scale * cosine).astype(np.float32))
+
+
+def random_orthogonal_basis(n):
+    """--demo_transform random: the fixed random orthogonal n x n matrix Q (rows orthonormal) that
+    llmc/optim/demo/dct.h specifies, built from that specification alone: splitmix64 seeded from a constant and
+    n, Box-Muller normals filling A row by row, modified Gram-Schmidt over A's rows in float64 (Python floats,
+    sums in index order). n = 1 gives [1]."""
+    if n == 1:
+        return torch.ones(1, 1, dtype=torch.float32)
+    mask = (1 << 64) - 1
+    state = 0x44654D6F52616E64 ^ ((n * 0x9E3779B97F4A7C15) & mask)
+
+    def splitmix64():
+        nonlocal state
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    normals = []
+    while len(normals) < n * n:
+        a, b = splitmix64(), splitmix64()
+        u1, u2 = ((a >> 11) + 1) / 2.0 ** 53, (b >> 11) / 2.0 ** 53
+        r = math.sqrt(-2.0 * math.log(u1))
+        normals += [r * math.cos(2.0 * math.pi * u2), r * math.sin(2.0 * math.pi * u2)]
+    rows = [normals[i * n:(i + 1) * n] for i in range(n)]
+    q = []
+    for v in rows:
+        v = list(v)
+        for qj in q:
+            dot = 0.0
+            for x, y in zip(qj, v):
+                dot += x * y
+            v = [y - dot * x for x, y in zip(qj, v)]
+        norm = 0.0
+        for y in v:
+            norm += y * y
+        norm = math.sqrt(norm)
+        q.append([y / norm for y in v])
+    return torch.tensor(q, dtype=torch.float64).to(torch.float32)
+
+
+def basis(n, transform):
+    if transform == "dct":
+        return dct_basis(n)
+    if transform == "random":
+        return random_orthogonal_basis(n)
+    raise ValueError(transform)
 
 
 def top_k(mags, k):
@@ -71,7 +132,7 @@ def top_k(mags, k):
 class Chunking:
     """A tensor seen as [rows, cols] (1-D: [1, S]; more dims: leading ones flattened) cut into n1 x n2 blocks."""
 
-    def __init__(self, shape, chunk, topk):
+    def __init__(self, shape, chunk, topk, transform="dct"):
         if len(shape) == 1:
             self.rows, self.cols, self.n1 = 1, shape[0], 1
         else:
@@ -79,7 +140,7 @@ class Chunking:
             self.n1 = chunk_length(self.rows, chunk)
         self.n2 = chunk_length(self.cols, chunk)
         self.k = max(1, min(topk, self.n1 * self.n2))
-        self.c1, self.c2 = dct_basis(self.n1), dct_basis(self.n2)
+        self.c1, self.c2 = basis(self.n1, transform), basis(self.n2, transform)
 
     def to_chunks(self, x):  # [rows*cols] -> [chunks, n1*n2], chunk order row-major over blocks
         br, bc = self.rows // self.n1, self.cols // self.n2
@@ -116,7 +177,9 @@ class DemoReference:
 
     def __init__(self, cfg, shapes, ranks):
         self.cfg, self.shapes = cfg, [tuple(s) for s in shapes]
-        self.chunkings = [Chunking(s, cfg["chunk"], cfg["topk"]) for s in self.shapes]
+        self.chunkings = [Chunking(s, cfg["chunk"], cfg["topk"], cfg.get("transform", "dct")) for s in self.shapes]
+        self.use_sign = cfg.get("sign", 1)
+        assert self.use_sign in (0, 1), "sign must be 0 or 1"
         self.momentum = [[torch.zeros(int(np.prod(s)), dtype=torch.float32) for s in self.shapes]
                          for _ in range(ranks)]
 
@@ -152,7 +215,8 @@ class DemoReference:
 
     def apply_round(self, params, gathered, lr):
         """Every rank's half: gathered[t] is every rank's (idx, val) of tensor t, in rank order; params -= lr *
-        sign(decode(mean over the ranks that sent each coefficient)). Returns the pre-sign decode per tensor."""
+        sign(decode(mean over the ranks that sent each coefficient)) ("sign": 0: lr * decode(...) itself). Returns
+        the pre-sign decode per tensor."""
         presign = []
         for t, ch in enumerate(self.chunkings):
             nchunks = (ch.rows // ch.n1) * (ch.cols // ch.n2)
@@ -164,8 +228,12 @@ class DemoReference:
             mean = torch.where(count > 0, total_val / count.clamp(min=1), torch.zeros_like(total_val))
             u = ch.decode(mean)
             presign.append(u)
-            params[t].add_(torch.sign(u), alpha=-lr)
+            params[t].add_(self.update(u), alpha=-lr)
         return presign
+
+    def update(self, u):
+        """What the parameters step along: sign(u), or u itself with "sign": 0."""
+        return torch.sign(u) if self.use_sign else u
 
     def step(self, params, grads_per_rank, lr):
         """One undelayed step of every rank (grads_per_rank[r]: rank r's per-tensor gradients, clipped in place).
@@ -229,7 +297,7 @@ def run_case(case_json, case_bin, out_bin):
         if eager:
             own_presign = [[ch.decode(own[r][t]) for t, ch in enumerate(demo.chunkings)] for r in range(ranks)]
             for r in range(ranks):
-                outputs.append(torch.cat([p - lr * torch.sign(u) for p, u in zip(params, own_presign[r])]))
+                outputs.append(torch.cat([p - lr * demo.update(u) for p, u in zip(params, own_presign[r])]))
             for r in range(ranks):
                 outputs.append(torch.cat(own_presign[r]))
     torch.cat(outputs).numpy().astype(np.float32).tofile(out_bin)

@@ -30,6 +30,9 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
                                                               cudaStream_t stream, bool stochastic_rounding,
                                                               uint32_t seed, bool overlap) {
     check_device_optimizer(name);
+    // The kernels fold every DCT by its even/odd symmetry, which a random orthogonal basis lacks.
+    if (name == "demo" && config.demo.transform != DemoTransform::dct)
+        fail("--demo_transform random: train_gpt's DeMo kernels run the DCT only (train_gpt_cpu runs random)");
     const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "llmc/optim/demo/demo_kernels.cuh"
+#include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/model/param_layout.h"
 #include "llmc/base/kernel_math.h"
 #include "llmc/base/rng.h"
@@ -720,6 +721,75 @@ TEST(decay_after_update_and_keep_params) {
             EXPECT_EQ(master_diffs, size_t{0});
             EXPECT_EQ(param_diffs, size_t{0});
         }
+    };
+    check(std::integral_constant<int, 0>{}, emu::Order::Shuffled);
+    check(std::integral_constant<int, demo::kLeanApplyTuning>{}, emu::Order::WarpSerial);
+}
+
+// --demo_sign false (ApplyParams::use_sign): the apply kernels step by lr * decode(G) itself. The oracle is the CPU
+// optimizer's apply of the same two buckets (its own sparse decode, other summation orders): equal to rounding,
+// 1e-5 of the largest step plus 4 ulps; the host reference (the same per-chunk math) bit for bit. The signed CPU
+// apply shows the flag matters: its steps are all +-lr, the unsigned ones are not.
+TEST(unsigned_apply_matches_the_cpu_optimizer) {
+    auto cfg = cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 9);
+    cfg.weight_decay = 0.0f;  // the CPU optimizer decays in compress, the kernel in apply
+    cfg.demo.sign = false;
+    const ParamLayout layout = ParamLayout::of_shapes({{128, 192}, {67, 64}, {64, 67}, {67}, {3, 5}});
+    const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    const size_t n = layout.num_params;
+    const float lr = 1e-3f;
+    std::vector<std::byte> buckets;
+    for (uint64_t r = 0; r < 2; r++) {
+        std::vector<float> m = testing::random_normal(n, 940 + r, 1e-3f);
+        const std::vector<float> g = testing::random_normal(n, 950 + r, 1.0f);
+        std::vector<std::byte> bucket;
+        cm::compress_plan_host(pt, m.data(), g.data(), cm::compress_params(cfg, lr, 1.0f), bucket);
+        buckets.insert(buckets.end(), bucket.begin(), bucket.end());
+    }
+    const cm::ApplyParams ap = cm::apply_params(cfg, lr, 2, pt.bucket_bytes);
+    EXPECT(!ap.use_sign);
+    const std::vector<float> p0 = testing::random_normal(n, 960, 0.02f);
+    std::vector<float> host = p0;
+    EXPECT_EQ(cm::apply_plan_host(pt, buckets.data(), host.data(), ap), 0u);
+    auto cpu_apply = [&](bool use_sign) {
+        llmc::OptimizerConfig c = cfg;
+        c.demo.sign = use_sign;
+        llmc::LocalTransport transport;
+        demo::DemoOptimizer opt(c, layout, transport);
+        std::vector<float> p = p0;
+        const size_t offsets[3] = {0, pt.bucket_bytes, 2 * pt.bucket_bytes};
+        llmc::StepTimings unused;
+        opt.apply(buckets, offsets, p, lr, unused);
+        return p;
+    };
+    const std::vector<float> cpu = cpu_apply(false), cpu_signed = cpu_apply(true);
+    double max_step = 0.0;
+    size_t unit_steps = 0, signed_unit_steps = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double step = std::fabs(double(cpu[i]) - p0[i]);
+        max_step = std::max(max_step, step);
+        unit_steps += std::fabs(step - lr) < 1e-3 * lr;
+        signed_unit_steps += std::fabs(std::fabs(double(cpu_signed[i]) - p0[i]) - lr) < 1e-3 * lr;
+    }
+    EXPECT(max_step > 0.0 && max_step < 0.5 * lr);  // lr * decode: small steps here, not +-lr
+    EXPECT(unit_steps == 0 && signed_unit_steps > n / 2);
+    auto check = [&](auto tune, emu::Order order) {
+        constexpr int T = decltype(tune)::value;
+        const ApplyOut a = emulate_apply<T>(pt, 2, buckets, p0, ap, 7, /*stochastic=*/false, order);
+        size_t host_diffs = 0, beyond = 0;
+        double worst = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            host_diffs += km::float_to_bits(a.master[i]) != km::float_to_bits(host[i]);
+            const double diff = std::fabs(double(a.master[i]) - cpu[i]);
+            worst = std::max(worst, diff);
+            beyond += diff > 1e-5 * max_step + 4.0 * std::ldexp(std::fabs(double(cpu[i])), -23);
+        }
+        std::printf("  unsigned apply, tuning %d [%s]: %zu master weights differ from the host reference; vs the CPU "
+                    "optimizer max |diff| %.3g (largest step %.3g), %zu beyond the tolerance\n", T, order_name(order),
+                    host_diffs, worst, max_step, beyond);
+        EXPECT_EQ(a.error[0], 0u);
+        EXPECT_EQ(host_diffs, size_t{0});
+        EXPECT_EQ(beyond, size_t{0});
     };
     check(std::integral_constant<int, 0>{}, emu::Order::Shuffled);
     check(std::integral_constant<int, demo::kLeanApplyTuning>{}, emu::Order::WarpSerial);

@@ -219,7 +219,7 @@ inline uint32_t apply_chunk_host(const PlanTables& pt, const ChunkTensor& ct, ui
         for (int nn = 0; nn < d.n2; nn++) {
             const uint64_t g = origin + uint64_t(b) * ct.cols + nn;
             master[g] = sign_update(master[g], s.dec[size_t(b) * d.lde + nn], ap.lr, ap.wd_factor,
-                                    ap.apply_wd && ct.decays, ap.decay_after);
+                                    ap.apply_wd && ct.decays, ap.decay_after, ap.use_sign);
         }
     return err;
 }

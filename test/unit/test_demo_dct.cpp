@@ -148,6 +148,56 @@ TEST(bases_are_orthonormal) {
     EXPECT(worst <= 1e-6);
 }
 
+// cos(pi (2n+1) k / (2N)) is exactly 0 where the angle is an odd multiple of pi/2, i.e. where (2n+1)k is an odd
+// multiple of N, and exactly +-1 where it is an even one. Those entries must be exact (a rounding residue of
+// 6e-17 there gives the decoded update's sign to noise at small k); every other entry is the plain formula.
+TEST(bases_have_exact_zeros_where_the_angle_is_a_multiple_of_pi_over_2) {
+    const double pi = 3.14159265358979323846;
+    size_t zeros = 0;
+    for (size_t n : {3, 5, 6, 7, 10, 12, 48, 50, 96}) {
+        const std::vector<double> c = demo::dct_basis_f64(n);
+        const std::vector<float> cf = demo::dct_basis(n);
+        size_t zeros_here = 0;
+        for (size_t k = 0; k < n; k++) {
+            const double scale = std::sqrt((k == 0 ? 1.0 : 2.0) / static_cast<double>(n));
+            for (size_t i = 0; i < n; i++) {
+                const size_t a = (2 * i + 1) * k;  // the angle in units of pi / (2N)
+                const bool multiple = a % n == 0, odd = multiple && (a / n) % 2 == 1;
+                const double v = c[k * n + i];
+                if (odd) {
+                    EXPECT(v == 0.0);
+                    EXPECT(cf[k * n + i] == 0.0f);
+                    zeros_here++;
+                } else if (multiple) {
+                    EXPECT(std::fabs(v) == scale);  // cos = +-1 exactly
+                } else {
+                    EXPECT(v != 0.0);
+                    EXPECT_NEAR(v, scale * std::cos(pi * static_cast<double>(a) / (2.0 * static_cast<double>(n))),
+                                1e-12);  // the unreduced angle costs cos some ulps
+                }
+            }
+        }
+        // Orthonormal, in double and as the fp32 bases the optimizer uses.
+        double worst = 0.0, worst_f = 0.0;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++) {
+                double s = 0.0, sf = 0.0;
+                for (size_t m = 0; m < n; m++) {
+                    s += c[i * n + m] * c[j * n + m];
+                    sf += static_cast<double>(cf[i * n + m]) * cf[j * n + m];
+                }
+                worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
+                worst_f = std::max(worst_f, std::fabs(sf - (i == j ? 1.0 : 0.0)));
+            }
+        EXPECT(worst <= 1e-12);
+        EXPECT(worst_f <= 1e-6);
+        EXPECT(zeros_here > 0);  // each of these sizes has some (N = 2, 4, 8, ... have none)
+        zeros += zeros_here;
+    }
+    std::printf("  %zu exact zeros over the bases of N = 3, 5, 6, 7, 10, 12, 48, 50, 96\n", zeros);
+    EXPECT(zeros > 0);
+}
+
 TEST(known_values_from_the_reference_document) {
     const std::vector<float> c4 = demo::dct_basis(4);
     const double column0[4] = {0.5, 0.6533, 0.5, 0.2706};
@@ -200,15 +250,20 @@ TEST(block_encode_matches_direct_double_formula_and_round_trips) {
                  "does not tile");
 }
 
+// Both kinds of bases: the DCT's (the decode folds by its symmetry) and the random orthogonal ones (no fold).
 TEST(sparse_decode_matches_dense_decode) {
     struct Shape { size_t n1, n2; };
     const Shape shapes[] = {{64, 64}, {48, 50}, {1, 7}, {3, 5}, {1, 1}, {29, 64}, {7, 1}};
     llmc::Rng rng(42);
     demo::SparseDecodeScratch scratch;
+    for (const demo::BasisKind kind : {demo::BasisKind::dct, demo::BasisKind::random})
     for (const Shape& s : shapes) {
         const size_t elems = s.n1 * s.n2;
-        const std::vector<float> c1 = demo::dct_basis(s.n1), c2 = demo::dct_basis(s.n2);
+        const bool dct = kind == demo::BasisKind::dct;
+        const std::vector<float> c1 = dct ? demo::dct_basis(s.n1) : demo::random_orthogonal_basis(s.n1),
+                                 c2 = dct ? demo::dct_basis(s.n2) : demo::random_orthogonal_basis(s.n2);
         demo::DctBases bases;
+        bases.set_kind(kind);
         bases.ensure(s.n1);
         bases.ensure(s.n2);
         demo::BlockScratch slab;
@@ -229,13 +284,69 @@ TEST(sparse_decode_matches_dense_decode) {
                 val[j] = static_cast<float>(rng.normal());
                 dense[idx[j]] += val[j];
             }
-            demo::decode_chunk_sparse(c1.data(), s.n1, c2.data(), s.n2, idx, val, sparse_out.data(), scratch);
+            demo::decode_chunk_sparse(c1.data(), s.n1, c2.data(), s.n2, idx, val, sparse_out.data(), scratch, dct);
             demo::decode_blocks(dense.data(), dense_out.data(), s.n1, s.n2, s.n1, s.n2, bases,
                                 slab);
             double worst = 0.0;
             for (size_t i = 0; i < elems; i++) worst = std::max(worst, std::fabs(double(sparse_out[i]) - dense_out[i]));
             EXPECT(worst <= 1e-5);
         }
+    }
+}
+
+// --demo_transform random: the seeded matrices are orthonormal, fixed by their length alone (every rank builds the
+// same), differ between lengths, have no DCT symmetry, and the block transforms (whose DCT path folds by that
+// symmetry) compute E = Q1 X Q2^T with them exactly as the direct double formula does, and invert it.
+TEST(random_orthogonal_bases_and_their_block_transforms) {
+    for (size_t n : {2, 3, 6, 7, 29, 48, 50, 64}) {
+        const std::vector<double> q = demo::random_orthogonal_basis_f64(n);
+        EXPECT(q == demo::random_orthogonal_basis_f64(n));
+        EXPECT(q != demo::random_orthogonal_basis_f64(n + 1) || n == 1);
+        double worst = 0.0, asym = 0.0;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++) {
+                double s = 0.0;
+                for (size_t m = 0; m < n; m++) s += q[i * n + m] * q[j * n + m];
+                worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
+                asym = std::max(asym, std::fabs(std::fabs(q[i * n + j]) - std::fabs(q[i * n + n - 1 - j])));
+            }
+        EXPECT(worst <= 1e-12);
+        EXPECT(asym > 1e-3);  // not the DCT's mirror symmetry
+        const std::vector<float> f = demo::random_orthogonal_basis(n);
+        for (size_t i = 0; i < n * n; i++) EXPECT(f[i] == static_cast<float>(q[i]));
+    }
+    EXPECT(demo::random_orthogonal_basis_f64(1) == std::vector<double>{1.0});
+
+    struct Shape { size_t rows, cols, n1, n2; };
+    for (const Shape& s : {Shape{96, 100, 48, 50}, Shape{128, 64, 64, 64}, Shape{21, 6, 7, 6}, Shape{1, 50, 1, 50}}) {
+        const std::vector<float> x = random_normal(s.rows * s.cols, 11 + s.n1);
+        demo::DctBases bases;
+        bases.set_kind(demo::BasisKind::random);
+        bases.ensure(s.n1);
+        bases.ensure(s.n2);
+        EXPECT(!bases.symmetric());
+        std::vector<float> e(x.size()), back(x.size());
+        demo::BlockScratch slab;
+        demo::encode_blocks(x.data(), e.data(), s.rows, s.cols, s.n1, s.n2, bases, slab);
+        demo::decode_blocks(e.data(), back.data(), s.rows, s.cols, s.n1, s.n2, bases, slab);
+        const std::vector<double> q1 = demo::random_orthogonal_basis_f64(s.n1), q2 = demo::random_orthogonal_basis_f64(s.n2);
+        double worst = 0.0, round_trip = 0.0;
+        for (size_t i = 0; i < s.rows / s.n1; i++)
+            for (size_t j = 0; j < s.cols / s.n2; j++)
+                for (size_t b = 0; b < s.n1; b++)
+                    for (size_t d = 0; d < s.n2; d++) {
+                        double v = 0.0;
+                        for (size_t m = 0; m < s.n1; m++)
+                            for (size_t n = 0; n < s.n2; n++)
+                                v += q1[b * s.n1 + m] * double(x[(i * s.n1 + m) * s.cols + j * s.n2 + n]) * q2[d * s.n2 + n];
+                        const size_t at = (i * s.n1 + b) * s.cols + j * s.n2 + d;
+                        worst = std::max(worst, std::fabs(v - e[at]));
+                        round_trip = std::max(round_trip, std::fabs(double(back[at]) - x[at]));
+                    }
+        std::printf("  [%zu, %zu] chunk %zux%zu random: max |E - E_double| %.3g, round trip %.3g\n", s.rows, s.cols,
+                    s.n1, s.n2, worst, round_trip);
+        EXPECT(worst <= 5e-6);
+        EXPECT(round_trip <= 5e-6);
     }
 }
 

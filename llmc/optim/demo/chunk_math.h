@@ -27,7 +27,7 @@
 // 10. feedback   delta = fmaf(-alpha, dec, x)
 // Apply (every rank's bucket): per coefficient the sum over ranks in rank order divided by the number of ranks
 // that sent it, then step 9 on the ascending list of coefficients anyone sent, then
-//    p = p * (1 - lr * wd) (decayed tensors only), p = p - lr * sign(dec)   (sign(0) = 0).
+//    p = p * (1 - lr * wd) (decayed tensors only), p = p - lr * sign(dec)   (sign(0) = 0; --demo_sign false: lr * dec).
 // The basis values are the CPU's (demo::dct_basis: computed in double, rounded once to fp32).
 #pragma once
 #include <math.h>
@@ -97,10 +97,11 @@ DEMO_HD float feedback(float x, float dec, float alpha) { return fmaf(-alpha, de
 DEMO_HD float sign_of(float v) { return static_cast<float>((v > 0.0f) - (v < 0.0f)); }
 // The apply-side update of one master weight: decay, then the signed step (the reference's order), or with
 // decay_after the step, then the decay (--demo_delay 1, whose CPU optimizer applies the pending round before
-// this step's compress decays the weights).
-DEMO_HD float sign_update(float p, float dec, float lr, float wd_factor, bool decays, bool decay_after = false) {
+// this step's compress decays the weights). With use_sign false (--demo_sign false) the step is lr * dec itself.
+DEMO_HD float sign_update(float p, float dec, float lr, float wd_factor, bool decays, bool decay_after = false,
+                          bool use_sign = true) {
     if (decays && !decay_after) p = mul_rn(p, wd_factor);
-    p = sub_rn(p, mul_rn(lr, sign_of(dec)));
+    p = sub_rn(p, mul_rn(lr, use_sign ? sign_of(dec) : dec));
     return decays && decay_after ? mul_rn(p, wd_factor) : p;
 }
 
@@ -569,6 +570,7 @@ struct ApplyParams {
     // while lr is the pending round's; and (CUDA only, eager updates) the floatX copy left unwritten.
     bool decay_after = false;
     bool keep_params = false;
+    bool use_sign = true;  // --demo_sign: p -= lr * sign(dec), or (false) lr * dec
 };
 
 // Apply-side error flags (a corrupt bucket); the first rank with an error is reported.

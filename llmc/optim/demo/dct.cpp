@@ -1,4 +1,4 @@
-// DCT-II bases and block transforms (see dct.h). The dense transforms are small sgemm calls, so they run at
+// DCT-II and random orthogonal bases, and the block transforms (see dct.h). The dense transforms are small sgemm calls, so they run at
 // BLAS speed in many OpenMP threads at once; the sparse decode is a register-tiled low-rank product per chunk.
 #include "llmc/optim/demo/dct.h"
 
@@ -24,6 +24,14 @@ std::vector<double> dct_basis_f64(size_t n) {
             // cos(pi (2i+1) k / (2n)) has period 4n in (2i+1) k: reducing the integer first keeps the
             // argument of cos small, so large n lose no accuracy to argument reduction.
             const size_t m = ((2 * i + 1) * k) % (4 * n);
+            // The angle is m * pi / (2n): where n divides m it is a multiple of pi/2, and cos is exactly 1, 0,
+            // -1 or 0. std::cos(pi / 2) is 6e-17, not 0, and at small k whole rows of a decoded update would
+            // take their sign from that noise, so those entries are set exactly.
+            if (m % n == 0) {
+                static constexpr double kQuarterTurns[4] = {1.0, 0.0, -1.0, 0.0};
+                c[k * n + i] = scale * kQuarterTurns[m / n];
+                continue;
+            }
             c[k * n + i] = scale * std::cos(pi * static_cast<double>(m) / (2.0 * static_cast<double>(n)));
         }
     }
@@ -35,6 +43,56 @@ std::vector<float> dct_basis(size_t n) {
     return std::vector<float>(c.begin(), c.end());
 }
 
+std::vector<double> random_orthogonal_basis_f64(size_t n) {
+    LLMC_CHECK(n >= 1, "random_orthogonal_basis: size must be >= 1");
+    if (n == 1) return {1.0};
+    // The construction dct.h specifies step by step; demo_reference.py repeats it in Python.
+    uint64_t state = 0x44654D6F52616E64ull ^ (static_cast<uint64_t>(n) * 0x9E3779B97F4A7C15ull);
+    auto next = [&state]() {
+        state += 0x9E3779B97F4A7C15ull;
+        uint64_t z = state;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    };
+    const double two_pi = 2.0 * 3.14159265358979323846, inv53 = 1.0 / 9007199254740992.0;  // 2^-53
+    std::vector<double> a(n * n);
+    for (size_t i = 0; i < n * n; i += 2) {
+        const uint64_t x = next(), y = next();
+        const double u1 = static_cast<double>((x >> 11) + 1) * inv53, u2 = static_cast<double>(y >> 11) * inv53;
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        a[i] = r * std::cos(two_pi * u2);
+        if (i + 1 < n * n) a[i + 1] = r * std::sin(two_pi * u2);
+    }
+    std::vector<double> q(n * n);
+    for (size_t i = 0; i < n; i++) {
+        double* v = q.data() + i * n;
+        std::copy(a.begin() + static_cast<ptrdiff_t>(i * n), a.begin() + static_cast<ptrdiff_t>((i + 1) * n), v);
+        for (size_t j = 0; j < i; j++) {
+            const double* qj = q.data() + j * n;
+            double dot = 0.0;
+            for (size_t m = 0; m < n; m++) dot += qj[m] * v[m];
+            for (size_t m = 0; m < n; m++) v[m] -= dot * qj[m];
+        }
+        double norm = 0.0;
+        for (size_t m = 0; m < n; m++) norm += v[m] * v[m];
+        norm = std::sqrt(norm);
+        for (size_t m = 0; m < n; m++) v[m] /= norm;
+    }
+    return q;
+}
+
+std::vector<float> random_orthogonal_basis(size_t n) {
+    const std::vector<double> q = random_orthogonal_basis_f64(n);
+    return std::vector<float>(q.begin(), q.end());
+}
+
+void DctBases::set_kind(BasisKind kind) {
+    for (const std::vector<float>& b : by_size_)
+        LLMC_CHECK(b.empty() || kind == kind_, "DctBases: the basis kind is set before the first basis is built");
+    kind_ = kind;
+}
+
 void DctBases::ensure(size_t n) {
     LLMC_CHECK(n >= 1, "DctBases: size must be >= 1");
     if (by_size_.size() <= n) {
@@ -42,8 +100,8 @@ void DctBases::ensure(size_t n) {
         halves_.resize(n + 1);
     }
     if (!by_size_[n].empty()) return;
-    by_size_[n] = dct_basis(n);
-    if (n % 2 == 0) {
+    by_size_[n] = kind_ == BasisKind::dct ? dct_basis(n) : random_orthogonal_basis(n);
+    if (n % 2 == 0 && symmetric()) {
         // Even rows then odd rows of C, each restricted to the first n/2 columns (see encode_block_row).
         const size_t h = n / 2;
         std::vector<float>& hv = halves_[n];
@@ -141,7 +199,7 @@ void encode_block_row(const float* x, float* e, size_t cols, size_t n1, size_t n
     else
         sgemm_abt_rows(per_block_row / n2, n2, n2, x, n2, bases.basis(n2), y, n2);
     if (n1 == 1) return;
-    if (n1 % 2 != 0) {
+    if (n1 % 2 != 0 || !bases.symmetric()) {
         sgemm_square_left(false, n1, cols, bases.basis(n1), y, cols, e, cols);
         return;
     }
@@ -264,7 +322,7 @@ void low_rank_product(const float* const* a, const float* const* t, size_t count
 }  // namespace
 
 void decode_chunk_sparse(const float* c1, size_t n1, const float* c2, size_t n2, std::span<const uint32_t> idx,
-                         std::span<const float> val, float* out, SparseDecodeScratch& s) {
+                         std::span<const float> val, float* out, SparseDecodeScratch& s, bool symmetric) {
     const size_t elems = n1 * n2;
     if (idx.empty()) {
         std::memset(out, 0, elems * sizeof(float));
@@ -349,7 +407,7 @@ void decode_chunk_sparse(const float* c1, size_t n1, const float* c2, size_t n2,
     const float* const* t_odd = t_even + evens;
     const size_t odds = distinct - evens;
     const size_t fold = by_row ? n1 : n2;
-    if (fold < 2) {
+    if (fold < 2 || !symmetric) {
         low_rank_product(a_even, t_even, distinct, n1, n2, out, n2);
     } else {
         const size_t half = (fold + 1) / 2, mirrored = fold / 2;

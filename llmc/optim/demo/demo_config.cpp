@@ -41,6 +41,14 @@ std::vector<Key<DemoConfig>> demo_config_keys() {
             "DeMo: exchange across nodes only at steps divisible by N; in between each node (--shard_group_size) "
             "steps on the sign of its own averaged gradient (FlexDeMo's schedule; 1: every step)")
             .fixed(),
+        key("demo_sign", &DemoConfig::sign,
+            "DeMo: apply the sign of the decoded update (the reference) or, false, the decoded update itself, "
+            "p -= lr * decode(G)"),
+        key("demo_transform", &DemoConfig::transform,
+            "DeMo chunk transform: dct (DCT-II, the reference) or random (a fixed seeded random orthogonal matrix per "
+            "chunk length; train_gpt_cpu only)",
+            {{"dct", DemoTransform::dct}, {"random", DemoTransform::random}})
+            .fixed(),
     };
 }
 
@@ -176,6 +184,9 @@ std::string demo_describe(const llmc::OptimizerConfig& cfg) {
     if (cfg.demo.delay == 1)
         d += (d.empty() ? "" : ", ") +
              std::string(cfg.demo.eager ? "applied a step late, own share at once" : "applied a step late");
+    if (!cfg.demo.sign) d += (d.empty() ? "" : ", ") + std::string("unsigned update");
+    if (cfg.demo.transform == llmc::DemoTransform::random)
+        d += (d.empty() ? "" : ", ") + std::string("random orthogonal transform");
     return d;
 }
 

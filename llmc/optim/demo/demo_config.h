@@ -13,6 +13,7 @@ enum class DemoValueEncoding { fp32, bf16, sign };   // values on the wire: exac
 enum class DemoIndexEncoding { smallest, packed12 }; // chunk-local indices: u8/u16/u32 by chunk size | 12-bit
 enum class DemoDct { fp32, tensor };                 // train_gpt: the compress kernel's DCTs in fp32 | on tensor cores
 enum class DemoMomentumDomain { spatial, dct };      // train_gpt: the 64 x 64 chunks' momentum as is | DCT-transformed
+enum class DemoTransform { dct, random };            // the chunks' basis: DCT-II | a seeded random orthogonal matrix
 
 struct DemoConfig {
     float decay = 0.999f;
@@ -30,6 +31,11 @@ struct DemoConfig {
     // FlexDeMo (--shard_group_size > 1): the exchange across nodes runs at steps divisible by this; in between
     // each node steps on the sign of its own averaged gradient (DeToNATION's replicate_every).
     int replicate_every = 1;
+    // The ablations the paper's reviewers asked for. sign false: p -= lr * decode(G) instead of lr * sign(decode(G))
+    // (weight decay unchanged). transform random: every chunk length's DCT-II basis replaced by a fixed random
+    // orthogonal matrix (demo::random_orthogonal_basis_f64), for encode and decode alike: is the DCT the point?
+    bool sign = true;
+    DemoTransform transform = DemoTransform::dct;
     // The CUDA kernels (train_gpt; the CPU optimizer computes the same step either way).
     DemoDct dct = DemoDct::fp32;
     DemoMomentumDomain momentum_domain = DemoMomentumDomain::spatial;

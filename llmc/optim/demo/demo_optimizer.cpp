@@ -117,6 +117,7 @@ void DemoOptimizer::init() {
     format_.values = config_.demo.values;
     format_.indices = config_.demo.indices;
     check_wire_format(plan_, format_);
+    bases_.set_kind(config_.demo.transform == llmc::DemoTransform::random ? BasisKind::random : BasisKind::dct);
 
     for (size_t t = 0; t < plan_.tensors.size(); t++) {
         const TensorPlan& tp = plan_.tensors[t];
@@ -209,7 +210,7 @@ void DemoOptimizer::compress(std::span<float> params, std::span<const float> gra
                 decode_chunk_sparse(bases_.basis(tp.n1), tp.n1, bases_.basis(tp.n2), tp.n2,
                                     std::span<const uint32_t>(selection_.indices.data() + s, tp.k),
                                     std::span<const float>(selection_.values.data() + s, tp.k), decoded.data(),
-                                    decode_scratch);
+                                    decode_scratch, bases_.symmetric());
                 float* d = delta + begin + j * tp.n2;
                 for (size_t b = 0; b < tp.n1; b++) {
                     float* row = d + b * tp.cols;
@@ -253,6 +254,7 @@ void DemoOptimizer::apply(std::span<const std::byte> all_buckets, std::span<cons
                       "DeMo bucket from rank " + std::to_string(r));
 
     const size_t max_elems = plan_.max_chunk_elems;
+    const bool use_sign = config_.demo.sign;  // --demo_sign false: the decoded update itself
     float* p = params.data();
 #pragma omp parallel
     {
@@ -286,11 +288,15 @@ void DemoOptimizer::apply(std::span<const std::byte> all_buckets, std::span<cons
                 count[i] = 0;
             }
             decode_chunk_sparse(bases_.basis(tp.n1), tp.n1, bases_.basis(tp.n2), tp.n2, touched, mean,
-                                decoded.data(), scratch);
+                                decoded.data(), scratch, bases_.symmetric());
             float* pc = p + tp.offset + (c / tp.block_cols) * tp.n1 * tp.cols + (c % tp.block_cols) * tp.n2;
             for (size_t b = 0; b < tp.n1; b++) {
                 float* row = pc + b * tp.cols;
                 const float* dec = decoded.data() + b * tp.n2;
+                if (!use_sign) {
+                    for (size_t n = 0; n < tp.n2; n++) row[n] -= lr * dec[n];
+                    continue;
+                }
                 for (size_t n = 0; n < tp.n2; n++) {
                     const float sign = static_cast<float>((dec[n] > 0.0f) - (dec[n] < 0.0f));
                     row[n] -= lr * sign;

@@ -2,7 +2,7 @@
 // DCT coefficients of every chunk of it in one bucket, and all ranks apply sign(decode(mean of what was
 // sent)). Follows the DeMo paper's reference implementation exactly in its default mode (the torch oracle
 // dev/reference/demo_reference.py restates that step); the options (EMA momentum, feedback strength alpha,
-// bf16/sign values, 12-bit indices) are variants of it.
+// bf16/sign values, 12-bit indices, the unsigned update, a random orthogonal transform) are variants of it.
 //
 // The step is split into compress() (this rank: weight decay, momentum, encode, top-k, quantize, error
 // feedback, pack) and apply() (all ranks' buckets: scatter-mean, sparse inverse DCT, sign, update) so tests
@@ -80,7 +80,8 @@ public:
 
     // Every rank's half: all_buckets holds the ranks' buckets back to back, rank r's in
     // [offsets[r], offsets[r+1]). Per coefficient, the mean over the ranks that selected it (0 where none
-    // did), inverse DCT, sign (sign(0) = 0), params -= lr * sign. Adds to timings.apply.
+    // did), inverse DCT, sign (sign(0) = 0), params -= lr * sign (--demo_sign false: params -= lr * decode).
+    // Adds to timings.apply.
     void apply(std::span<const std::byte> all_buckets, std::span<const size_t> offsets, std::span<float> params,
                float lr, llmc::StepTimings& timings);
 

@@ -259,6 +259,7 @@ inline ApplyParams apply_params(const llmc::OptimizerConfig& cfg, float lr, int 
     p.indices = index_id(cfg.demo.indices);
     p.world = world;
     p.bucket_bytes = bucket_bytes;
+    p.use_sign = cfg.demo.sign;
     return p;
 }
 

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
                 const int b = q / d.n2, nn = q - b * d.n2;
                 const uint64_t gi = origin + (uint32_t(b) * ct.cols + uint32_t(nn));  // 32-bit offset (block_chunk_origin)
                 const float p = cm::sign_update(a.master[gi], Q[b * d.lde + nn], a.p.lr, a.p.wd_factor, decays,
-                                                a.p.decay_after);
+                                                a.p.decay_after, a.p.use_sign);
                 if (!a.p.keep_master) a.master[gi] = p;
                 if (a.p.keep_params) continue;
                 if (a.stochastic) llmc::store_stochastic(a.params + gi, p, gi, a.seed);

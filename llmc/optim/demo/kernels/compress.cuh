@@ -438,7 +438,8 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
         float p[4];
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays, ap.decay_after);
+            p[j] = cm::sign_update(m[s][j], dec[b * lde + col + j], ap.lr, ap.wd_factor, decays, ap.decay_after,
+                                   ap.use_sign);
         if (!ap.keep_master) store4(master + origin + off, p);
         if (!ap.keep_params) store_floatx4<STOCHASTIC>(params + origin + off, p, origin + off, seed);
     }
