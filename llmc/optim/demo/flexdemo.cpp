@@ -27,6 +27,31 @@ ModelPlan shard_plan_of(const ModelPlan& full, const std::vector<uint8_t>& decay
     return plan;
 }
 
+void write_shard_state_head(llmc::ByteWriter& out, const ShardStateHead& head) {
+    out.put_string("flexdemo");
+    out.put<uint32_t>(static_cast<uint32_t>(head.group_size));
+    out.put<uint32_t>(static_cast<uint32_t>(head.world));
+    out.put<uint64_t>(head.begin);
+    out.put<uint64_t>(head.end);
+    out.put<int64_t>(head.steps);
+}
+
+int64_t read_shard_state_head(llmc::ByteReader& in, const ShardStateHead& mine) {
+    const std::string name = in.get_string("optimizer name");
+    LLMC_CHECK(name == "flexdemo", in.source() + ": optimizer state is flat '" + name +
+                                       "', not a sharded DeMo step's (resume with the checkpoint's --shard_group_size)");
+    const uint32_t s = in.get<uint32_t>("shard group size"), w = in.get<uint32_t>("world size");
+    const uint64_t begin = in.get<uint64_t>("shard start"), end = in.get<uint64_t>("shard end");
+    LLMC_CHECK(static_cast<int>(s) == mine.group_size && static_cast<int>(w) == mine.world,
+               in.source() + ": sharded DeMo state of " + std::to_string(w) + " ranks in nodes of " +
+                   std::to_string(s) + "; this run has " + std::to_string(mine.world) + " in nodes of " +
+                   std::to_string(mine.group_size) + " (resume with the same world and --shard_group_size)");
+    LLMC_CHECK(begin == mine.begin && end == mine.end,
+               in.source() + ": the saved shard [" + std::to_string(begin) + ", " + std::to_string(end) +
+                   ") is not this rank's [" + std::to_string(mine.begin) + ", " + std::to_string(mine.end) + ")");
+    return in.get<int64_t>("step count");
+}
+
 FlexDemo::FlexDemo(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout, llmc::Transport& world,
                    int group_size)
     : config_(config), world_(world.world_size()) {
@@ -104,12 +129,7 @@ void FlexDemo::finish_updates(std::span<float> params, llmc::StepResult& result)
 }
 
 void FlexDemo::save_state(llmc::ByteWriter& out) const {
-    out.put_string("flexdemo");
-    out.put<uint32_t>(static_cast<uint32_t>(topology_.group_size));
-    out.put<uint32_t>(static_cast<uint32_t>(world_));
-    out.put<uint64_t>(shard_begin());
-    out.put<uint64_t>(shard_end());
-    out.put<int64_t>(steps_);
+    write_shard_state_head(out, {topology_.group_size, world_, shard_begin(), shard_end(), steps_});
     inner_->save_state(out);
     // the nodes' weights part between rounds: each rank keeps its own shard's (the model file holds node 0's)
     if (config_.demo.replicate_every > 1) {
@@ -119,19 +139,7 @@ void FlexDemo::save_state(llmc::ByteWriter& out) const {
 }
 
 void FlexDemo::load_state(llmc::ByteReader& in) {
-    const std::string name = in.get_string("optimizer name");
-    LLMC_CHECK(name == "flexdemo", in.source() + ": optimizer state is flat '" + name +
-                                       "', not a sharded DeMo step's (resume with the checkpoint's --shard_group_size)");
-    const uint32_t s = in.get<uint32_t>("shard group size"), w = in.get<uint32_t>("world size");
-    const uint64_t begin = in.get<uint64_t>("shard start"), end = in.get<uint64_t>("shard end");
-    LLMC_CHECK(static_cast<int>(s) == topology_.group_size && static_cast<int>(w) == world_,
-               in.source() + ": sharded DeMo state of " + std::to_string(w) + " ranks in nodes of " +
-                   std::to_string(s) + "; this run has " + std::to_string(world_) + " in nodes of " +
-                   std::to_string(topology_.group_size) + " (resume with the same world and --shard_group_size)");
-    LLMC_CHECK(begin == shard_begin() && end == shard_end(),
-               in.source() + ": the saved shard [" + std::to_string(begin) + ", " + std::to_string(end) +
-                   ") is not this rank's [" + std::to_string(shard_begin()) + ", " + std::to_string(shard_end()) + ")");
-    steps_ = in.get<int64_t>("step count");
+    steps_ = read_shard_state_head(in, {topology_.group_size, world_, shard_begin(), shard_end(), 0});
     inner_->load_state(in);
     loaded_shard_.clear();
     if (config_.demo.replicate_every > 1) {

@@ -65,6 +65,18 @@ private:
 ModelPlan shard_plan_of(const ModelPlan& full, const std::vector<uint8_t>& decays, const std::vector<size_t>& bounds,
                         int part, std::vector<uint8_t>& shard_decays);
 
+// The head of the sharded DeMo state blob, both trainers' (flexdemo_cuda.cuh): the topology, this rank's shard and
+// the steps taken; the shard's DeMo state follows.
+struct ShardStateHead {
+    int group_size = 1, world = 1;
+    size_t begin = 0, end = 0;
+    int64_t steps = 0;
+};
+void write_shard_state_head(llmc::ByteWriter& out, const ShardStateHead& head);
+// Reads a head and checks it against this rank's (`mine`; its steps unused): one-line errors naming in.source().
+// Returns the saved steps.
+int64_t read_shard_state_head(llmc::ByteReader& in, const ShardStateHead& mine);
+
 // The optimizer state one rank of a node of `group_size` holds for `layout` (the largest shard), measured on a
 // DemoOptimizer built for that shard: the dry run's figure.
 size_t flexdemo_state_bytes_per_rank(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout,

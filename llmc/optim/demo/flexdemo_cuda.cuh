@@ -130,12 +130,7 @@ public:
 
     // The CPU FlexDemo's blob (flexdemo.cpp): the same bytes for the same state.
     void save_state(llmc::ByteWriter& out) const override {
-        out.put_string("flexdemo");
-        out.put<uint32_t>(static_cast<uint32_t>(topology_.group_size));
-        out.put<uint32_t>(static_cast<uint32_t>(world_));
-        out.put<uint64_t>(shard_begin());
-        out.put<uint64_t>(shard_begin() + shard_size());
-        out.put<int64_t>(steps_);
+        write_shard_state_head(out, head(steps_));
         inner_->save_state(out);
         if (config_.demo.replicate_every > 1) {  // the nodes' weights part: each rank keeps its own shard's
             std::vector<float> shard(shard_size());
@@ -146,18 +141,7 @@ public:
         }
     }
     void load_state(llmc::ByteReader& in) override {
-        const std::string name = in.get_string("optimizer name");
-        LLMC_CHECK(name == "flexdemo", in.source() + ": optimizer state is flat '" + name +
-                                           "', not a sharded DeMo step's (resume with the checkpoint's --shard_group_size)");
-        const uint32_t s = in.get<uint32_t>("shard group size"), w = in.get<uint32_t>("world size");
-        const uint64_t begin = in.get<uint64_t>("shard start"), end = in.get<uint64_t>("shard end");
-        LLMC_CHECK(static_cast<int>(s) == topology_.group_size && static_cast<int>(w) == world_,
-                   in.source() + ": sharded DeMo state of " + std::to_string(w) + " ranks in nodes of " +
-                       std::to_string(s) + "; this run has " + std::to_string(world_) + " in nodes of " +
-                       std::to_string(topology_.group_size) + " (resume with the same world and --shard_group_size)");
-        LLMC_CHECK(begin == shard_begin() && end == shard_begin() + shard_size(),
-                   in.source() + ": the saved shard is not this rank's");
-        steps_ = in.get<int64_t>("step count");
+        steps_ = read_shard_state_head(in, head(0));
         inner_->load_state(in);
         loaded_shard_.clear();
         if (config_.demo.replicate_every > 1) {
@@ -174,6 +158,9 @@ public:
     size_t shard_size() const { return bounds_[topology_.local_rank + 1] - shard_begin(); }
 
 private:
+    ShardStateHead head(int64_t steps) const {
+        return {topology_.group_size, world_, shard_begin(), shard_begin() + shard_size(), steps};
+    }
     static double seconds_since(std::chrono::steady_clock::time_point s) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
     }
