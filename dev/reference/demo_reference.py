@@ -113,6 +113,8 @@ def basis(n, transform):
         return dct_basis(n)
     if transform == "random":
         return random_orthogonal_basis(n)
+    if transform == "identity":  # --optimizer topk: the momentum itself
+        return torch.eye(n, dtype=torch.float32)
     raise ValueError(transform)
 
 

@@ -11,7 +11,7 @@ namespace llmc {
 
 const std::vector<OptimizerFamily>& optimizer_families() {
     static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
-                                                          signum_family()};
+                                                          signum_family(), demo::topk_family()};
     return families;
 }
 

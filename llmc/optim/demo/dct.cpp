@@ -100,7 +100,12 @@ void DctBases::ensure(size_t n) {
         halves_.resize(n + 1);
     }
     if (!by_size_[n].empty()) return;
-    by_size_[n] = kind_ == BasisKind::dct ? dct_basis(n) : random_orthogonal_basis(n);
+    if (kind_ == BasisKind::identity) {
+        by_size_[n].assign(n * n, 0.0f);
+        for (size_t i = 0; i < n; i++) by_size_[n][i * n + i] = 1.0f;
+    } else {
+        by_size_[n] = kind_ == BasisKind::dct ? dct_basis(n) : random_orthogonal_basis(n);
+    }
     if (n % 2 == 0 && symmetric()) {
         // Even rows then odd rows of C, each restricted to the first n/2 columns (see encode_block_row).
         const size_t h = n / 2;

@@ -36,8 +36,8 @@ std::vector<double> random_orthogonal_basis_f64(size_t n);
 std::vector<float> random_orthogonal_basis(size_t n);
 
 // Which basis DctBases builds: the DCT-II (with its even/odd symmetry, which the butterflies exploit) or the
-// random orthogonal one (no symmetry: plain products).
-enum class BasisKind { dct, random };
+// random orthogonal one or the identity (--optimizer topk) (no symmetry: plain products).
+enum class BasisKind { dct, random, identity };
 
 // The fp32 bases of the sizes a plan needs, computed once. Filled by ensure() (not thread-safe) before any
 // parallel use; the getters are const and safe to call from many threads.

@@ -45,9 +45,9 @@ std::vector<Key<DemoConfig>> demo_config_keys() {
             "DeMo: apply the sign of the decoded update (the reference) or, false, the decoded update itself, "
             "p -= lr * decode(G)"),
         key("demo_transform", &DemoConfig::transform,
-            "DeMo chunk transform: dct (DCT-II, the reference) or random (a fixed seeded random orthogonal matrix per "
-            "chunk length; train_gpt_cpu only)",
-            {{"dct", DemoTransform::dct}, {"random", DemoTransform::random}})
+            "DeMo chunk transform: dct (DCT-II, the reference), random (a fixed seeded random orthogonal matrix per "
+            "chunk length) or identity (none: top-k of the momentum itself, --optimizer topk); train_gpt: dct only",
+            {{"dct", DemoTransform::dct}, {"random", DemoTransform::random}, {"identity", DemoTransform::identity}})
             .fixed(),
     };
 }
@@ -187,6 +187,8 @@ std::string demo_describe(const llmc::OptimizerConfig& cfg) {
     if (!cfg.demo.sign) d += (d.empty() ? "" : ", ") + std::string("unsigned update");
     if (cfg.demo.transform == llmc::DemoTransform::random)
         d += (d.empty() ? "" : ", ") + std::string("random orthogonal transform");
+    if (cfg.demo.transform == llmc::DemoTransform::identity)
+        d += (d.empty() ? "" : ", ") + std::string("no transform: top-k of the momentum itself");
     return d;
 }
 
@@ -201,6 +203,36 @@ llmc::OptimizerFamily demo_family() {
                 if (s == 1 && c.demo.replicate_every == 1) return std::make_unique<DemoOptimizer>(c, layout, t);
                 return std::make_unique<FlexDemo>(c, layout, t, s);
             }};
+}
+
+// Per-chunk top-k of the momentum itself: DeMo with the identity for its transform, the same wire format,
+// error feedback and sign step, so the pair isolates what the DCT contributes.
+llmc::OptimizerFamily topk_family() {
+    llmc::OptimizerFamily f = demo_family();
+    f.name = "topk";
+    f.help = "DeMo without the transform: per-chunk top-k of the momentum; the demo_* keys apply";
+    f.validate = [](const llmc::OptimizerConfig& c, const llmc::ConfigSources& s) {
+        LLMC_CHECK(c.demo.transform == llmc::DemoTransform::dct,
+                   s.name("demo_transform") + ": --optimizer topk has no transform (it selects the momentum itself)");
+        validate_demo_options(c, s);
+    };
+    f.describe = [](const llmc::OptimizerConfig& c) { return demo_describe(as_topk(c)); };
+    f.dry_run_report = [](std::ostream& out, const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout, int world) {
+        demo_dry_run_report(out, as_topk(c), layout, world);
+    };
+    f.warnings = [](const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout) {
+        return demo_warnings(as_topk(c), layout);
+    };
+    f.make = [](const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout,
+                llmc::Transport& t) -> std::unique_ptr<llmc::Optimizer> {
+        return demo_family().make(as_topk(c), layout, t);
+    };
+    return f;
+}
+
+llmc::OptimizerConfig as_topk(llmc::OptimizerConfig config) {
+    config.demo.transform = llmc::DemoTransform::identity;
+    return config;
 }
 
 }  // namespace demo

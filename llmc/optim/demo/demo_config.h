@@ -13,7 +13,8 @@ enum class DemoValueEncoding { fp32, bf16, sign };   // values on the wire: exac
 enum class DemoIndexEncoding { smallest, packed12 }; // chunk-local indices: u8/u16/u32 by chunk size | 12-bit
 enum class DemoDct { fp32, tensor };                 // train_gpt: the compress kernel's DCTs in fp32 | on tensor cores
 enum class DemoMomentumDomain { spatial, dct };      // train_gpt: the 64 x 64 chunks' momentum as is | DCT-transformed
-enum class DemoTransform { dct, random };            // the chunks' basis: DCT-II | a seeded random orthogonal matrix
+// the chunks' basis: DCT-II | a seeded random orthogonal matrix | none (the identity: --optimizer topk)
+enum class DemoTransform { dct, random, identity };
 
 struct DemoConfig {
     float decay = 0.999f;
@@ -34,6 +35,7 @@ struct DemoConfig {
     // The ablations the paper's reviewers asked for. sign false: p -= lr * decode(G) instead of lr * sign(decode(G))
     // (weight decay unchanged). transform random: every chunk length's DCT-II basis replaced by a fixed random
     // orthogonal matrix (demo::random_orthogonal_basis_f64), for encode and decode alike: is the DCT the point?
+    // identity: top-k of the momentum itself (what --optimizer topk runs).
     bool sign = true;
     DemoTransform transform = DemoTransform::dct;
     // The CUDA kernels (train_gpt; the CPU optimizer computes the same step either way).

@@ -117,7 +117,9 @@ void DemoOptimizer::init() {
     format_.values = config_.demo.values;
     format_.indices = config_.demo.indices;
     check_wire_format(plan_, format_);
-    bases_.set_kind(config_.demo.transform == llmc::DemoTransform::random ? BasisKind::random : BasisKind::dct);
+    bases_.set_kind(config_.demo.transform == llmc::DemoTransform::random     ? BasisKind::random
+                    : config_.demo.transform == llmc::DemoTransform::identity ? BasisKind::identity
+                                                                              : BasisKind::dct);
 
     for (size_t t = 0; t < plan_.tensors.size(); t++) {
         const TensorPlan& tp = plan_.tensors[t];

@@ -28,6 +28,10 @@ namespace demo {
 
 // DeMo's entry in the registry of optimizers (optimizers.h).
 llmc::OptimizerFamily demo_family();
+// --optimizer topk: DeMo with no transform (demo_transform identity), its own entry in the registry.
+llmc::OptimizerFamily topk_family();
+// `config` with the identity for DeMo's transform (what topk runs).
+llmc::OptimizerConfig as_topk(llmc::OptimizerConfig config);
 
 // Per-thread scratch of select_topk (grows on first use).
 struct TopkScratch {
