@@ -9,6 +9,8 @@
 #     - DeMo on N ranks: two runs give bit-identical losses; the MPI transport (--transport mpi, buckets
 #       through host memory) gives the NCCL run's bits; --demo_delay 1 reruns bit-identically and resumes
 #       from its step-3 checkpoint (a round in flight) bit for bit;
+#     - the sharded steps with one node of N ranks (--shard_group_size N, weights compared every step): ZeRO-1
+#       within 1e-4 of AdamW-DDP, FlexDeMo within 1e-3 of DeMo on 1 rank of N times the batch;
 #   scaling (GPT-2 124M, configs/d12.json, bf16 ./train_gpt, B=16 T=1024 per rank, 20 steps, median after 5):
 #     tokens/s on 1 and on N GPUs for AdamW-DDP (all-reduce overlapped with the backward), DeMo k=32 and DeMo
 #     with --demo_delay 1; per-GPU efficiency and the median exposed communication (comm_ms) per step.
@@ -118,6 +120,16 @@ if train delay-a "$N" "$BIN32" "${delayed[@]}" && train delay-b "$N" "$BIN32" "$
     same "DeMo --demo_delay 1 on $N ranks: resumed at step 3 (a round in flight), steps 4-6 bit-identical" \
       delay-a delay-r 3
 fi
+
+# The sharded steps (--shard_group_size N: one node of every rank), every rank's weights compared after each step:
+# ZeRO-1 gives AdamW-DDP's losses; FlexDeMo in one node of N ranks x B steps as DeMo on 1 rank x N*B (the node
+# averages its gradients before the top-k)
+train zero1-n "$N" "$BIN32" "${adamw[@]}" --shard_group_size "$N" --weight_check_every 1 &&
+  [[ -f $TMP/adamw-n/metrics.jsonl ]] && close "ZeRO-1 on $N ranks == AdamW-DDP on $N ranks" zero1-n adamw-n 1e-4
+flex=("${tiny[@]}" --optimizer demo --steps 5 --shuffle=false)
+train flex-n "$N" "$BIN32" "${flex[@]}" --batch_size 4 --shard_group_size "$N" --weight_check_every 1 &&
+  train flex-1 1 "$BIN32" "${flex[@]}" --batch_size $((4 * N)) &&
+  close "FlexDeMo, one node of $N ranks x B=4 == DeMo on 1 rank x B=$((4 * N))" flex-n flex-1 1e-3
 
 # Scaling: tokens/s on 1 and on N GPUs
 if [[ ${SCALING:-1} == 1 ]]; then
