@@ -25,6 +25,7 @@
 #include "llmc/base/rng.h"
 #include "llmc/comm/transport_mpi.h"
 #include "llmc/optim/diloco/diloco.h"
+#include "test/support/layouts.h"
 #include "test/support/testing.h"
 
 using namespace llmc;
@@ -35,18 +36,7 @@ constexpr int kSteps = 9, kInnerSteps = 3;
 const char* const kWires[] = {"fp32", "bf16", "int8"};
 
 ParamLayout awkward_layout() {
-    const std::vector<std::vector<size_t>> shapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}};
-    ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        size_t numel = 1;
-        for (size_t d : shapes[i]) numel *= d;
-        layout.tensors.push_back(
-            {std::string("tensor_") += std::to_string(i), ParamKind::wte, -1, offset, numel, shapes[i]});
-        offset += numel;
-    }
-    layout.num_params = offset;
-    return layout;
+    return testing::layout_of_shapes({{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}});
 }
 
 // Rank 0's gradients stay under the clip (norm about 0.5), the others' are clipped.

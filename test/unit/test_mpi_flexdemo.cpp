@@ -23,6 +23,7 @@
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/demo/flexdemo.h"
 #include "llmc/run/weight_check.h"
+#include "test/support/layouts.h"
 #include "test/support/testing.h"
 
 using namespace llmc;
@@ -32,17 +33,7 @@ namespace {
 std::unique_ptr<Transport> g_world;
 
 ParamLayout awkward_layout() {
-    const std::vector<std::vector<size_t>> shapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {64, 64}, {87, 40}};
-    ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        size_t numel = 1;
-        for (size_t d : shapes[i]) numel *= d;
-        layout.tensors.push_back({"tensor_" + std::to_string(i), ParamKind::wte, -1, offset, numel, shapes[i]});
-        offset += numel;
-    }
-    layout.num_params = offset;
-    return layout;
+    return testing::layout_of_shapes({{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {64, 64}, {87, 40}});
 }
 
 std::vector<float> gradient(size_t n, int rank, int step, double scale = 1.0) {

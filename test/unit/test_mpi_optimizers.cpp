@@ -15,6 +15,7 @@
 #include "llmc/run/batch_agreement.h"
 #include "llmc/comm/transport_mpi.h"
 #include "test/support/demo_simulation.h"
+#include "test/support/layouts.h"
 #include "test/support/testing.h"
 
 using namespace llmc;
@@ -24,17 +25,7 @@ namespace {
 std::unique_ptr<Transport> g_world;  // the test's one MPI world, created in main
 
 ParamLayout awkward_layout() {
-    const std::vector<std::vector<size_t>> shapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {64, 64}};
-    ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < shapes.size(); i++) {
-        size_t numel = 1;
-        for (size_t d : shapes[i]) numel *= d;
-        layout.tensors.push_back({std::string("tensor_") += std::to_string(i), ParamKind::wte, -1, offset, numel, shapes[i]});
-        offset += numel;
-    }
-    layout.num_params = offset;
-    return layout;
+    return testing::layout_of_shapes({{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {64, 64}});
 }
 
 std::vector<float> gradient(size_t n, int rank, int step) {

@@ -21,6 +21,7 @@
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/signum/signum.h"
+#include "test/support/layouts.h"
 #include "test/support/testing.h"
 
 using namespace llmc;
@@ -34,18 +35,7 @@ std::unique_ptr<Transport> g_world;
 // the ranks.
 const std::vector<std::vector<size_t>> kShapes = {{96, 50}, {7}, {128, 64}, {50, 1000}, {1000}, {3, 5}, {64, 64}};
 
-ParamLayout awkward_layout() {
-    ParamLayout layout;
-    size_t offset = 0;
-    for (size_t i = 0; i < kShapes.size(); i++) {
-        size_t numel = 1;
-        for (size_t d : kShapes[i]) numel *= d;
-        layout.tensors.push_back({"tensor_" + std::to_string(i), ParamKind::wte, -1, offset, numel, kShapes[i]});
-        offset += numel;
-    }
-    layout.num_params = offset;
-    return layout;
-}
+ParamLayout awkward_layout() { return testing::layout_of_shapes(kShapes); }
 
 // ---- the reference cases ----
 
