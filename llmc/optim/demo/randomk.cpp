@@ -124,15 +124,18 @@ void randomk_dry_run_report(std::ostream& out, const llmc::OptimizerConfig& c, c
     const double payload = static_cast<double>(plan.total_selected) * (bf16 ? 2.0 : 4.0);
     const uint64_t sent = randomk_bytes_sent(plan, c.demo.values, world);
     const double adamw = 2.0 * (world - 1) / world * 4.0 * static_cast<double>(layout.num_params);
+    const std::string payload_label =
+        "drawn values (payload), " + std::to_string(plan.total_selected) + " of " + std::to_string(layout.num_params);
     char line[1024];
     std::snprintf(line, sizeof line,
                   "randomk traffic per rank per step, %s, %d ranks, %s values (MB = 1e6 bytes):\n"
-                  "  drawn values (payload), %zu of %zu     %12.6f MB\n"
-                  "  all-reduce sent (ring, 2(W-1)/W x payload) %12.6f MB (%llu bytes)\n"
-                  "  AdamW-DDP fp32 ring all-reduce sent    %12.6f MB (%.1fx randomk's)\n",
-                  layout.config.describe().c_str(), world, bf16 ? "bf16" : "fp32", plan.total_selected,
-                  layout.num_params, payload / 1e6, static_cast<double>(sent) / 1e6,
-                  static_cast<unsigned long long>(sent), adamw / 1e6, sent > 0 ? adamw / static_cast<double>(sent) : 0.0);
+                  "  %-44s %12.6f MB\n"
+                  "  %-44s %12.6f MB (%llu bytes)\n"
+                  "  %-44s %12.6f MB (%.1fx randomk's)\n",
+                  layout.config.describe().c_str(), world, bf16 ? "bf16" : "fp32", payload_label.c_str(),
+                  payload / 1e6, "all-reduce sent (ring, 2(W-1)/W x payload)", static_cast<double>(sent) / 1e6,
+                  static_cast<unsigned long long>(sent), "AdamW-DDP fp32 ring all-reduce sent", adamw / 1e6,
+                  sent > 0 ? adamw / static_cast<double>(sent) : 0.0);
     out << line;
 }
 
