@@ -21,6 +21,7 @@
 #include "llmc/model/param_layout.h"
 #include "llmc/optim/adamw/adamw_config.h"
 #include "llmc/optim/demo/demo_config.h"
+#include "llmc/optim/demo/randomk_config.h"
 #include "llmc/optim/diloco/diloco_config.h"
 #include "llmc/optim/signum/signum_config.h"
 
@@ -42,6 +43,7 @@ struct OptimizerConfig {
     DemoConfig demo;
     DilocoConfig diloco;
     SignumConfig signum;
+    RandomkConfig randomk;  // --optimizer randomk (demo/randomk.h): its index seed; the rest is DeMo's
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.

@@ -4,6 +4,7 @@
 #include "llmc/base/error.h"
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/optim/demo/demo_optimizer.h"
+#include "llmc/optim/demo/randomk.h"
 #include "llmc/optim/diloco/diloco.h"
 #include "llmc/optim/signum/signum.h"
 
@@ -11,7 +12,8 @@ namespace llmc {
 
 const std::vector<OptimizerFamily>& optimizer_families() {
     static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
-                                                          signum_family(), demo::topk_family()};
+                                                          signum_family(), demo::topk_family(),
+                                                          demo::randomk_family()};
     return families;
 }
 
