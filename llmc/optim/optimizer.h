@@ -22,6 +22,7 @@
 #include "llmc/optim/adamw/adamw_config.h"
 #include "llmc/optim/demo/demo_config.h"
 #include "llmc/optim/diloco/diloco_config.h"
+#include "llmc/optim/diloco/sparseloco_config.h"
 #include "llmc/optim/signum/signum_config.h"
 
 namespace llmc {
@@ -42,6 +43,7 @@ struct OptimizerConfig {
     DemoConfig demo;
     DilocoConfig diloco;
     SignumConfig signum;
+    SparselocoConfig sparseloco;  // SparseLoCo's own keys; it shares diloco's
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.

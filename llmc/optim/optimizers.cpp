@@ -5,13 +5,15 @@
 #include "llmc/optim/adamw/adamw.h"
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/diloco/diloco.h"
+#include "llmc/optim/diloco/sparseloco.h"
 #include "llmc/optim/signum/signum.h"
 
 namespace llmc {
 
 const std::vector<OptimizerFamily>& optimizer_families() {
     static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
-                                                          signum_family(), demo::topk_family()};
+                                                          signum_family(), demo::topk_family(),
+                                                          sparseloco_family()};
     return families;
 }
 
