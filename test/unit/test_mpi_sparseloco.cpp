@@ -489,8 +489,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (argc != 1 && (argc != 3 || std::string(argv[1]) != "--check-cases")) {
-        std::fprintf(stderr,
-                     "usage: test_mpi_sparseloco --write-cases DIR | --check-cases DIR (test/e2e/test_sparseloco.sh)\n");
+        std::fprintf(stderr, "usage: test_mpi_sparseloco --write-cases DIR | --check-cases DIR "
+                             "(test/e2e/test_sparseloco.sh)\n");
         return 2;
     }
     std::unique_ptr<Transport> world = make_world_transport(&argc, &argv);

@@ -148,8 +148,8 @@ void SparseLocoWire::average(std::span<float> delta, StepTimings& seconds) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) ef_[i] = decay * ef_[i] + delta[i];
     sparseloco::encode(plan_, ef_, message_);
-    const int world = transport_.world_size();
-    decoded_.resize(static_cast<size_t>(world));
+    const size_t W = static_cast<size_t>(transport_.world_size());
+    decoded_.resize(W);
     sparseloco::Decoded& own = decoded_[static_cast<size_t>(transport_.rank())];
     sparseloco::decode(plan_, message_, own, "sparseloco");
     // slots name distinct positions: no two threads write one element
@@ -165,33 +165,29 @@ void SparseLocoWire::average(std::span<float> delta, StepTimings& seconds) {
 
     // 5-6: decode every rank's, clip each tensor's contributions to their median norm, average
     start = std::chrono::steady_clock::now();
-    LLMC_CHECK(offsets_.size() == static_cast<size_t>(world) + 1, "sparseloco: the all-gather's offsets");
-    for (int r = 0; r < world; r++)
+    LLMC_CHECK(offsets_.size() == W + 1, "sparseloco: the all-gather's offsets");
+    for (size_t r = 0; r < W; r++)
         sparseloco::decode(plan_,
                            std::span<const std::byte>(gathered_).subspan(offsets_[r], offsets_[r + 1] - offsets_[r]),
-                           decoded_[static_cast<size_t>(r)], "sparseloco: rank " + std::to_string(r) + "'s message");
+                           decoded_[r], "sparseloco: rank " + std::to_string(r) + "'s message");
     const size_t tensors = plan_.tensors.size();
-    std::vector<float> factor(tensors * static_cast<size_t>(world));
-    std::vector<float> norms(static_cast<size_t>(world));
+    std::vector<float> factor(tensors * W), norms(W);
     for (size_t ti = 0; ti < tensors; ti++) {
-        for (int r = 0; r < world; r++)
-            norms[static_cast<size_t>(r)] = sparseloco::tensor_norm(plan_.tensors[ti], decoded_[static_cast<size_t>(r)]);
+        for (size_t r = 0; r < W; r++) norms[r] = sparseloco::tensor_norm(plan_.tensors[ti], decoded_[r]);
         const float median = sparseloco::lower_median(norms);
-        for (int r = 0; r < world; r++)
-            factor[ti * static_cast<size_t>(world) + static_cast<size_t>(r)] =
-                sparseloco::clip_factor(median, norms[static_cast<size_t>(r)]);
+        for (size_t r = 0; r < W; r++) factor[ti * W + r] = sparseloco::clip_factor(median, norms[r]);
     }
     std::fill(delta.begin(), delta.end(), 0.0f);
-    for (int r = 0; r < world; r++) {  // rank order: every element sums its contributions in the same order
-        const sparseloco::Decoded& d = decoded_[static_cast<size_t>(r)];
+    for (size_t r = 0; r < W; r++) {  // rank order: every element sums its contributions in the same order
+        const sparseloco::Decoded& d = decoded_[r];
         for (size_t ti = 0; ti < tensors; ti++) {
             const sparseloco::TensorPlan& p = plan_.tensors[ti];
-            const float f = factor[ti * static_cast<size_t>(world) + static_cast<size_t>(r)];
+            const float f = factor[ti * W + r];
 #pragma omp parallel for schedule(static)
             for (size_t s = p.first_slot; s < p.first_slot + p.slots(); s++) delta[d.positions[s]] += d.values[s] * f;
         }
     }
-    const float inv = 1.0f / static_cast<float>(world);
+    const float inv = 1.0f / static_cast<float>(W);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) delta[i] *= inv;
     seconds.apply += seconds_since(start);
@@ -204,7 +200,8 @@ void SparseLocoWire::save_state(ByteWriter& out) const {
 
 void SparseLocoWire::load_state(ByteReader& in) {
     const std::string tag = in.get_string("sparseloco error feedback tag");
-    LLMC_CHECK(tag == "sparseloco error feedback", in.source() + ": no SparseLoCo error feedback after the DiLoCo state");
+    LLMC_CHECK(tag == "sparseloco error feedback",
+               in.source() + ": no SparseLoCo error feedback after the DiLoCo state");
     in.get_array(std::span<float>(ef_), "sparseloco error feedback");
 }
 

@@ -269,7 +269,8 @@ inline void decode(const Plan& plan, std::span<const std::byte> msg, Decoded& ou
 // The L2 norm of one tensor's decoded values (double, slot order, rounded to fp32): the scope of the median clip.
 inline float tensor_norm(const TensorPlan& p, const Decoded& d) {
     double ss = 0.0;
-    for (size_t s = p.first_slot; s < p.first_slot + p.slots(); s++) ss += static_cast<double>(d.values[s]) * d.values[s];
+    for (size_t s = p.first_slot; s < p.first_slot + p.slots(); s++)
+        ss += static_cast<double>(d.values[s]) * d.values[s];
     return static_cast<float>(std::sqrt(ss));
 }
 
