@@ -2,7 +2,7 @@
 # SparseLoCo (--optimizer sparseloco), in two parts.
 # 1. The optimizer against the PyTorch reference (dev/reference/sparseloco_reference.py: torch.optim.AdamW inner,
 #    error feedback, per-chunk top-k, templar's 2-bit quantizer, median-norm clip, torch.optim.SGD(nesterov=True)
-#    outer): build/test/test_mpi_sparseloco writes cases for 1, 2 and 4 ranks (2-bit, fp32 values, 2-bit top-5 of
+#    outer): build/test/test_mpi_sparseloco writes cases for 1, 2 and 4 ranks (2-bit, fp32 values, 2-bit top-8 of
 #    16 x 16 chunks), the reference runs them, and mpirun -np 1/2/4 compares every rank's weights after every step
 #    (tolerances in test/unit/test_mpi_sparseloco.cpp), with the global weights bit-identical on every rank at every
 #    step, the message size the reference counts (also GPT-2 124M's), the packings' round trips, a mid-round
@@ -10,7 +10,7 @@
 # 2. train_gpt_cpu on 2 ranks, tiny GPT-2, 12 steps, H = 4: the loss at each round's first step falls; bytes_sent
 #    is the dry run's figure at the sync steps and 0 between them; --weight_check_every 1 passes; a checkpoint at step 6
 #    (mid-round) resumed gives bit-identical losses; --help lists the keys; bad values and --diloco_wire give one-line
-#    errors; train_gpt (or build/emu/train_gpt) refuses sparseloco in one line.
+#    errors; the dry run's warnings; train_gpt (or build/emu/train_gpt) refuses sparseloco in one line.
 # Skips without mpirun, the binaries, or /usr/bin/python3 with numpy and torch.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +32,7 @@ for name in $("$bin" --write-cases "$tmp/cases"); do cases+=("$tmp/cases/$name")
 check "the reference ran ${#cases[@]} cases" "$py" dev/reference/sparseloco_reference.py "${cases[@]}"
 for np in 1 2 4; do
   if timeout 300 mpirun -np "$np" "$bin" --check-cases "$tmp/cases" >"$tmp/np$np.log" 2>&1; then
-    pass "$np rank(s): SparseLoCo matches the reference (2-bit, fp32, top-5 of 16x16), global weights agree every step"
+    pass "$np rank(s): SparseLoCo matches the reference (2-bit, fp32, top-8 of 16x16), global weights agree every step"
   else
     fail "$np rank(s): test_mpi_sparseloco --check-cases"; tail -n 20 "$tmp/np$np.log"
   fi
@@ -115,6 +115,12 @@ expect_error "--sparseloco_ef_decay must be in [0, 1] (got 1.5)" "${one[@]}" --s
 expect_error "--sparseloco_values" "${one[@]}" --sparseloco_values int4
 expect_error "--diloco_wire does not apply to --optimizer sparseloco" "${one[@]}" --diloco_wire int8
 expect_error "--shard_group_size" "${one[@]}" --shard_group_size 2
+# warnings of a dry run: an unsynced tail (as DiLoCo's), a top-k that keeps everything
+dry() { ./train_gpt_cpu "${base[@]}" --out_dir "$tmp/warn" --dry_run "$@" 2>&1 >/dev/null; }
+check "--steps 10 with H = 4 warns that the last 2 steps end unsynced" \
+  grep -q "warning: steps 10 is not a multiple of diloco_inner_steps 4: the last 2 steps end unsynced" <(dry --steps 10)
+check "--sparseloco_topk 4096 warns that nothing is sparsified" \
+  grep -q "warning: sparseloco_topk 4096 selects every element" <(dry --steps 8 --sparseloco_topk 4096)
 # the CUDA trainer, on a GPU build or on the emulated device, whichever is built
 for cuda in ./train_gpt build/emu/train_gpt; do
   [[ -x $cuda ]] || continue
