@@ -183,7 +183,7 @@ void SparseLocoWire::average(std::span<float> delta, StepTimings& seconds) {
         for (size_t ti = 0; ti < tensors; ti++) {
             const sparseloco::TensorPlan& p = plan_.tensors[ti];
             const float f = factor[ti * W + r];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.slots() >= 16384)
             for (size_t s = p.first_slot; s < p.first_slot + p.slots(); s++) delta[d.positions[s]] += d.values[s] * f;
         }
     }

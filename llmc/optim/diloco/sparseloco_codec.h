@@ -200,7 +200,8 @@ inline void encode(const Plan& plan, std::span<const float> x, std::vector<std::
     std::vector<float> vals(plan.total_slots);
     for (const TensorPlan& p : plan.tensors) {
         const float* xt = x.data() + p.offset;
-#pragma omp parallel
+        // threads only for tensors of many chunks: a parallel region costs more than a few chunks' selection
+#pragma omp parallel if (p.num_chunks >= 8)
         {
             std::vector<uint64_t> order;
 #pragma omp for schedule(static)
