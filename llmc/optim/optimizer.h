@@ -23,6 +23,7 @@
 #include "llmc/optim/demo/demo_config.h"
 #include "llmc/optim/demo/randomk_config.h"
 #include "llmc/optim/diloco/diloco_config.h"
+#include "llmc/optim/diloco/sparseloco_config.h"
 #include "llmc/optim/signum/signum_config.h"
 
 namespace llmc {
@@ -44,6 +45,7 @@ struct OptimizerConfig {
     DilocoConfig diloco;
     SignumConfig signum;
     RandomkConfig randomk;  // --optimizer randomk (demo/randomk.h): its index seed; the rest is DeMo's
+    SparselocoConfig sparseloco;  // SparseLoCo's own keys; it shares diloco's
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.

@@ -6,6 +6,7 @@
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/demo/randomk.h"
 #include "llmc/optim/diloco/diloco.h"
+#include "llmc/optim/diloco/sparseloco.h"
 #include "llmc/optim/signum/signum.h"
 
 namespace llmc {
@@ -13,7 +14,7 @@ namespace llmc {
 const std::vector<OptimizerFamily>& optimizer_families() {
     static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
                                                           signum_family(), demo::topk_family(),
-                                                          demo::randomk_family()};
+                                                          demo::randomk_family(), sparseloco_family()};
     return families;
 }
 

@@ -22,6 +22,7 @@ DemoConfig& demo_part(TrainConfig& c) { return c.optim.demo; }
 DilocoConfig& diloco_part(TrainConfig& c) { return c.optim.diloco; }
 SignumConfig& signum_part(TrainConfig& c) { return c.optim.signum; }
 RandomkConfig& randomk_part(TrainConfig& c) { return c.optim.randomk; }
+SparselocoConfig& sparseloco_part(TrainConfig& c) { return c.optim.sparseloco; }
 CudaOptions& cuda_part(TrainConfig& c) { return c.cuda; }
 CommOptions& comm_part(TrainConfig& c) { return c.comm; }
 
@@ -129,6 +130,7 @@ Schema<TrainConfig> make_schema() {
         .add("optimizer", diloco_part, diloco_config_keys())
         .add("optimizer", signum_part, signum_config_keys())
         .add("optimizer", randomk_part, randomk_config_keys())
+        .add("optimizer", sparseloco_part, sparseloco_config_keys())
         .add("cuda", cuda_part, cuda_option_keys())
         .add("cuda", demo_part, demo_cuda_keys())
         .add("comm", comm_part, comm_option_keys());

@@ -46,7 +46,8 @@ std::vector<std::string> config_warnings(const TrainConfig& cfg) {
     for (std::string& w : optimizer_family(cfg.optimizer).warnings(cfg.optim, ParamLayout::of(cfg.model)))
         warnings.push_back(std::move(w));
     // DiLoCo syncs at steps divisible by H only: the steps after the last sync never reach the global weights
-    if (const int h = cfg.optim.diloco.inner_steps; cfg.optimizer == "diloco" && h > 0 && cfg.steps % h != 0)
+    const bool rounds = cfg.optimizer == "diloco" || cfg.optimizer == "sparseloco";  // SparseLoCo is a DiLoCo
+    if (const int h = cfg.optim.diloco.inner_steps; rounds && h > 0 && cfg.steps % h != 0)
         warnings.push_back("steps " + std::to_string(cfg.steps) + " is not a multiple of diloco_inner_steps " +
                            std::to_string(h) + ": the last " + std::to_string(cfg.steps % h) +
                            " steps end unsynced, and the final model file holds the global weights of step " +

@@ -5,16 +5,14 @@
 #include <string>
 
 #include "llmc/base/error.h"
+#include "llmc/optim/chunking.h"
 
 namespace demo {
 
 size_t chunk_length(size_t size, size_t chunk) {
     LLMC_CHECK(size >= 1, "chunk_length: tensor dimension must be >= 1");
     LLMC_CHECK(chunk >= 1, "--demo_chunk must be >= 1");
-    if (size <= chunk) return size;
-    for (size_t n = chunk; n > 1; n--)
-        if (size % n == 0) return n;
-    return 1;
+    return llmc::largest_divisor_at_most(size, chunk);
 }
 
 int index_bytes_for(size_t chunk_elems) {

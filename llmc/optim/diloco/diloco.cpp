@@ -154,10 +154,48 @@ OptimizerFamily diloco_family() {
             }};
 }
 
+DenseWire::DenseWire(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport)
+    : wire_(config.diloco.wire), layout_(layout), transport_(transport) {}
+
+void DenseWire::average(std::span<float> delta, StepTimings& seconds) {
+    const size_t n = layout_.num_params;
+    auto start = std::chrono::steady_clock::now();
+    if (wire_ == DilocoWire::int8) diloco_int8_encode(layout_, delta, message_);
+    seconds.transform += seconds_since(start);
+
+    start = std::chrono::steady_clock::now();
+    if (wire_ == DilocoWire::fp32) {
+        transport_.allreduce_mean(delta);
+    } else if (wire_ == DilocoWire::bf16) {
+        transport_.allreduce_mean_bf16(delta);
+    } else {
+        transport_.allgather_bytes(message_, gathered_, offsets_, GatherSizes::exchange);
+    }
+    seconds.exchange += seconds_since(start);
+
+    if (wire_ != DilocoWire::int8) return;
+    start = std::chrono::steady_clock::now();
+    const int world = transport_.world_size();
+    LLMC_CHECK(offsets_.size() == static_cast<size_t>(world) + 1, "diloco: the int8 all-gather's offsets");
+    std::fill(delta.begin(), delta.end(), 0.0f);
+    for (int r = 0; r < world; r++)
+        diloco_int8_accumulate(
+            layout_, std::span<const std::byte>(gathered_).subspan(offsets_[r], offsets_[r + 1] - offsets_[r]), delta);
+    const float inv = 1.0f / static_cast<float>(world);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) delta[i] *= inv;
+    seconds.apply += seconds_since(start);
+}
+
 Diloco::Diloco(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport)
-    : config_(config), layout_(layout), transport_(transport) {
+    : Diloco(config, layout, transport, std::make_unique<DenseWire>(config, layout, transport)) {}
+
+Diloco::Diloco(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport,
+               std::unique_ptr<PseudoGradientWire> wire)
+    : config_(config), layout_(layout), wire_(std::move(wire)) {
     validate_diloco_options(config);
-    LLMC_CHECK(config.shard_group_size == 1, "--shard_group_size: diloco runs one replica per rank (1, got " +
+    LLMC_CHECK(config.shard_group_size == 1, "--shard_group_size: " + std::string(wire_->name()) +
+                                                 " runs one replica per rank (1, got " +
                                                  std::to_string(config.shard_group_size) + ")");
     for (const ParamTensor& t : layout.tensors) decay_mask_.push_back(decays(t, config.decay_groups) ? 1 : 0);
     const size_t n = layout.num_params;
@@ -224,38 +262,17 @@ void Diloco::inner_update(std::span<float> params, std::span<const float> grads,
     }
 }
 
-// The sync: average the pseudo-gradients, the outer Nesterov step on the global weights, the local weights reset.
+// The sync: the wire averages the pseudo-gradients, the outer Nesterov step moves the global weights, the local
+// weights restart from them.
 void Diloco::outer_step(std::span<float> params, StepTimings& seconds) {
     const size_t n = layout_.num_params;
     auto start = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) delta_[i] = global_[i] - params[i];
-    if (config_.diloco.wire == DilocoWire::int8) diloco_int8_encode(layout_, delta_, message_);
-    seconds.transform = seconds_since(start);
+    seconds.transform += seconds_since(start);
+    wire_->average(delta_, seconds);
 
     start = std::chrono::steady_clock::now();
-    if (config_.diloco.wire == DilocoWire::fp32) {
-        transport_.allreduce_mean(delta_);
-    } else if (config_.diloco.wire == DilocoWire::bf16) {
-        transport_.allreduce_mean_bf16(delta_);
-    } else {
-        transport_.allgather_bytes(message_, gathered_, offsets_, GatherSizes::exchange);
-    }
-    seconds.exchange = seconds_since(start);
-
-    start = std::chrono::steady_clock::now();
-    if (config_.diloco.wire == DilocoWire::int8) {
-        const int world = transport_.world_size();
-        LLMC_CHECK(offsets_.size() == static_cast<size_t>(world) + 1, "diloco: the int8 all-gather's offsets");
-        std::fill(delta_.begin(), delta_.end(), 0.0f);
-        for (int r = 0; r < world; r++)
-            diloco_int8_accumulate(layout_, std::span<const std::byte>(gathered_).subspan(
-                                                offsets_[r], offsets_[r + 1] - offsets_[r]),
-                                   delta_);
-        const float inv = 1.0f / static_cast<float>(world);
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) delta_[i] *= inv;
-    }
     const float mu = config_.diloco.outer_momentum, outer_lr = config_.diloco.outer_lr;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -270,8 +287,8 @@ void Diloco::outer_step(std::span<float> params, StepTimings& seconds) {
 
 void Diloco::save_state(ByteWriter& out) const {
     const size_t n = layout_.num_params;
-    out.reserve(out.bytes().size() + 128 + 5 * n * sizeof(float));
-    out.put_string("diloco");
+    out.reserve(out.bytes().size() + 128 + 5 * n * sizeof(float) + wire_->state_bytes());
+    out.put_string(std::string(wire_->name()));
     out.put<uint64_t>(n);
     out.put<uint32_t>(static_cast<uint32_t>(config_.diloco.inner_steps));
     out.put<int64_t>(steps_);
@@ -284,12 +301,14 @@ void Diloco::save_state(ByteWriter& out) const {
     if (loaded_) out.put_array(std::span<const float>(loaded_local_));
     else if (params_.size() == n) out.put_array(std::span<const float>(params_));
     else out.put_array(std::span<const float>(global_));
+    wire_->save_state(out);
 }
 
 void Diloco::load_state(ByteReader& in) {
     const std::string name = in.get_string("optimizer name");
-    LLMC_CHECK(name == "diloco", in.source() + ": optimizer state is for '" + name +
-                                     "', not 'diloco' (use the checkpointed run's --optimizer)");
+    const std::string mine(wire_->name());
+    LLMC_CHECK(name == mine, in.source() + ": optimizer state is for '" + name + "', not '" + mine +
+                                 "' (use the checkpointed run's --optimizer)");
     const uint64_t n = in.get<uint64_t>("parameter count");
     LLMC_CHECK(n == layout_.num_params, in.source() + ": optimizer state has " + std::to_string(n) +
                                             " parameters, model has " + std::to_string(layout_.num_params));
@@ -307,6 +326,7 @@ void Diloco::load_state(ByteReader& in) {
     in.get_array(std::span<float>(v_), "diloco inner second moment");
     loaded_local_.assign(n, 0.0f);
     in.get_array(std::span<float>(loaded_local_), "diloco local weights");
+    wire_->load_state(in);
     loaded_ = true;
 }
 

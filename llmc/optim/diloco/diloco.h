@@ -19,6 +19,10 @@
 //         then forms mean = (sum over ranks in rank order of float(q_r) * s_r) * (1 / W) in fp32. Applied at
 //         every world size, W = 1 included, so a run's arithmetic does not depend on W.
 //
+// The exchange is a PseudoGradientWire: DenseWire does the three --diloco_wire formats above; SparseLoCo
+// (sparseloco.h) is this same optimizer with its compressed wire, so the round, the inner AdamW and the outer step
+// are written once, here.
+//
 // Weights: params (what every forward sees) are this rank's local weights, which differ between ranks inside a
 // round. master_weights() is the global copy, identical on every rank at every step (changed only by the outer
 // step, from the same averaged delta), so --weight_check_every compares it over the whole world at any step; at a
@@ -26,6 +30,7 @@
 // local weights in the state blob, so a resume mid-round continues bit-identically.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "llmc/base/host_memory.h"
@@ -49,10 +54,45 @@ size_t diloco_int8_blocks(const ParamLayout& layout);
 void diloco_int8_encode(const ParamLayout& layout, std::span<const float> x, std::vector<std::byte>& out);
 void diloco_int8_accumulate(const ParamLayout& layout, std::span<const std::byte> msg, std::span<float> sum);
 
+// How the ranks turn their pseudo-gradients into the one mean every rank's outer step applies.
+class PseudoGradientWire {
+public:
+    virtual ~PseudoGradientWire() = default;
+    // The optimizer's name, which tags its state blob: "diloco", "sparseloco".
+    virtual std::string_view name() const = 0;
+    // delta: this rank's pseudo-gradient (global - local) on entry; on return the mean that every rank applies,
+    // bit-identical on every rank. Adds its encoding's time to seconds.transform, the collective's to exchange and
+    // its decoding's to apply.
+    virtual void average(std::span<float> delta, StepTimings& seconds) = 0;
+    // The wire's own state (SparseLoCo's error feedback), written after Diloco's in the blob; none by default.
+    virtual size_t state_bytes() const { return 0; }
+    virtual void save_state(ByteWriter& /*out*/) const {}
+    virtual void load_state(ByteReader& /*in*/) {}
+};
+
+// DiLoCo's own wire: --diloco_wire fp32 / bf16 (all-reduce) or int8 (all-gather), as described above.
+class DenseWire final : public PseudoGradientWire {
+public:
+    DenseWire(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport);
+    std::string_view name() const override { return "diloco"; }
+    void average(std::span<float> delta, StepTimings& seconds) override;
+
+private:
+    DilocoWire wire_;
+    const ParamLayout& layout_;
+    Transport& transport_;
+    std::vector<std::byte> message_, gathered_;  // int8 wire
+    std::vector<size_t> offsets_;
+};
+
 class Diloco final : public Optimizer {
 public:
+    // DiLoCo with its dense wire (--diloco_wire).
     Diloco(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport);
-    std::string_view name() const override { return "diloco"; }
+    // The same round and outer step with another wire (SparseLoCo's), which also names the optimizer.
+    Diloco(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport,
+           std::unique_ptr<PseudoGradientWire> wire);
+    std::string_view name() const override { return wire_->name(); }
     StepResult step(std::span<float> params, std::span<float> grads, float lr) override;
     void save_state(ByteWriter& out) const override;
     void load_state(ByteReader& in) override;
@@ -70,14 +110,12 @@ private:
 
     OptimizerConfig config_;
     const ParamLayout& layout_;
-    Transport& transport_;
+    std::unique_ptr<PseudoGradientWire> wire_;
     LargeVector<float> global_, momentum_;  // the last sync's weights; the outer Nesterov buffer
     LargeVector<float> m_, v_;              // inner AdamW moments
     LargeVector<float> delta_;              // the pseudo-gradient, then its mean over ranks
     LargeVector<float> loaded_local_;       // a checkpoint's local weights, until set_weights puts them in params
     std::vector<uint8_t> decay_mask_;       // per tensor: 1 if weight decay applies
-    std::vector<std::byte> message_, gathered_;  // int8 wire
-    std::vector<size_t> offsets_;
     std::span<float> params_;               // the trainer's weights (local), seen at set_weights and step
     int64_t steps_ = 0;                     // completed optimizer steps (= the inner AdamW's t)
     bool loaded_ = false;
