@@ -128,7 +128,7 @@ while true; do
       >/dev/null 2>&1; then
       alive_hosts+=("${hosts[$i]}") alive_slots+=("${slots[$i]}")
     else
-      say "host ${hosts[$i]} does not answer within $probe_timeout s: dropped"
+      say "host ${hosts[$i]} does not answer (its probe failed or took over $probe_timeout s): dropped"
     fi
   done
   if [[ ${#alive_hosts[@]} -eq 0 ]]; then
