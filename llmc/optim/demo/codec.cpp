@@ -94,33 +94,45 @@ std::vector<SectionOffsets> section_offsets(const ModelPlan& plan, WireFormat fo
 }
 
 // ---- the entropy encoding's bit stream (codec.h: stream bit b = bit b%8 of byte b/8) ----
-// Writes from a byte boundary into a zeroed buffer. Invariant between calls: n < 8 pending bits in acc.
+// Writes from a byte boundary into a zeroed buffer, 4 completed bytes at a time (never a byte past the bits
+// written, so groups stay disjoint). Invariant between calls: n < 32 pending bits in acc, the bits above them 0.
 struct BitWriter {
     uint8_t* p;
     uint64_t acc = 0;
     size_t n = 0;
-    void put(uint32_t v, int bits) {  // bits <= 32, v < 2^bits
+    void put(uint32_t v, size_t bits) {  // bits <= 32, v < 2^bits
         acc |= static_cast<uint64_t>(v) << n;
-        n += static_cast<size_t>(bits);
-        while (n >= 8) {
-            *p++ = static_cast<uint8_t>(acc);
-            acc >>= 8;
-            n -= 8;
+        n += bits;
+        if (n >= 32) {
+            const uint32_t word = static_cast<uint32_t>(acc);
+            std::memcpy(p, &word, 4);
+            p += 4;
+            acc >>= 32;
+            n -= 32;
         }
     }
     void zeros(size_t count) {  // whole zero bytes are skipped: the buffer is zeroed
         const size_t total = n + count;
-        if (total < 8) {
+        if (total < 32) {
             n = total;
             return;
         }
-        *p++ = static_cast<uint8_t>(acc);
+        const uint32_t word = static_cast<uint32_t>(acc);
+        std::memcpy(p, &word, 4);
+        p += 4 + (total - 32) / 8;
         acc = 0;
-        p += (total - 8) / 8;
-        n = (total - 8) % 8;
+        n = (total - 32) % 8;
+    }
+    void unary(size_t gap) {  // `gap` zeros, then a one
+        if (gap < 32) {
+            put(1u << gap, gap + 1);
+        } else {
+            zeros(gap);
+            put(1, 1);
+        }
     }
     void flush() {
-        if (n > 0) *p = static_cast<uint8_t>(acc);
+        for (size_t b = 0; b < n; b += 8) *p++ = static_cast<uint8_t>(acc >> b);
     }
 };
 
@@ -158,12 +170,11 @@ struct BitReader {
 void encode_entropy_chunk(BitWriter& w, const uint32_t* x, size_t k, int l, uint32_t high_max) {
     const uint32_t low_mask = static_cast<uint32_t>((uint64_t{1} << l) - 1);
     if (l > 0)
-        for (size_t i = 0; i < k; i++) w.put(x[i] & low_mask, l);
+        for (size_t i = 0; i < k; i++) w.put(x[i] & low_mask, static_cast<size_t>(l));
     uint32_t prev = 0;
     for (size_t i = 0; i < k; i++) {
         const uint32_t h = x[i] >> l;
-        w.zeros(h - prev);
-        w.put(1, 1);
+        w.unary(h - prev);
         prev = h;
     }
     w.zeros(high_max - prev);
