@@ -93,13 +93,16 @@ int run(int argc, char** argv) {
             bits[e] = 8.0 * static_cast<double>(demo::index_part_bytes(t, encodings[e])) / items;
             std::vector<std::byte> bucket;
             demo::Selection back;
-            enc_ns[e] = 1e9 * median_seconds(reps, [&] { demo::encode_bucket(plan, format, sel, bucket); }) / items;
-            dec_ns[e] = 1e9 * median_seconds(reps, [&] { demo::decode_bucket(plan, format, bucket, back, "bench"); }) / items;
+            const auto encode = [&] { demo::encode_bucket(plan, format, sel, bucket); };
+            const auto decode = [&] { demo::decode_bucket(plan, format, bucket, back, "bench"); };
+            enc_ns[e] = 1e9 * median_seconds(reps, encode) / items;
+            dec_ns[e] = 1e9 * median_seconds(reps, decode) / items;
             LLMC_CHECK(back.indices == sel.indices, "bench: round trip lost indices");
         }
         const double bound = log2_binomial(4096.0, static_cast<double>(k)) / static_cast<double>(k);
         std::printf("%5zu %8.3f %8.3f %8.3f %8.3f %8.3f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f\n", k, bound, bits[2],
-                    bits[2] / bound, bits[1], bits[0], enc_ns[0], enc_ns[1], enc_ns[2], dec_ns[0], dec_ns[1], dec_ns[2]);
+                    bits[2] / bound, bits[1], bits[0], enc_ns[0], enc_ns[1], enc_ns[2], dec_ns[0], dec_ns[1],
+                    dec_ns[2]);
     }
     return 0;
 }

@@ -191,8 +191,8 @@ TEST(entropy_indices_match_the_layout_at_many_sizes) {
             const std::vector<uint8_t> want = ef_reference_part(t, sel.indices.data());
             EXPECT_EQ(index_part, want.size());
             EXPECT_EQ(bucket.size(), demo::kBucketHeaderBytes + 3 * k * 4 + want.size());
-            if (bucket.size() == demo::kBucketHeaderBytes + 3 * k * 4 + want.size())
-                EXPECT(std::memcmp(bucket.data() + demo::kBucketHeaderBytes + 3 * k * 4, want.data(), want.size()) == 0);
+            const size_t at = demo::kBucketHeaderBytes + 3 * k * 4;  // after the fp32 values
+            if (bucket.size() == at + want.size()) EXPECT(std::memcmp(bucket.data() + at, want.data(), want.size()) == 0);
             demo::Selection back;
             demo::decode_bucket(plan, format, bucket, back, "test bucket");
             EXPECT(back.indices == sel.indices);
@@ -234,7 +234,8 @@ TEST(entropy_corrupt_buckets_are_refused) {
         return b;
     };
     // chunk 0's unary part starts at bit 36: a one cleared, a one added
-    EXPECT_ERROR(demo::decode_bucket(plan, format, flip(36 + 0), out, "rank 2's bucket"), "rank 2's bucket: an entropy");
+    EXPECT_ERROR(demo::decode_bucket(plan, format, flip(36 + 0), out, "rank 2's bucket"),
+                 "rank 2's bucket: an entropy");
     EXPECT_ERROR(demo::decode_bucket(plan, format, flip(36 + 1), out, "rank 2's bucket"), "exactly k ones");
     EXPECT_ERROR(demo::decode_bucket(plan, format, with_items({3, 700, 700, 2399, 0, 1, 2, 3}), out, "b"),
                  "not strictly ascending");

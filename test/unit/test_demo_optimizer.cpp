@@ -158,12 +158,14 @@ TEST(entropy_indices_step_like_smallest) {
     std::vector<std::vector<std::vector<float>>> grads;
     for (int s = 0; s < 3; s++) {
         grads.emplace_back();
-        for (int r = 0; r < 3; r++) grads.back().push_back(testing::random_normal(layout.num_params, 500 + 10 * s + r, 1.0));
+        for (int r = 0; r < 3; r++)
+            grads.back().push_back(testing::random_normal(layout.num_params, 500 + 10 * s + r, 1.0));
     }
     const std::vector<float> lrs = {1e-3f, 2e-3f, 1e-3f};
     int runs = 0;
     for (const bool topk : {false, true})
-        for (const DemoValueEncoding values : {DemoValueEncoding::fp32, DemoValueEncoding::bf16, DemoValueEncoding::sign}) {
+        for (const DemoValueEncoding values :
+             {DemoValueEncoding::fp32, DemoValueEncoding::bf16, DemoValueEncoding::sign}) {
             llmc::OptimizerConfig cfg = default_config();
             if (topk) cfg = demo::as_topk(cfg);
             cfg.weight_decay = 0.1f;
@@ -178,7 +180,8 @@ TEST(entropy_indices_step_like_smallest) {
             bool same = true;
             for (size_t s = 0; s < grads.size(); s++) {
                 same = same && bit_equal(smallest.params_per_step[s], entropy.params_per_step[s]);
-                for (size_t r = 0; r < 3; r++) same = same && bit_equal(smallest.momentum_per_step[s][r], entropy.momentum_per_step[s][r]);
+                for (size_t r = 0; r < 3; r++)
+                    same = same && bit_equal(smallest.momentum_per_step[s][r], entropy.momentum_per_step[s][r]);
                 if (cfg.demo.delay == 1)
                     for (size_t r = 0; r < 3; r++)
                         same = same && bit_equal(smallest.working_per_step[s][r], entropy.working_per_step[s][r]);

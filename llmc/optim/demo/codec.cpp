@@ -460,7 +460,8 @@ void decode_bucket(const ModelPlan& plan, WireFormat format, std::span<const std
     }
     LLMC_CHECK(!(bad_index & 4), who + ": an entropy-coded chunk whose unary part does not hold exactly k ones "
                                       "(corrupt DeMo bucket)");
-    LLMC_CHECK(!(bad_index & 2), who + ": entropy-coded indices of a chunk not strictly ascending (corrupt DeMo bucket)");
+    LLMC_CHECK(!(bad_index & 2),
+               who + ": entropy-coded indices of a chunk not strictly ascending (corrupt DeMo bucket)");
     LLMC_CHECK(!(bad_index & 1), who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
     LLMC_CHECK(!(bad_index & 8), who + ": entropy-coded indices followed by padding bits that are not 0 (corrupt "
                                       "DeMo bucket)");

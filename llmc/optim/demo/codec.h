@@ -1,7 +1,8 @@
 // DeMo's wire format: ONE bucket per rank per step holding every tensor's selected DCT coefficients, plus
 // the value quantizers (bf16, sign) whose output the sender also uses for its error feedback, so the
 // residual it keeps is exactly what the receivers did not get. Pure host code: the CUDA kernels must write
-// and read the same bytes, so this header is the specification.
+// and read the same bytes, so this header is the specification (they implement smallest and packed12 indices;
+// train_gpt refuses entropy).
 //
 // Byte layout (version 1; all integers and floats little-endian):
 //   header, 32 bytes:
@@ -29,7 +30,7 @@
 //   floor(U / k))) low bits (0 when U < 2k), H = (U - 1) >> l (the largest high part), and each chunk takes
 //   exactly B = k * l + k + H bits, so the bucket size stays a function of the plan (the all-gather needs no
 //   size exchange). One continuous bit stream per tensor, stream bit b = bit b%8 of byte b/8 (as packed12);
-//   chunk c owns stream bits [c B, (c + 1) B): for the chunk's ascending indices x_0 < ... < x_{k-1},
+//   chunk c owns stream bits [c B, (c + 1) B); for its ascending indices x_0 < ... < x_{k-1}, at offsets from c B:
 //     first  the low parts: x_i mod 2^l in bits [i l, (i + 1) l), least significant bit first;
 //     then   the high parts in unary, k + H bits: bit h_i + i is 1 for h_i = x_i >> l, every other bit 0
 //            (k ones, H zeros; the zeros before the i-th one number h_i).
@@ -41,8 +42,9 @@
 // zero; a chunk whose scale is 0 decodes to zeros).
 //
 // Decoding checks magic, version, both encodings, tensor and chunk counts, the fingerprint, the exact
-// total size and every index < chunk_elems (entropy: and the checks above), and throws llmc::Error naming the bucket otherwise (a rank
-// running a different model, --demo_chunk, --demo_topk or encoding is detected, not misread).
+// total size and every index < chunk_elems (entropy: and the checks above), and throws llmc::Error naming the
+// bucket otherwise (a rank running a different model, --demo_chunk, --demo_topk or encoding is detected, not
+// misread).
 #pragma once
 #include <cstddef>
 #include <cstdint>
