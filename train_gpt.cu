@@ -133,6 +133,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     }
     (void)use_flash_attention(cfg.model, cfg.cuda.attention);  // --attention flash where it cannot run fails here
     check_device_optimizer(cfg.optimizer);  // --optimizer signum (CPU only) fails here, before any GPU work
+    check_device_demo_options(cfg.optimizer, cfg.optim);  // --demo_indices entropy (CPU only) too
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through

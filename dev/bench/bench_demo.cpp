@@ -143,7 +143,8 @@ int run(int argc, char** argv) {
         const size_t ref = demo::reference_bytes(plan);
         std::printf("\nbucket bytes per rank per step (reference int64+fp32: %.3f MB)\n", ref / 1e6);
         for (auto ve : {llmc::DemoValueEncoding::fp32, llmc::DemoValueEncoding::bf16, llmc::DemoValueEncoding::sign})
-            for (auto ie : {llmc::DemoIndexEncoding::smallest, llmc::DemoIndexEncoding::packed12}) {
+            for (auto ie : {llmc::DemoIndexEncoding::smallest, llmc::DemoIndexEncoding::packed12,
+                            llmc::DemoIndexEncoding::entropy}) {
                 const size_t b = demo::bucket_bytes(plan, demo::WireFormat{ve, ie});
                 std::printf("  %-5s + %-8s  %8.3f MB   %.2fx fewer than the reference\n",
                             demo::value_encoding_name(ve), demo::index_encoding_name(ie), b / 1e6,

@@ -22,6 +22,14 @@ inline void check_device_optimizer(const std::string& name) {
         fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
 }
 
+// DeMo options the device kernels do not implement, refused in one line before any GPU work (train_gpt calls it
+// after check_device_optimizer): the kernels pack and unpack the smallest and packed12 indices only.
+inline void check_device_demo_options(const std::string& name, const OptimizerConfig& config) {
+    if (name == "demo" && config.demo.indices == DemoIndexEncoding::entropy)
+        fail("--demo_indices entropy: train_gpt's DeMo kernels pack auto and packed12 indices only (train_gpt_cpu runs "
+             "it)");
+}
+
 // `overlap`: AdamW-DDP's all-reduce overlapped with the backward (the trainer reports the final gradient ranges).
 // --shard_group_size S > 1 (resolved here, a collective: auto asks the transport for the ranks on a host): sharded
 // AdamW (ZeRO-1 at S = world), and FlexDeMo for demo (also at S = 1 with --demo_replicate_every > 1).
@@ -30,6 +38,7 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
                                                               cudaStream_t stream, bool stochastic_rounding,
                                                               uint32_t seed, bool overlap) {
     check_device_optimizer(name);
+    check_device_demo_options(name, config);
     // The kernels fold every DCT by its even/odd symmetry, which a random orthogonal basis lacks.
     if (name == "demo" && config.demo.transform != DemoTransform::dct)
         fail("--demo_transform random: train_gpt's DeMo kernels run the DCT only (train_gpt_cpu runs random)");

@@ -149,6 +149,49 @@ TEST(identical_ranks_equal_one_rank) {
     EXPECT(bit_equal(one.momentum_per_step.back()[0], four.momentum_per_step.back()[3]));
 }
 
+TEST(entropy_indices_step_like_smallest) {
+    // The indices are lossless either way, so --demo_indices entropy must give the smallest encoding's weights,
+    // momenta (and eager working weights) bit for bit: DeMo and topk, every value encoding, delay 0 and 1, 3 ranks,
+    // with k = 1, a middle k and k = 64 (all of a [7]'s and [3, 5]'s elements, most of a 64-element chunk).
+    const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
+    const std::vector<float> p0 = testing::random_normal(layout.num_params, 6, 0.02);
+    std::vector<std::vector<std::vector<float>>> grads;
+    for (int s = 0; s < 3; s++) {
+        grads.emplace_back();
+        for (int r = 0; r < 3; r++)
+            grads.back().push_back(testing::random_normal(layout.num_params, 500 + 10 * s + r, 1.0));
+    }
+    const std::vector<float> lrs = {1e-3f, 2e-3f, 1e-3f};
+    int runs = 0;
+    for (const bool topk : {false, true})
+        for (const DemoValueEncoding values :
+             {DemoValueEncoding::fp32, DemoValueEncoding::bf16, DemoValueEncoding::sign}) {
+            llmc::OptimizerConfig cfg = default_config();
+            if (topk) cfg = demo::as_topk(cfg);
+            cfg.weight_decay = 0.1f;
+            cfg.demo.values = values;
+            cfg.demo.topk = values == DemoValueEncoding::fp32 ? 1 : values == DemoValueEncoding::bf16 ? 13 : 64;
+            cfg.demo.delay = (runs / 2) % 2;
+            const SimResult smallest = simulate(cfg, layout, p0, grads, lrs);
+            cfg.demo.indices = DemoIndexEncoding::entropy;
+            const SimResult entropy = simulate(cfg, layout, p0, grads, lrs);
+            EXPECT(entropy.ranks_agree);
+            if (cfg.demo.delay == 1) EXPECT(entropy.pending.size() < smallest.pending.size());  // fewer bytes sent
+            bool same = true;
+            for (size_t s = 0; s < grads.size(); s++) {
+                same = same && bit_equal(smallest.params_per_step[s], entropy.params_per_step[s]);
+                for (size_t r = 0; r < 3; r++)
+                    same = same && bit_equal(smallest.momentum_per_step[s][r], entropy.momentum_per_step[s][r]);
+                if (cfg.demo.delay == 1)
+                    for (size_t r = 0; r < 3; r++)
+                        same = same && bit_equal(smallest.working_per_step[s][r], entropy.working_per_step[s][r]);
+            }
+            EXPECT(same);
+            runs++;
+        }
+    EXPECT_EQ(runs, 6);
+}
+
 TEST(bit_identical_across_runs_and_thread_counts) {
     const llmc::ParamLayout layout = llmc::ParamLayout::of_shapes(kShapes);
     llmc::OptimizerConfig cfg = default_config();
@@ -467,6 +510,12 @@ std::vector<RefCase> reference_cases() {
         c.demo.feedback_alpha = 0.5f;
         c.weight_decay = 0.1f;
         c.decay_groups = llmc::DecayGroups::matrices;
+    });
+    add("r4_entropy_sign_k8_wd_all", 4, [](llmc::OptimizerConfig& c) {
+        c.demo.topk = 8;
+        c.demo.values = DemoValueEncoding::sign;
+        c.demo.indices = DemoIndexEncoding::entropy;
+        c.weight_decay = 0.1f;
     });
     add("r2_chunk16_k32_packed12", 2, [](llmc::OptimizerConfig& c) {
         c.demo.chunk = 16;

@@ -22,6 +22,9 @@ TEST(paper_300m_numbers) {
     EXPECT(s.demo[5].packed12_valid);
     // bf16 values + 12-bit indices: 2 + 1.5 bytes per coefficient (k = 32 keeps every part 4-byte aligned).
     EXPECT_EQ(s.demo[5].ours[1][1], 32u + 78112u * 32u * 7u / 2u);
+    // fp32 values + entropy indices: 287 bits per 64x64 chunk at k = 32 (l = 7: 224 low bits, 32 ones, 31 zeros);
+    // every tensor's chunk count is a multiple of 32, so no part needs padding.
+    EXPECT_EQ(s.demo[5].ours[0][2], 32u + 78112u * 32u * 4u + 78112u * 287u / 8u);
     std::ostringstream out;
     demo::print_traffic_report(out, "paper 300m", demo::olmo_paper_shapes("300m"), {});
     for (const char* v : {"319,946,752", "78,112", "0.937", "7.499", "29.995"})

@@ -219,6 +219,14 @@ TEST(flexdemo_equals_flat_demo_of_the_nodes_averages) {
                         a.same, a.chunks);
         }
     }
+    if (W % 2 == 0) {  // FlexDeMo's buckets across nodes with entropy-coded indices
+        OptimizerConfig cfg = demo_config(2);
+        cfg.demo.values = DemoValueEncoding::bf16;
+        cfg.demo.indices = DemoIndexEncoding::entropy;
+        const Agreement a = flexdemo_vs_flat(cfg, 2, 4, 1.0, true, "S=2 bf16 entropy");
+        std::printf("  S=2 bf16 entropy: %zu of %zu chunk index sets equal, weights and momenta bit-identical\n",
+                    a.same, a.chunks);
+    }
 }
 
 TEST(flexdemo_with_clipping_agrees_on_the_index_sets) {

@@ -170,7 +170,7 @@ TEST(demo_mpi_equals_simulation_every_encoding) {
     OptimizerConfig cfg;
     cfg.weight_decay = 0.1f;
     for (auto values : {DemoValueEncoding::fp32, DemoValueEncoding::bf16, DemoValueEncoding::sign})
-        for (auto indices : {DemoIndexEncoding::smallest, DemoIndexEncoding::packed12}) {
+        for (auto indices : {DemoIndexEncoding::smallest, DemoIndexEncoding::packed12, DemoIndexEncoding::entropy}) {
             cfg.demo.values = values;
             cfg.demo.indices = indices;
             cfg.demo.topk = 8;
@@ -220,6 +220,8 @@ TEST(demo_mpi_delayed_equals_simulation) {
     cfg.decay_groups = DecayGroups::all;
     cfg.grad_clip = 0.5f;
     run_demo_case(cfg, "delayed options");
+    cfg.demo.indices = DemoIndexEncoding::entropy;  // the overlapped all-gather of entropy-coded buckets
+    run_demo_case(cfg, "delayed, entropy indices");
 }
 
 // MpiTransport's all-gather with GatherSizes::equal (no size exchange; MPI_Allgather / MPI_Iallgather) against

@@ -1,9 +1,10 @@
 // Bucket encoder/decoder and value quantizers (layout specified in codec.h). Tensors are split into groups
-// of 8 chunks so that every group's bit-packed parts (sign bits, 12-bit indices) start and end on byte
-// boundaries: groups write disjoint bytes and run in parallel without races.
+// of 8 chunks so that every group's bit-packed parts (sign bits, 12-bit indices, Elias-Fano chunks of a fixed
+// B bits each) start and end on byte boundaries: groups write disjoint bytes and run in parallel without races.
 #include "llmc/optim/demo/codec.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "llmc/base/error.h"
@@ -23,6 +24,7 @@ const char* index_encoding_name(llmc::DemoIndexEncoding e) {
     switch (e) {
         case llmc::DemoIndexEncoding::smallest: return "smallest";
         case llmc::DemoIndexEncoding::packed12: return "packed12";
+        case llmc::DemoIndexEncoding::entropy: return "entropy";
     }
     return "?";
 }
@@ -46,8 +48,13 @@ size_t value_bytes_unpadded(size_t items, llmc::DemoValueEncoding values) {
 }
 
 size_t index_bytes_unpadded(const TensorPlan& t, size_t items, llmc::DemoIndexEncoding indices) {
-    return indices == llmc::DemoIndexEncoding::packed12 ? (12 * items + 7) / 8
-                                                         : items * static_cast<size_t>(t.index_bytes);
+    switch (indices) {
+        case llmc::DemoIndexEncoding::smallest: return items * static_cast<size_t>(t.index_bytes);
+        case llmc::DemoIndexEncoding::packed12: return (12 * items + 7) / 8;
+        case llmc::DemoIndexEncoding::entropy:
+            return t.k == 0 ? 0 : (items / t.k * entropy_chunk_bits(t.chunk_elems, t.k) + 7) / 8;
+    }
+    return 0;
 }
 
 uint8_t value_id(llmc::DemoValueEncoding e) { return static_cast<uint8_t>(e); }
@@ -86,6 +93,117 @@ std::vector<SectionOffsets> section_offsets(const ModelPlan& plan, WireFormat fo
     return out;
 }
 
+// ---- the entropy encoding's bit stream (codec.h: stream bit b = bit b%8 of byte b/8) ----
+// Writes from a byte boundary into a zeroed buffer, 4 completed bytes at a time (never a byte past the bits
+// written, so groups stay disjoint). Invariant between calls: n < 32 pending bits in acc, the bits above them 0.
+struct BitWriter {
+    uint8_t* p;
+    uint64_t acc = 0;
+    size_t n = 0;
+    void put(uint32_t v, size_t bits) {  // bits <= 32, v < 2^bits
+        acc |= static_cast<uint64_t>(v) << n;
+        n += bits;
+        if (n >= 32) {
+            const uint32_t word = static_cast<uint32_t>(acc);
+            std::memcpy(p, &word, 4);
+            p += 4;
+            acc >>= 32;
+            n -= 32;
+        }
+    }
+    void zeros(size_t count) {  // whole zero bytes are skipped: the buffer is zeroed
+        const size_t total = n + count;
+        if (total < 32) {
+            n = total;
+            return;
+        }
+        const uint32_t word = static_cast<uint32_t>(acc);
+        std::memcpy(p, &word, 4);
+        p += 4 + (total - 32) / 8;
+        acc = 0;
+        n = (total - 32) % 8;
+    }
+    void unary(size_t gap) {  // `gap` zeros, then a one
+        if (gap < 32) {
+            put(1u << gap, gap + 1);
+        } else {
+            zeros(gap);
+            put(1, 1);
+        }
+    }
+    void flush() {
+        for (size_t b = 0; b < n; b += 8) *p++ = static_cast<uint8_t>(acc >> b);
+    }
+};
+
+// Reads from a byte boundary up to `end`; bits past `end` read as 0 (the plan's sizes keep every chunk inside).
+struct BitReader {
+    const uint8_t* p;
+    const uint8_t* end;
+    uint64_t buf = 0;
+    int n = 0;  // valid bits in buf (bits above them may hold the next byte's, which refill ORs in again)
+    void refill() {
+        if (end - p >= 8) {
+            uint64_t w;
+            std::memcpy(&w, p, 8);
+            buf |= w << n;
+            p += (63 - n) >> 3;
+            n |= 56;
+        } else {
+            while (n <= 56 && p < end) {
+                buf |= static_cast<uint64_t>(*p++) << n;
+                n += 8;
+            }
+            if (n < 32) n = 32;  // past the end: zeros
+        }
+    }
+    uint32_t get(int bits) {  // bits <= 32
+        if (n < bits) refill();
+        const uint32_t v = static_cast<uint32_t>(buf & ((uint64_t{1} << bits) - 1));
+        buf >>= bits;
+        n -= bits;
+        return v;
+    }
+};
+
+// One chunk's Elias-Fano code (x: k strictly ascending indices < U, checked by the caller).
+void encode_entropy_chunk(BitWriter& w, const uint32_t* x, size_t k, int l, uint32_t high_max) {
+    const uint32_t low_mask = static_cast<uint32_t>((uint64_t{1} << l) - 1);
+    if (l > 0)
+        for (size_t i = 0; i < k; i++) w.put(x[i] & low_mask, static_cast<size_t>(l));
+    uint32_t prev = 0;
+    for (size_t i = 0; i < k; i++) {
+        const uint32_t h = x[i] >> l;
+        w.unary(h - prev);
+        prev = h;
+    }
+    w.zeros(high_max - prev);
+}
+
+// Decodes one chunk into x[0..k). Returns 0, or the error bit for a unary part without exactly k ones; range and
+// order are checked by the caller.
+int decode_entropy_chunk(BitReader& r, uint32_t* x, size_t k, int l, uint32_t high_max) {
+    if (l > 0)
+        for (size_t i = 0; i < k; i++) x[i] = r.get(l);
+    else
+        for (size_t i = 0; i < k; i++) x[i] = 0;
+    size_t remaining = k + high_max, pos = 0, count = 0;
+    while (remaining > 0) {
+        const int bits = static_cast<int>(std::min<size_t>(remaining, 32));
+        uint32_t word = r.get(bits);
+        while (word != 0) {
+            if (count == k) return 4;  // more ones than items
+            const size_t h = pos + static_cast<size_t>(std::countr_zero(word)) - count;
+            x[count] |= static_cast<uint32_t>(h << l);
+            count++;
+            word &= word - 1;
+        }
+        pos += static_cast<size_t>(bits);
+        remaining -= static_cast<size_t>(bits);
+    }
+    return count == k ? 0 : 4;
+}
+
 struct ChunkGroup {
     uint32_t tensor;
     size_t first, last;  // chunk range [first, last) inside the tensor
@@ -110,6 +228,16 @@ size_t value_part_bytes(const TensorPlan& t, llmc::DemoValueEncoding values) {
 
 size_t index_part_bytes(const TensorPlan& t, llmc::DemoIndexEncoding indices) {
     return round_up4(index_bytes_unpadded(t, t.selected(), indices));
+}
+
+int entropy_low_bits(size_t chunk_elems, size_t k) {
+    LLMC_CHECK(k >= 1 && k <= chunk_elems, "entropy_low_bits: need 1 <= k <= chunk elements");
+    return static_cast<int>(std::bit_width(chunk_elems / k)) - 1;
+}
+
+size_t entropy_chunk_bits(size_t chunk_elems, size_t k) {
+    const int l = entropy_low_bits(chunk_elems, k);
+    return k * static_cast<size_t>(l) + k + ((chunk_elems - 1) >> l);
 }
 
 size_t tensor_section_bytes(const TensorPlan& t, WireFormat format) {
@@ -159,7 +287,8 @@ void encode_bucket(const ModelPlan& plan, WireFormat format, const Selection& se
     store<uint64_t>(h + 24, plan.fingerprint());
 
     const std::vector<ChunkGroup> groups = chunk_groups(plan);
-#pragma omp parallel for schedule(dynamic, 16)
+    int unordered = 0;  // entropy: a chunk's indices not strictly ascending inside it (a caller's bug)
+#pragma omp parallel for schedule(dynamic, 16) reduction(| : unordered)
     for (size_t g = 0; g < groups.size(); g++) {
         const ChunkGroup& grp = groups[g];
         const TensorPlan& tp = plan.tensors[grp.tensor];
@@ -185,7 +314,23 @@ void encode_bucket(const ModelPlan& plan, WireFormat format, const Selection& se
             }
         }
         std::byte* idx_out = h + so.indices;
-        if (format.indices == llmc::DemoIndexEncoding::packed12) {
+        if (format.indices == llmc::DemoIndexEncoding::entropy) {
+            const int l = entropy_low_bits(tp.chunk_elems, tp.k);
+            const uint32_t high_max = static_cast<uint32_t>((tp.chunk_elems - 1) >> l);
+            const size_t chunk_bits = entropy_chunk_bits(tp.chunk_elems, tp.k);  // grp.first % 8 == 0: whole bytes
+            BitWriter w{reinterpret_cast<uint8_t*>(idx_out) + grp.first * chunk_bits / 8};
+            for (size_t c = grp.first; c < grp.last; c++) {
+                const uint32_t* x = idx + c * tp.k;
+                bool ok = x[tp.k - 1] < tp.chunk_elems;
+                for (size_t i = 1; i < tp.k; i++) ok = ok && x[i - 1] < x[i];
+                if (!ok) {
+                    unordered = 1;
+                    break;
+                }
+                encode_entropy_chunk(w, x, tp.k, l, high_max);
+            }
+            w.flush();
+        } else if (format.indices == llmc::DemoIndexEncoding::packed12) {
             auto* bytes = reinterpret_cast<uint8_t*>(idx_out);
             for (size_t j = j0; j < j1; j++) {
                 const size_t bit = 12 * j;
@@ -206,6 +351,8 @@ void encode_bucket(const ModelPlan& plan, WireFormat format, const Selection& se
             }
         }
     }
+    LLMC_CHECK(!unordered, "encode_bucket: --demo_indices entropy needs each chunk's indices strictly ascending and "
+                           "inside the chunk");
 }
 
 void decode_bucket(const ModelPlan& plan, WireFormat format, std::span<const std::byte> bucket, Selection& sel,
@@ -241,7 +388,9 @@ void decode_bucket(const ModelPlan& plan, WireFormat format, std::span<const std
 
     sel.resize(plan);
     const std::vector<ChunkGroup> groups = chunk_groups(plan);
-    int bad_index = 0;  // any index >= chunk_elems (a corrupt bucket); reported after the parallel loop
+    // error bits of a corrupt bucket, reported after the parallel loop: 1 an index >= chunk_elems; entropy only:
+    // 2 a chunk's indices not strictly ascending, 4 a unary part without exactly k ones, 8 padding bits not 0
+    int bad_index = 0;
 #pragma omp parallel for schedule(dynamic, 16) reduction(| : bad_index)
     for (size_t g = 0; g < groups.size(); g++) {
         const ChunkGroup& grp = groups[g];
@@ -273,7 +422,23 @@ void decode_bucket(const ModelPlan& plan, WireFormat format, std::span<const std
             }
         }
         const std::byte* idx_in = h + so.indices;
-        if (format.indices == llmc::DemoIndexEncoding::packed12) {
+        if (format.indices == llmc::DemoIndexEncoding::entropy) {
+            const int l = entropy_low_bits(tp.chunk_elems, tp.k);
+            const uint32_t high_max = static_cast<uint32_t>((tp.chunk_elems - 1) >> l);
+            const size_t chunk_bits = entropy_chunk_bits(tp.chunk_elems, tp.k);
+            const auto* part = reinterpret_cast<const uint8_t*>(idx_in);
+            BitReader r{part + grp.first * chunk_bits / 8, part + (so.end - so.indices)};
+            for (size_t c = grp.first; c < grp.last && bad_index == 0; c++) {
+                uint32_t* x = idx + c * tp.k;
+                bad_index |= decode_entropy_chunk(r, x, tp.k, l, high_max);
+                for (size_t i = 1; i < tp.k; i++) bad_index |= x[i - 1] < x[i] ? 0 : 2;
+            }
+            if (grp.last == tp.num_chunks) {  // the stream's tail up to the padded end must be 0
+                const size_t end_bit = tp.num_chunks * chunk_bits, end_byte = end_bit / 8;
+                if (end_bit % 8 != 0 && (part[end_byte] >> (end_bit % 8)) != 0) bad_index |= 8;
+                for (size_t b = (end_bit + 7) / 8; b < so.end - so.indices; b++) bad_index |= part[b] != 0 ? 8 : 0;
+            }
+        } else if (format.indices == llmc::DemoIndexEncoding::packed12) {
             const auto* bytes = reinterpret_cast<const uint8_t*>(idx_in);
             for (size_t j = j0; j < j1; j++) {
                 const size_t bit = 12 * j;
@@ -293,7 +458,13 @@ void decode_bucket(const ModelPlan& plan, WireFormat format, std::span<const std
         }
         for (size_t j = j0; j < j1; j++) bad_index |= idx[j] >= tp.chunk_elems ? 1 : 0;
     }
-    LLMC_CHECK(!bad_index, who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
+    LLMC_CHECK(!(bad_index & 4), who + ": an entropy-coded chunk whose unary part does not hold exactly k ones "
+                                      "(corrupt DeMo bucket)");
+    LLMC_CHECK(!(bad_index & 2),
+               who + ": entropy-coded indices of a chunk not strictly ascending (corrupt DeMo bucket)");
+    LLMC_CHECK(!(bad_index & 1), who + ": coefficient index outside its chunk (corrupt DeMo bucket)");
+    LLMC_CHECK(!(bad_index & 8), who + ": entropy-coded indices followed by padding bits that are not 0 (corrupt "
+                                      "DeMo bucket)");
 }
 
 }  // namespace demo

@@ -27,8 +27,12 @@ std::vector<Key<DemoConfig>> demo_config_keys() {
         key("demo_values", &DemoConfig::values, "DeMo values on the wire: fp32, bf16 or sign (1 bit)",
             {{"fp32", DemoValueEncoding::fp32}, {"bf16", DemoValueEncoding::bf16}, {"sign", DemoValueEncoding::sign}})
             .fixed(),
-        key("demo_indices", &DemoConfig::indices, "DeMo indices on the wire: auto (smallest integer) or packed12",
-            {{"auto", DemoIndexEncoding::smallest}, {"packed12", DemoIndexEncoding::packed12}})
+        key("demo_indices", &DemoConfig::indices,
+            "DeMo indices on the wire: auto (smallest integer), packed12 or entropy (Elias-Fano per chunk, about "
+            "log2(C(chunk elements, k)) bits; train_gpt_cpu only)",
+            {{"auto", DemoIndexEncoding::smallest},
+             {"packed12", DemoIndexEncoding::packed12},
+             {"entropy", DemoIndexEncoding::entropy}})
             .fixed(),
         key("demo_delay", &DemoConfig::delay,
             "DeMo: 1 applies each step's update at the next step, so the exchange overlaps that step's compute (0: "

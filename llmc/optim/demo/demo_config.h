@@ -10,7 +10,8 @@ namespace llmc {
 
 enum class DemoMomentum { lr_scaled, ema };          // delta = decay*delta + lr*g  |  decay*delta + (1-decay)*g
 enum class DemoValueEncoding { fp32, bf16, sign };   // values on the wire: exact, bf16, 1 bit (sign only)
-enum class DemoIndexEncoding { smallest, packed12 }; // chunk-local indices: u8/u16/u32 by chunk size | 12-bit
+// chunk-local indices: u8/u16/u32 by chunk size | 12-bit | Elias-Fano per chunk (codec.h)
+enum class DemoIndexEncoding { smallest, packed12, entropy };
 enum class DemoDct { fp32, tensor };                 // train_gpt: the compress kernel's DCTs in fp32 | on tensor cores
 enum class DemoMomentumDomain { spatial, dct };      // train_gpt: the 64 x 64 chunks' momentum as is | DCT-transformed
 // the chunks' basis: DCT-II | a seeded random orthogonal matrix | none (the identity: --optimizer topk)

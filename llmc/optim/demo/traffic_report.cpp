@@ -54,8 +54,8 @@ TrafficSummary summarize_traffic(const std::vector<NamedShape>& shapes, const Tr
     sum.allreduce_bf16 = 2 * (w - 1) * sum.grad_bf16 / w;
     const llmc::DemoValueEncoding values[3] = {llmc::DemoValueEncoding::fp32, llmc::DemoValueEncoding::bf16,
                                                llmc::DemoValueEncoding::sign};
-    const llmc::DemoIndexEncoding indices[2] = {llmc::DemoIndexEncoding::smallest,
-                                                llmc::DemoIndexEncoding::packed12};
+    const llmc::DemoIndexEncoding indices[3] = {llmc::DemoIndexEncoding::smallest, llmc::DemoIndexEncoding::packed12,
+                                                llmc::DemoIndexEncoding::entropy};
     for (int k : options.topks) {
         LLMC_CHECK(k >= 1, "--topk must be >= 1 (got " + std::to_string(k) + ")");
         const ModelPlan plan = plan_model(dims, static_cast<size_t>(options.chunk), static_cast<size_t>(k));
@@ -64,8 +64,8 @@ TrafficSummary summarize_traffic(const std::vector<NamedShape>& shapes, const Tr
         t.reference = reference_bytes(plan);
         t.packed12_valid = plan.max_chunk_elems <= kPacked12MaxChunkElems;
         for (int v = 0; v < 3; v++)
-            for (int i = 0; i < 2; i++)
-                if (i == 0 || t.packed12_valid) t.ours[v][i] = bucket_bytes(plan, WireFormat{values[v], indices[i]});
+            for (int i = 0; i < 3; i++)
+                if (i != 1 || t.packed12_valid) t.ours[v][i] = bucket_bytes(plan, WireFormat{values[v], indices[i]});
         sum.demo.push_back(t);
     }
     return sum;
@@ -97,7 +97,8 @@ void print_traffic_report(std::ostream& out, const std::string& title, const std
     out << "  ring all-reduce sent, 2(W-1)/W n   fp32 " << fmt("%10.3f", mb(s.allreduce_fp32)) << " MB   bf16 "
         << fmt("%10.3f", mb(s.allreduce_bf16)) << " MB\n\n";
 
-    const char* columns[7] = {"reference", "fp32+u16", "bf16+u16", "sign+u16", "fp32+p12", "bf16+p12", "sign+p12"};
+    const char* columns[10] = {"reference", "fp32+u16", "bf16+u16", "sign+u16", "fp32+p12", "bf16+p12", "sign+p12",
+                               "fp32+ef",   "bf16+ef",  "sign+ef"};
     auto header = [&](const char* what) {
         out << what << "\n     k";
         for (const char* c : columns) out << std::string(12 - std::string(c).size(), ' ') << c;
@@ -109,11 +110,11 @@ void print_traffic_report(std::ostream& out, const std::string& title, const std
         return t.ours[v][i];
     };
     header("DeMo MB per step per rank (reference = int64 index + fp32 value per coefficient; ours = value\n"
-           "encoding + index encoding (u16 = smallest integer, u8/u16/u32 by chunk size; p12 = 12-bit packed),\n"
-           "32-byte header and 4-byte padding per part included):");
+           "encoding + index encoding (u16 = smallest integer, u8/u16/u32 by chunk size; p12 = 12-bit packed;\n"
+           "ef = entropy, Elias-Fano per chunk), 32-byte header and 4-byte padding per part included):");
     for (const DemoTraffic& t : s.demo) {
         out << fmt("%6.0f", t.topk);
-        for (int col = 0; col < 7; col++) {
+        for (int col = 0; col < 10; col++) {
             const uint64_t b = cell(t, col);
             out << (col > 0 && b == 0 ? std::string("         n/a") : fmt("%12.3f", mb(b)));
         }
@@ -123,7 +124,7 @@ void print_traffic_report(std::ostream& out, const std::string& title, const std
     header("Ratio AdamW-DDP (ring all-reduce, fp32) / DeMo:");
     for (const DemoTraffic& t : s.demo) {
         out << fmt("%6.0f", t.topk);
-        for (int col = 0; col < 7; col++) {
+        for (int col = 0; col < 10; col++) {
             const uint64_t b = cell(t, col);
             out << (b == 0 ? std::string("         n/a")
                            : fmt("%11.1fx", static_cast<double>(s.allreduce_fp32) / static_cast<double>(b)));
@@ -134,7 +135,7 @@ void print_traffic_report(std::ostream& out, const std::string& title, const std
     header("Ratio reference / ours (bytes saved by the encoding alone):");
     for (const DemoTraffic& t : s.demo) {
         out << fmt("%6.0f", t.topk);
-        for (int col = 0; col < 7; col++) {
+        for (int col = 0; col < 10; col++) {
             const uint64_t b = cell(t, col);
             out << (b == 0 ? std::string("         n/a")
                            : fmt("%11.2fx", static_cast<double>(t.reference) / static_cast<double>(b)));

@@ -36,8 +36,8 @@ struct TrafficOptions {
 struct DemoTraffic {
     int topk = 0;
     uint64_t reference = 0;  // chunks * k * (8 + 4)
-    // ours[value][index]: value 0 fp32, 1 bf16, 2 sign; index 0 smallest, 1 packed12 (0 when not valid)
-    uint64_t ours[3][2] = {};
+    // ours[value][index]: value 0 fp32, 1 bf16, 2 sign; index 0 smallest, 1 packed12 (0 when not valid), 2 entropy
+    uint64_t ours[3][3] = {};
     bool packed12_valid = false;
 };
 
