@@ -23,6 +23,7 @@
 #include "llmc/optim/demo/demo_config.h"
 #include "llmc/optim/diloco/diloco_config.h"
 #include "llmc/optim/signum/signum_config.h"
+#include "llmc/optim/powersgd/powersgd_config.h"
 
 namespace llmc {
 
@@ -42,6 +43,7 @@ struct OptimizerConfig {
     DemoConfig demo;
     DilocoConfig diloco;
     SignumConfig signum;
+    PowerSgdConfig powersgd;
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.

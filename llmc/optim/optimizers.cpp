@@ -6,12 +6,14 @@
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/diloco/diloco.h"
 #include "llmc/optim/signum/signum.h"
+#include "llmc/optim/powersgd/powersgd.h"
 
 namespace llmc {
 
 const std::vector<OptimizerFamily>& optimizer_families() {
     static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
-                                                          signum_family(), demo::topk_family()};
+                                                          signum_family(), demo::topk_family(),
+                                                          powersgd_family()};
     return families;
 }
 

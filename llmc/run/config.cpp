@@ -21,6 +21,7 @@ AdamWConfig& adamw_part(TrainConfig& c) { return c.optim.adamw; }
 DemoConfig& demo_part(TrainConfig& c) { return c.optim.demo; }
 DilocoConfig& diloco_part(TrainConfig& c) { return c.optim.diloco; }
 SignumConfig& signum_part(TrainConfig& c) { return c.optim.signum; }
+PowerSgdConfig& powersgd_part(TrainConfig& c) { return c.optim.powersgd; }
 CudaOptions& cuda_part(TrainConfig& c) { return c.cuda; }
 CommOptions& comm_part(TrainConfig& c) { return c.comm; }
 
@@ -127,6 +128,7 @@ Schema<TrainConfig> make_schema() {
         .add("optimizer", demo_part, demo_config_keys())
         .add("optimizer", diloco_part, diloco_config_keys())
         .add("optimizer", signum_part, signum_config_keys())
+        .add("optimizer", powersgd_part, powersgd_config_keys())
         .add("cuda", cuda_part, cuda_option_keys())
         .add("cuda", demo_part, demo_cuda_keys())
         .add("comm", comm_part, comm_option_keys());
