@@ -25,6 +25,7 @@
 #include "llmc/optim/diloco/diloco_config.h"
 #include "llmc/optim/diloco/sparseloco_config.h"
 #include "llmc/optim/signum/signum_config.h"
+#include "llmc/optim/powersgd/powersgd_config.h"
 
 namespace llmc {
 
@@ -46,6 +47,7 @@ struct OptimizerConfig {
     SignumConfig signum;
     RandomkConfig randomk;  // --optimizer randomk (demo/randomk.h): its index seed; the rest is DeMo's
     SparselocoConfig sparseloco;  // SparseLoCo's own keys; it shares diloco's
+    PowerSgdConfig powersgd;
 };
 
 // The options every optimizer shares: weight_decay, decay_groups, grad_clip.

@@ -8,13 +8,14 @@
 #include "llmc/optim/diloco/diloco.h"
 #include "llmc/optim/diloco/sparseloco.h"
 #include "llmc/optim/signum/signum.h"
+#include "llmc/optim/powersgd/powersgd.h"
 
 namespace llmc {
 
 const std::vector<OptimizerFamily>& optimizer_families() {
     static const std::vector<OptimizerFamily> families = {adamw_family(), demo::demo_family(), diloco_family(),
                                                           signum_family(), demo::topk_family(),
-                                                          demo::randomk_family(), sparseloco_family()};
+                                                          demo::randomk_family(), sparseloco_family(), powersgd_family()};
     return families;
 }
 

@@ -23,6 +23,7 @@ DilocoConfig& diloco_part(TrainConfig& c) { return c.optim.diloco; }
 SignumConfig& signum_part(TrainConfig& c) { return c.optim.signum; }
 RandomkConfig& randomk_part(TrainConfig& c) { return c.optim.randomk; }
 SparselocoConfig& sparseloco_part(TrainConfig& c) { return c.optim.sparseloco; }
+PowerSgdConfig& powersgd_part(TrainConfig& c) { return c.optim.powersgd; }
 CudaOptions& cuda_part(TrainConfig& c) { return c.cuda; }
 CommOptions& comm_part(TrainConfig& c) { return c.comm; }
 
@@ -131,6 +132,7 @@ Schema<TrainConfig> make_schema() {
         .add("optimizer", signum_part, signum_config_keys())
         .add("optimizer", randomk_part, randomk_config_keys())
         .add("optimizer", sparseloco_part, sparseloco_config_keys())
+        .add("optimizer", powersgd_part, powersgd_config_keys())
         .add("cuda", cuda_part, cuda_option_keys())
         .add("cuda", demo_part, demo_cuda_keys())
         .add("comm", comm_part, comm_option_keys());

@@ -111,7 +111,7 @@ TEST(bad_flags_are_named) {
     EXPECT_ERROR(parse({"--lr", "fast"}, cfg), "--lr: expected a number, got 'fast'");
     EXPECT_ERROR(parse({"--steps", "1.5"}, cfg), "--steps: expected an integer");
     EXPECT_ERROR(parse({"--steps"}, cfg), "--steps: missing value");
-    EXPECT_ERROR(parse({"--optimizer", "sgd"}, cfg), "--optimizer: 'sgd' is not one of: adamw, demo, diloco, signum, topk, randomk, sparseloco");
+    EXPECT_ERROR(parse({"--optimizer", "sgd"}, cfg), "--optimizer: 'sgd' is not one of: adamw, demo, diloco, signum, topk, randomk, sparseloco, powersgd");
     EXPECT_ERROR(parse({"--shuffle=maybe"}, cfg), "--shuffle: expected true or false");
     EXPECT_ERROR(parse({"stray"}, cfg), "unexpected argument 'stray'");
     EXPECT_ERROR(parse({"--seq_len", "2048"}, cfg), "--seq_len 2048 exceeds max_seq_len 1024");
