@@ -132,8 +132,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         return 0;
     }
     (void)use_flash_attention(cfg.model, cfg.cuda.attention);  // --attention flash where it cannot run fails here
-    check_device_optimizer(cfg.optimizer);  // --optimizer signum (CPU only) fails here, before any GPU work
-    check_device_demo_options(cfg.optimizer, cfg.optim);  // --demo_indices entropy (CPU only) too
+    check_device_optimizer(cfg.optimizer, cfg.optim);  // CPU-only optimizers and options fail here, before any GPU work
     if (!cuda_device_present()) fail("no CUDA device found: train_gpt needs an NVIDIA GPU (train_gpt_cpu runs without one)");
 
     // One GPU per rank; NCCL for the training collectives (world of one: no NCCL at all), or MPI through
@@ -192,6 +191,8 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         if (cfg.optimizer == "demo") {
             const std::string late = optimizer_family("demo").describe(cfg.optim);
             optimizer += " (" + demo::kernel_choice(cfg.optim.demo).describe() + (late.empty() ? "" : ", " + late) + ")";
+        } else if (cfg.optimizer == "topk") {  // no DCTs: the kernel choice does not apply
+            optimizer += " (" + optimizer_family("topk").describe(cfg.optim) + ")";
         }
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);

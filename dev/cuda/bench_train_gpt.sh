@@ -7,7 +7,8 @@
 # attention; on Hopper both GELU epilogues); then both optimizers with --attention matmul (cuBLASLt +
 # softmax attention), and AdamW with --gelu_fusion forward (the forward GELU epilogue only), so every default is
 # timed against its alternative, and DeMo with its other kernel choices: --demo_dct tensor (the compress
-# kernel's DCTs on the tensor cores), --demo_momentum_domain dct (the momentum in the DCT domain) and both. When
+# kernel's DCTs on the tensor cores), --demo_momentum_domain dct (the momentum in the DCT domain) and both, and
+# --optimizer topk (the same kernels without their DCTs) against DeMo. When
 # LLMC_UPSTREAM names a built llm.c train_gpt2cu, it runs that too, at the same batch and data, for a same-GPU
 # baseline. AdamW also runs with --flash_dq shares_last (the flash backward's per-pair dQ shares summed by the
 # last key tile to write, not by a second kernel: the same bits), --flash_dq atomic (dQ summed across blocks in
@@ -15,8 +16,8 @@
 # traffic), with --matmul_tune true (each matmul's algorithm the fastest of cuBLASLt's
 # candidates), with --cuda_graph true (each micro-step one CUDA graph; DeMo too) and with --bias_grad epilogue
 # (the qkv and fc bias gradients from cuBLASLt's BGRADB epilogue, not a column reduction). BENCH_QUICK=1 runs only
-# the default-attention runs (AdamW, its three dQ runs, its tuned matmuls, graphs and bias epilogue, and DeMo's four
-# kernel choices and graphs), for
+# the default-attention runs (AdamW, its three dQ runs, its tuned matmuls, graphs and bias epilogue, DeMo's four
+# kernel choices and graphs, and topk), for
 # short GPU sessions. BENCH_DEMO_TUNINGS="2 8" adds a DeMo run per listed tuning of the DeMo kernels
 # (--demo_kernel_tuning: the kernel lab's candidates in whole steps), right
 # after the default DeMo run.
@@ -105,6 +106,8 @@ run_ours demo-dctmomentum demo --demo_topk 32 --demo_momentum_domain dct
 ratio adamw demo-dctmomentum "DeMo step with --demo_momentum_domain dct / AdamW step"
 run_ours demo-tensordct-dctmomentum demo --demo_topk 32 --demo_dct tensor --demo_momentum_domain dct
 ratio adamw demo-tensordct-dctmomentum "DeMo step with --demo_dct tensor --demo_momentum_domain dct / AdamW step"
+run_ours topk topk --demo_topk 32
+ratio demo topk "topk step (DeMo's kernels without their DCTs) / DeMo step"
 [[ ${BENCH_QUICK:-0} == 1 ]] && exit 0
 run_ours adamw-matmul adamw --attention matmul
 run_ours demo-matmul demo --demo_topk 32 --attention matmul

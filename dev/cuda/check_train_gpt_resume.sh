@@ -3,7 +3,8 @@
 # of ./train_gpt give bit-identical losses, and a run resumed from its step-3 checkpoint gives steps 4-6 and
 # the final val loss bit-identical to the uninterrupted run (master weights, optimizer state, data position
 # and the stochastic-rounding stream all continue); AdamW once more with --attention flash, DeMo once more with
-# its momentum in the DCT domain (--demo_momentum_domain dct) and with --demo_delay 1, eager and stale. Small model
+# its momentum in the DCT domain (--demo_momentum_domain dct) and with --demo_delay 1, eager and stale, and
+# --optimizer topk (DeMo's kernels without their DCTs). Small model
 # (configs/tiny.json) on the default corpus.
 # Exit 0 pass, 1 fail, 77 skipped (no GPU, no ./train_gpt or no data).
 set -uo pipefail
@@ -21,7 +22,7 @@ losses() {  # losses <run dir>: train losses then the last val loss, one per lin
 rows=[json.loads(l) for l in open(sys.argv[1]+"/metrics.jsonl")]
 print("\n".join(repr(r["loss"]) for r in rows if r["type"]=="train")); print([r["val_loss"] for r in rows if r["type"]=="val"][-1])' "$1"
 }
-for opt in adamw demo adamw-flash demo-dct demo-delay demo-stale; do
+for opt in adamw demo adamw-flash demo-dct demo-delay demo-stale topk; do
   common=(--config configs/tiny.json --batch_size 4 --seq_len 64 --steps 6 --optimizer "${opt%-*}" --lr 1e-3
           --val_every 0 --val_batches 2 --checkpoint_every 3 --keep_checkpoints 0 --log_every 6)
   # adamw-flash: --attention flash, which needs a head size of 64 (the tiny model with one head)

@@ -10,38 +10,41 @@
 #include "llmc/optim/adamw/adamw.cuh"
 #include "llmc/comm/topology.h"
 #include "llmc/optim/demo/demo_cuda.cuh"
+#include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/demo/flexdemo_cuda.cuh"
 #include "llmc/optim/optimizer_cuda.cuh"
 
 namespace llmc {
 
-// Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum): train_gpt calls it before
-// it touches the GPU, so the message comes first on any machine.
-inline void check_device_optimizer(const std::string& name) {
-    if (name != "adamw" && name != "demo")
-        fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+// The config an optimizer of the DeMo family runs with: --optimizer topk is DeMo with no transform (demo::as_topk,
+// the CPU registry's rule), which the kernels' IDENTITY instantiations run.
+inline OptimizerConfig device_optimizer_config(const std::string& name, const OptimizerConfig& config) {
+    return name == "topk" ? demo::as_topk(config) : config;
 }
 
-// DeMo options the device kernels do not implement, refused in one line before any GPU work (train_gpt calls it
-// after check_device_optimizer): the kernels pack and unpack the smallest and packed12 indices only.
-inline void check_device_demo_options(const std::string& name, const OptimizerConfig& config) {
-    if (name == "demo" && config.demo.indices == DemoIndexEncoding::entropy)
+// Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum), or a DeMo transform
+// or kernel option the kernels do not run (--demo_transform random; topk with the DCT kernels' options; the
+// entropy-coded indices, which the kernels do not pack): train_gpt calls it before it touches the GPU, so the
+// message comes first on any machine.
+inline void check_device_optimizer(const std::string& name, const OptimizerConfig& config) {
+    if (name != "adamw" && name != "demo" && name != "topk")
+        fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
+    if (name == "adamw") return;
+    demo::check_device_transform(device_optimizer_config(name, config).demo);
+    if (config.demo.indices == DemoIndexEncoding::entropy)
         fail("--demo_indices entropy: train_gpt's DeMo kernels pack auto and packed12 indices only (train_gpt_cpu runs "
              "it)");
 }
 
 // `overlap`: AdamW-DDP's all-reduce overlapped with the backward (the trainer reports the final gradient ranges).
 // --shard_group_size S > 1 (resolved here, a collective: auto asks the transport for the ranks on a host): sharded
-// AdamW (ZeRO-1 at S = world), and FlexDeMo for demo (also at S = 1 with --demo_replicate_every > 1).
-inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string& name, const OptimizerConfig& config,
+// AdamW (ZeRO-1 at S = world), and FlexDeMo for demo and topk (also at S = 1 with --demo_replicate_every > 1).
+inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string& name, const OptimizerConfig& given,
                                                               const ParamLayout& layout, Transport& transport,
                                                               cudaStream_t stream, bool stochastic_rounding,
                                                               uint32_t seed, bool overlap) {
-    check_device_optimizer(name);
-    check_device_demo_options(name, config);
-    // The kernels fold every DCT by its even/odd symmetry, which a random orthogonal basis lacks.
-    if (name == "demo" && config.demo.transform != DemoTransform::dct)
-        fail("--demo_transform random: train_gpt's DeMo kernels run the DCT only (train_gpt_cpu runs random)");
+    check_device_optimizer(name, given);
+    const OptimizerConfig config = device_optimizer_config(name, given);
     const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,

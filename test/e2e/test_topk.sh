@@ -2,7 +2,8 @@
 # --optimizer topk (DeMo without the transform) through train_gpt_cpu on 2 ranks (the step itself is checked against
 # dev/reference/demo_reference.py's identity transform by test_demo_reference.sh: cases r1/r2/r4_topk_*): the loss
 # falls, every rank's weights agree after every step, the bytes per step equal DeMo's (the same wire format and k),
-# a checkpoint resumed at step 3 gives the straight run's bits, and the refusals are one line each.
+# a checkpoint resumed at step 3 gives the straight run's bits, and the refusals are one line each (train_gpt's
+# too: the DCT kernels' options with topk, a random transform).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source test/support/checks.sh
@@ -41,8 +42,21 @@ check([r["step"] for r in resumed] == [4, 5, 6] and all(a["loss"] == b["loss"] a
 sys.exit(0 if ok else 1)
 PY
 expect_error "--optimizer topk has no transform" ./train_gpt_cpu "${base[@]}" --optimizer topk --demo_transform random --out_dir "$tmp/x"
+# topk's refusal is topk's alone: every optimizer's options are validated on every run, and DeMo takes a transform
+check "train_gpt_cpu --optimizer demo --demo_transform random passes (a dry run)" bash -c '"$@" >/dev/null' _ \
+  ./train_gpt_cpu "${base[@]}" --optimizer demo --demo_transform random --dry_run true --out_dir "$tmp/z"
+expect_error "--optimizer topk has no transform" ./train_gpt_cpu "${base[@]}" --optimizer topk --demo_transform random \
+  --dry_run true --out_dir "$tmp/x"
+# train_gpt runs topk (checked against train_gpt_cpu by test/emulated/emulated_gpu_checks.py); what its kernels do
+# not run is refused in one line before any GPU work, so on any machine
 for gpu in ./train_gpt build/emu/train_gpt; do
-  [[ -x $gpu ]] && expect_error "'topk' has no CUDA implementation" "$gpu" "${base[@]}" --optimizer topk --out_dir "$tmp/y"
+  [[ -x $gpu ]] || continue
+  expect_error "--demo_transform random: train_gpt's DeMo kernels run the DCT or no transform" "$gpu" "${base[@]}" \
+    --optimizer demo --demo_transform random --out_dir "$tmp/y"
+  expect_error "--demo_momentum_domain dct: --optimizer topk has no transform" "$gpu" "${base[@]}" --optimizer topk \
+    --demo_momentum_domain dct --out_dir "$tmp/y"
+  expect_error "--demo_dct tensor: --optimizer topk has no DCTs" "$gpu" "${base[@]}" --optimizer topk --demo_dct tensor \
+    --out_dir "$tmp/y"
 done
 echo "$failures failure(s)"
 [[ $failures -eq 0 ]]

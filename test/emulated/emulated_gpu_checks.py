@@ -30,6 +30,8 @@ by test/emulated/test_emulated_gpu.sh, which writes the PyTorch references first
 - DeMo with the momentum in the DCT domain (--demo_momentum_domain dct, with fp32 and tensor-core DCTs) trains as
   the CPU trainer to rounding; its checkpoints record the domain (its own resume is bit-identical, the CPU
   trainer resumes it converted).
+- --optimizer topk (DeMo without the transform: the kernels' IDENTITY instantiations) gives the CPU trainer's topk
+  losses and bytes on 1 and 2 ranks (fp32), and a bf16 run resumes bit for bit.
 - DeMo with the kernel lab's tunings (--demo_kernel_tuning 0, 1, 2, 3 in fp32, 0 and 1 in bf16) gives the
   default kernels' bits (tuning 3: --demo_dct tensor's); tunings 0, 2 and 3 run the exact apply, the default
   the lean I/O one.
@@ -521,6 +523,31 @@ def olmo_checks(steps):
              resumed, full.tail(2))
 
 
+def topk_checks(steps, emu_demo1):
+    """--optimizer topk (DeMo without the transform: the kernels' IDENTITY instantiations, no DCTs) against the CPU
+    trainer's topk, 1 and 2 ranks: losses to DeMo's tolerance, the bytes per step the CPU trainer's, and not the
+    losses of emu_demo1 (the fp32 DeMo run on 1 rank); a bf16 run resumed at step 2 gives the straight run's steps
+    3-4 bit for bit."""
+    topk = steps + ["--optimizer", "topk"]
+    cpu_topk1 = run(CPU, "cpu-topk-1", topk)
+    emu_topk1 = run(EMU["fp32"], "fp32-topk-1", topk)
+    compare("fp32 topk, 1 rank, vs CPU trainer", emu_topk1, cpu_topk1, "loss", 1e-4)
+    compare("fp32 topk, 1 rank, vs CPU trainer", emu_topk1, cpu_topk1, "grad_norm", 1e-3)
+    check(lambda a=emu_topk1, b=emu_demo1: value(a) is not None and value(b) is not None and
+          any(x["loss"] != y["loss"] for x, y in zip(value(a)[1:], value(b)[1:])),
+          "fp32 topk, 1 rank: its losses are not DeMo's (no DCT)")
+    cpu_topk2 = run(CPU, "cpu-topk-2", topk, ranks=2)
+    emu_topk2 = run(EMU["fp32"], "fp32-topk-2", topk, ranks=2)
+    compare("fp32 topk, 2 ranks (NCCL transport), vs CPU trainer", emu_topk2, cpu_topk2, "loss", 1e-4)
+    same("fp32 topk, 2 ranks: bytes sent and received per step equal the CPU trainer's", emu_topk2, cpu_topk2,
+         keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+    keep_topk = ["--steps", "4", "--checkpoint_every", "2", "--keep_checkpoints", "0", "--optimizer", "topk"]
+    full = run(EMU["bf16"], "bf16-topk-full", keep_topk)
+    step2 = os.path.join(TMP, "bf16-topk-full", "checkpoints", "step_00000002")
+    resumed = run(EMU["bf16"], "bf16-topk-resumed", keep_topk + ["--resume", step2], after=[full])
+    same("bf16 topk: resumed at step 2, steps 3-4 bit-identical to the straight run", resumed, full.tail(2))
+
+
 def write_choices():
     """llm.c's eval file of 14 multiple-choice examples cut from the validation shard: a 20-token context, then its
     true next 4-11 tokens among 3 other spans (rows fit --seq_len 32 + 1); returns its path."""
@@ -771,6 +798,8 @@ def main():
         compare(f"fp32 demo {tag}, 2 ranks, vs CPU trainer", emu2, cpu2, "loss", 1e-4)
         same(f"fp32 demo {tag}, 2 ranks: bytes per step equal the CPU trainer's", emu2, cpu2,
              keys=("bytes_sent", "bytes_recv", "payload_bytes"))
+
+    topk_checks(steps, emu_demo1)
 
     # bf16: attention kinds and GELU fusion levels against the CPU trainer (one head of 64: flash's shape).
     one_head = steps + ["--num_heads", "1"]

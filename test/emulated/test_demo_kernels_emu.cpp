@@ -63,8 +63,8 @@ void emulate_launches(const demo::KernelConfig& kc, const cm::LaunchTables& lt, 
 }
 
 // TUNE as demo::launch_compress takes it: a lean_io tuning runs as its twin without lean I/O where the rows do
-// not fit 16-byte accesses.
-template <int TUNE = 0>
+// not fit 16-byte accesses. IDENTITY: the kernels without a transform (--optimizer topk).
+template <int TUNE = 0, bool IDENTITY = false>
 std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<float>& momentum,
                                         const std::vector<float>& grads, const cm::CompressParams& cp, emu::Order order) {
     const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
@@ -74,7 +74,7 @@ std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<fl
         if (!fits) return {};
     } else if constexpr (demo::kTunings[TUNE].lean_io) {
         if (!demo::lean_io_fits(kc, momentum.data(), grads.data()))
-            return emulate_compress<demo::without_lean_io(TUNE)>(pt, momentum, grads, cp, order);
+            return emulate_compress<demo::without_lean_io(TUNE), IDENTITY>(pt, momentum, grads, cp, order);
     }
     const demo::KernelTables kt = demo::kernel_tables(pt);
     const cm::LaunchTables& lt = kt.order;
@@ -82,10 +82,10 @@ std::vector<std::byte> emulate_compress(const cm::PlanTables& pt, std::vector<fl
     std::memcpy(bucket.data(), pt.header.data(), demo::kBucketHeaderBytes);
     const demo::CompressArgs args{nullptr, 0, kt.folded.data(), pt.bases.natural.data(), momentum.data(),
                                   grads.data(), bucket.data(), cp, kc.compress};
-    auto fixed = [](const demo::CompressArgs& a) { demo::demo_compress_kernel<256, cm::kFixedChunk, TUNE>(a); };
+    auto fixed = [](const demo::CompressArgs& a) { demo::demo_compress_kernel<256, cm::kFixedChunk, TUNE, IDENTITY>(a); };
     auto general = [&kc](const demo::CompressArgs& a) {
-        if (kc.threads == 256) demo::demo_compress_kernel<256, 0>(a);
-        else demo::demo_compress_kernel<1024, 0>(a);
+        if (kc.threads == 256) demo::demo_compress_kernel<256, 0, 0, IDENTITY>(a);
+        else demo::demo_compress_kernel<1024, 0, 0, IDENTITY>(a);
     };
     emulate_launches(kc, lt, demo::fixed_compress_layout(kc, TUNE), kc.compress_general, order, args, fixed, general);
     std::vector<std::byte> out(bucket.size());
@@ -99,7 +99,7 @@ struct ApplyOut {
     uint32_t error[2];
 };
 // launch_world: the world the launch is configured for (make_kernel_config), >= world (0: world).
-template <int TUNE = 0>
+template <int TUNE = 0, bool IDENTITY = false>
 ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<std::byte>& buckets,
                        const std::vector<float>& master0, const cm::ApplyParams& ap, uint32_t seed, bool stochastic,
                        emu::Order order, int launch_world = 0) {
@@ -108,15 +108,17 @@ ApplyOut emulate_apply(const cm::PlanTables& pt, int world, const std::vector<st
     ApplyOut out{master0, std::vector<llmc::floatX>(master0.size()), {0u, UINT32_MAX}};
     if constexpr (demo::kTunings[TUNE].lean_io) {  // as demo::launch_apply
         if (!demo::lean_apply_fits(kc, out.master.data(), out.params.data()))
-            return emulate_apply<demo::without_lean_io(TUNE)>(pt, world, buckets, master0, ap, seed, stochastic, order,
-                                                              launch_world);
+            return emulate_apply<demo::without_lean_io(TUNE), IDENTITY>(pt, world, buckets, master0, ap, seed, stochastic,
+                                                                        order, launch_world);
     }
     const demo::ApplyArgs args{nullptr, 0, pt.bases.natural.data(), reinterpret_cast<const uint8_t*>(buckets.data()),
                                out.master.data(), out.params.data(), ap, seed, stochastic, out.error, kc.apply};
-    auto fixed = [](const demo::ApplyArgs& a) { demo::demo_apply_kernel<256, cm::kFixedChunk, demo::apply_tuning(TUNE)>(a); };
+    auto fixed = [](const demo::ApplyArgs& a) {
+        demo::demo_apply_kernel<256, cm::kFixedChunk, demo::apply_tuning(TUNE), IDENTITY>(a);
+    };
     auto general = [&kc](const demo::ApplyArgs& a) {
-        if (kc.threads == 256) demo::demo_apply_kernel<256, 0>(a);
-        else demo::demo_apply_kernel<1024, 0>(a);
+        if (kc.threads == 256) demo::demo_apply_kernel<256, 0, 0, IDENTITY>(a);
+        else demo::demo_apply_kernel<1024, 0, 0, IDENTITY>(a);
     };
     emulate_launches(kc, lt, kc.apply, kc.apply_general, order, args, fixed, general);
     return out;
@@ -161,11 +163,13 @@ const char* order_name(emu::Order o) {
 }
 
 // Compress, then apply the resulting bucket with (world - 1) more ranks' buckets from the host reference.
-// TUNE: the tuning of the 64 x 64 kernels (demo::kTunings).
-template <int TUNE = 0>
+// TUNE: the tuning of the 64 x 64 kernels (demo::kTunings); IDENTITY: the kernels without a transform, whose
+// host reference is cfg's (cm::PlanTables::identity: demo_transform identity).
+template <int TUNE = 0, bool IDENTITY = false>
 void check_case(const std::string& name, const ParamLayout& layout, const OptimizerConfig& cfg, uint64_t seed,
                 emu::Order order, int world = 1) {
     const cm::PlanTables pt = cm::plan_tables(cfg, layout);
+    EXPECT_EQ(pt.identity, IDENTITY);
     const size_t n = layout.num_params;
     const std::vector<float> m0 = testing::random_normal(n, seed, 1e-3f), grads = testing::random_normal(n, seed + 1, 1.0f);
     const cm::CompressParams cp = cm::compress_params(cfg, 6e-4f, 0.75f);
@@ -182,7 +186,7 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     cm::CompressParams cp_device = cp;
     cp_device.clip = std::nanf("");
     cp_device.clip_device = &device_clip;
-    const std::vector<std::byte> b_emu = emulate_compress<TUNE>(pt, m_emu, grads, cp_device, order);
+    const std::vector<std::byte> b_emu = emulate_compress<TUNE, IDENTITY>(pt, m_emu, grads, cp_device, order);
     if (kDctMomentum) cm::convert_momentum(pt.plan, m_emu, Domain::dct64, Domain::spatial);
     std::vector<std::byte> b_ref;
     cm::compress_plan_host(pt, m_ref.data(), grads.data(), cp, b_ref);
@@ -191,9 +195,10 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     for (size_t i = 0; i < n; i++) mom_diffs += km::float_to_bits(m_emu[i]) != km::float_to_bits(m_ref[i]);
     const demo::KernelConfig kc = demo::make_kernel_config(pt, 1);
     const int ran = demo::lean_io_fits(kc, m_emu.data(), grads.data()) ? TUNE : demo::without_lean_io(TUNE);
-    std::printf("  %s [%s, tuning %d%s]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes "
+    std::printf("  %s [%s, tuning %d%s%s]: %zu chunks (%llu fixed 64x64, %llu general, %d threads): compress %zu bucket bytes "
                 "and %zu momentum values differ",
                 name.c_str(), order_name(order), TUNE, ran == TUNE ? "" : (" run as " + std::to_string(ran)).c_str(),
+                IDENTITY ? ", no transform" : "",
                 pt.plan.total_chunks, (unsigned long long)lt.fixed_chunks,
                 (unsigned long long)lt.general_chunks, kc.threads, byte_diffs, mom_diffs);
     constexpr bool kExact = demo::is_exact_tuning(TUNE);
@@ -224,7 +229,7 @@ void check_case(const std::string& name, const ParamLayout& layout, const Optimi
     EXPECT_EQ(err_ref, 0u);
     for (const bool stochastic : {true, false}) {
         const uint32_t sr_seed = 0x5eed0000u + uint32_t(seed);
-        const ApplyOut a = emulate_apply<TUNE>(pt, world, all, p0, ap, sr_seed, stochastic, order);
+        const ApplyOut a = emulate_apply<TUNE, IDENTITY>(pt, world, all, p0, ap, sr_seed, stochastic, order);
         size_t master_diffs = 0, param_diffs = 0;
         for (size_t i = 0; i < n; i++) {
             master_diffs += km::float_to_bits(a.master[i]) != km::float_to_bits(p_ref[i]);
@@ -606,6 +611,101 @@ TEST(chunk96_1024_threads_match_host_reference) {
     check_case("[192,288]+[384], --demo_chunk 96 topk 32", ParamLayout::of_shapes({{192, 288}, {384}, {3, 5}}),
                cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32, 96), 70,
                emu::Order::Forward, 2);
+}
+
+// --optimizer topk: the kernels without a transform (IDENTITY) against the host reference's identity path, on the
+// mixed plan (unaligned: the 64 x 64 chunks run kIdentityTuning's twin without lean I/O, plus the general kernels),
+// on aligned 64 x 64 rows (kIdentityTuning: lean I/O, register top-k, the feedback in place), with every wire format,
+// EMA momentum and alpha 0.2, --demo_chunk 16 and 96 (1024 threads), k >= n, 1-3 ranks; ties and zeros too. Beside
+// the reference, what top-k of the momentum means, checked from the bucket through the CPU codec (fp32 values):
+// each chunk sends the updated momentum's own values, and none left out is larger in magnitude than one sent.
+void check_identity_selection(const cm::PlanTables& pt, const std::vector<float>& m0, const std::vector<float>& grads,
+                              const cm::CompressParams& cp, const std::vector<std::byte>& bucket) {
+    demo::Selection sel;
+    demo::decode_bucket(pt.plan, pt.format, bucket, sel, "identity bucket");
+    size_t wrong_values = 0, larger_left_out = 0;
+    for (size_t t = 0; t < pt.tensors.size(); t++) {
+        const cm::ChunkTensor& ct = pt.tensors[t];
+        const demo::TensorPlan& tp = pt.plan.tensors[t];
+        for (uint64_t c = 0; c < tp.num_chunks; c++) {
+            const uint64_t origin = cm::chunk_origin(ct, c);
+            auto x = [&](uint32_t i) {
+                const uint64_t g = origin + uint64_t(i / ct.n2) * ct.cols + i % ct.n2;
+                return cm::momentum_update(m0[g], grads[g], cp.clip, cp.decay, cp.grad_scale);
+            };
+            std::vector<bool> sent(tp.chunk_elems, false);
+            float smallest = INFINITY;
+            for (size_t j = 0; j < tp.k; j++) {
+                const size_t item = tp.select_offset + c * tp.k + j;
+                const uint32_t i = sel.indices[item];
+                sent[i] = true;
+                wrong_values += km::float_to_bits(sel.values[item]) != km::float_to_bits(x(i));
+                smallest = std::min(smallest, std::fabs(x(i)));
+            }
+            for (uint32_t i = 0; i < tp.chunk_elems; i++) larger_left_out += !sent[i] && std::fabs(x(i)) > smallest;
+        }
+    }
+    std::printf("    top-k of the momentum through the CPU codec: %zu values not the momentum's, %zu larger ones left out\n",
+                wrong_values, larger_left_out);
+    EXPECT_EQ(wrong_values, size_t{0});
+    EXPECT_EQ(larger_left_out, size_t{0});
+}
+
+TEST(identity_kernels_match_host_reference) {
+    constexpr int T = demo::kIdentityTuning;
+    auto topk = [](llmc::OptimizerConfig c) { return demo::as_topk(c); };
+    const auto fp32 = topk(cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 32));
+    const auto bf16 = topk(cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::packed12, DemoMomentum::ema, 0.2f, 5));
+    const auto sign = topk(cm::demo_config(DemoValueEncoding::sign, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled, 1.0f, 3));
+    const ParamLayout mixed = ParamLayout::of_shapes(kMixed);
+    const ParamLayout aligned = ParamLayout::of_shapes({{192, 128}, {64, 67}, {7}});
+    EXPECT(!demo::make_kernel_config(cm::plan_tables(fp32, mixed), 1).vec4_io);
+    EXPECT(demo::make_kernel_config(cm::plan_tables(fp32, aligned), 1).vec4_io);
+    check_case<T, true>("topk: mixed fp32/smallest/lr/k32", mixed, fp32, 300, emu::Order::Forward);
+    check_case<T, true>("topk: aligned fp32/smallest/lr/k32", aligned, fp32, 310, emu::Order::Shuffled, 2);
+    check_case<T, true>("topk: aligned bf16/packed12/ema/a0.2/k5", aligned, bf16, 320, emu::Order::WarpSerial, 3);
+    check_case<T, true>("topk: aligned sign/smallest/lr/k3", aligned, sign, 330, emu::Order::Reverse, 2);
+    check_case<T, true>("topk: small mixed, --demo_chunk 16 topk 7 packed12", ParamLayout::of_shapes({{64, 48}, {50}, {3, 5}}),
+                        topk(cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::packed12, DemoMomentum::lr_scaled,
+                                             0.5f, 7, 16)),
+                        340, emu::Order::Shuffled, 2);
+    check_case<T, true>("topk: [192,288]+[384], --demo_chunk 96 topk 32", ParamLayout::of_shapes({{192, 288}, {384}, {3, 5}}),
+                        topk(cm::demo_config(DemoValueEncoding::bf16, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled,
+                                             1.0f, 32, 96)),
+                        350, emu::Order::Forward, 2);
+    check_case<T, true>("topk: [64,64] topk 4096 (every element)", ParamLayout::of_shapes({{64, 64}, {7}}),
+                        topk(cm::demo_config(DemoValueEncoding::fp32, DemoIndexEncoding::smallest, DemoMomentum::lr_scaled,
+                                             1.0f, 4096)),
+                        360, emu::Order::Shuffled);
+    // the semantics, from the bucket alone: aligned (lean I/O) and mixed (the other paths)
+    for (const ParamLayout* layout : {&aligned, &mixed}) {
+        const cm::PlanTables pt = cm::plan_tables(fp32, *layout);
+        const size_t n = layout->num_params;
+        const std::vector<float> m0 = testing::random_normal(n, 370, 1e-3f), g = testing::random_normal(n, 371, 1.0f);
+        const cm::CompressParams cp = cm::compress_params(fp32, 6e-4f, 0.75f);
+        std::vector<float> m = m0;
+        check_identity_selection(pt, m0, g, cp, emulate_compress<T, true>(pt, m, g, cp, emu::Order::Shuffled));
+    }
+    // ties (a comb gradient on zero momentum: many equal magnitudes, decided by index) and all zeros (RadixSelect's
+    // fallback, the sign scale 0), bucket and momentum bit for bit
+    const ParamLayout ties = ParamLayout::of_shapes({{128, 128}, {64}});
+    for (const auto& cfg : {sign, fp32}) {
+        const cm::PlanTables pt = cm::plan_tables(cfg, ties);
+        const size_t n = ties.num_params;
+        for (int mode = 0; mode < 2; mode++) {
+            std::vector<float> m(n, 0.0f), g(n, 0.0f);
+            if (mode == 0)
+                for (size_t i = 0; i < n; i++) g[i] = (i % 5 == 0) ? 1.0f : 0.0f;
+            std::vector<float> m_emu = m, m_ref = m;
+            const cm::CompressParams cp = cm::compress_params(cfg, 1e-3f, 1.0f);
+            count_topk_paths(pt, m, g, cp);
+            const std::vector<std::byte> b_emu = emulate_compress<T, true>(pt, m_emu, g, cp, emu::Order::Reverse);
+            std::vector<std::byte> b_ref;
+            cm::compress_plan_host(pt, m_ref.data(), g.data(), cp, b_ref);
+            EXPECT(b_emu == b_ref);
+            EXPECT(std::memcmp(m_emu.data(), m_ref.data(), n * sizeof(float)) == 0);
+        }
+    }
 }
 
 // Eager delayed updates' own share (ApplyParams::keep_master, demo_cuda.cuh): one rank's bucket, no weight decay,

@@ -13,7 +13,8 @@
 #    neither the compute stream nor its copies back) at 1-3 ranks;
 #  - the GPU trainer against the CPU trainer (both optimizers, 1 and 2 ranks over the NCCL and the MPI
 #    transport, both attentions, every GELU fusion level and the epilogue fallback, resume, a CPU checkpoint
-#    continued on the GPU trainer; DeMo's --demo_delay 1, eager and stale, likewise).
+#    continued on the GPU trainer; DeMo's --demo_delay 1, eager and stale, likewise; --optimizer topk at 1 and 2
+#    ranks and its resume).
 # All of it is run by test/emulated/emulated_gpu_checks.py, as many commands at a time as the machine has cores
 # (LLMC_TEST_JOBS=N sets the count), against the PyTorch references written here.
 # Skips when the emulated programs are not built (no CUDA headers) or /usr/bin/python3 has no torch.

@@ -1,6 +1,7 @@
 // The sequential host reference of the DeMo kernels: the canonical computation of chunk_math.h one chunk at a
 // time (compress and apply), which the tests and the GPU checkers compare the kernels' buckets, momentum and
-// weights with, and demo_config(), how they write their cases.
+// weights with, and demo_config(), how they write their cases. With PlanTables::identity (--optimizer topk) the
+// chunk has no transform: the top-k is of the momentum itself and the decode puts the values at their indices.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -79,6 +80,19 @@ inline void decode_list_host(const ChunkDims& d, const float* c1, const float* c
     run_job_host(decode_job(d, s.as.data(), s.t.data(), R, dec));
 }
 
+// Step 9 into s.dec (n1 x lde): the inverse DCT of the list, or with no transform (pt.identity) the list's values
+// at their indices and zeros elsewhere.
+inline void decode_host(const PlanTables& pt, const ChunkTensor& ct, const ChunkDims& d, const uint32_t* idx,
+                        const float* val, int count, ChunkScratch& s) {
+    s.dec.assign(size_t(d.n1) * d.lde, 0.0f);
+    if (pt.identity) {
+        for (int e = 0; e < count; e++) s.dec[size_t(idx[e] / ct.n2) * d.lde + idx[e] % ct.n2] = val[e];
+        return;
+    }
+    decode_list_host(d, pt.bases.natural.data() + ct.nat1, pt.bases.natural.data() + ct.nat2, idx, val, count,
+                     s.dec.data(), s);
+}
+
 // Steps 1-10 for chunk c of tensor `ct`: updates delta (the whole flat momentum buffer) and writes the items
 // into `bucket` (the whole bucket; bit-packed parts must start zeroed).
 inline void compress_chunk_host(const PlanTables& pt, const ChunkTensor& ct, uint64_t c, float* delta,
@@ -94,25 +108,31 @@ inline void compress_chunk_host(const PlanTables& pt, const ChunkTensor& ct, uin
             const uint64_t g = origin + uint64_t(b) * ct.cols + n;
             s.x[size_t(b) * d.n2 + n] = momentum_update(delta[g], grads[g], cp.clip, cp.decay, cp.grad_scale);
         }
-    s.fx.assign(size_t(d.n1) * d.ldx, 0.0f);
-    for (int n = 0; n < d.n2; n++) {
-        for (int r = 0; r < d.he1; r++) s.fx[size_t(r) * d.ldx + n] = fold_even(s.x.data() + n, d.n2, d.n1, r);
-        for (int r = 0; r < d.ho1; r++)
-            s.fx[size_t(d.he1 + r) * d.ldx + n] = fold_odd(s.x.data() + n, d.n2, d.n1, r);
+    if (pt.identity) {  // no transform: the coefficients are the momentum
+        s.e.assign(size_t(d.n1) * d.lde, 0.0f);
+        for (int b = 0; b < d.n1; b++)
+            for (int n = 0; n < d.n2; n++) s.e[size_t(b) * d.lde + n] = s.x[size_t(b) * d.n2 + n];
+    } else {
+        s.fx.assign(size_t(d.n1) * d.ldx, 0.0f);
+        for (int n = 0; n < d.n2; n++) {
+            for (int r = 0; r < d.he1; r++) s.fx[size_t(r) * d.ldx + n] = fold_even(s.x.data() + n, d.n2, d.n1, r);
+            for (int r = 0; r < d.ho1; r++)
+                s.fx[size_t(d.he1 + r) * d.ldx + n] = fold_odd(s.x.data() + n, d.n2, d.n1, r);
+        }
+        // 3: pass 1
+        s.z.assign(size_t(d.n1) * d.ldz, 0.0f);
+        for (int p = 0; p < 2; p++) run_job_host(pass1_job(d, fold1, s.fx.data(), s.z.data(), p));
+        // 4: fold columns
+        s.fz.assign(size_t(d.n1) * d.ldf, 0.0f);
+        for (int j = 0; j < d.n1; j++) {
+            const float* zr = s.z.data() + size_t(j) * d.ldz;
+            for (int r = 0; r < d.he2; r++) s.fz[size_t(j) * d.ldf + r] = fold_even(zr, 1, d.n2, r);
+            for (int r = 0; r < d.ho2; r++) s.fz[size_t(j) * d.ldf + d.he2 + r] = fold_odd(zr, 1, d.n2, r);
+        }
+        // 5: pass 2
+        s.e.assign(size_t(d.n1) * d.lde, 0.0f);
+        for (int p = 0; p < 2; p++) run_job_host(pass2_job(d, fold2, s.fz.data(), s.e.data(), p));
     }
-    // 3: pass 1
-    s.z.assign(size_t(d.n1) * d.ldz, 0.0f);
-    for (int p = 0; p < 2; p++) run_job_host(pass1_job(d, fold1, s.fx.data(), s.z.data(), p));
-    // 4: fold columns
-    s.fz.assign(size_t(d.n1) * d.ldf, 0.0f);
-    for (int j = 0; j < d.n1; j++) {
-        const float* zr = s.z.data() + size_t(j) * d.ldz;
-        for (int r = 0; r < d.he2; r++) s.fz[size_t(j) * d.ldf + r] = fold_even(zr, 1, d.n2, r);
-        for (int r = 0; r < d.ho2; r++) s.fz[size_t(j) * d.ldf + d.he2 + r] = fold_odd(zr, 1, d.n2, r);
-    }
-    // 5: pass 2
-    s.e.assign(size_t(d.n1) * d.lde, 0.0f);
-    for (int p = 0; p < 2; p++) run_job_host(pass2_job(d, fold2, s.fz.data(), s.e.data(), p));
     // 6: top-k
     const uint32_t n = static_cast<uint32_t>(d.elems), k = ct.k;
     s.keys.resize(n);
@@ -162,9 +182,7 @@ inline void compress_chunk_host(const PlanTables& pt, const ChunkTensor& ct, uin
         put_index(indices, cp.indices, static_cast<int>(ct.index_bytes), item, s.idx[j], or_word);
     }
     // 9-10: decode what was sent, error feedback
-    s.dec.assign(size_t(d.n1) * d.lde, 0.0f);
-    decode_list_host(d, pt.bases.natural.data() + ct.nat1, pt.bases.natural.data() + ct.nat2, s.idx.data(),
-                     s.vals.data(), static_cast<int>(k), s.dec.data(), s);
+    decode_host(pt, ct, d, s.idx.data(), s.vals.data(), static_cast<int>(k), s);
     for (int b = 0; b < d.n1; b++)
         for (int nn = 0; nn < d.n2; nn++) {
             const uint64_t g = origin + uint64_t(b) * ct.cols + nn;
@@ -211,9 +229,7 @@ inline uint32_t apply_chunk_host(const PlanTables& pt, const ChunkTensor& ct, ui
             s.idx.push_back(i);
             s.vals.push_back(div_rn(s.sum[i], static_cast<float>(s.cnt[i])));
         }
-    s.dec.assign(size_t(d.n1) * d.lde, 0.0f);
-    decode_list_host(d, pt.bases.natural.data() + ct.nat1, pt.bases.natural.data() + ct.nat2, s.idx.data(),
-                     s.vals.data(), static_cast<int>(s.idx.size()), s.dec.data(), s);
+    decode_host(pt, ct, d, s.idx.data(), s.vals.data(), static_cast<int>(s.idx.size()), s);
     const uint64_t origin = chunk_origin(ct, c);
     for (int b = 0; b < d.n1; b++)
         for (int nn = 0; nn < d.n2; nn++) {

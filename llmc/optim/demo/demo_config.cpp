@@ -50,7 +50,7 @@ std::vector<Key<DemoConfig>> demo_config_keys() {
             "p -= lr * decode(G)"),
         key("demo_transform", &DemoConfig::transform,
             "DeMo chunk transform: dct (DCT-II, the reference), random (a fixed seeded random orthogonal matrix per "
-            "chunk length) or identity (none: top-k of the momentum itself, --optimizer topk); train_gpt: dct only",
+            "chunk length) or identity (none: top-k of the momentum itself, --optimizer topk); train_gpt: dct, identity",
             {{"dct", DemoTransform::dct}, {"random", DemoTransform::random}, {"identity", DemoTransform::identity}})
             .fixed(),
     };
@@ -209,25 +209,17 @@ llmc::OptimizerFamily demo_family() {
             }};
 }
 
-namespace {
-void check_topk_transform(const llmc::OptimizerConfig& c) {
-    LLMC_CHECK(c.demo.transform == llmc::DemoTransform::dct,
-               "--demo_transform: --optimizer topk has no transform (it selects the momentum itself)");
-}
-}  // namespace
-
 // Per-chunk top-k of the momentum itself: DeMo with the identity for its transform, the same wire format,
 // error feedback and sign step, so the pair isolates what the DCT contributes.
 llmc::OptimizerFamily topk_family() {
     llmc::OptimizerFamily f = demo_family();
     f.name = "topk";
     f.help = "DeMo without the transform: per-chunk top-k of the momentum; the demo_* keys apply";
-    // validate_config runs every family's check whatever the run's optimizer, so --optimizer demo --demo_transform
-    // random must pass here: the refusal of a transform waits for the dry run and the constructor.
-    f.validate = [](const llmc::OptimizerConfig& c, const llmc::ConfigSources& s) { validate_demo_options(c, s); };
+    // validate runs for every run (config.cpp: a key is refused whether or not the run reads it), so a transform
+    // given to topk is refused by as_topk, which every topk path goes through, not here: --optimizer demo
+    // --demo_transform random must pass.
     f.describe = [](const llmc::OptimizerConfig& c) { return demo_describe(as_topk(c)); };
     f.dry_run_report = [](std::ostream& out, const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout, int world) {
-        check_topk_transform(c);
         demo_dry_run_report(out, as_topk(c), layout, world);
     };
     f.warnings = [](const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout) {
@@ -235,13 +227,14 @@ llmc::OptimizerFamily topk_family() {
     };
     f.make = [](const llmc::OptimizerConfig& c, const llmc::ParamLayout& layout,
                 llmc::Transport& t) -> std::unique_ptr<llmc::Optimizer> {
-        check_topk_transform(c);
         return demo_family().make(as_topk(c), layout, t);
     };
     return f;
 }
 
 llmc::OptimizerConfig as_topk(llmc::OptimizerConfig config) {
+    LLMC_CHECK(config.demo.transform == llmc::DemoTransform::dct,
+               "--demo_transform: --optimizer topk has no transform (it selects the momentum itself)");
     config.demo.transform = llmc::DemoTransform::identity;
     return config;
 }

@@ -116,6 +116,23 @@ inline KernelChoice kernel_choice(const llmc::DemoConfig& d) {
     return k;
 }
 
+// The transforms the kernels run: the DCT (folded by its even/odd symmetry, which a random orthogonal basis lacks)
+// and none (identity: --optimizer topk, the kernels' IDENTITY instantiations, which have no DCTs to put on the
+// tensor cores, no DCT domain and none of the kernel lab's DCT tunings). One line naming the key otherwise.
+inline void check_device_transform(const llmc::DemoConfig& d) {
+    if (d.transform == llmc::DemoTransform::random)
+        llmc::fail("--demo_transform random: train_gpt's DeMo kernels run the DCT or no transform (train_gpt_cpu runs "
+                   "random)");
+    if (d.transform != llmc::DemoTransform::identity) return;
+    if (d.dct == llmc::DemoDct::tensor)
+        llmc::fail("--demo_dct tensor: --optimizer topk has no DCTs to run on the tensor cores (use fp32)");
+    if (d.momentum_domain == llmc::DemoMomentumDomain::dct)
+        llmc::fail("--demo_momentum_domain dct: --optimizer topk has no transform (its momentum is spatial)");
+    if (d.kernel_tuning >= 0)
+        llmc::fail("--demo_kernel_tuning: the kernel lab's tunings are DeMo's DCT kernels; --optimizer topk runs its "
+                   "own (use -1)");
+}
+
 // The weight decay of --demo_delay 1's first step, which has no round to apply (CudaDemo::apply_delayed; later
 // steps decay in the apply kernel, ApplyParams::decay_after): x *= wd_factor, the CPU optimizer's rounding.
 __global__ void demo_weight_decay_kernel(float* x, size_t n, float wd_factor) {
@@ -147,12 +164,15 @@ public:
 private:
     static cm::PlanTables validated_tables(const llmc::OptimizerConfig& config, const llmc::ParamLayout& layout) {
         validate_demo_options(config);
+        check_device_transform(config.demo);
         return cm::plan_tables(config, layout);
     }
     static cm::PlanTables validated_tables(const llmc::OptimizerConfig& config, const ModelPlan& plan,
                                            const std::vector<uint8_t>& decays) {
         validate_demo_options(config);
-        return cm::make_plan_tables(plan, WireFormat{config.demo.values, config.demo.indices}, decays);
+        check_device_transform(config.demo);
+        return cm::make_plan_tables(plan, WireFormat{config.demo.values, config.demo.indices}, decays,
+                                    config.demo.transform == llmc::DemoTransform::identity);
     }
     CudaDemo(const llmc::OptimizerConfig& config, cm::PlanTables tables, size_t num_params, llmc::Transport& transport,
              cudaStream_t stream, bool stochastic_rounding, uint32_t seed)
@@ -168,9 +188,12 @@ private:
                        "DeMo: the momentum in the DCT domain (--demo_momentum_domain dct) needs every 64 x 64 tensor's "
                        "offset and row length to be multiples of 4; this model's are not (use --demo_momentum_domain "
                        "spatial)");
-            prepare_tuning_at(kernel_choice_.compress_tuning(), kernels_);
-            prepare_tuning_at(kernel_choice_.apply_tuning(), kernels_);
+            if (!tables_.identity) {
+                prepare_tuning_at(kernel_choice_.compress_tuning(), kernels_);
+                prepare_tuning_at(kernel_choice_.apply_tuning(), kernels_);
+            }
         }
+        if (tables_.identity) prepare_identity_kernels(kernels_);
         nccl_ = dynamic_cast<llmc::NcclTransport*>(&transport);
 
         const size_t n = n_, bytes = tables_.bucket_bytes;
@@ -416,8 +439,11 @@ private:
         compress_start_.record(stream_);
         cm::CompressParams cp = cm::compress_params(config_, lr, 1.0f);
         cp.clip_device = clip;
-        launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
-                           bucket_, cp, stream_);
+        if (tables_.identity)
+            launch_identity_compress(kernels_, device_tables_, momentum_, grads, bucket_, cp, stream_);
+        else
+            launch_compress_at(kernel_choice_.compress_tuning(), kernels_, device_tables_, momentum_, grads,
+                               bucket_, cp, stream_);
         compress_end_.record(stream_);
         compress_timed_ = true;
         result.seconds.topk = 0.0;  // fused into the compress kernel (counted in transform)
@@ -462,8 +488,12 @@ private:
         uint32_t* error = error_ + 2 * slot;
         CUDA_CHECK(cudaMemsetAsync(error, 0, sizeof(uint32_t), stream_));
         CUDA_CHECK(cudaMemsetAsync(error + 1, 0xff, sizeof(uint32_t), stream_));
-        launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, buckets, master_, params, ap,
-                        step_seed(t_), stochastic, error, stream_);
+        if (tables_.identity)
+            launch_identity_apply(kernels_, device_tables_, buckets, master_, params, ap, step_seed(t_), stochastic,
+                                  error, stream_);
+        else
+            launch_apply_at(kernel_choice_.apply_tuning(), kernels_, device_tables_, buckets, master_, params, ap,
+                            step_seed(t_), stochastic, error, stream_);
         CUDA_CHECK(cudaMemcpyAsync(error_readback_.data() + 2 * slot, error, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost,
                                    stream_));
         end_update_slot();

@@ -31,6 +31,9 @@
 // with its own shared-memory layout. The 64 x 64 kernels also come in tunings (kTunings); those with tensor_dct
 // run the dense products on the tensor cores (3xTF32, see "The tensor-core path" below; --demo_dct tensor
 // picks them in the trainer), agreeing with the host reference to rounding instead of bit for bit.
+// --optimizer topk (no transform) runs IDENTITY instantiations of both (launch_identity_compress / _apply): the
+// coefficients are the momentum itself (no DCT passes, no bases), the decode puts the values at their indices; the
+// top-k, quantization, packing and apply are the same code, so the bucket bits are the CPU module's.
 //
 // Work split of the dense products (cm::MatmulJob): a thread computes a 4 x 4 register tile, 4 consecutive
 // output rows (A read as one float4, the same for the 16 lanes of a half warp) by 4 columns 16 apart (16

@@ -30,7 +30,8 @@ namespace demo {
 llmc::OptimizerFamily demo_family();
 // --optimizer topk: DeMo with no transform (demo_transform identity), its own entry in the registry.
 llmc::OptimizerFamily topk_family();
-// `config` with the identity for DeMo's transform (what topk runs).
+// `config` with the identity for DeMo's transform (what topk runs); throws the one-line refusal when `config` names
+// another transform (topk has none to choose).
 llmc::OptimizerConfig as_topk(llmc::OptimizerConfig config);
 
 // Per-thread scratch of select_topk (grows on first use).

@@ -156,9 +156,13 @@ struct PlanTables {
     std::vector<SectionOffsets> sections;
     size_t bucket_bytes = 0;
     std::array<std::byte, kBucketHeaderBytes> header{};
+    // No transform (--optimizer topk, demo_transform identity): the coefficients are the momentum itself. The
+    // bases are built all the same; the kernels (their IDENTITY instantiations) and the host reference skip them.
+    bool identity = false;
 };
 
-inline PlanTables make_plan_tables(const ModelPlan& plan, WireFormat format, const std::vector<uint8_t>& decays) {
+inline PlanTables make_plan_tables(const ModelPlan& plan, WireFormat format, const std::vector<uint8_t>& decays,
+                                   bool identity = false) {
     LLMC_CHECK(decays.size() == plan.tensors.size(), "DeMo plan tables: one decay flag per tensor needed");
     check_wire_format(plan, format);
     PlanTables pt;
@@ -168,6 +172,7 @@ inline PlanTables make_plan_tables(const ModelPlan& plan, WireFormat format, con
     pt.sections = section_offsets(plan, format);
     pt.bucket_bytes = bucket_bytes(plan, format);
     pt.header = bucket_header(plan, format);
+    pt.identity = identity;
     for (size_t t = 0; t < plan.tensors.size(); t++) {
         const TensorPlan& tp = plan.tensors[t];
         LLMC_CHECK(tp.cols <= UINT32_MAX && tp.chunk_elems <= (size_t{1} << 30),
@@ -194,11 +199,13 @@ inline PlanTables make_plan_tables(const ModelPlan& plan, WireFormat format, con
     return pt;
 }
 
-// The tables of a model's DeMo plan under `cfg` (plan_for_layout, then make_plan_tables).
+// The tables of a model's DeMo plan under `cfg` (plan_for_layout, then make_plan_tables; identity from its
+// demo_transform).
 inline PlanTables plan_tables(const llmc::OptimizerConfig& cfg, const llmc::ParamLayout& layout) {
     std::vector<uint8_t> decays;
     const ModelPlan plan = plan_for_layout(cfg, layout, &decays);
-    return make_plan_tables(plan, WireFormat{cfg.demo.values, cfg.demo.indices}, decays);
+    return make_plan_tables(plan, WireFormat{cfg.demo.values, cfg.demo.indices}, decays,
+                            cfg.demo.transform == llmc::DemoTransform::identity);
 }
 
 // The tensor table as the kernels get it, in two launch groups: tensors with 64 x 64 chunks first (when the

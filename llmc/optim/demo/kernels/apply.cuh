@@ -1,5 +1,6 @@
 // The DeMo apply kernel: every rank's items of a chunk, scatter-mean, inverse DCT, sign and the update of the master
-// weights and their floatX copy, one thread block per chunk (see demo_kernels.cuh).
+// weights and their floatX copy, one thread block per chunk (see demo_kernels.cuh); its IDENTITY instantiations
+// (--optimizer topk) put the means at their indices instead of the inverse DCT.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,13 +27,14 @@ struct ApplyArgs {
     SmemLayout L;
 };
 
-template <int THREADS, int FIXED, int TUNE = 0>  // FIXED and TUNE as demo_compress_kernel
+template <int THREADS, int FIXED, int TUNE = 0, bool IDENTITY = false>  // FIXED, TUNE, IDENTITY as demo_compress_kernel
 __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1) demo_apply_kernel(const ApplyArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
     constexpr KernelTuning kTune = FIXED ? kTunings[TUNE] : kGeneralTuning;
     constexpr int kTileJ = kTune.tile_j, kTileC = kTune.tile_c;
     constexpr bool kTensor = FIXED == int(cm::kFixedChunk) && kTune.tensor_dct;
     static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
+    static_assert(!IDENTITY || !kTune.tensor_dct, "no transform: no tensor-core decode");
     LLMC_DYNAMIC_SHARED(float4, smem4);
     float* sm = reinterpret_cast<float*>(smem4);
     const int tid = threadIdx.x;
@@ -131,8 +133,11 @@ __global__ void __launch_bounds__(THREADS, FIXED ? kTunings[TUNE].min_blocks : 1
         }
     }
     __syncthreads();
-    decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(count), P,
-                                                   B, Q, segs, scan);
+    if constexpr (IDENTITY)  // the means at their indices (the sums in Q were read above)
+        identity_decode<THREADS>(d, Lidx, Lval, int(count), Q);
+    else
+        decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval,
+                                                       int(count), P, B, Q, segs, scan);
 
     // update the master weights and the floatX copy (p.keep_master: the floatX copy alone; p.keep_params: the
     // master weights alone)

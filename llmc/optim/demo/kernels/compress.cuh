@@ -1,5 +1,6 @@
 // The DeMo compress kernel: momentum update, 2-D DCT, top-k, quantization, packing into the bucket and error
-// feedback, one thread block per chunk (see demo_kernels.cuh).
+// feedback, one thread block per chunk (see demo_kernels.cuh); its IDENTITY instantiations (--optimizer topk) skip
+// the DCT and select among the momentum itself.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -216,6 +217,35 @@ __device__ __forceinline__ void lean_dct_momentum_update(const float* momentum, 
         for (int j = 0; j < 4; j++) {
             v[8 * s + j] = et[j] = cm::momentum_update(mt[j], et[j], p.clip, p.decay, p.grad_scale);
             v[8 * s + 4 + j] = eb[j] = cm::momentum_update(mb[j], eb[j], p.clip, p.decay, p.grad_scale);
+        }
+    }
+}
+
+// ---- no transform (--optimizer topk: the IDENTITY instantiations) -------------------------------------------
+// Steps 1-2 in lean I/O's mapping: the updated momentum of the thread's 16 elements straight into E (rows of lde),
+// where a transform's coefficients would be. As with the DCT-domain momentum, E then takes the sent coefficients'
+// feedback in place and is the one write of the momentum (lean_dct_feedback): no decode, no dense feedback. No
+// barrier inside.
+__device__ __forceinline__ void lean_identity_prologue(const float* momentum, const float* grads, uint32_t cols,
+                                                       const cm::CompressParams& p, float* E, int lde) {
+    const LeanOffsets o = lean_offsets(cols);
+    const int col = 4 * int(threadIdx.x & 15u), b0 = int(threadIdx.x >> 4);
+    float mt[2][4], gt[2][4], mb[2][4], gb[2][4];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {  // every load issued before the first use
+        load4(mt[s], momentum + o.top[s]);
+        load4_readonly(gt[s], grads + o.top[s]);
+        load4(mb[s], momentum + o.bot[s]);
+        load4_readonly(gb[s], grads + o.bot[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        float* et = E + (b0 + 16 * s) * lde + col;
+        float* eb = E + (63 - b0 - 16 * s) * lde + col;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            et[j] = cm::momentum_update(mt[s][j], gt[s][j], p.clip, p.decay, p.grad_scale);
+            eb[j] = cm::momentum_update(mb[s][j], gb[s][j], p.clip, p.decay, p.grad_scale);
         }
     }
 }
@@ -449,6 +479,9 @@ __device__ __forceinline__ void lean_apply_update(float* master, llmc::floatX* p
 // become shifts, loops unroll); FIXED = 0: any chunk shape, sizes read from the tensor table. TUNE picks the
 // 64 x 64 kernel's tuning (kTunings): tuning 0 holds it to 64 registers so 4 blocks share an SM (53 KB of
 // shared memory each; ptxas spills ~14 floats to L1).
+// IDENTITY (--optimizer topk, cm::PlanTables::identity): no transform. The updated momentum goes straight into E
+// (steps 3-5 skipped, no bases read), the top-k, quantization and packing are the same code, and the decode puts
+// the sent values at their indices (identity_decode; with lean I/O, lean_dct_feedback's sparse feedback in place).
 // The compress parameters with `clip` read from the device when the caller left it there
 // (cm::CompressParams::clip_device): every thread reads the same 4 bytes.
 __device__ __forceinline__ cm::CompressParams with_device_clip(cm::CompressParams p) {
@@ -456,7 +489,7 @@ __device__ __forceinline__ cm::CompressParams with_device_clip(cm::CompressParam
     return p;
 }
 
-template <int THREADS, int FIXED, int TUNE = 0>
+template <int THREADS, int FIXED, int TUNE = 0, bool IDENTITY = false>
 __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[TUNE]) : 1)
     demo_compress_kernel(const CompressArgs a) {
     static_assert(FIXED == 0 || FIXED * FIXED <= kMaxElemsPerThread * THREADS, "fixed chunk too large");
@@ -466,6 +499,7 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     constexpr bool kLean = FIXED == int(cm::kFixedChunk) && kTune.lean_io;
     constexpr bool kRefetch = kLean && kTune.refetch;
     constexpr bool kDctMomentum = kLean && kTune.dct_momentum;
+    static_assert(!IDENTITY || (!kTune.tensor_dct && !kTune.dct_momentum), "no transform: no DCTs, no DCT domain");
     static_assert(!kTune.dct_momentum || kTune.lean_io, "the DCT-domain momentum uses lean I/O's mapping");
     static_assert(!kTensor || THREADS == 256, "the tensor-core path takes 8 warps");
     static_assert(!kLean || THREADS == 256, "lean I/O: 16 threads per 64-column row, 16 rows per 256 threads");
@@ -508,7 +542,9 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     float* fold1 = B;
     float* fold2 = kCompact ? fold1 : B + f1;  // compact: n1 = n2, so the two bases are one (ct.fold1 == ct.fold2)
     const float4* basis = reinterpret_cast<const float4*>(B);
-    if constexpr (kTensor) {
+    if constexpr (IDENTITY) {
+        // no transform: no bases to copy
+    } else if constexpr (kTensor) {
         LLMC_REQUIRE_ALIGNED(B, 16);
         LLMC_REQUIRE_ALIGNED(a.folded, 16);
         if constexpr (kTune.basis_table == 1)
@@ -539,6 +575,8 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     const uint32_t cols32 = uint32_t(cols);
     if constexpr (kDctMomentum) {
         lean_prologue_dct(grads, cols32, d.ldx, P);
+    } else if constexpr (IDENTITY && kLean) {
+        lean_identity_prologue(momentum, grads, cols32, p, Q, d.lde);
     } else if constexpr (kLean) {
         lean_prologue<kRefetch>(momentum, grads, cols32, p, d.ldx, P, own_top, own_bot);
     } else {
@@ -569,8 +607,15 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
                 if (bb != b) {
                     const float x2 = cm::momentum_update(m_bot[r], g_bot[r], p.clip, p.decay, p.grad_scale);
                     own_bot[r] = x2;
-                    P[b * d.ldx + n] = cm::add_rn(x1, x2);
-                    P[(d.he1 + b) * d.ldx + n] = cm::sub_rn(x1, x2);
+                    if constexpr (IDENTITY) {  // no transform: the momentum is E
+                        Q[b * d.lde + n] = x1;
+                        Q[bb * d.lde + n] = x2;
+                    } else {
+                        P[b * d.ldx + n] = cm::add_rn(x1, x2);
+                        P[(d.he1 + b) * d.ldx + n] = cm::sub_rn(x1, x2);
+                    }
+                } else if constexpr (IDENTITY) {
+                    Q[b * d.lde + n] = x1;
                 } else {
                     P[b * d.ldx + n] = x1;
                 }
@@ -579,26 +624,28 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
     }
     __syncthreads();
 
-    // 3: pass 1 (along rows): FX (P) -> Z (Q)
-    if constexpr (kTensor)
-        tensor_dct_pass(basis, P, d.he1 * d.ldx, d.ldx, 1, Q, d.ldz, 2 * d.ldz, 1);
-    else
-        run_jobs<THREADS, kTileJ, kTileC>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
-    __syncthreads();
-    // 4: fold columns: Z (Q) -> FZ (P)
-    for (int q = tid; q < d.n1 * d.he2; q += THREADS) {
-        const int j = q / d.he2, r = q - j * d.he2;
-        const float* zr = Q + j * d.ldz;
-        P[j * d.ldf + r] = cm::fold_even(zr, 1, d.n2, r);
-        if (r < d.ho2) P[j * d.ldf + d.he2 + r] = cm::fold_odd(zr, 1, d.n2, r);
+    if constexpr (!IDENTITY) {  // steps 3-5: the DCT
+        // 3: pass 1 (along rows): FX (P) -> Z (Q)
+        if constexpr (kTensor)
+            tensor_dct_pass(basis, P, d.he1 * d.ldx, d.ldx, 1, Q, d.ldz, 2 * d.ldz, 1);
+        else
+            run_jobs<THREADS, kTileJ, kTileC>(cm::pass1_job(d, fold1, P, Q, 0), cm::pass1_job(d, fold1, P, Q, 1), 2);
+        __syncthreads();
+        // 4: fold columns: Z (Q) -> FZ (P)
+        for (int q = tid; q < d.n1 * d.he2; q += THREADS) {
+            const int j = q / d.he2, r = q - j * d.he2;
+            const float* zr = Q + j * d.ldz;
+            P[j * d.ldf + r] = cm::fold_even(zr, 1, d.n2, r);
+            if (r < d.ho2) P[j * d.ldf + d.he2 + r] = cm::fold_odd(zr, 1, d.n2, r);
+        }
+        __syncthreads();
+        // 5: pass 2 (along columns): FZ (P) -> E (Q)
+        if constexpr (kTensor)
+            tensor_dct_pass(basis, P, d.he2, 1, d.ldf, Q, 1, 2, d.lde);
+        else
+            run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
+        __syncthreads();
     }
-    __syncthreads();
-    // 5: pass 2 (along columns): FZ (P) -> E (Q)
-    if constexpr (kTensor)
-        tensor_dct_pass(basis, P, d.he2, 1, d.ldf, Q, 1, 2, d.lde);
-    else
-        run_jobs<THREADS, kTileJ, kTileC>(cm::pass2_job(d, fold2, P, Q, 0), cm::pass2_job(d, fold2, P, Q, 1), 2);
-    __syncthreads();
     // the anchored top-k's coarse bins (in P, free since pass 2) are cleared before the momentum update's barrier
     constexpr bool kRegisterTopk = kLean && kTune.register_topk;
     constexpr bool kZeroedBins = kDctMomentum && kRegisterTopk;
@@ -655,14 +702,19 @@ __global__ void __launch_bounds__(THREADS, FIXED ? compress_min_blocks(kTunings[
             cm::store_u32(a.bucket + ct.scales_off + 4 * c, llmc::km::float_to_bits(scale));
     }
     __syncthreads();
-    if constexpr (kDctMomentum) {  // 9-10 in the DCT domain: the sent coefficients' feedback, the one write
+    // 9-10 where E is the momentum (the DCT domain; no transform with lean I/O): the sent coefficients' feedback in
+    // place, the one write
+    if constexpr (kDctMomentum || (IDENTITY && kLean)) {
         lean_dct_feedback<THREADS>(momentum, cols32, p.alpha, Q, d.lde, Lidx, Lval, k);
         return;
     }
 
-    // 9: decode what was sent (T in P, gathered C1 rows in B, dec in Q)
-    decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k), P, B,
-                                                   Q, segs, scan);
+    // 9: decode what was sent (T in P, gathered C1 rows in B, dec in Q; no transform: the values at their indices)
+    if constexpr (IDENTITY)
+        identity_decode<THREADS>(d, Lidx, Lval, int(k), Q);
+    else
+        decode_list<THREADS, kTileJ, kTileC, kTensor>(d, a.natural + ct.nat1, a.natural + ct.nat2, Lidx, Lval, int(k),
+                                                       P, B, Q, segs, scan);
 
     // 10: error feedback, the one write of the momentum
     if constexpr (kLean) {

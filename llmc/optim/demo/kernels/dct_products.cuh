@@ -1,5 +1,6 @@
 // The dense products of a DeMo chunk: the fp32 register tiles of the folded DCT passes (run_jobs), the tensor-core
-// 3xTF32 path of the 64 x 64 kernels, and the sparse decode of the sent coefficients (decode_list).
+// 3xTF32 path of the 64 x 64 kernels, and the sparse decode of the sent coefficients (decode_list; identity_decode
+// for --optimizer topk, which has no transform).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -298,6 +299,21 @@ __device__ __forceinline__ void decode_list(const cm::ChunkDims& d, const float*
     } else {
         const cm::MatmulJob job = cm::decode_job(d, AS, T, rows, dec);
         run_jobs<THREADS, TJ, TC>(job, job, 1);
+    }
+    __syncthreads();
+}
+
+// Step 9 without a transform (--optimizer topk): dec (n1 x lde) holds the list's values at their indices and zeros
+// elsewhere, what decode_list gives for identity bases. Starts after a barrier that ended every read of dec's
+// words and the list's writes; ends with all threads in step.
+template <int THREADS>
+__device__ __forceinline__ void identity_decode(const cm::ChunkDims& d, const uint32_t* Lidx, const float* Lval,
+                                                int count, float* dec) {
+    for (int q = threadIdx.x; q < d.n1 * d.lde; q += THREADS) dec[q] = 0.0f;
+    __syncthreads();
+    for (int e = threadIdx.x; e < count; e += THREADS) {  // the indices are distinct: no two threads meet
+        const uint32_t i = Lidx[e];
+        dec[(i / uint32_t(d.n2)) * uint32_t(d.lde) + i % uint32_t(d.n2)] = Lval[e];
     }
     __syncthreads();
 }

@@ -174,17 +174,19 @@ inline const SmemLayout& fixed_compress_layout(const KernelConfig& kc, int t) {
     return kTunings[t].compact_smem ? kc.compress_compact : kc.compress;
 }
 
-// The 64 x 64 kernels of tuning TUNE (prepare_kernels does the fp32 and the tensor-core tunings).
-template <int TUNE>
+// The 64 x 64 kernels of tuning TUNE (prepare_kernels does the fp32 and the tensor-core tunings); IDENTITY: their
+// instantiations without a transform (prepare_identity_kernels).
+template <int TUNE, bool IDENTITY = false>
 inline void prepare_tuning(const KernelConfig& kc) {
     if (kc.threads != 256) return;
-    const void* compress = reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE>);
+    const void* compress = reinterpret_cast<const void*>(demo_compress_kernel<256, cm::kFixedChunk, TUNE, IDENTITY>);
     raise_smem_limit(compress, fixed_compress_layout(kc, TUNE).bytes());
     if constexpr (kTunings[TUNE].compact_smem)  // 5 blocks x 45.5 KB need the largest shared-memory carveout
         CUDA_CHECK(cudaFuncSetAttribute(compress, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-    raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE)>),
-                     kc.apply.bytes());
+    raise_smem_limit(
+        reinterpret_cast<const void*>(demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE), IDENTITY>),
+        kc.apply.bytes());
 }
 
 // Sets the dynamic shared memory limits of the kernels for `kc` and checks the device can hold them.
@@ -210,6 +212,22 @@ inline void prepare_kernels(const KernelConfig& kc, const ModelPlan& plan) {
     }
 }
 
+// prepare_kernels' limits for the kernels without a transform (--optimizer topk) that launch_identity_compress and
+// launch_identity_apply run: kIdentityTuning, its twin without lean I/O, and the general kernels.
+inline void prepare_identity_kernels(const KernelConfig& kc) {
+    if (kc.threads == 256) {
+        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<256, 0, 0, true>), kc.compress_general.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<256, 0, 0, true>), kc.apply_general.bytes());
+        static_assert(apply_tuning(kIdentityTuning) == kLeanApplyTuning && without_lean_io(kLeanApplyTuning) ==
+                      without_lean_io(kIdentityTuning), "the identity launches' kernels are these tunings'");
+        prepare_tuning<kIdentityTuning, true>(kc);
+        prepare_tuning<without_lean_io(kIdentityTuning), true>(kc);
+    } else {
+        raise_smem_limit(reinterpret_cast<const void*>(demo_compress_kernel<1024, 0, 0, true>), kc.compress_general.bytes());
+        raise_smem_limit(reinterpret_cast<const void*>(demo_apply_kernel<1024, 0, 0, true>), kc.apply_general.bytes());
+    }
+}
+
 // Whether a launch of these buffers can take the lean_io tunings' accesses of 4 elements (16 bytes of fp32, 8 of
 // bf16): compress reads and writes momentum and gradient, apply the master weights and the floatX copy.
 inline bool lean_io_fits(const KernelConfig& kc, const float* momentum, const float* grads) {
@@ -223,8 +241,9 @@ inline bool lean_apply_fits(const KernelConfig& kc, const float* master, const l
 
 // Compress every chunk: momentum updated in place, items into `bucket` (its body must be zero). One launch per
 // group of cm::launch_tables (the 64 x 64 one only exists with 256-thread kernels). TUNE: see kTunings; a lean_io
-// tuning runs as its twin without lean I/O when the buffers do not fit it (lean_io_fits).
-template <int TUNE = kExactTuning>
+// tuning runs as its twin without lean I/O when the buffers do not fit it (lean_io_fits). IDENTITY: the kernels
+// without a transform (--optimizer topk).
+template <int TUNE = kExactTuning, bool IDENTITY = false>
 inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
                             uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
     if constexpr (kTunings[TUNE].dct_momentum) {
@@ -232,7 +251,7 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
                                                           " (DCT-domain momentum) needs 16-byte aligned 64 x 64 rows");
     } else if constexpr (kTunings[TUNE].lean_io) {
         if (!lean_io_fits(kc, momentum, grads))
-            return launch_compress<without_lean_io(TUNE)>(kc, t, momentum, grads, bucket, p, stream);
+            return launch_compress<without_lean_io(TUNE), IDENTITY>(kc, t, momentum, grads, bucket, p, stream);
     }
     LLMC_CHECK(t.fixed_chunks <= 0x7fffffffu && t.general_chunks <= 0x7fffffffu, "DeMo: too many chunks for one launch");
     LLMC_CHECK(t.fixed_chunks == 0 || kc.threads == 256, "DeMo: 64 x 64 launch group with 1024-thread kernels");
@@ -240,7 +259,7 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
         const SmemLayout& L = fixed_compress_layout(kc, TUNE);
         const CompressArgs args{t.tensors, t.fixed_tensors, t.folded, t.natural, momentum, grads, bucket, p, L};
         LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, L.bytes(), stream,
-                    demo_compress_kernel<256, cm::kFixedChunk, TUNE>)(args);
+                    demo_compress_kernel<256, cm::kFixedChunk, TUNE, IDENTITY>)(args);
         CUDA_CHECK_LAUNCH();
     }
     if (t.general_chunks) {
@@ -248,8 +267,8 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
                                 bucket, p, kc.compress_general};
         const dim3 grid(static_cast<unsigned>(t.general_chunks));
         const size_t smem = kc.compress_general.bytes();
-        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, smem, stream, demo_compress_kernel<256, 0>)(args);
-        else LLMC_LAUNCH(grid, 1024, smem, stream, demo_compress_kernel<1024, 0>)(args);
+        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, smem, stream, demo_compress_kernel<256, 0, 0, IDENTITY>)(args);
+        else LLMC_LAUNCH(grid, 1024, smem, stream, demo_compress_kernel<1024, 0, 0, IDENTITY>)(args);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -258,13 +277,15 @@ inline void launch_compress(const KernelConfig& kc, const DeviceTables& t, float
 // device) must hold {0, UINT32_MAX} before the launch. TUNE runs apply_tuning(TUNE)'s kernel. p.world may be
 // below the world the launch was configured for (kc.world: the shared-memory layouts for W ranks hold the
 // union of fewer ranks' coefficients), e.g. one rank's own bucket (p.keep_master: eager delayed updates).
-template <int TUNE = kExactTuning>
+// IDENTITY as launch_compress.
+template <int TUNE = kExactTuning, bool IDENTITY = false>
 inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
                          llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
                          uint32_t* error, cudaStream_t stream) {
     if constexpr (kTunings[TUNE].lean_io) {
         if (!lean_apply_fits(kc, master, params))
-            return launch_apply<without_lean_io(TUNE)>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
+            return launch_apply<without_lean_io(TUNE), IDENTITY>(kc, t, buckets, master, params, p, seed, stochastic,
+                                                                 error, stream);
     }
     LLMC_CHECK(p.world >= 1 && p.world <= kc.world, "DeMo apply: launch configured for " + std::to_string(kc.world) +
                                                         " ranks, got " + std::to_string(p.world));
@@ -274,7 +295,7 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
         const ApplyArgs args{t.tensors, t.fixed_tensors, t.natural, buckets, master, params, p, seed, stochastic, error,
                              kc.apply};
         LLMC_LAUNCH(static_cast<unsigned>(t.fixed_chunks), 256, kc.apply.bytes(), stream,
-                    demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE)>)(args);
+                    demo_apply_kernel<256, cm::kFixedChunk, apply_tuning(TUNE), IDENTITY>)(args);
         CUDA_CHECK_LAUNCH();
     }
     if (t.general_chunks) {
@@ -282,8 +303,8 @@ inline void launch_apply(const KernelConfig& kc, const DeviceTables& t, const ui
                              stochastic, error, kc.apply_general};
         const dim3 grid(static_cast<unsigned>(t.general_chunks));
         const size_t smem = kc.apply_general.bytes();
-        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, smem, stream, demo_apply_kernel<256, 0>)(args);
-        else LLMC_LAUNCH(grid, 1024, smem, stream, demo_apply_kernel<1024, 0>)(args);
+        if (kc.threads == 256) LLMC_LAUNCH(grid, 256, smem, stream, demo_apply_kernel<256, 0, 0, IDENTITY>)(args);
+        else LLMC_LAUNCH(grid, 1024, smem, stream, demo_apply_kernel<1024, 0, 0, IDENTITY>)(args);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -314,6 +335,18 @@ inline void launch_apply_at(int tune, const KernelConfig& kc, const DeviceTables
     at_tuning(tune, [&](auto u) {
         launch_apply<decltype(u)::value>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
     });
+}
+
+// --optimizer topk's launches (no transform): kIdentityTuning's compress, the lean apply, each falling back to its
+// twin without lean I/O where the buffers do not fit 16-byte accesses.
+inline void launch_identity_compress(const KernelConfig& kc, const DeviceTables& t, float* momentum, const float* grads,
+                                     uint8_t* bucket, const cm::CompressParams& p, cudaStream_t stream) {
+    launch_compress<kIdentityTuning, true>(kc, t, momentum, grads, bucket, p, stream);
+}
+inline void launch_identity_apply(const KernelConfig& kc, const DeviceTables& t, const uint8_t* buckets, float* master,
+                                  llmc::floatX* params, const cm::ApplyParams& p, uint32_t seed, bool stochastic,
+                                  uint32_t* error, cudaStream_t stream) {
+    launch_apply<kLeanApplyTuning, true>(kc, t, buckets, master, params, p, seed, stochastic, error, stream);
 }
 
 // Bytes a compress launch moves through DRAM (momentum read + write, gradient read, bucket write), for GB/s.

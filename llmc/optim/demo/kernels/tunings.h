@@ -168,6 +168,12 @@ static_assert(kTunings[kDctMomentumTuning].dct_momentum && !kTunings[kDctMomentu
               kTunings[kDctMomentumTensorTuning].dct_momentum && kTunings[kDctMomentumTensorTuning].tensor_dct);
 static_assert(kTunings[kLeanApplyTuning].lean_io && !kTunings[kLeanApplyTuning].tensor_dct &&
               apply_tuning(kLeanApplyTuning) == kLeanApplyTuning);
+// --optimizer topk (no transform: the IDENTITY instantiations of the kernels) runs the default tuning's compress,
+// whose lean I/O and register top-k need no DCT (its momentum refetch does not apply: E is the momentum), with the
+// lean apply; each falls back to kExactTuning's without lean I/O.
+inline constexpr int kIdentityTuning = kDefaultTuning;
+static_assert(!kTunings[kIdentityTuning].tensor_dct && !kTunings[kIdentityTuning].dct_momentum &&
+              kTunings[kIdentityTuning].lean_io && kTunings[kIdentityTuning].register_topk);
 inline constexpr bool dct_momentum_tunings_refetch() {
     for (const KernelTuning& t : kTunings)
         if (t.dct_momentum && !(t.lean_io && t.refetch)) return false;
