@@ -11,6 +11,7 @@
 #include "llmc/comm/topology.h"
 #include "llmc/optim/demo/demo_cuda.cuh"
 #include "llmc/optim/demo/flexdemo_cuda.cuh"
+#include "llmc/optim/diloco/diloco_cuda.cuh"
 #include "llmc/optim/optimizer_cuda.cuh"
 
 namespace llmc {
@@ -18,7 +19,7 @@ namespace llmc {
 // Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum): train_gpt calls it before
 // it touches the GPU, so the message comes first on any machine.
 inline void check_device_optimizer(const std::string& name) {
-    if (name != "adamw" && name != "demo")
+    if (name != "adamw" && name != "demo" && name != "diloco")
         fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
 }
 
@@ -33,6 +34,8 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
     // The kernels fold every DCT by its even/odd symmetry, which a random orthogonal basis lacks.
     if (name == "demo" && config.demo.transform != DemoTransform::dct)
         fail("--demo_transform random: train_gpt's DeMo kernels run the DCT only (train_gpt_cpu runs random)");
+    if (name == "diloco")
+        return std::make_unique<CudaDiloco>(config, layout, transport, stream, stochastic_rounding, seed);
     const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,
