@@ -191,6 +191,8 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
         if (cfg.optimizer == "demo") {
             const std::string late = optimizer_family("demo").describe(cfg.optim);
             optimizer += " (" + demo::kernel_choice(cfg.optim.demo).describe() + (late.empty() ? "" : ", " + late) + ")";
+        } else if (cfg.optimizer == "diloco") {
+            optimizer = optimizer_banner(cfg);  // the CPU trainer's: its rounds and wire
         }
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),
                     layout.num_params / 1e6, optimizer.c_str(), world, env.describe().c_str(), kFloatXName);
