@@ -1,7 +1,7 @@
 """DiLoCo in the CUDA trainer on the emulated device (test_diloco_emu.sh runs this), against the CPU trainer's (whose
-DiLoCo test/e2e/test_diloco.sh checks against the PyTorch reference): tiny GPT-2, H = 2, 4 steps (two rounds) at 1 and
-2 ranks on the fp32 and int8 wires; the losses, norms, byte counters and the final global weights (the step-4
-model.bin) at the CPU trainer's; --weight_check_every 1 (the global weights bit-identical on every rank after every
+DiLoCo test/e2e/test_diloco.sh checks against the PyTorch reference): tiny GPT-2, H = 2, 4 steps (two rounds) at 1
+and 2 ranks on the fp32 and int8 wires (and bf16 on 2); the losses, norms, byte counters and the final global weights
+(the step-4 model.bin) at the CPU trainer's; --weight_check_every 1 (the global weights bit-identical on every rank after every
 step, or the run fails); the int8 wire over the host-staged MPI transport at the NCCL transport's bits; a bf16 run
 checkpointed mid-round (step 3) and resumed bit for bit; the CUDA trainer's int8 mid-round checkpoint continued by
 the CPU trainer and the CPU's by the CUDA trainer; refusals in one line.
@@ -10,7 +10,7 @@ Tolerances: the fp32 build's kernels sum in other orders than the CPU's (matmuls
 agree to float rounding (2e-5 on the loss, as flexdemo_emu_checks.py's AdamW, 1e-3 on the norm), and the weights to
 2e-5 of their largest magnitude. The int8 wire's rint can round a value of a block the other way when the
 pseudo-gradients differ by a rounding, one quantum (absmax / 127) in that element, so it gets 1e-4 on the loss and
-1e-3 on the weights."""
+1e-3 on the weights; the bf16 wire likewise (one bf16 ulp of the delta where a sum rounds the other way)."""
 import json
 import os
 import re
@@ -102,7 +102,8 @@ def compare(what, got, want, rel, skip=0):
 KEYS = ("bytes_sent", "bytes_recv", "payload_bytes")
 cpu_runs = {}
 for np_ in RANKS:
-    for wire, rel, wrel in (("fp32", 2e-5, 2e-5), ("int8", 1e-4, 1e-3)):
+    # bf16 (one rank: nothing rounds) where it rounds, on 2 ranks: the wire's rounding points are the CPU's
+    for wire, rel, wrel in (("fp32", 2e-5, 2e-5), ("int8", 1e-4, 1e-3)) + ((("bf16", 1e-4, 1e-3),) if np_ > 1 else ()):
         name = f"{wire}_np{np_}"
         flags = ["--diloco_wire", wire, "--checkpoint_every", "3"]  # step 3 (mid-round) and the last, step 4
         cpu, _ = train(CPU, "cpu_" + name, np_, *flags)
