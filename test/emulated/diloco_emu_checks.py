@@ -1,10 +1,10 @@
 """DiLoCo in the CUDA trainer on the emulated device (test_diloco_emu.sh runs this), against the CPU trainer's (whose
 DiLoCo test/e2e/test_diloco.sh checks against the PyTorch reference): tiny GPT-2, H = 2, 4 steps (two rounds) at 1
 and 2 ranks on the fp32 and int8 wires (and bf16 on 2); the losses, norms, byte counters and the final global weights
-(the step-4 model.bin) at the CPU trainer's; --weight_check_every 1 (the global weights bit-identical on every rank after every
-step, or the run fails); the int8 wire over the host-staged MPI transport at the NCCL transport's bits; a bf16 run
-checkpointed mid-round (step 3) and resumed bit for bit; the CUDA trainer's int8 mid-round checkpoint continued by
-the CPU trainer and the CPU's by the CUDA trainer; refusals in one line.
+(the step-4 model.bin) at the CPU trainer's; --weight_check_every 1 (the global weights bit-identical on every rank
+after every step, or the run fails); the int8 wire over the host-staged MPI transport at the NCCL transport's bits; a
+bf16 run checkpointed mid-round (step 3) and resumed bit for bit; the CUDA trainer's int8 mid-round checkpoint
+continued by the CPU trainer and the CPU's by the CUDA trainer; refusals in one line.
 
 Tolerances: the fp32 build's kernels sum in other orders than the CPU's (matmuls, the norms), so the two trainers
 agree to float rounding (2e-5 on the loss, as flexdemo_emu_checks.py's AdamW, 1e-3 on the norm), and the weights to
