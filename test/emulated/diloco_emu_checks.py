@@ -10,7 +10,9 @@ Tolerances: the fp32 build's kernels sum in other orders than the CPU's (matmuls
 agree to float rounding (2e-5 on the loss, as flexdemo_emu_checks.py's AdamW, 1e-3 on the norm), and the weights to
 2e-5 of their largest magnitude. The int8 wire's rint can round a value of a block the other way when the
 pseudo-gradients differ by a rounding, one quantum (absmax / 127) in that element, so it gets 1e-4 on the loss and
-1e-3 on the weights; the bf16 wire likewise (one bf16 ulp of the delta where a sum rounds the other way)."""
+1e-3 on the weights; the bf16 wire likewise (one bf16 ulp of the delta where a sum rounds the other way). Those flips
+are rare: at most 0.5% of the weights may differ by more than 1e-5 (a round moves them by about 4e-3; an int8 decode
+that takes rank 0's scales for rank 1's values puts 11% of them beyond it)."""
 import json
 import os
 import re
@@ -116,9 +118,12 @@ for np_ in RANKS:
               f"{name}: {', '.join(KEYS)} per step equal the CPU trainer's, bytes sent at sync steps only "
               f"({[x['bytes_sent'] for x in a]})")
         wg, wc = weights(gpu, 4), weights(cpu, 4)
-        err = float(np.max(np.abs(wg - wc)) / np.max(np.abs(wc))) if wg is not None and wc is not None and \
-            wg.shape == wc.shape else 1.0
-        check(err <= wrel, f"{name}: step-4 global weights (model.bin) within {wrel:g} of the CPU's (worst {err:.2e})")
+        ok = wg is not None and wc is not None and wg.shape == wc.shape
+        err = float(np.max(np.abs(wg - wc)) / np.max(np.abs(wc))) if ok else 1.0
+        off = float(np.mean(np.abs(wg - wc) > 1e-5)) if ok else 1.0  # 4x the fp32 builds' largest difference
+        check(err <= wrel and off <= 0.005,
+              f"{name}: step-4 global weights (model.bin) within {wrel:g} of the CPU's (worst {err:.2e}), "
+              f"{off:.2%} off by more than 1e-5 (at most 0.5%: the wire's rounding flips)")
         if wire == "int8" and np_ == W:
             s = a[-1]["opt_ms"] if a else {}
             check(all(s.get(k, 0) > 0 for k in ("transform", "exchange", "apply")),
