@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA trainer's determinism and checkpoint/resume, for both optimizers: two identical runs
+# GPU check of the CUDA trainer's determinism and checkpoint/resume, for each optimizer: two identical runs
 # of ./train_gpt give bit-identical losses, and a run resumed from its step-3 checkpoint gives steps 4-6 and
 # the final val loss bit-identical to the uninterrupted run (master weights, optimizer state, data position
 # and the stochastic-rounding stream all continue); AdamW once more with --attention flash, DeMo once more with
-# its momentum in the DCT domain (--demo_momentum_domain dct) and with --demo_delay 1, eager and stale, and
-# --optimizer topk (DeMo's kernels without their DCTs). Small model
+# its momentum in the DCT domain (--demo_momentum_domain dct) and with --demo_delay 1, eager and stale,
+# --optimizer topk (DeMo's kernels without their DCTs) and DiLoCo (int8 wire, resumed mid-round).
+# RESUME_OPTIMIZERS picks some of them. Small model
 # (configs/tiny.json) on the default corpus.
 # Exit 0 pass, 1 fail, 77 skipped (no GPU, no ./train_gpt or no data).
 set -uo pipefail
@@ -22,7 +23,7 @@ losses() {  # losses <run dir>: train losses then the last val loss, one per lin
 rows=[json.loads(l) for l in open(sys.argv[1]+"/metrics.jsonl")]
 print("\n".join(repr(r["loss"]) for r in rows if r["type"]=="train")); print([r["val_loss"] for r in rows if r["type"]=="val"][-1])' "$1"
 }
-for opt in adamw demo adamw-flash demo-dct demo-delay demo-stale topk; do
+for opt in ${RESUME_OPTIMIZERS:-adamw demo adamw-flash demo-dct demo-delay demo-stale topk diloco}; do
   common=(--config configs/tiny.json --batch_size 4 --seq_len 64 --steps 6 --optimizer "${opt%-*}" --lr 1e-3
           --val_every 0 --val_batches 2 --checkpoint_every 3 --keep_checkpoints 0 --log_every 6)
   # adamw-flash: --attention flash, which needs a head size of 64 (the tiny model with one head)
@@ -33,6 +34,8 @@ for opt in adamw demo adamw-flash demo-dct demo-delay demo-stale topk; do
   [[ $opt == demo-delay ]] && common+=(--demo_delay 1)
   # demo-stale: the same without the eager own share (--demo_eager false)
   [[ $opt == demo-stale ]] && common+=(--demo_delay 1 --demo_eager false)
+  # diloco: rounds of 2 steps on the int8 wire, so the step-3 checkpoint is mid-round (local != global weights)
+  [[ $opt == diloco ]] && common+=(--diloco_inner_steps 2 --diloco_wire int8)
   ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-a" >"$TMP/$opt-a.log" 2>&1 &&
     ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-b" >"$TMP/$opt-b.log" 2>&1 &&
     ./train_gpt "${common[@]}" --out_dir "$TMP/$opt-r" --resume "$TMP/$opt-a/checkpoints/step_00000003" >"$TMP/$opt-r.log" 2>&1

@@ -15,7 +15,7 @@
 #      T=2048 (dev/cuda/bench_olmo.sh: AdamW and DeMo tokens/s and MFU);
 #   5. dev/cuda/profile_kernel.sh on the DeMo compress (the default kernels; PROFILE_TUNINGS="7 8" profiles
 #      those tunings instead): its stall samples per function and source line;
-#   6. the trainer's determinism and resume check;
+#   6. the trainer's determinism and resume check (DiLoCo's alone first, after step 1: its kernels on a real GPU);
 #   7. the DeMo apply lab;
 #   8. the PyTorch references, then the other rows of dev/cuda/gpu_check.sh (GPU_CHECK_SKIP: not those above;
 #      not its benchmark).
@@ -62,6 +62,7 @@ step multi_gpu 420 dev/cuda/multi_gpu_check.sh  # exits at once on one GPU
 if [[ -x mpi/train_gpt_fp32 && -f mpi/env.sh ]] && (($(nvidia-smi -L | grep -c '^GPU') == 1)); then
   step shared_gpu 150 bash -c 'source mpi/env.sh && SHARED_GPU=1 TRAIN_GPT_FP32=mpi/train_gpt_fp32 dev/cuda/multi_gpu_check.sh'
 fi
+RESUME_OPTIMIZERS=diloco step diloco_resume 45 dev/cuda/check_train_gpt_resume.sh  # train_gpt's DiLoCo kernels
 step attention 60 build/cuda/attention
 step layernorm 30 build/cuda/layernorm
 step olmo_kernels 45 bash -c 'build/cuda/rope && build/cuda/swiglu && build/cuda/norms'

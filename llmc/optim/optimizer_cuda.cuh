@@ -7,7 +7,8 @@
 //
 // Implementations: CudaAdamW (adamw.cuh) and CudaDemo (llmc/optim/demo/demo_cuda.cuh: momentum, DCT encode, top-k and
 // packing fused per chunk, the bucket exchange through NcclTransport::allgather_device or host memory, then
-// scatter-mean, inverse DCT and the sign update on the master weights); train_gpt.cu picks one in
+// scatter-mean, inverse DCT and the sign update on the master weights), CudaDiloco (llmc/optim/diloco/diloco_cuda.cuh:
+// local inner AdamW steps, the pseudo-gradient's exchange at syncs); optimizers_cuda.cuh picks one in
 // make_device_optimizer.
 #pragma once
 #include <cstdint>

@@ -12,6 +12,7 @@
 #include "llmc/optim/demo/demo_cuda.cuh"
 #include "llmc/optim/demo/demo_optimizer.h"
 #include "llmc/optim/demo/flexdemo_cuda.cuh"
+#include "llmc/optim/diloco/diloco_cuda.cuh"
 #include "llmc/optim/optimizer_cuda.cuh"
 
 namespace llmc {
@@ -27,9 +28,9 @@ inline OptimizerConfig device_optimizer_config(const std::string& name, const Op
 // entropy-coded indices, which the kernels do not pack): train_gpt calls it before it touches the GPU, so the
 // message comes first on any machine.
 inline void check_device_optimizer(const std::string& name, const OptimizerConfig& config) {
-    if (name != "adamw" && name != "demo" && name != "topk")
+    if (name != "adamw" && name != "demo" && name != "topk" && name != "diloco")
         fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
-    if (name == "adamw") return;
+    if (name == "adamw" || name == "diloco") return;  // no DeMo kernels
     demo::check_device_transform(device_optimizer_config(name, config).demo);
     if (config.demo.indices == DemoIndexEncoding::entropy)
         fail("--demo_indices entropy: train_gpt's DeMo kernels pack auto and packed12 indices only (train_gpt_cpu runs "
@@ -45,6 +46,8 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
                                                               uint32_t seed, bool overlap) {
     check_device_optimizer(name, given);
     const OptimizerConfig config = device_optimizer_config(name, given);
+    if (name == "diloco")
+        return std::make_unique<CudaDiloco>(config, layout, transport, stream, stochastic_rounding, seed);
     const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,

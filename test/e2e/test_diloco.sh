@@ -8,7 +8,7 @@
 # 2. train_gpt_cpu on 2 ranks, tiny GPT-2, 20 steps, H = 5: the loss falls; bytes_sent is non-zero only at the sync
 #    steps and equals the ring model (the dry run's figure; fp32: 4 n bytes for W = 2) for each wire; a checkpoint at
 #    step 7 (mid-round) resumed gives bit-identical losses; --weight_check_every 1 passes; bad values give one-line
-#    errors; train_gpt (CUDA; or build/emu/train_gpt, the emulated device's) refuses diloco in one line.
+#    errors (the CUDA trainer's DiLoCo: test/emulated/test_diloco_emu.sh).
 # Skips without mpirun, the binaries, or /usr/bin/python3 with numpy and torch.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -112,12 +112,7 @@ expect_error "--shard_group_size" "${one[@]}" --shard_group_size 2
 ./train_gpt_cpu "${base[@]}" --steps 12 --out_dir "$tmp/warn" --dry_run >/dev/null 2>"$tmp/warn.err"
 check "--steps 12 with H = 5 warns that the last 2 steps end unsynced" \
   grep -q "warning: steps 12 is not a multiple of diloco_inner_steps 5: the last 2 steps end unsynced" "$tmp/warn.err"
-# the CUDA trainer, on a GPU build or on the emulated device, whichever is built
-for cuda in ./train_gpt build/emu/train_gpt; do
-  [[ -x $cuda ]] || continue
-  expect_error "--optimizer: 'diloco' has no CUDA implementation (train_gpt_cpu runs it)" \
-    "$cuda" "${base[@]}" --steps 2 --out_dir "$tmp/cuda"
-done
+# the CUDA trainer's DiLoCo: test/emulated/test_diloco_emu.sh
 
 [[ $failures -eq 0 ]] && echo "all DiLoCo checks passed" || echo "$failures check(s) failed"
 [[ $failures -eq 0 ]]
