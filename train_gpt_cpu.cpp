@@ -101,7 +101,8 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
     const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, transport, model.params(),
                                              train_loader, sample_rng, state,
-                                             [&](ByteReader& r) { optimizer->load_state(r); });
+                                             [&](ByteReader& r) { optimizer->load_state(r); },
+                                             optimizer_family(cfg.optimizer).reshard_state);
     if (!start.weights_loaded) model.init_random(static_cast<uint64_t>(cfg.seed));
     optimizer->set_weights(model.params());  // eager delayed DeMo: a resumed round's own share goes back in
     model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
