@@ -181,6 +181,15 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
             return finish_stopped_run(cfg, transport, log.get(), state.step, reporter.stop_reason());
         }
     }
+    // A resume onto another number of ranks with no step left converts the checkpoint: the redistributed state is
+    // saved in this out_dir (never over the checkpoint read), e.g. to look at it or to start a run on M ranks later.
+    if (start.checkpoint && start.checkpoint->world_size != world && start_step == cfg.steps &&
+        cfg.checkpoint_every >= 0 && start.checkpoint->dir != checkpoint_dir(cfg.out_dir, state.step)) {
+        state.data = train_loader.position();
+        state.sample_rng = sample_rng.state();
+        save_checkpoint(cfg, transport, optimizer->master_weights(model.params()),
+                        [&](ByteWriter& w) { optimizer->save_state(w); }, state);
+    }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());
     return 0;
 }

@@ -3,7 +3,8 @@
 // by its reader: the mean over ranks is kept (within one fp32 rounding per element, against a long double sum),
 // N -> 2N -> N and N -> M -> N for N, M in {1, 2, 4} return the original momenta bit for bit where the rule
 // promises it, and blobs that cannot be redistributed (a pending delayed round, FlexDeMo's, sharded AdamW's,
-// mismatched shapes) are refused naming the file.
+// mismatched shapes) are refused naming the file; AdamW-DDP's state is old rank 0's on every new rank.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/demo_reshard.h"
 #include "llmc/optim/demo/state_format.h"
+#include "llmc/optim/optimizers.h"
 #include "llmc/optim/reshard.h"
 #include "test/support/testing.h"
 
@@ -141,6 +143,35 @@ TEST(refuses_what_it_cannot_redistribute) {
     const demo::ModelPlan small = demo::plan_model({{37, 70}, {130}, {64, 63}}, 64, 8);
     cm::write_state(mixed[1], small, std::vector<float>(small.num_params));
     EXPECT_ERROR(refuse(mixed)(), "ck/state_rank1.bin: DeMo state of another shape");
+}
+
+// AdamW-DDP: old rank 0's moments on every new rank, field for field; ZeRO-1's shards refused.
+TEST(adamw_takes_rank_0s_and_refuses_shards) {
+    const auto reshard = llmc::optimizer_family("adamw").reshard_state;
+    EXPECT(reshard != nullptr);
+    EXPECT(llmc::optimizer_family("signum").reshard_state == nullptr);
+    EXPECT(llmc::optimizer_family("diloco").reshard_state == nullptr);
+    EXPECT(llmc::optimizer_family("topk").reshard_state == llmc::optimizer_family("demo").reshard_state);
+    llmc::ByteWriter old;
+    old.put_string("adamw");
+    old.put<uint64_t>(3);
+    old.put<int64_t>(17);
+    const std::vector<float> m = {1.5f, -2.0f, 0.25f}, v = {4.0f, 0.5f, 1e-8f};
+    old.put_array(std::span<const float>(m));
+    old.put_array(std::span<const float>(v));
+    int asked = -1;
+    for (int j = 0; j < 3; j++) {
+        llmc::ByteWriter w;
+        reshard(2, j, 3, [&](int r) { asked = r; return llmc::ByteReader(old.bytes(), "s0"); }, w);
+        EXPECT_EQ(asked, 0);
+        EXPECT(w.bytes().size() == old.bytes().size() &&
+               std::equal(w.bytes().begin(), w.bytes().end(), old.bytes().begin()));
+    }
+    llmc::ByteWriter sharded;
+    sharded.put_string("adamw-sharded");
+    llmc::ByteWriter w;
+    EXPECT_ERROR(reshard(2, 0, 1, [&](int) { return llmc::ByteReader(sharded.bytes(), "ck/state_rank0.bin"); }, w),
+                 "ck/state_rank0.bin: optimizer state 'adamw-sharded' cannot be redistributed");
 }
 
 TEST_MAIN()
