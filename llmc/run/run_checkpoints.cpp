@@ -232,7 +232,7 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
                 }
                 resumed = "resumed from " + ck.dir + " at step " + std::to_string(state.step) + changed + rule + ")";
             }
-                } else {
+        } else {
             // what the state file holds is checked by the optimizer and the loader: their errors name the file
             try {
                 ByteReader reader(saved.optimizer_state, path);

@@ -41,7 +41,8 @@ struct RunStart {
 // another world size without --reset_momentum (elastic resume): the weights, step, tokens, rank 0's sampling RNG and
 // byte count carry over, the data position is re-sliced (DataLoader::reslice) and this rank's optimizer state is
 // built from the old ranks' state files (each checked against the marker). `reshard_elsewhere`: the refusal says the
-// optimizer's state can be redistributed by the other trainer.
+// optimizer's state can be redistributed by the other trainer. `tokens_per_micro` is no longer used (the position is
+// re-sliced from the saved one, not recomputed from the token count).
 using ReshardState = std::string (*)(int old_world, int new_rank, int new_world,
                                      const std::function<ByteReader(int)>& old_blob, ByteWriter& out);
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
