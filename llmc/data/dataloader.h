@@ -13,7 +13,8 @@
 //
 // Either way ranks read disjoint data and together cover what one rank with world*B sequences would; what does not
 // fill a group is skipped. With shuffle on, file order and the window (instance) order inside each file are
-// permuted afresh every epoch from (seed, epoch, file); without it, files in the order given and everything in
+// permuted afresh every epoch from (seed, epoch, file), over all of a file's windows whatever the number of ranks
+// (so a resume on another number of ranks, reslice(), continues the same order); without it, files in the order given and everything in
 // order. The position (epoch, shard, group) is all the state, so a checkpoint restores the exact stream.
 #pragma once
 #include <cstdint>
