@@ -1,6 +1,7 @@
 // Data loader and token shard tests on synthetic shards whose token at global position i is known, so every
 // batch can be checked against a direct computation: rank slicing (disjoint, complete), sequential order,
-// seeded shuffling (a permutation per epoch, reproducible, seed-dependent), epoch wrap, exact position restore,
+// seeded shuffling (a permutation per epoch, reproducible, seed-dependent), epoch wrap, exact position restore, the
+// re-sliced position of an elastic resume,
 // one-line errors for bad shards (a directory or a named pipe among them, which must not block), and the
 // fingerprint a checkpoint keeps of the shards. OLMo token files are test_olmo_data's.
 #include <algorithm>
