@@ -163,7 +163,8 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
     Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
     std::vector<float> weights(layout.num_params);
     const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, transport, weights, train_loader,
-                                             sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); });
+                                             sample_rng, state, [&](ByteReader& r) { optimizer->load_state(r); },
+                                             nullptr, optimizer_family(cfg.optimizer).reshard_state != nullptr);
     if (start.checkpoint && start.checkpoint->world_size == world) optimizer->set_steps_done(state.step);
     if (!start.weights_loaded) {
         ModelCpu init(cfg.model);  // the CPU trainer's seeded init, bit for bit

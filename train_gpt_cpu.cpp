@@ -101,7 +101,8 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     Rng sample_rng(static_cast<uint64_t>(cfg.seed) + 1);
     const RunStart start = resolve_run_start(cfg, config_json, tokens_per_micro, transport, model.params(),
                                              train_loader, sample_rng, state,
-                                             [&](ByteReader& r) { optimizer->load_state(r); });
+                                             [&](ByteReader& r) { optimizer->load_state(r); },
+                                             optimizer_family(cfg.optimizer).reshard_state);
     if (!start.weights_loaded) model.init_random(static_cast<uint64_t>(cfg.seed));
     optimizer->set_weights(model.params());  // eager delayed DeMo: a resumed round's own share goes back in
     model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));
@@ -179,6 +180,15 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
             optimizer->finish_updates(model.params(), result);  // --demo_delay's round in flight: not left hanging
             return finish_stopped_run(cfg, transport, log.get(), state.step, reporter.stop_reason());
         }
+    }
+    // A resume onto another number of ranks with no step left converts the checkpoint: the redistributed state is
+    // saved in this out_dir (never over the checkpoint read), e.g. to look at it or to start a run on M ranks later.
+    if (start.checkpoint && start.checkpoint->world_size != world && start_step == cfg.steps &&
+        cfg.checkpoint_every >= 0 && start.checkpoint->dir != checkpoint_dir(cfg.out_dir, state.step)) {
+        state.data = train_loader.position();
+        state.sample_rng = sample_rng.state();
+        save_checkpoint(cfg, transport, optimizer->master_weights(model.params()),
+                        [&](ByteWriter& w) { optimizer->save_state(w); }, state);
     }
     if (main_rank) std::printf("done: %d steps, metrics in %s/metrics.jsonl\n", cfg.steps, cfg.out_dir.c_str());
     return 0;

@@ -1,6 +1,9 @@
 // Rank-sliced, optionally shuffled reading of llm.c token shards and OLMo token files (see dataloader.h).
 #include "llmc/data/dataloader.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 #include "llmc/base/error.h"
@@ -25,6 +28,7 @@ DataLoader::DataLoader(const std::string& pattern, int batch_size, int seq_len, 
                        uint64_t seed, int vocab_size, DataFormat format, TokenDtype dtype)
     : B_(batch_size), T_(seq_len), rank_(rank), world_(world), vocab_size_(vocab_size), shuffle_(shuffle),
       seed_(seed) {
+    trace_windows_ = std::getenv("LLMC_TRACE_WINDOWS") != nullptr;
     LLMC_CHECK(B_ > 0 && T_ > 0 && world_ > 0 && rank_ >= 0 && rank_ < world_,
                "data loader: invalid batch/rank parameters");
     const std::vector<std::string> paths = data_files(pattern);
@@ -33,10 +37,10 @@ DataLoader::DataLoader(const std::string& pattern, int batch_size, int seq_len, 
     const uint64_t window_stride = static_cast<uint64_t>(B_) * T_;
     const uint64_t group_instances = static_cast<uint64_t>(B_) * world_;  // OLMo: a group's instances
     for (const std::string& path : paths) {
-        uint64_t ntok = 0, groups = 0;
+        uint64_t ntok = 0, groups = 0, windows = 0;
         if (format_ == DataFormat::llmc) {
             ntok = read_shard_header(path);
-            const uint64_t windows = ntok > window_stride ? (ntok - 1) / window_stride : 0;
+            windows = ntok > window_stride ? (ntok - 1) / window_stride : 0;
             groups = windows / world_;
         } else {
             ntok = olmo_file_tokens(path, dtype_);
@@ -44,8 +48,9 @@ DataLoader::DataLoader(const std::string& pattern, int batch_size, int seq_len, 
                        path + ": " + std::to_string(ntok) + " tokens, fewer than one instance of seq_len " +
                            std::to_string(T_) + " (a file too small, or another --memmap_dtype?)");
             groups = ntok / T_ / group_instances;
+            windows = ntok / T_;
         }
-        shards_.push_back({path, ntok, groups});
+        shards_.push_back({path, ntok, groups, windows});
         groups_per_epoch_ += groups;
         total_tokens_ += ntok;
     }
@@ -107,9 +112,11 @@ void DataLoader::set_position(const DataPosition& position) {
 
 void DataLoader::start_shard() {
     const Shard& s = shards_[shard_at(pos_.shard)];
-    // llm.c: the windows of whole groups, as before; OLMo: every instance, so that a shuffle reaches the remainder
-    // that does not fill a group in other epochs
-    window_order_.resize(format_ == DataFormat::llmc ? s.num_groups * world_ : s.num_tokens / T_);
+    // every window (OLMo: instance), not only those of whole groups: a shuffle reaches the remainder that does not
+    // fill a group in other epochs, and the order does not depend on the number of ranks, so an elastic resume
+    // (reslice) continues the same order (with whole groups only, llm.c shards were permuted over
+    // num_groups * world windows: the same order when the ranks divide the shard's windows)
+    window_order_.resize(s.num_windows);
     std::iota(window_order_.begin(), window_order_.end(), 0);
     if (shuffle_) {
         Rng rng(mix(seed_, pos_.epoch, shard_at(pos_.shard)));
@@ -161,7 +168,36 @@ void DataLoader::next_batch(std::span<int> inputs, std::span<int> targets) {
             y[T - 1] = kNoTarget;  // the last position predicts nothing (OLMo drops its logit)
         }
     }
+    if (trace_windows_)
+        std::fprintf(stderr, "llmc window: %s epoch %llu window %llu rank %d\n", s.path.c_str(),
+                     static_cast<unsigned long long>(pos_.epoch),
+                     static_cast<unsigned long long>(format_ == DataFormat::llmc ? window_order_[pos_.group * world_ + rank_]
+                                                                                 : window_order_[(pos_.group * world_ + rank_) * B_]),
+                     rank_);
     pos_.group++;
+}
+
+DataLoader::Reslice DataLoader::reslice(const DataPosition& old, int old_world) const {
+    LLMC_CHECK(old.shard < shards_.size(), "data position: shard " + std::to_string(old.shard) + " out of range");
+    // the old ranks had consumed the first old.group * old_world entries (OLMo: their B-instance blocks) of this
+    // shard's window order, which does not depend on the number of ranks
+    const uint64_t consumed = old.group * static_cast<uint64_t>(old_world);
+    Reslice r;
+    r.position = old;
+    r.position.group = (consumed + world_ - 1) / world_;  // up to a whole group of the new ranks: never a repeat
+    r.skipped = r.position.group * world_ - consumed;
+    // past this shard's last whole group of the new ranks: the next shard (as next_batch would move on)
+    r.position.group = std::min<uint64_t>(r.position.group, shards_[shard_at_order(old)].num_groups);
+    return r;
+}
+
+uint64_t DataLoader::shard_at_order(const DataPosition& p) const {
+    if (!shuffle_) return p.shard;
+    std::vector<uint64_t> order(shards_.size());
+    std::iota(order.begin(), order.end(), 0);
+    Rng rng(mix(seed_, p.epoch, UINT64_MAX));
+    shuffle_in_place(order, rng);
+    return order[p.shard];
 }
 
 }  // namespace llmc

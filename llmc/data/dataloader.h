@@ -13,7 +13,8 @@
 //
 // Either way ranks read disjoint data and together cover what one rank with world*B sequences would; what does not
 // fill a group is skipped. With shuffle on, file order and the window (instance) order inside each file are
-// permuted afresh every epoch from (seed, epoch, file); without it, files in the order given and everything in
+// permuted afresh every epoch from (seed, epoch, file), over all of a file's windows whatever the number of ranks
+// (so a resume on another number of ranks, reslice(), continues the same order); without it, files in the order given and everything in
 // order. The position (epoch, shard, group) is all the state, so a checkpoint restores the exact stream.
 #pragma once
 #include <cstdint>
@@ -62,13 +63,23 @@ public:
     size_t num_shards() const { return shards_.size(); }
     DataFormat format() const { return format_; }  // llmc or olmo (auto resolved)
     DataFingerprint fingerprint() const;
+    // Elastic resume: the position of this loader (its number of ranks) that continues a run of `old_world` ranks
+    // saved at `old`: the same epoch and shard, after the windows the old ranks consumed there, rounded up to a
+    // whole group of this loader's ranks (`skipped` windows, 0 when they divide the count; none is ever read twice).
+    struct Reslice {
+        DataPosition position;
+        uint64_t skipped = 0;
+    };
+    Reslice reslice(const DataPosition& old, int old_world) const;
 
 private:
     struct Shard {
         std::string path;
         uint64_t num_tokens;
         uint64_t num_groups;
+        uint64_t num_windows;  // llm.c: windows of B*T+1; OLMo: instances of T
     };
+    uint64_t shard_at_order(const DataPosition& p) const;  // the shard at p.shard of p.epoch's order
     void start_shard();  // builds the window order of the current shard
     uint64_t shard_at(uint64_t order_index) const;
     TokenReader& reader_for(const Shard& s);  // the open file of the shard being read
@@ -85,6 +96,7 @@ private:
     std::vector<uint64_t> window_order_;  // this shard's window (OLMo: instance) order
     std::vector<int> buffer_;             // an llm.c window of B*T+1 tokens, or B OLMo instances
     TokenReader reader_;
+    bool trace_windows_ = false;  // LLMC_TRACE_WINDOWS set: each batch's first window to stderr (the elastic test)
 };
 
 }  // namespace llmc

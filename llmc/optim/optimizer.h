@@ -8,6 +8,7 @@
 // layer asks for by name.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -132,6 +133,12 @@ struct OptimizerFamily {
     std::string (*describe)(const OptimizerConfig& config);
     // The CPU trainer's optimizer.
     std::unique_ptr<Optimizer> (*make)(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport);
+    // Elastic resume (a checkpoint of `old_world` ranks on `new_world`, llmc/optim/reshard.h): writes new rank
+    // `new_rank`'s state blob into `out` from the old ranks' blobs, which `old_blob(r)` reads (checked against the
+    // checkpoint's marker; ByteReader::source() names the file), and returns the rule applied, for the "resumed
+    // from" line. Throws naming the file for a blob it cannot redistribute. Null: unsupported (--reset_momentum only).
+    std::string (*reshard_state)(int old_world, int new_rank, int new_world,
+                                 const std::function<ByteReader(int)>& old_blob, ByteWriter& out) = nullptr;
 };
 
 // True when weight decay applies to this tensor under `groups`.

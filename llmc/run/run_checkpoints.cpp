@@ -1,6 +1,7 @@
 // Resuming and saving checkpoints (see run_checkpoints.h).
 #include "llmc/run/run_checkpoints.h"
 #include <array>
+#include <map>
 #include <cstdio>
 #include <vector>
 
@@ -45,15 +46,17 @@ std::string first_error(Transport& transport, const std::string& mine) {
 // This rank's state file and the model of checkpoint `ck`, read and checked against the marker and this run.
 // Returns the saved state; the weights are in `weights`.
 TrainingState read_checkpoint(const CheckpointInfo& ck, const TrainConfig& cfg, const std::string& config_json,
-                              int rank, int world, const DataFingerprint& train_data, std::span<float> weights) {
+                              int rank, int world, const DataFingerprint& train_data, std::span<float> weights,
+                              bool elastic, bool elastic_unsupported_here) {
     LLMC_CHECK(ck.step <= cfg.steps, ck.dir + ": the checkpoint is at step " + std::to_string(ck.step) +
                                          ", past --steps " + std::to_string(cfg.steps) +
                                          " (raise --steps to continue the run)");
     const bool same_world = ck.world_size == world;
-    if (!same_world && !cfg.reset_momentum)
+    if (!same_world && !cfg.reset_momentum && !elastic)
         fail(ck.dir + ": checkpoint was written by " + std::to_string(ck.world_size) + " ranks but this run has " +
-             std::to_string(world) +
-             "; resume with the same number of ranks, or pass --reset_momentum to keep "
+             std::to_string(world) + " and its optimizer state (" + cfg.optimizer +
+             (elastic_unsupported_here ? ", on this trainer" : "") +
+             ") cannot be redistributed; resume with the same number of ranks, or pass --reset_momentum to keep "
              "the weights and step and start the optimizer state afresh");
     // with another world size every rank reads rank 0's state: the step, the tokens and the config
     const std::string path = state_path(ck.dir, same_world ? rank : 0);
@@ -87,7 +90,7 @@ TrainingState read_checkpoint(const CheckpointInfo& ck, const TrainConfig& cfg, 
 // aside (step_N.corrupt) with a warning and the next older one is tried. Any other problem stops every rank.
 std::optional<std::pair<CheckpointInfo, TrainingState>> choose_checkpoint(
     const TrainConfig& cfg, const std::string& config_json, Transport& transport, const DataFingerprint& train_data,
-    std::span<float> weights, std::optional<CheckpointInfo>& latest) {
+    std::span<float> weights, std::optional<CheckpointInfo>& latest, bool elastic, bool elastic_unsupported_here) {
     const int rank = transport.rank(), world = transport.world_size();
     std::vector<std::string> skipped;
     const std::vector<CheckpointInfo> complete = find_checkpoints(cfg.out_dir, &skipped);
@@ -104,7 +107,8 @@ std::optional<std::pair<CheckpointInfo, TrainingState>> choose_checkpoint(
         std::string error;  // 'C' + message: a corrupt file, which --resume auto survives; 'E' + message: not
         TrainingState saved;
         try {
-            saved = read_checkpoint(ck, cfg, config_json, rank, world, train_data, weights);
+            saved = read_checkpoint(ck, cfg, config_json, rank, world, train_data, weights, elastic,
+                                    elastic_unsupported_here);
         } catch (const CorruptCheckpointFile& e) {
             error = "C" + (fall_back ? e.problem : std::string(e.what()));
         } catch (const Error& e) {
@@ -151,7 +155,9 @@ bool same_run_record(const std::string& out_dir, const std::string& config_json)
 
 RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_json, int64_t tokens_per_micro,
                            Transport& transport, std::span<float> weights, DataLoader& train_loader, Rng& sample_rng,
-                           TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state) {
+                           TrainingState& state, const std::function<void(ByteReader&)>& load_optimizer_state,
+                           ReshardState reshard_state, bool reshard_elsewhere) {
+    (void)tokens_per_micro;  // the data position is re-sliced from the saved one (DataLoader::reslice)
     RunStart start;
     std::string resumed;  // rank 0 prints it once every rank has loaded its files
     const int rank = transport.rank(), world = transport.world_size();
@@ -171,7 +177,8 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
     state.train_data = train_loader.fingerprint();
     std::optional<CheckpointInfo> latest;
     std::optional<std::pair<CheckpointInfo, TrainingState>> chosen =
-        choose_checkpoint(cfg, config_json, transport, state.train_data, weights, latest);
+        choose_checkpoint(cfg, config_json, transport, state.train_data, weights, latest,
+                          reshard_state != nullptr && !cfg.reset_momentum, reshard_elsewhere);
     if (chosen) {
         start.checkpoint = chosen->first;
         const CheckpointInfo& ck = chosen->first;
@@ -185,14 +192,46 @@ RunStart resolve_run_start(const TrainConfig& cfg, const std::string& config_jso
         sample_rng.set_state(saved.sample_rng);
         state.cumulative_bytes_sent = saved.cumulative_bytes_sent;
         if (!same_world) {
-            const uint64_t groups_done = static_cast<uint64_t>(saved.tokens) / tokens_per_micro;
-            DataPosition p;
-            p.epoch = groups_done / train_loader.groups_per_epoch();
-            train_loader.set_position(p);
-            std::vector<int> skip_x(static_cast<size_t>(cfg.batch_size) * cfg.seq_len), skip_y(skip_x.size());
-            for (uint64_t g = 0; g < groups_done % train_loader.groups_per_epoch(); g++) train_loader.next_batch(skip_x, skip_y);
-            resumed = "resumed weights from " + ck.dir + " (step " + std::to_string(state.step) +
-                      ") with a fresh optimizer state";
+            // the same epoch and shard, after the windows every old rank consumed there (DataLoader::reslice)
+            const DataLoader::Reslice reslice = train_loader.reslice(saved.data, ck.world_size);
+            train_loader.set_position(reslice.position);
+            const std::string sliced =
+                "data re-sliced" + (reslice.skipped ? ", " + std::to_string(reslice.skipped) +
+                                                          " window(s) skipped to a whole group of " +
+                                                          std::to_string(world) + " ranks"
+                                                    : std::string(""));
+            const std::string changed = " (world size changed: " + std::to_string(ck.world_size) + " -> " +
+                                        std::to_string(world) + " ranks; " + sliced + "; ";
+            if (cfg.reset_momentum || !reshard_state) {
+                resumed = "resumed weights from " + ck.dir + " (step " + std::to_string(state.step) +
+                          ") with a fresh optimizer state" + changed + "--reset_momentum)";
+            } else {
+                // this rank's optimizer state from the old ranks' files the rule names, each checked as rank 0's
+                std::map<int, TrainingState> old_states;
+                old_states.emplace(0, std::move(saved));
+                ByteWriter blob;
+                std::string rule;
+                std::string reading = state_path(ck.dir, 0);
+                try {
+                    rule = reshard_state(ck.world_size, rank, world, [&](int r) {
+                        reading = state_path(ck.dir, r);
+                        auto it = old_states.find(r);
+                        if (it == old_states.end()) {
+                            TrainingState s = read_training_state(reading, &ck);
+                            check_state_matches_checkpoint(reading, s, ck, r);
+                            it = old_states.emplace(r, std::move(s)).first;
+                        }
+                        return ByteReader(it->second.optimizer_state, reading);
+                    }, blob);
+                    ByteReader reader(blob.bytes(), ck.dir + " (state redistributed to rank " + std::to_string(rank) +
+                                                        " of " + std::to_string(world) + ")");
+                    load_optimizer_state(reader);
+                } catch (const Error& e) {
+                    const std::string what = e.what();
+                    fail(what.starts_with(ck.dir) ? what : reading + ": " + what);
+                }
+                resumed = "resumed from " + ck.dir + " at step " + std::to_string(state.step) + changed + rule + ")";
+            }
         } else {
             // what the state file holds is checked by the optimizer and the loader: their errors name the file
             try {

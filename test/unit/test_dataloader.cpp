@@ -1,6 +1,7 @@
 // Data loader and token shard tests on synthetic shards whose token at global position i is known, so every
 // batch can be checked against a direct computation: rank slicing (disjoint, complete), sequential order,
-// seeded shuffling (a permutation per epoch, reproducible, seed-dependent), epoch wrap, exact position restore,
+// seeded shuffling (a permutation per epoch, reproducible, seed-dependent), epoch wrap, exact position restore, the
+// re-sliced position of an elastic resume,
 // one-line errors for bad shards (a directory or a named pipe among them, which must not block), and the
 // fingerprint a checkpoint keeps of the shards. OLMo token files are test_olmo_data's.
 #include <algorithm>
@@ -149,6 +150,45 @@ TEST(position_restores_the_exact_stream) {
         b.next_batch(x2, y2);
         EXPECT(x == x2 && y == y2);
     }
+}
+
+// Elastic resume: 2 ranks read 5 groups, then 3 or 4 ranks (or 1) continue from reslice(); together they read each
+// window once, exactly the windows one rank reads uninterrupted (shuffled or not), except the whole-group
+// rounding reslice reports (10 windows consumed: 3 or 4 ranks skip 2, to a group boundary at 12).
+TEST(reslice_continues_the_stream_on_another_number_of_ranks) {
+    make_shards({8 * 40 + 1, 8 * 9 + 1});
+    const int B = 1, T = 8;
+    for (bool shuffle : {false, true})
+        for (int world : {1, 3, 4}) {
+            std::vector<std::pair<int, size_t>> read;
+            std::vector<int> x(B * T), y(B * T);
+            DataPosition saved;
+            for (int r = 0; r < 2; r++) {
+                DataLoader old(kDir + "/synth_train_*.bin", B, T, r, 2, shuffle, 9, kVocab);
+                for (int g = 0; g < 5; g++) {
+                    old.next_batch(x, y);
+                    read.push_back(identify(x, y, B, T));
+                }
+                saved = old.position();
+            }
+            uint64_t skipped = 0;
+            for (int r = 0; r < world; r++) {
+                DataLoader now(kDir + "/synth_train_*.bin", B, T, r, world, shuffle, 9, kVocab);
+                const DataLoader::Reslice s = now.reslice(saved, 2);
+                skipped = s.skipped;
+                now.set_position(s.position);
+                for (int g = 0; g < 6; g++) {
+                    now.next_batch(x, y);
+                    read.push_back(identify(x, y, B, T));
+                }
+            }
+            EXPECT_EQ(skipped, uint64_t((world - 10 % world) % world));  // up to the next multiple of world
+            const std::vector<std::pair<int, size_t>> one = stream(9, static_cast<int>(10 + skipped + 6 * world), shuffle);
+            std::set<std::pair<int, size_t>> want(one.begin(), one.end()), got(read.begin(), read.end());
+            EXPECT_EQ(got.size(), read.size());  // none twice
+            for (uint64_t i = 10; i < 10 + skipped; i++) want.erase(one[i]);
+            EXPECT(got == want);
+        }
 }
 
 // The fingerprint changes with the shards' number, sizes and names, not with their directory or the loader's

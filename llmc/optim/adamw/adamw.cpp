@@ -78,6 +78,25 @@ void adamw_dry_run_report(std::ostream& out, const OptimizerConfig& config, cons
         out << "  across nodes: an all-reduce of a shard of 1/" << s << " of the gradient among " << world / s
             << " nodes\n";
 }
+// Elastic resume: AdamW-DDP's moments and step count are the same on every rank (each steps on the averaged
+// gradient), so every new rank takes old rank 0's, bit for bit. ZeRO-1's shards are refused.
+std::string adamw_reshard_state(int, int, int, const std::function<ByteReader(int)>& old_blob, ByteWriter& out) {
+    ByteReader in = old_blob(0);
+    const std::string name = in.get_string("optimizer name");
+    LLMC_CHECK(name == "adamw", in.source() + ": optimizer state '" + name +
+                                    "' cannot be redistributed to another number of ranks (sharded AdamW, "
+                                    "--shard_group_size > 1, is not); resume with the same ranks or --reset_momentum");
+    const uint64_t n = in.get<uint64_t>("parameter count");
+    const int64_t t = in.get<int64_t>("step count");
+    const std::vector<float> m = in.get_vector<float>("first moment"), v = in.get_vector<float>("second moment");
+    LLMC_CHECK(m.size() == n && v.size() == n && in.at_end(), in.source() + ": corrupt AdamW state");
+    out.put_string(name);
+    out.put<uint64_t>(n);
+    out.put<int64_t>(t);
+    out.put_array(std::span<const float>(m));
+    out.put_array(std::span<const float>(v));
+    return "moments: old rank 0's (the same on every rank)";
+}
 }  // namespace
 
 OptimizerFamily adamw_family() {
@@ -93,7 +112,8 @@ OptimizerFamily adamw_family() {
             },
             [](const OptimizerConfig& c, const ParamLayout& layout, Transport& t) -> std::unique_ptr<Optimizer> {
                 return std::make_unique<AdamW>(c, layout, t, resolve_shard_group_size(t, c.shard_group_size));
-            }};
+            },
+            adamw_reshard_state};
 }
 
 std::vector<size_t> adamw_shard_boundaries(size_t n, int group_size) {

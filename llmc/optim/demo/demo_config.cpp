@@ -9,6 +9,7 @@
 #include "llmc/base/error.h"
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/demo_optimizer.h"
+#include "llmc/optim/demo/demo_reshard.h"
 #include "llmc/optim/demo/flexdemo.h"
 #include "llmc/optim/demo/kernels/tunings.h"
 #include "llmc/optim/demo/traffic_report.h"
@@ -206,7 +207,8 @@ llmc::OptimizerFamily demo_family() {
                 const int s = llmc::resolve_shard_group_size(t, c.shard_group_size);
                 if (s == 1 && c.demo.replicate_every == 1) return std::make_unique<DemoOptimizer>(c, layout, t);
                 return std::make_unique<FlexDemo>(c, layout, t, s);
-            }};
+            },
+            reshard_state};
 }
 
 // Per-chunk top-k of the momentum itself: DeMo with the identity for its transform, the same wire format,
