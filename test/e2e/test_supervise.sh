@@ -2,9 +2,9 @@
 # scripts/supervise.sh on the bandwidth lab's emulated hosts (scripts/bandwidth_lab.sh: one network namespace per
 # host): a 3-host DeMo run of the CPU trainer loses host 2 mid-run (its processes killed, its link taken down);
 # the supervisor must notice, drop that host (its probe times out), relaunch from the last complete checkpoint on
-# the 2 survivors and finish. Checked: the event lines, the relaunch's resumed step = the newest complete
-# checkpoint when the host died, metrics.jsonl continuous (every step 1..N once, in order, the steps after the
-# resume by 2 ranks), the final model written. Then the refusals: a trainer failing with every host answering is
+# the 2 survivors (elastic resume: 3 -> 2 ranks) and finish. Checked: the event lines, the relaunch's resumed
+# step = the newest complete checkpoint when the host died, the elastic rule it took, metrics.jsonl continuous
+# (every step 1..N once, in order, the steps after the resume by 2 ranks), the final model written. Then the refusals: a trainer failing with every host answering is
 # relaunched once and then given up on; usage errors exit 2 with one line. Skips without root / namespaces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,6 +61,9 @@ assert resumed >= 2, resumed
 events = open(sys.argv[3]).read()
 assert f"launch 2: 2 ranks on 2 hosts (10.77.0.1:1,10.77.0.2:1) from the checkpoint of step {resumed}" in events, events
 EOF
+check "the relaunch resumed elastically: 3 -> 2 ranks, momenta the mean of the 3" \
+  bash -c "grep -q 'world size changed: 3 -> 2 ranks; data re-sliced; momenta: mean of all 3 old ranks' '$TMP/lab.log' &&
+           /usr/bin/python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))[\"_run\"][\"world_size\"] == 2' '$TMP/run/config.json'"
 check "the final checkpoint holds the last step" test -f "$TMP/run/checkpoints/step_$(printf %08d $steps)/COMPLETE"
 
 # a job that fails with every host answering: relaunched once, then given up on (no newer checkpoint)
