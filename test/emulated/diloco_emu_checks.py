@@ -6,7 +6,7 @@ after every step, or the run fails); the int8 wire over the host-staged MPI tran
 bf16 run checkpointed mid-round (step 3) and resumed bit for bit; the CUDA trainer's int8 mid-round checkpoint
 continued by the CPU trainer and the CPU's by the CUDA trainer; refusals in one line. Then --optimizer sparseloco
 (the CPU's SparseLocoWire on the host, top-16) the same way: 1 and 2 ranks against the CPU trainer, equal bytes, its
-step-3 checkpoints across the trainers both ways, a CUDA resume bit for bit, its blob refused as diloco.
+step-3 checkpoints across the trainers both ways, a bf16 CUDA resume bit for bit, its blob refused as diloco.
 
 Tolerances: the fp32 build's kernels sum in other orders than the CPU's (matmuls, the norms), so the two trainers
 agree to float rounding (2e-5 on the loss, as flexdemo_emu_checks.py's AdamW, 1e-3 on the norm), and the weights to
@@ -209,12 +209,15 @@ compare(f"{name}: the CPU trainer's step-3 checkpoint continued by the CUDA trai
         1e-4, skip=3)
 sparse_weights(f"{name}: the CUDA trainer's step 4 from the CPU trainer's step 3 (its error feedback)", on_gpu,
                cpu_runs[name])
-resumed, _ = train(FP32, f"gpu_resumed_{name}", W, *SPARSE, "--resume", gpu_ck)
-a, b = steps_of(resumed), steps_of(os.path.join(TMP, "gpu_" + name))[3:]
-wr, ws = weights(resumed, 4), weights(os.path.join(TMP, "gpu_" + name), 4)
+# the bf16 build (stochastic rounding) resumed at step 3: the step-4 sync from the blob's error feedback
+sparse_straight, _ = train(BF16, f"bf16_straight_{name}", W, *SPARSE)
+sparse_resumed, _ = train(BF16, f"bf16_resumed_{name}", W, *SPARSE, "--resume",
+                          os.path.join(sparse_straight, "checkpoints", "step_00000003"))
+a, b = steps_of(sparse_resumed), steps_of(sparse_straight)[3:]
+wr, ws = weights(sparse_resumed, 4), weights(sparse_straight, 4)
 check(len(a) == len(b) == 1 and all(x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] for x, y in zip(a, b))
       and wr is not None and ws is not None and wr.tobytes() == ws.tobytes(),
-      f"{name}: the CUDA trainer resumed at step 3 (mid-round): step 4 and its model.bin bit-identical")
+      f"{name}: bf16 CUDA trainer resumed at step 3 (mid-round): step 4 and its model.bin bit-identical")
 _, p = train(FP32, "refused_sparse", W, *SPARSE, "--optimizer", "diloco", "--resume", gpu_ck, expect_ok=False)
 check(p.returncode != 0 and "sparseloco" in p.stderr and "Segmentation" not in p.stderr,
       "a sparseloco checkpoint does not resume as diloco in the CUDA trainer")
