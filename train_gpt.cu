@@ -194,7 +194,7 @@ int train(TrainConfig cfg, Transport& world_transport, const Launch& launch) {
             optimizer += " (" + demo::kernel_choice(cfg.optim.demo).describe() + (late.empty() ? "" : ", " + late) + ")";
         } else if (cfg.optimizer == "topk") {  // no DCTs: the kernel choice does not apply
             optimizer += " (" + optimizer_family("topk").describe(cfg.optim) + ")";
-        } else if (cfg.optimizer == "diloco") {
+        } else if (cfg.optimizer == "diloco" || cfg.optimizer == "sparseloco") {
             optimizer = optimizer_banner(cfg);  // the CPU trainer's: its rounds and wire
         }
         std::printf("model %s | %.2fM parameters | optimizer %s | %d rank(s) x GPU %s | %s\n", cfg.model.describe().c_str(),

@@ -23,14 +23,16 @@ inline OptimizerConfig device_optimizer_config(const std::string& name, const Op
     return name == "topk" ? demo::as_topk(config) : config;
 }
 
-// Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum), or a DeMo transform
+// Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum), sparseloco with a
+// --diloco_wire other than fp32 (the CPU's refusal), or a DeMo transform
 // or kernel option the kernels do not run (--demo_transform random; topk with the DCT kernels' options; the
 // entropy-coded indices, which the kernels do not pack): train_gpt calls it before it touches the GPU, so the
 // message comes first on any machine.
 inline void check_device_optimizer(const std::string& name, const OptimizerConfig& config) {
-    if (name != "adamw" && name != "demo" && name != "topk" && name != "diloco")
+    if (name != "adamw" && name != "demo" && name != "topk" && name != "diloco" && name != "sparseloco")
         fail("--optimizer: '" + name + "' has no CUDA implementation (train_gpt_cpu runs it)");
-    if (name == "adamw" || name == "diloco") return;  // no DeMo kernels
+    if (name == "sparseloco") check_sparseloco_wire(config);  // before any GPU work, as the CPU trainer's message
+    if (name == "adamw" || name == "diloco" || name == "sparseloco") return;  // no DeMo kernels
     demo::check_device_transform(device_optimizer_config(name, config).demo);
     if (config.demo.indices == DemoIndexEncoding::entropy)
         fail("--demo_indices entropy: train_gpt's DeMo kernels pack auto and packed12 indices only (train_gpt_cpu runs "
@@ -46,8 +48,8 @@ inline std::unique_ptr<DeviceOptimizer> make_device_optimizer(const std::string&
                                                               uint32_t seed, bool overlap) {
     check_device_optimizer(name, given);
     const OptimizerConfig config = device_optimizer_config(name, given);
-    if (name == "diloco")
-        return std::make_unique<CudaDiloco>(config, layout, transport, stream, stochastic_rounding, seed);
+    if (name == "diloco" || name == "sparseloco")  // sparseloco: DiLoCo with the CPU's SparseLoCo wire (host)
+        return std::make_unique<CudaDiloco>(config, layout, transport, stream, stochastic_rounding, seed, name);
     const int group_size = resolve_shard_group_size(transport, config.shard_group_size);
     if (name == "adamw")
         return std::make_unique<CudaAdamW>(config, layout, transport, stream, stochastic_rounding, seed, overlap,

@@ -10,7 +10,8 @@
 # 2. train_gpt_cpu on 2 ranks, tiny GPT-2, 12 steps, H = 4: the loss at each round's first step falls; bytes_sent
 #    is the dry run's figure at the sync steps and 0 between them; --weight_check_every 1 passes; a checkpoint at step 6
 #    (mid-round) resumed gives bit-identical losses; --help lists the keys; bad values and --diloco_wire give one-line
-#    errors; the dry run's warnings; train_gpt (or build/emu/train_gpt) refuses sparseloco in one line.
+#    errors; the dry run's warnings; train_gpt (or build/emu/train_gpt) refuses --diloco_wire int8 with it in one
+#    line (test/emulated/test_diloco_emu.sh runs it against this trainer).
 # Skips without mpirun, the binaries, or /usr/bin/python3 with numpy and torch.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -124,8 +125,8 @@ check "--sparseloco_topk 4096 warns that nothing is sparsified" \
 # the CUDA trainer, on a GPU build or on the emulated device, whichever is built
 for cuda in ./train_gpt build/emu/train_gpt; do
   [[ -x $cuda ]] || continue
-  expect_error "--optimizer: 'sparseloco' has no CUDA implementation (train_gpt_cpu runs it)" \
-    "$cuda" "${base[@]}" --steps 2 --out_dir "$tmp/cuda"
+  expect_error "--diloco_wire does not apply to --optimizer sparseloco" \
+    "$cuda" "${base[@]}" --steps 2 --out_dir "$tmp/cuda" --diloco_wire int8
 done
 
 [[ $failures -eq 0 ]] && echo "all SparseLoCo checks passed" || echo "$failures check(s) failed"

@@ -4,7 +4,9 @@ and 2 ranks on the fp32 and int8 wires (and bf16 on 2); the losses, norms, byte 
 (the step-4 model.bin) at the CPU trainer's; --weight_check_every 1 (the global weights bit-identical on every rank
 after every step, or the run fails); the int8 wire over the host-staged MPI transport at the NCCL transport's bits; a
 bf16 run checkpointed mid-round (step 3) and resumed bit for bit; the CUDA trainer's int8 mid-round checkpoint
-continued by the CPU trainer and the CPU's by the CUDA trainer; refusals in one line.
+continued by the CPU trainer and the CPU's by the CUDA trainer; refusals in one line. Then --optimizer sparseloco
+(the CPU's SparseLocoWire on the host, top-16) the same way: 1 and 2 ranks against the CPU trainer, equal bytes, its
+step-3 checkpoints across the trainers both ways, a bf16 CUDA resume bit for bit, its blob refused as diloco.
 
 Tolerances: the fp32 build's kernels sum in other orders than the CPU's (matmuls, the norms), so the two trainers
 agree to float rounding (2e-5 on the loss, as flexdemo_emu_checks.py's AdamW, 1e-3 on the norm), and the weights to
@@ -159,6 +161,66 @@ same_model = weights(resumed, 4) is not None and weights(straight, 4) is not Non
     weights(resumed, 4).tobytes() == weights(straight, 4).tobytes()
 check(len(a) == len(b) == 1 and all(x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] for x, y in zip(a, b))
       and same_model, "bf16 2 ranks int8 resumed at step 3 (mid-round): step 4 and its model.bin bit-identical")
+
+# --- SparseLoCo (--optimizer sparseloco): the CUDA trainer runs the CPU's SparseLocoWire on a host copy of the
+# delta, so against the CPU trainer only the pseudo-gradient's float rounding differs (as on the fp32 wire); a
+# rounding can still move an element across a 2-bit bin edge or the top-k's cut, whole values, hence the int8
+# wire's tolerances (1e-4 on the loss, 1e-3 on the weights, at most 0.5% of them off by more than 1e-5).
+SPARSE = ["--optimizer", "sparseloco", "--sparseloco_topk", "16", "--checkpoint_every", "3"]
+
+
+def sparse_weights(what, got, want):
+    """The step-4 model.bin of `got` against `want`'s: the step-4 sync's mean, so the error feedback, counts."""
+    wg, wc = weights(got, 4), weights(want, 4)
+    ok = wg is not None and wc is not None and wg.shape == wc.shape
+    err = float(np.max(np.abs(wg - wc)) / np.max(np.abs(wc))) if ok else 1.0
+    off = float(np.mean(np.abs(wg - wc) > 1e-5)) if ok else 1.0
+    check(err <= 1e-3 and off <= 0.005,
+          f"{what} within 1e-3 of the CPU's (worst {err:.2e}), {off:.2%} off by more than 1e-5 (at most 0.5%)")
+
+
+for np_ in RANKS:
+    name = f"sparseloco_np{np_}"
+    cpu, _ = train(CPU, "cpu_" + name, np_, *SPARSE)
+    gpu, _ = train(FP32, "gpu_" + name, np_, *SPARSE)
+    cpu_runs[name] = cpu
+    compare(f"fp32 build, {np_} rank(s), sparseloco, weights compared every step vs CPU trainer", gpu, cpu, 1e-4)
+    a, b = steps_of(gpu), steps_of(cpu)
+    check(len(a) == len(b) == 4 and all(x[k] == y[k] for x, y in zip(a, b) for k in KEYS) and
+          all((x["bytes_sent"] > 0) == (np_ > 1 and x["step"] % 2 == 0) for x in a),
+          f"{name}: {', '.join(KEYS)} per step equal the CPU trainer's, bytes sent at sync steps only "
+          f"({[x['bytes_sent'] for x in a]})")
+    sparse_weights(f"{name}: step-4 global weights (model.bin)", gpu, cpu)
+    if np_ == W:
+        s = a[-1]["opt_ms"] if a else {}
+        check(all(s.get(k, 0) > 0 for k in ("transform", "exchange", "apply")),
+              f"sparseloco: the sync step times its transform, exchange and apply: {s}")
+name = f"sparseloco_np{W}"
+# mid-round (step 3): the blob's error feedback from the step-2 sync feeds step 4's
+gpu_ck = os.path.join(TMP, "gpu_" + name, "checkpoints", "step_00000003")
+cpu_ck = os.path.join(cpu_runs[name], "checkpoints", "step_00000003")
+on_cpu, _ = train(CPU, f"cpu_from_gpu_{name}", W, *SPARSE, "--resume", gpu_ck)
+compare(f"{name}: the CUDA trainer's step-3 checkpoint continued by the CPU trainer: step 4", on_cpu, cpu_runs[name],
+        1e-4, skip=3)
+sparse_weights(f"{name}: the CPU trainer's step 4 from the CUDA trainer's step 3 (its error feedback)", on_cpu,
+               cpu_runs[name])
+on_gpu, _ = train(FP32, f"gpu_from_cpu_{name}", W, *SPARSE, "--resume", cpu_ck)
+compare(f"{name}: the CPU trainer's step-3 checkpoint continued by the CUDA trainer: step 4", on_gpu, cpu_runs[name],
+        1e-4, skip=3)
+sparse_weights(f"{name}: the CUDA trainer's step 4 from the CPU trainer's step 3 (its error feedback)", on_gpu,
+               cpu_runs[name])
+# the bf16 build (stochastic rounding) resumed at step 3: the step-4 sync from the blob's error feedback
+sparse_straight, _ = train(BF16, f"bf16_straight_{name}", W, *SPARSE)
+sparse_resumed, _ = train(BF16, f"bf16_resumed_{name}", W, *SPARSE, "--resume",
+                          os.path.join(sparse_straight, "checkpoints", "step_00000003"))
+a, b = steps_of(sparse_resumed), steps_of(sparse_straight)[3:]
+wr, ws = weights(sparse_resumed, 4), weights(sparse_straight, 4)
+check(len(a) == len(b) == 1 and all(x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] for x, y in zip(a, b))
+      and wr is not None and ws is not None and wr.tobytes() == ws.tobytes(),
+      f"{name}: bf16 CUDA trainer resumed at step 3 (mid-round): step 4 and its model.bin bit-identical")
+_, p = train(FP32, "refused_sparse", W, *SPARSE, "--optimizer", "diloco", "--resume", gpu_ck, expect_ok=False)
+check(p.returncode != 0 and "sparseloco" in p.stderr and "Segmentation" not in p.stderr,
+      "a sparseloco checkpoint does not resume as diloco in the CUDA trainer")
 
 # --- refusals
 _, p = train(BF16, "refused", 1, "--shard_group_size", "2", expect_ok=False)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DiLoCo (--optimizer diloco) in the CUDA trainer on the emulated device, 1 and 2 ranks, fp32 and int8 wires, against
-# the CPU trainer, with checkpoints across the two trainers and a bf16 resume bit for bit:
+# the CPU trainer, with checkpoints across the two trainers and a bf16 resume bit for bit; then sparseloco likewise:
 # test/emulated/diloco_emu_checks.py. Skips without mpirun or the emulated programs (no CUDA headers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

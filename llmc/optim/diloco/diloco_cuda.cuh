@@ -11,16 +11,24 @@
 //    message (fp32 scales, then int8 values), NcclTransport::allgather_device (or allgather_bytes through host
 //    memory) gathers the W messages, and a kernel sums float(q) * s over the ranks in rank order, times 1 / W.
 //    Division and rounding are IEEE (__fdiv_rn, rintf: --use_fast_math would make '/' approximate), products and
-//    sums unfused, so the messages are the CPU's bit for bit for the same delta. A new pseudo-gradient wire (a
-//    sparse one with its own error feedback) is one more case of average_pseudo_gradient.
+//    sums unfused, so the messages are the CPU's bit for bit for the same delta. A new pseudo-gradient wire is one
+//    more case of average_pseudo_gradient.
+//  - --optimizer sparseloco (sparseloco.h): the CPU's SparseLocoWire itself, staged through the host in this first
+//    version: at a sync the device delta is copied to pinned host memory, the CPU object runs the whole exchange
+//    there (its error feedback in host memory, top-k, 2-bit values, Transport::allgather_bytes through host
+//    memory, the median-norm clip, the mean), and the mean is copied back for the Nesterov kernel. So the
+//    arithmetic and the bytes are the CPU trainer's; the compression costs host time once per H inner steps.
+//    Device kernels for the encoder and decoder are future work.
 //  - Weights: master_ (the local fp32 weights the forward's floatX params round) and global_, momentum_, m_, v_,
 //    delta_ in one allocation. master_weights() is global_ (the model file of a checkpoint, --weight_check_every);
-//    the state blob is the CPU Diloco's, local weights included, so checkpoints move between the two trainers.
+//    the state blob is the CPU Diloco's, local weights included (then SparseLoCo's error feedback, the host wire's
+//    own save_state), so checkpoints move between the two trainers.
 #pragma once
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +39,7 @@
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/cuda/global_norm.cuh"
 #include "llmc/optim/diloco/diloco.h"
+#include "llmc/optim/diloco/sparseloco.h"
 #include "llmc/optim/optimizer_cuda.cuh"
 
 namespace llmc {
@@ -167,13 +176,19 @@ __global__ void diloco_differs_kernel(const float* a, const float* b, size_t n, 
 
 class CudaDiloco final : public DeviceOptimizer {
 public:
-    // transport: collectives on device pointers (NcclTransport, HostStagedTransport).
+    // transport: collectives on device pointers (NcclTransport, HostStagedTransport). name: "diloco" (the
+    // --diloco_wire formats on the device) or "sparseloco" (the CPU's SparseLocoWire on a host copy of the delta).
     CudaDiloco(const OptimizerConfig& config, const ParamLayout& layout, Transport& transport, cudaStream_t stream,
-               bool stochastic_rounding, uint32_t seed)
+               bool stochastic_rounding, uint32_t seed, std::string_view name = "diloco")
         : config_(config), layout_(layout), transport_(transport), stream_(stream),
           stochastic_(stochastic_rounding && !kFloatXIsFloat), seed_(seed), n_(layout.num_params),
           world_(transport.world_size()) {
+        LLMC_CHECK(name == "diloco" || name == "sparseloco", "CudaDiloco: no wire named '" + std::string(name) + "'");
         validate_diloco_options(config);
+        if (name == "sparseloco") {  // validates the sparseloco_* keys and refuses --diloco_wire other than fp32
+            host_wire_ = std::make_unique<SparseLocoWire>(config, layout, transport);
+            host_delta_ = PinnedHostBuffer<float>(n_);
+        }
         LLMC_CHECK(config.shard_group_size == 1, "--shard_group_size: diloco runs one replica per rank (1, got " +
                                                      std::to_string(config.shard_group_size) + ")");
         nccl_ = dynamic_cast<NcclTransport*>(&transport);
@@ -214,7 +229,7 @@ public:
     CudaDiloco(const CudaDiloco&) = delete;
     CudaDiloco& operator=(const CudaDiloco&) = delete;
 
-    std::string_view name() const override { return "diloco"; }
+    std::string_view name() const override { return host_wire_ ? host_wire_->name() : "diloco"; }
 
     // Fresh: `weights` become the global and the local weights. After load_state: `weights` (the checkpoint's model
     // file) must be the blob's global weights; the blob's local ones are already in master_. The parameters get the
@@ -276,8 +291,9 @@ public:
 
     void save_state(ByteWriter& out) const override {
         const size_t n = n_;
-        out.reserve(out.bytes().size() + 128 + 5 * n * sizeof(float));
-        out.put_string("diloco");
+        const size_t wire_bytes = host_wire_ ? host_wire_->state_bytes() : 0;
+        out.reserve(out.bytes().size() + 128 + 5 * n * sizeof(float) + wire_bytes);
+        out.put_string(std::string(name()));
         out.put<uint64_t>(n);
         out.put<uint32_t>(static_cast<uint32_t>(config_.diloco.inner_steps));
         out.put<int64_t>(steps_);
@@ -288,12 +304,14 @@ public:
             CUDA_CHECK(cudaMemcpyAsync(slot, buffer, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
             CUDA_CHECK(cudaStreamSynchronize(stream_));
         }
+        if (host_wire_) host_wire_->save_state(out);
     }
 
     void load_state(ByteReader& in) override {
         const std::string name = in.get_string("optimizer name");
-        LLMC_CHECK(name == "diloco", in.source() + ": optimizer state is for '" + name +
-                                         "', not 'diloco' (use the checkpointed run's --optimizer)");
+        const std::string mine(this->name());
+        LLMC_CHECK(name == mine, in.source() + ": optimizer state is for '" + name + "', not '" + mine +
+                                     "' (use the checkpointed run's --optimizer)");
         const uint64_t n = in.get<uint64_t>("parameter count");
         LLMC_CHECK(n == n_, in.source() + ": optimizer state has " + std::to_string(n) + " parameters, model has " +
                                 std::to_string(n_));
@@ -310,6 +328,7 @@ public:
         float* into[] = {global_, momentum_, m_, v_, master_};
         const std::byte* from[5];
         for (int k = 0; k < 5; k++) from[k] = in.get_array_space<float>(n_, what[k]);
+        if (host_wire_) host_wire_->load_state(in);  // SparseLoCo's error feedback (host memory), after Diloco's
         for (int k = 0; k < 5; k++)
             CUDA_CHECK(cudaMemcpyAsync(into[k], from[k], n_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -332,11 +351,9 @@ private:
                 reinterpret_cast<int8_t*>(message_ + blocks_ * sizeof(float)));
         CUDA_CHECK_LAUNCH();
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the collectives read buffers whose producers are complete
-        seconds.transform = seconds_since(start);
+        seconds.transform += seconds_since(start);
 
-        start = std::chrono::steady_clock::now();
-        average_pseudo_gradient();
-        seconds.exchange = seconds_since(start);
+        average_pseudo_gradient(seconds);
 
         start = std::chrono::steady_clock::now();
         if (int8() && blocks_)
@@ -351,9 +368,31 @@ private:
         seconds.apply += seconds_since(start);  // the host's share; complete_step adds the GPU time
     }
 
-    // delta_ <- the mean over ranks of delta_ (fp32, bf16), or the W int8 messages into gathered_ (int8: the mean
-    // kernel decodes them). The one place a pseudo-gradient wire lives: a new one is a case here (and its codec).
-    void average_pseudo_gradient() {
+    // delta_ <- the mean over ranks of delta_ (fp32, bf16, sparseloco), or the W int8 messages into gathered_
+    // (int8: the mean kernel decodes them). The one place a pseudo-gradient wire lives: a new one is a case here
+    // (and its codec). Adds the collective's time to seconds.exchange (sparseloco: the host wire's own split, the
+    // copies to and from the host in transform and apply).
+    void average_pseudo_gradient(StepTimings& seconds) {
+        if (host_wire_) {  // staged through the host: the CPU's SparseLoCo exchange on a copy of the delta
+            auto start = std::chrono::steady_clock::now();
+            const size_t bytes = n_ * sizeof(float);
+            CUDA_CHECK(cudaMemcpyAsync(host_delta_.data(), delta_, bytes, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            seconds.transform += seconds_since(start);
+            host_wire_->average(std::span<float>(host_delta_.data(), n_), seconds);
+            start = std::chrono::steady_clock::now();
+            // queued: the outer kernel behind it reads the mean; host_delta_ is next written after a later sync
+            CUDA_CHECK(cudaMemcpyAsync(delta_, host_delta_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+            seconds.apply += seconds_since(start);
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        average_on_device();
+        seconds.exchange += seconds_since(start);
+    }
+
+    // The --diloco_wire formats: the collective on the device buffers.
+    void average_on_device() {
         const std::span<float> delta(delta_, n_);
         switch (config_.diloco.wire) {
             case DilocoWire::fp32: transport_.allreduce_mean(delta); return;
@@ -414,6 +453,9 @@ private:
     std::byte *message_ = nullptr, *gathered_ = nullptr;
     std::vector<std::byte> host_message_, host_all_;
     std::vector<size_t> offsets_;
+    // sparseloco: the CPU wire (its error feedback in host memory) and the pinned host copy of the delta it averages
+    std::unique_ptr<PseudoGradientWire> host_wire_;
+    PinnedHostBuffer<float> host_delta_;
     QueuedClipNorm clip_norm_;
     TimedCudaEvent inner_start_, inner_end_, outer_start_, outer_end_;
     bool step_pending_ = false, outer_timed_ = false;
