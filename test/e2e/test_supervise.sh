@@ -52,14 +52,17 @@ check "host 2 is dropped and the job relaunched on 2 hosts" \
            ! grep -q 'launch 3' '$TMP/events.log'"
 check "metrics continuous: steps 1..$steps once each, the resumed part on 2 ranks from the last checkpoint" \
   /usr/bin/python3 - "$TMP/run/metrics.jsonl" "$TMP/killed_after_checkpoint" "$TMP/events.log" "$steps" <<'EOF'
-import json, sys
+import json, re, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 steps = [l["step"] for l in lines if l["type"] == "train"]
 assert steps == list(range(1, int(sys.argv[4]) + 1)), steps
-resumed = int(open(sys.argv[2]).read())
-assert resumed >= 2, resumed
+# The killer notes the newest complete checkpoint when it sees step 6; one more may complete before the kill lands.
+seen = int(open(sys.argv[2]).read())
 events = open(sys.argv[3]).read()
-assert f"launch 2: 2 ranks on 2 hosts (10.77.0.1:1,10.77.0.2:1) from the checkpoint of step {resumed}" in events, events
+m = re.search(r"launch 2: 2 ranks on 2 hosts \(10.77.0.1:1,10.77.0.2:1\) from the checkpoint of step (\d+)", events)
+assert m, events
+resumed = int(m.group(1))
+assert seen >= 2 and seen <= resumed <= seen + 4, (seen, resumed)
 EOF
 check "the relaunch resumed elastically: 3 -> 2 ranks, momenta the mean of the 3" \
   bash -c "grep -q 'world size changed: 3 -> 2 ranks; data re-sliced; momenta: mean of all 3 old ranks' '$TMP/lab.log' &&
