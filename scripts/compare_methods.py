@@ -66,7 +66,8 @@ def load_compare_runs():
 # random-k all-reduces values only (2(W-1)/W * 4 bytes each, 6 per value at W=4, against DeMo's all-gather of
 # (W-1) * 6 = 18), so 3k of its values cost what k of DeMo's do. PowerSGD: 2(W-1)/W * 4 * r(n+m) per matrix,
 # 0.35 MB per unit of rank here. DiLoCo: an fp32 all-reduce (43.5 MB) or bf16 (21.7 MB) every H steps.
-# SparseLoCo: (W-1) * (12 + 2 bits) per coefficient every H steps. Signum sends (W-1) n/8 = 2.7 MB per step,
+# SparseLoCo: (W-1) * (12 + 2 bits) per coefficient every H steps (k=64 of 4096: 0.63 MB per sync, so H=3 is
+# the mid budget and H=30 the low one). Signum sends (W-1) n/8 = 2.7 MB per step,
 # more than any budget: it runs once, in the high panel, and the table says so.
 SETTINGS = [
     ("adamw", "adamw", "all", ["--optimizer", "adamw", "--weight_decay", "0.1"], "adam", True),
@@ -96,8 +97,8 @@ SETTINGS = [
                                       "--weight_decay", "0.1"], "adam", True),
     ("diloco_h80_bf16", "diloco", "mid", ["--optimizer", "diloco", "--diloco_inner_steps", "80",
                                           "--diloco_wire", "bf16", "--weight_decay", "0.1"], "adam", False),
-    ("sparseloco_k64_h8", "sparseloco", "mid", ["--optimizer", "sparseloco", "--sparseloco_topk", "64",
-                                                "--diloco_inner_steps", "8", "--weight_decay", "0.1"], "adam", True),
+    ("sparseloco_k64_h3", "sparseloco", "mid", ["--optimizer", "sparseloco", "--sparseloco_topk", "64",
+                                                "--diloco_inner_steps", "3", "--weight_decay", "0.1"], "adam", True),
     ("sparseloco_k64_h30", "sparseloco", "low", ["--optimizer", "sparseloco", "--sparseloco_topk", "64",
                                                  "--diloco_inner_steps", "30", "--weight_decay", "0.1"], "adam",
      False),
@@ -149,14 +150,17 @@ def trainer_command(args, setting, lr, steps, out_dir):
     return words + setting.flags
 
 
-def run_folder(args, setting, lr, sweep):
-    return os.path.join(args.runs, ("sweep/" if sweep else "") + f"{setting.name}_lr{lr_text(lr)}")
+def run_folder(args, setting, lr, kind):
+    """kind: "" (a full run), "sweep" or "timing"."""
+    return os.path.join(args.runs, (kind + "/" if kind else "") + f"{setting.name}_lr{lr_text(lr)}")
 
 
-def run_once(args, setting, lr, steps, sweep):
+def run_once(args, setting, lr, steps, kind=""):
     """Runs (or resumes, or skips when done) one training run; returns (folder, status): ok | diverged."""
-    folder = run_folder(args, setting, lr, sweep)
+    folder = run_folder(args, setting, lr, kind)
     command = trainer_command(args, setting, lr, steps, folder)
+    if kind == "timing":  # compute time only: no validation, no checkpoints, every step logged
+        command += ["--val_every", "0", "--checkpoint_every", "-1", "--log_every", "1"]
     done_path = os.path.join(folder, "done.json")
     if os.path.isfile(done_path):
         with open(done_path, encoding="utf-8") as f:
@@ -198,7 +202,7 @@ def sweep_lr(args, cr, setting, log):
     for _ in range(len(grid) + args.max_grow):
         for lr in grid:
             if lr not in results:
-                folder, status = run_once(args, setting, lr, args.sweep_steps, sweep=True)
+                folder, status = run_once(args, setting, lr, args.sweep_steps, "sweep")
                 results[lr] = math.inf if status != "ok" or args.dry_run else final_val(cr, folder)
         best = min(grid, key=lambda lr: (results[lr], lr))
         grown = len(grid) - len(LR_GRIDS[setting.lr_family])
@@ -237,6 +241,15 @@ def summarize(cr, setting, lr, folder, rates, latency_ms):
             total_t[r] += (c if math.isfinite(c) else 0.0) / 1e3 + b * 8 / bits_per_s + latency_ms / 1e3
             row["cum_time"][r].append(total_t[r])
     return row
+
+
+def retime(row, compute_ms, rates, latency_ms):
+    """The row's emulated clocks redone with one compute time per step (a timing run's median)."""
+    row["compute_ms_own_run"], row["compute_ms"] = row["compute_ms"], compute_ms
+    total_b = [0.0] + row["cum_bytes"]
+    for r, bits_per_s in rates.items():
+        row["cum_time"][r] = [(i + 1) * (compute_ms / 1e3 + latency_ms / 1e3) + total_b[i + 1] * 8 / bits_per_s
+                              for i in range(len(row["cum_bytes"]))]
 
 
 def at_val_points(row, series):
@@ -425,6 +438,9 @@ def parse_args(argv):
     p.add_argument("--val-every", type=int, default=50)
     p.add_argument("--val-batches", type=int, default=8)
     p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--timing-steps", type=int, default=0,
+                   help="time every setting on a run of its own of this many steps, after the others, and use its "
+                        "median compute time in the table and clocks (0: each full run's own) [0]")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--target-step", type=int, help="AdamW-DDP's val loss at this step is the target [--steps / 2]")
     p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"], help="emulated link rates [100mbit 1gbit]")
@@ -482,9 +498,15 @@ def main(argv):
     for s in settings:
         if s.method not in best_lr:
             raise UserError(f"{s.name}: its method {s.method} has no sweep row among the selected settings")
-        folder, status = run_once(args, s, best_lr[s.method], args.steps, sweep=False)
+        folder, status = run_once(args, s, best_lr[s.method], args.steps)
         if not args.dry_run:
             rows.append(summarize(cr, s, best_lr[s.method], folder, rates, args.latency_ms))
+    if args.timing_steps:  # the compute times of short runs made after the others, on a machine left to them
+        for s, row in zip(settings, rows or [None] * len(settings)):
+            folder, status = run_once(args, s, best_lr[s.method], args.timing_steps, "timing")
+            if row is not None:
+                timed = summarize(cr, s, best_lr[s.method], folder, {}, 0.0)["compute_ms"]
+                retime(row, timed, rates, args.latency_ms)
     if args.dry_run:
         return 0
     os.makedirs(args.out, exist_ok=True)
