@@ -9,7 +9,8 @@
 #  - signum, powersgd, sparseloco 2x1 vs 1x2 (VIRTUAL_FULL=1: topk, diloco, randomk too);
 #  - resume: a 1x4 DeMo checkpoint of step 2 (--demo_delay 1) resumed on 4 real ranks, and a 4x1 one resumed as
 #    1x4, end at the bits of the uninterrupted 4-step runs;
-#  - one-line refusals: --virtual_ranks 0, and 2 with --shard_group_size 2.
+#  - a virtual rank that fails (a corrupt state file of its own) ends the process with one line naming it;
+#  - one-line refusals: --virtual_ranks 0, too many, and 2 with --shard_group_size 2; the dry run's memory line.
 # Skips without mpirun, the binary or /usr/bin/python3.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -86,6 +87,20 @@ if run 4 1 "$d.4x1" "${long[@]}" && run 1 4 "$d.1x4" "${long[@]}"; then
     same "a 1x4 checkpoint resumed on 4 real ranks ends at the 4x1 run's bits" ckpt "$(ck "$d.4x1" 4)" "$(ck "$d.v2r" 4)"
   run 1 4 "$d.r2v" "${long[@]}" --resume "$(ck "$d.4x1" 2)" &&
     same "a 4x1 checkpoint resumed as 1x4 ends at the 4x1 run's bits" ckpt "$(ck "$d.4x1" 4)" "$(ck "$d.r2v" 4)"
+fi
+
+# one virtual rank fails (its state file corrupt): one line naming it, exit 1, and the other lanes do not hang
+if [[ -d $(ck "$d.4x1" 4) ]]; then
+  cp -r "$(ck "$d.4x1" 4)" "$tmp/corrupt"
+  printf 'garbage' | dd of="$tmp/corrupt/state_rank2.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+  timeout 60 ./train_gpt_cpu "${base[@]}" --optimizer demo --demo_delay 1 --steps 5 --virtual_ranks 4 \
+    --resume "$tmp/corrupt" --out_dir "$tmp/corrupt_run" >/dev/null 2>"$tmp/corrupt.err"
+  rc=$?
+  if [[ $rc -eq 1 && $(grep -c . "$tmp/corrupt.err") -eq 1 ]] && grep -q "^error (rank [0-9]): .*state_rank2.bin" "$tmp/corrupt.err"; then
+    pass "a failing virtual rank ends the process with its one line: $(cut -c1-80 "$tmp/corrupt.err")..."
+  else
+    fail "a corrupt state_rank2.bin under --virtual_ranks 4: exit $rc, stderr: $(head -c 300 "$tmp/corrupt.err")"
+  fi
 fi
 
 expect_error virtual_ranks ./train_gpt_cpu "${base[@]}" --virtual_ranks 0 --out_dir "$tmp/bad0"
