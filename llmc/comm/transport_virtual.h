@@ -11,7 +11,8 @@
 // ranks: above that MPI_Allreduce picks the order, so scalar sums over more than 64 ranks may differ in the last
 // bits). For P > 1 lane 0 learns the other processes' contributions with a real all-gather of its V lanes' buffers,
 // in slices of at most 256 MB per process (so a fold holds P x 256 MB at most besides the lanes' own buffers).
-// The byte counters are each endpoint's own and count what a rank of a P*V ring would (transport.h), not the real
+// Only lane 0's thread calls the real transport, one call at a time (MPI_THREAD_SERIALIZED is enough; Open MPI
+// gives MPI_THREAD_MULTIPLE). The byte counters are each endpoint's own and count what a rank of a P*V ring would (transport.h), not the real
 // transport's traffic, so the metrics' bytes per step are those of the P*V real run.
 //
 // If a lane fails, abort() wakes the lanes waiting at a rendezvous with VirtualRanksAborted, and every later

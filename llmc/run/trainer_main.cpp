@@ -73,8 +73,8 @@ int trainer_main(int argc, char** argv, const char* program, TrainFunction train
         const StopSignals stop_signals(!launched_ranks);  // a stop signal now ends the run at a step, with a checkpoint
         const Launch launch{argc, argv, started};
         if (cfg.virtual_ranks == 1) return train(cfg, *transport, launch);
-        LLMC_CHECK(simulates_ranks, cfg.sources.name("virtual_ranks") + ": the " + program +
-                                        " trainer does not simulate ranks yet; use train_gpt_cpu");
+        LLMC_CHECK(simulates_ranks, cfg.sources.name("virtual_ranks") + ": " + program +
+                                        " does not simulate ranks yet; use train_gpt_cpu");
         return train_virtual_ranks(cfg, *transport, launch, train);
     } catch (const std::exception& e) {
         return report_fatal_error(e, transport.get());
