@@ -10,7 +10,8 @@
 #  - resume: a 1x4 DeMo checkpoint of step 2 (--demo_delay 1) resumed on 4 real ranks, and a 4x1 one resumed as
 #    1x4, end at the bits of the uninterrupted 4-step runs;
 #  - a virtual rank that fails (a corrupt state file of its own) ends the process with one line naming it;
-#  - one-line refusals: --virtual_ranks 0, too many, and 2 with --shard_group_size 2; the dry run's memory line.
+#  - one-line refusals: --virtual_ranks 0, too many, and 2 with --shard_group_size 2 (and by train_gpt, where
+#    built); the dry run's memory line.
 # Skips without mpirun, the binary or /usr/bin/python3.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -106,6 +107,7 @@ fi
 expect_error virtual_ranks ./train_gpt_cpu "${base[@]}" --virtual_ranks 0 --out_dir "$tmp/bad0"
 expect_error virtual_ranks ./train_gpt_cpu "${base[@]}" --virtual_ranks 2000 --out_dir "$tmp/bad1"
 expect_error shard_group_size ./train_gpt_cpu "${base[@]}" --virtual_ranks 2 --shard_group_size 2 --out_dir "$tmp/bad2"
+[[ -x train_gpt ]] && expect_error "train_gpt does not simulate ranks" ./train_gpt "${base[@]}" --virtual_ranks 2 --out_dir "$tmp/cuda"
 if ./train_gpt_cpu "${base[@]}" --virtual_ranks 4 --dry_run --out_dir "$tmp/dry" >"$tmp/dry.log" 2>&1; then
   check "the dry run names the virtual ranks' memory" grep -q "virtual ranks: 4 per process, memory ~4 x" "$tmp/dry.log"
 else
