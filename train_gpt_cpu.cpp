@@ -43,10 +43,10 @@ namespace {
 
 using namespace llmc;
 
-int default_threads(int world) {
-    // Ranks on this host share its cores; Open MPI tells us how many share it.
+int default_threads(int world, int virtual_ranks) {
+    // Ranks on this host share its cores; Open MPI tells us how many processes share it, each with its virtual ranks.
     int local_ranks = world;
-    if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
+    if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s)) * virtual_ranks;
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::max(1, cores / local_ranks);
 }
@@ -71,8 +71,8 @@ std::string sample_text(ModelCpu& model, const TrainConfig& cfg, const Tokenizer
 int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
     const int rank = transport.rank(), world = transport.world_size();
     const bool main_rank = rank == 0;
-    const int threads = cfg.threads > 0 ? cfg.threads : default_threads(world);
-    omp_set_num_threads(threads);
+    const int threads = cfg.threads > 0 ? cfg.threads : default_threads(world, cfg.virtual_ranks);
+    omp_set_num_threads(threads);  // this thread's: a virtual rank's lane sets its own
     openblas_set_num_threads(threads);
 
     const int grad_accum = resolve_batch_geometry(cfg, world);
@@ -196,4 +196,6 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return llmc::trainer_main(argc, argv, "train_gpt_cpu", train); }
+int main(int argc, char** argv) {
+    return llmc::trainer_main(argc, argv, "train_gpt_cpu", train, /*simulates_ranks=*/true);
+}

@@ -111,6 +111,9 @@ Schema<TrainConfig> make_schema() {
                 "family and shape)"),
             key("seed", &TrainConfig::seed, "seed for init, shuffling and sampling").fixed(),
             key("threads", &TrainConfig::threads, "OpenMP threads per rank (0 = cores / ranks)"),
+            key("virtual_ranks", &TrainConfig::virtual_ranks,
+                "data-parallel ranks each process simulates, one thread each: P processes x V compute what P*V MPI "
+                "ranks compute, bit for bit (train_gpt_cpu only; not with --shard_group_size)"),
             key("comm_timeout", &TrainConfig::comm_timeout,
                 "seconds a collective may wait for the other ranks before this rank exits (0 = forever)"),
             key("time_limit_minutes", &TrainConfig::time_limit_minutes,
@@ -239,6 +242,12 @@ void validate_config(const TrainConfig& c) {
     at_least("keep_checkpoints", c.keep_checkpoints, 0);
     at_least("threads", c.threads, 0);
     at_most("threads", c.threads, kMaxThreads, "OpenMP threads per rank");
+    at_least("virtual_ranks", c.virtual_ranks, 1);
+    at_most("virtual_ranks", c.virtual_ranks, kMaxVirtualRanks, "simulated ranks per process");
+    LLMC_CHECK(c.virtual_ranks == 1 || c.optim.shard_group_size == 1,
+               s.name("virtual_ranks") + " " + std::to_string(c.virtual_ranks) + " with " + s.name("shard_group_size") +
+                   ": virtual ranks do not simulate groups of ranks yet (FlexDeMo, sharded steps); use "
+                   "--shard_group_size 1 or real ranks");
     at_least("checkpoint_every", c.checkpoint_every, -1, "0: only at the end, -1: never");
     at_least("weight_check_every", c.weight_check_every, 0, "0: never");
     at_least("log_every", c.log_every, 1);

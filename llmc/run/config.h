@@ -75,6 +75,7 @@ struct TrainConfig {
     std::string init_from;               // model file to start from instead of random init
     int64_t seed = 1337;
     int threads = 0;                     // OpenMP threads per rank; 0 = cores / ranks on this host
+    int virtual_ranks = 1;               // data-parallel ranks each process simulates (transport_virtual.h)
     float comm_timeout = 1800.0f;        // seconds a collective may wait for the other ranks (0 = forever)
     float time_limit_minutes = 0.0f;     // stop at a step, with a checkpoint, before this much wall time (0 = none)
     int log_every = 1;

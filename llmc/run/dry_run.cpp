@@ -17,6 +17,10 @@ void print_dry_run_report(const TrainConfig& cfg, int world) {
     const ParamLayout layout = ParamLayout::of(cfg.model);
     std::printf("model %s: %s parameters in %zu tensors\n", cfg.model.describe().c_str(),
                 with_commas(layout.num_params).c_str(), layout.tensors.size());
+    if (cfg.virtual_ranks > 1)  // each virtual rank is a whole rank: its model, activations and optimizer state
+        std::printf("virtual ranks: %d per process, memory ~%d x one rank's (weights + gradients %.1f MB, plus "
+                    "activations and optimizer state); the optimizer's update runs once per virtual rank\n",
+                    cfg.virtual_ranks, cfg.virtual_ranks, 8.0 * static_cast<double>(layout.num_params) / 1e6);
     std::fflush(stdout);
     // One rank sends nothing; report for the paper's 64 ranks then (mpirun -np N for another count).
     optimizer_family(cfg.optimizer).dry_run_report(std::cout, cfg.optim, layout, world > 1 ? world : 64);

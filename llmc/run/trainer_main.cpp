@@ -3,12 +3,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "llmc/base/error.h"
 #include "llmc/base/stop_signal.h"
 #include "llmc/comm/transport_mpi.h"
+#include "llmc/comm/transport_virtual.h"
 
 namespace llmc {
 
@@ -28,7 +32,37 @@ int report_fatal_error(const std::exception& e, const Transport* transport) {
     return status;
 }
 
-int trainer_main(int argc, char** argv, const char* program, TrainFunction train) {
+namespace {
+
+// --virtual_ranks V: train() on each of the group's V endpoints, one thread each. The first lane to fail reports
+// its error (report_fatal_error ends the process, as it ends a real rank) after waking the others; a lane that
+// only saw another fail stays silent.
+int train_virtual_ranks(const TrainConfig& cfg, Transport& real, const Launch& launch, TrainFunction train) {
+    VirtualRanks group(real, cfg.virtual_ranks);
+    std::vector<int> status(static_cast<size_t>(cfg.virtual_ranks), 0);
+    std::mutex failing;
+    std::vector<std::thread> lanes;
+    for (int v = 0; v < cfg.virtual_ranks; v++)
+        lanes.emplace_back([&, v] {
+            try {
+                status[static_cast<size_t>(v)] = train(cfg, group.lane(v), launch);
+            } catch (const VirtualRanksAborted&) {
+                status[static_cast<size_t>(v)] = 1;
+            } catch (const std::exception& e) {
+                group.abort();
+                const std::lock_guard lock(failing);
+                status[static_cast<size_t>(v)] = report_fatal_error(e, &group.lane(v));
+            }
+        });
+    for (std::thread& lane : lanes) lane.join();
+    for (const int s : status)
+        if (s != 0) return s;
+    return 0;
+}
+
+}  // namespace
+
+int trainer_main(int argc, char** argv, const char* program, TrainFunction train, bool simulates_ranks) {
     const StepReporter::Clock::time_point started = StepReporter::Clock::now();
     std::unique_ptr<Transport> transport;
     try {
@@ -37,7 +71,11 @@ int trainer_main(int argc, char** argv, const char* program, TrainFunction train
         TrainConfig cfg;
         if (!parse_command_line(argc - 1, argv + 1, cfg, program)) return 0;
         const StopSignals stop_signals(!launched_ranks);  // a stop signal now ends the run at a step, with a checkpoint
-        return train(cfg, *transport, Launch{argc, argv, started});
+        const Launch launch{argc, argv, started};
+        if (cfg.virtual_ranks == 1) return train(cfg, *transport, launch);
+        LLMC_CHECK(simulates_ranks, cfg.sources.name("virtual_ranks") + ": " + program +
+                                        " does not simulate ranks yet; use train_gpt_cpu");
+        return train_virtual_ranks(cfg, *transport, launch, train);
     } catch (const std::exception& e) {
         return report_fatal_error(e, transport.get());
     }

@@ -16,9 +16,11 @@ struct Launch {
 };
 
 // A trainer's main(): the world transport (MPI under mpirun), the command line (--help prints and returns 0),
-// train(), and the one-line exit of report_fatal_error for any error on the way.
+// train(), and the one-line exit of report_fatal_error for any error on the way. `simulates_ranks`: with
+// --virtual_ranks V above 1, train() runs V times at once in threads, each on a virtual rank's endpoint
+// (transport_virtual.h); a trainer that cannot (shared device state) refuses the key.
 using TrainFunction = int (*)(TrainConfig cfg, Transport& world, const Launch& launch);
-int trainer_main(int argc, char** argv, const char* program, TrainFunction train);
+int trainer_main(int argc, char** argv, const char* program, TrainFunction train, bool simulates_ranks = false);
 
 // Prints "error[ (rank r)]: <message>" and ends the process: with several ranks without MPI_Finalize (which
 // could wait for ranks blocked in a collective; mpirun then ends the job), else by returning 1 to main.
