@@ -151,6 +151,7 @@ int train(TrainConfig cfg, Transport& transport, const Launch& launch) {
         }
         loss /= grad_accum;
         const float lr = schedule.at(step);
+        optimizer->set_step(step);
         StepResult result = optimizer->step(model.params(), model.grads(), lr);
         if (step + 1 == cfg.steps) optimizer->finish_updates(model.params(), result);  // --demo_delay's last round
         model.zero_padded_vocab_rows(optimizer->master_weights(model.params()));

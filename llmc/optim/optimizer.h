@@ -65,6 +65,7 @@ struct StepTimings {
     // updated weights; `exchange` is then the traffic across nodes (DeMo's buckets, AdamW's shard all-reduce).
     double reduce_scatter = 0.0;
     double allgather = 0.0;
+    double diagnostics = 0.0;  // --demo_diagnostics: the measurements and their reductions (off: 0)
 
     // Phase by phase (a sharded step adds its own phases to its inner step's).
     StepTimings& operator+=(const StepTimings& t) {
@@ -75,6 +76,7 @@ struct StepTimings {
         apply += t.apply;
         reduce_scatter += t.reduce_scatter;
         allgather += t.allgather;
+        diagnostics += t.diagnostics;
         return *this;
     }
 };
@@ -82,6 +84,8 @@ struct StepTimings {
 struct StepResult {
     double grad_norm = 0.0;  // L2 norm before clipping: of the averaged gradient (AdamW), of the local one (DeMo)
     StepTimings seconds;
+    // --demo_diagnostics: this step's complete {"type":"diagnostics",...} line for metrics.jsonl, or "" (none due)
+    std::string diagnostics;
 };
 
 class Optimizer {
@@ -91,6 +95,9 @@ public:
     // params/grads are flat buffers laid out as in the ParamLayout given at construction. grads may be
     // modified (averaged, clipped). `lr` is this step's scheduled learning rate.
     virtual StepResult step(std::span<float> params, std::span<float> grads, float lr) = 0;
+    // The 0-based number of the step the next step() runs (the trainers call it before each, so a resumed run
+    // counts on; an optimizer that is never told counts its own steps from 0). Only --demo_diagnostics reads it.
+    virtual void set_step(int64_t /*step*/) {}
     // Everything needed to continue bit-identically (moments, step count, DeMo momentum...).
     virtual void save_state(ByteWriter& out) const = 0;
     // Throws llmc::Error naming in.source() if the blob does not belong to this optimizer and shape.

@@ -26,7 +26,7 @@ inline OptimizerConfig device_optimizer_config(const std::string& name, const Op
 // Throws the one-line refusal for an optimizer registered for the CPU trainer only (signum), sparseloco with a
 // --diloco_wire other than fp32 (the CPU's refusal), or a DeMo transform
 // or kernel option the kernels do not run (--demo_transform random; topk with the DCT kernels' options; the
-// entropy-coded indices, which the kernels do not pack): train_gpt calls it before it touches the GPU, so the
+// entropy-coded indices, which the kernels do not pack; --demo_diagnostics): train_gpt calls it before it touches the GPU, so the
 // message comes first on any machine.
 inline void check_device_optimizer(const std::string& name, const OptimizerConfig& config) {
     if (name != "adamw" && name != "demo" && name != "topk" && name != "diloco" && name != "sparseloco")
@@ -34,6 +34,7 @@ inline void check_device_optimizer(const std::string& name, const OptimizerConfi
     if (name == "sparseloco") check_sparseloco_wire(config);  // before any GPU work, as the CPU trainer's message
     if (name == "adamw" || name == "diloco" || name == "sparseloco") return;  // no DeMo kernels
     demo::check_device_transform(device_optimizer_config(name, config).demo);
+    if (config.demo.diagnostics > 0) fail("--demo_diagnostics: CPU trainer only for now (train_gpt_cpu runs it)");
     if (config.demo.indices == DemoIndexEncoding::entropy)
         fail("--demo_indices entropy: train_gpt's DeMo kernels pack auto and packed12 indices only (train_gpt_cpu runs "
              "it)");

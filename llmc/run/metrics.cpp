@@ -84,7 +84,8 @@ void MetricsLog::log_step(const StepMetrics& m) {
                    {"exchange", m.optimizer.exchange * 1e3},
                    {"apply", m.optimizer.apply * 1e3},
                    {"reduce_scatter", m.optimizer.reduce_scatter * 1e3},
-                   {"allgather", m.optimizer.allgather * 1e3}};
+                   {"allgather", m.optimizer.allgather * 1e3},
+                   {"diagnostics", m.optimizer.diagnostics * 1e3}};
     write_line(j.dump());
 }
 
@@ -170,7 +171,12 @@ std::string format_progress(const StepMetrics& m) {
                   "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s%s | sent %s | ETA %s", width,
                   m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second, mfu,
                   sent.c_str(), format_duration(m.eta_seconds).c_str());
-    return buf;
+    std::string line = buf;
+    if (m.optimizer.diagnostics > 0.0) {  // --demo_diagnostics: what the measurements cost this step
+        std::snprintf(buf, sizeof buf, " | diagnostics %.1f ms", m.optimizer.diagnostics * 1e3);
+        line += buf;
+    }
+    return line;
 }
 
 }  // namespace llmc

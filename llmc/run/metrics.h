@@ -30,6 +30,7 @@ struct StepMetrics {
     long long cumulative_bytes_sent = 0;
     StepTimings optimizer;
     double eta_seconds = 0.0;
+    std::string diagnostics;  // StepResult::diagnostics: a line written after the step's
 };
 
 // <out_dir>/metrics.jsonl: where MetricsLog writes a run's lines.

@@ -70,6 +70,7 @@ void StepReporter::report(int step, Clock::time_point started, double local_loss
     if (flops_.peak_tflops > 0.0) m.mfu = m.model_tflops / flops_.peak_tflops;
     m.cumulative_bytes_sent = state.cumulative_bytes_sent;
     m.optimizer = result.seconds;
+    m.diagnostics = result.diagnostics;
     if (step > start_step_ || cfg_.steps - start_step_ == 1) {
         session_seconds_ += m.step_seconds;
         session_steps_++;
@@ -104,6 +105,7 @@ void StepReporter::flush(Transport& transport) {
     const bool diverged = !std::isfinite(m.loss) || !std::isfinite(m.grad_norm);
     if (log_) {
         log_->log_step(m);
+        if (!m.diagnostics.empty()) log_->log_event(m.diagnostics);
         if (diverged) log_->log_diverged(m.step, m.loss, m.grad_norm);
         if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps || diverged) {
             std::printf("%s\n", format_progress(m).c_str());

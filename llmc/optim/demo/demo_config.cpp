@@ -54,6 +54,10 @@ std::vector<Key<DemoConfig>> demo_config_keys() {
             "chunk length) or identity (none: top-k of the momentum itself, --optimizer topk); train_gpt: dct, identity",
             {{"dct", DemoTransform::dct}, {"random", DemoTransform::random}, {"identity", DemoTransform::identity}})
             .fixed(),
+        key("demo_diagnostics", &DemoConfig::diagnostics,
+            "DeMo: every N steps measure the paper's conjectures (energy compaction, persistence, agreement, "
+            "residual) per tensor group into a metrics.jsonl \"diagnostics\" line (0: off; train_gpt_cpu only, "
+            "docs/conjectures.md)"),
     };
 }
 
@@ -93,6 +97,11 @@ void validate_demo_options(const llmc::OptimizerConfig& c, const llmc::ConfigSou
     check(c.weight_decay >= 0.0f, "weight_decay", ">= 0", llmc::format_float(c.weight_decay));
     check(d.delay == 0 || d.delay == 1, "demo_delay", "0 or 1", std::to_string(d.delay));
     check(d.replicate_every >= 1, "demo_replicate_every", ">= 1", std::to_string(d.replicate_every));
+    check(d.diagnostics >= 0, "demo_diagnostics", ">= 0", std::to_string(d.diagnostics));
+    LLMC_CHECK(d.diagnostics == 0 || (d.delay == 0 && d.replicate_every == 1 && c.shard_group_size == 1),
+               sources.list({"demo_diagnostics", "demo_delay", "demo_replicate_every", "shard_group_size"}) +
+                   ": --demo_diagnostics runs with flat DeMo only (--demo_delay 0, --demo_replicate_every 1, "
+                   "--shard_group_size 1)");
     LLMC_CHECK(d.replicate_every == 1 || d.delay == 0,
                sources.list({"demo_replicate_every", "demo_delay"}) +
                    ": --demo_replicate_every above 1 runs with --demo_delay 0 only");

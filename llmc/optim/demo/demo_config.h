@@ -42,7 +42,10 @@ struct DemoConfig {
     // The CUDA kernels (train_gpt; the CPU optimizer computes the same step either way).
     DemoDct dct = DemoDct::fp32;
     DemoMomentumDomain momentum_domain = DemoMomentumDomain::spatial;
-    int kernel_tuning = -1;  // a row of the kernel lab's tunings table; -1: the one dct and momentum_domain pick
+    int kernel_tuning = -1;
+    // --demo_diagnostics N: every N steps the CPU optimizer measures the conjectures on its state (diagnostics.h)
+    // and the trainer writes a "diagnostics" line; 0: off. Reads the state only: training is the same either way.
+    int diagnostics = 0;  // a row of the kernel lab's tunings table; -1: the one dct and momentum_domain pick
 };
 
 // The "optimizer" group's demo_* keys, and the "cuda" group's (the kernels').

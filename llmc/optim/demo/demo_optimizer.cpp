@@ -103,6 +103,8 @@ DemoOptimizer::DemoOptimizer(const llmc::OptimizerConfig& config, const llmc::Pa
     validate_demo_options(config_);
     plan_ = cm::plan_for_layout(config_, layout, &decays_);
     init();
+    if (config_.demo.diagnostics > 0)
+        diagnostics_ = std::make_unique<DemoDiagnostics>(config_.demo.diagnostics, plan_, layout, bases_.kind());
 }
 
 DemoOptimizer::DemoOptimizer(const llmc::OptimizerConfig& config, ModelPlan plan, std::vector<uint8_t> decays,
@@ -207,6 +209,7 @@ void DemoOptimizer::compress(std::span<float> params, std::span<const float> gra
 
             // delta -= alpha * decode(the values as the receivers will see them)
             phase_start = now();
+            if (capturing_) std::memcpy(diagnostics_->capture().data() + begin, delta + begin, count * sizeof(float));
             for (size_t j = 0; j < tp.block_cols; j++) {
                 const size_t s = tp.select_offset + (first_chunk + j) * tp.k;
                 decode_chunk_sparse(bases_.basis(tp.n1), tp.n1, bases_.basis(tp.n2), tp.n2,
@@ -326,13 +329,27 @@ llmc::StepResult DemoOptimizer::step_with_norm(std::span<float> params, std::spa
     result.grad_norm = norm;
     const float scale = llmc::clip_scale(result.grad_norm, config_.grad_clip);
     result.seconds.clip = seconds_since(t0);
+    const int64_t step = ++step_;  // 1-based, as the metrics count
     if (config_.demo.delay == 0) {
+        capturing_ = diagnostics_ && diagnostics_->captures(step);
+        if (capturing_) diagnostics_->prepare_capture(plan_.num_params);
         compress(params, grads, lr, bucket_, result.seconds, scale);
         t0 = now();
         transport_.allgather_bytes(bucket_, gathered_, offsets_, gather_sizes_);
         gather_sizes_ = llmc::next_gather_sizes(offsets_, bucket_.size());
         result.seconds.exchange = seconds_since(t0);
         apply(gathered_, offsets_, params, lr, result.seconds);
+        if (capturing_) {
+            t0 = now();
+            diagnostics_->observe(step);
+            if (diagnostics_->due(step))
+                result.diagnostics = diagnostics_->report(
+                    step, selection_, std::span<const Selection>(received_.data(), offsets_.size() - 1),
+                    offsets_.size() - 1, momentum_, transport_);
+            diagnostics_->keep_selection(step, selection_);
+            capturing_ = false;
+            result.seconds.diagnostics += seconds_since(t0);
+        }
         return result;
     }
     // --demo_delay 1: the previous round's buckets travelled during this step's forward and backward

@@ -14,6 +14,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "llmc/optim/demo/chunk_plan.h"
 #include "llmc/optim/demo/codec.h"
 #include "llmc/optim/demo/dct.h"
+#include "llmc/optim/demo/diagnostics.h"
 #include "llmc/base/host_memory.h"
 #include "llmc/optim/optimizer.h"
 
@@ -57,6 +59,7 @@ public:
                   llmc::Transport& transport);
 
     std::string_view name() const override { return "demo"; }
+    void set_step(int64_t step) override { step_ = step; }
 
     // clip_grad_norm on the LOCAL gradient (config.grad_clip), compress, all-gather the buckets, apply.
     // With config.demo.delay == 1 (--demo_delay 1) the update of step t is applied at step t+1, so its
@@ -141,6 +144,11 @@ private:
     // The first all-gather of a process exchanges the bucket sizes; once every rank's matched (a bucket's size
     // follows from the plan and the wire format, fixed for the run) the later ones skip that round trip.
     llmc::GatherSizes gather_sizes_ = llmc::GatherSizes::exchange;
+    // --demo_diagnostics (the layout's constructor only; null when off): compress copies the momentum before error
+    // feedback into its capture buffer at the steps it asks for (capturing_), and step() hands it the rest.
+    std::unique_ptr<DemoDiagnostics> diagnostics_;
+    bool capturing_ = false;
+    int64_t step_ = 0;  // 0-based number of the next step (set_step, else counted)
 };
 
 }  // namespace demo
